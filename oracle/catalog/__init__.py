@@ -1,0 +1,309 @@
+"""Catalogs of models and GPUs (data files beside this module) and loaders for user files.
+
+``--model`` takes a catalog name or alias, a Hugging Face ``config.json`` (Llama, Mistral,
+Mixtral, Qwen2/Qwen3, Qwen2-MoE/Qwen3-MoE, DeepSeek-V2/V3, GPT-OSS families) or a tune-cp model
+file (YAML or JSON with the fields of :class:`oracle.specs.ModelSpec`). ``--gpu`` takes a catalog
+name or alias or a YAML/JSON file in the catalog's entry format (see ``gpus.json``). Every error
+is a :class:`oracle.specs.ConfigError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from oracle.specs import GIB, ConfigError, GpuSpec, MlaSpec, ModelSpec, Spec, Vendor
+
+HERE = Path(__file__).parent
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"]) or "value"
+    value = e.get("input")
+    shown = f" (got {value!r})" if not isinstance(value, dict | list) else ""
+    return f"{loc}: {e['msg']}{shown}"
+
+
+# ------------------------------------------------------------------------------------ GPUs
+
+
+class GpuEntry(Spec):
+    """A GPU as written in ``gpus.json`` or a user's ``--gpu`` file (human units)."""
+
+    name: str = Field(min_length=1)
+    aliases: list[str] = []
+    vendor: Vendor = Vendor.OTHER
+    architecture: str = ""
+    hbm_gib: float = Field(gt=0, le=1 << 20)
+    peak_bf16_tflops: float = Field(gt=0, le=1e6)
+    peak_fp8_tflops: float | None = Field(default=None, gt=0, le=1e6)
+    hbm_tb_per_s: float = Field(gt=0, le=1e3)
+    scale_up_gb_per_s: float = Field(gt=0, le=1e5)
+    scale_up_domain_gpus: int = Field(ge=1, le=1 << 20)
+    nic_gb_per_s: float = Field(gt=0, le=1e5)
+    source: str = ""
+    notes: str = ""
+
+    def to_spec(self) -> GpuSpec:
+        return GpuSpec(
+            name=self.name,
+            vendor=self.vendor,
+            architecture=self.architecture,
+            hbm_bytes=round(self.hbm_gib * GIB),
+            peak_bf16_flops=self.peak_bf16_tflops * 1e12,
+            peak_fp8_flops=None if self.peak_fp8_tflops is None else self.peak_fp8_tflops * 1e12,
+            hbm_bytes_per_s=self.hbm_tb_per_s * 1e12,
+            scale_up_bytes_per_s=self.scale_up_gb_per_s * 1e9,
+            scale_up_domain_gpus=self.scale_up_domain_gpus,
+            nic_bytes_per_s=self.nic_gb_per_s * 1e9,
+            source=self.source,
+            notes=self.notes,
+        )
+
+
+@cache
+def gpu_entries() -> dict[str, GpuEntry]:
+    data = json.loads((HERE / "gpus.json").read_text())
+    return {g["name"]: GpuEntry(**g) for g in data["gpus"]}
+
+
+def _lookup(name: str, entries: dict[str, Any]) -> str | None:
+    key = name.strip().lower()
+    for canonical, entry in entries.items():
+        if key == canonical or key in (a.lower() for a in entry.aliases):
+            return canonical
+    return None
+
+
+def _unknown(kind: str, name: str, entries: dict[str, Any]) -> ConfigError:
+    names = list(entries)
+    close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return ConfigError(
+        f"unknown {kind} {name!r}: {hint}choose one of {', '.join(names)}, "
+        f"or pass a path to a {'config.json' if kind == 'model' else 'YAML/JSON GPU file'}"
+    )
+
+
+def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from e
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} "
+            f"column {e.colno}"
+        ) from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} file {str(path)!r} is not valid YAML: {e}".splitlines()[0]) from e
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{what} file {str(path)!r} must hold a mapping of keys to values, "
+            f"got {type(data).__name__}"
+        )
+    return data
+
+
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or "\\" in name or name.lower().endswith((".json", ".yaml", ".yml"))
+
+
+def load_gpu(name_or_path: str) -> GpuSpec:
+    """A catalog GPU by name or alias, or a GPU file (YAML/JSON in the catalog's entry format)."""
+    entries = gpu_entries()
+    canonical = _lookup(name_or_path, entries)
+    if canonical is not None:
+        return entries[canonical].to_spec()
+    path = Path(name_or_path)
+    if not (_looks_like_path(name_or_path) or path.exists()):
+        raise _unknown("gpu", name_or_path, entries)
+    data = _read_mapping(path, "GPU")
+    try:
+        return GpuEntry(**data).to_spec()
+    except ValidationError as e:
+        raise ConfigError(f"GPU file {str(path)!r}: {_first_error(e)}") from e
+    except TypeError as e:
+        raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+
+
+# ---------------------------------------------------------------------------------- models
+
+
+class ModelEntry(ModelSpec):
+    """A catalog model: the spec plus lookup aliases and the source of its search defaults."""
+
+    aliases: list[str] = []
+    default_source: str = ""
+
+    def to_spec(self) -> ModelSpec:
+        return ModelSpec(**self.model_dump(exclude={"aliases", "default_source"}))
+
+
+@cache
+def model_entries() -> dict[str, ModelEntry]:
+    data = json.loads((HERE / "models.json").read_text())
+    return {m["name"]: ModelEntry(**m) for m in data["models"]}
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name or alias, a Hugging Face ``config.json``, or a tune-cp model file."""
+    entries = model_entries()
+    canonical = _lookup(name_or_path, entries)
+    if canonical is not None:
+        return entries[canonical].to_spec()
+    path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").exists():
+        path = path / "config.json"
+    if not (_looks_like_path(name_or_path) or path.exists()):
+        raise _unknown("model", name_or_path, entries)
+    data = _read_mapping(path, "model")
+    label = path.parent.name if path.name == "config.json" else path.stem
+    try:
+        if "model_type" in data or "architectures" in data:
+            return model_from_hf_config(data, name=label or "custom")
+        data.setdefault("name", label or "custom")
+        return ModelSpec(**data)
+    except ValidationError as e:
+        raise ConfigError(f"model file {str(path)!r}: {_first_error(e)}") from e
+    except ConfigError as e:
+        raise ConfigError(f"model file {str(path)!r}: {e}") from e
+    except TypeError as e:
+        raise ConfigError(f"model file {str(path)!r}: {e}") from e
+
+
+HF_FAMILIES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "mixtral": "mixtral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2_moe": "qwen2_moe",
+    "qwen3_moe": "qwen3_moe",
+    "deepseek_v2": "deepseek_v3",
+    "deepseek_v3": "deepseek_v3",
+    "gpt_oss": "gpt_oss",
+}
+
+
+def _need(cfg: dict[str, Any], key: str, family: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"a {family} config.json needs {key!r}, which is missing")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key!r} must be an integer, got {value!r}")
+    return value
+
+
+def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
+    """Map a Hugging Face ``config.json`` to a :class:`ModelSpec` (field names per family)."""
+    model_type = cfg.get("model_type")
+    if model_type not in HF_FAMILIES:
+        raise ConfigError(
+            f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(HF_FAMILIES))} "
+            f"(or write a tune-cp model file with the ModelSpec fields)"
+        )
+    family = HF_FAMILIES[model_type]
+    h = _need(cfg, "hidden_size", family)
+    heads = _need(cfg, "num_attention_heads", family)
+    spec: dict[str, Any] = {
+        "name": name,
+        "family": family,
+        "num_layers": _need(cfg, "num_hidden_layers", family),
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "num_kv_heads": cfg.get("num_key_value_heads") or heads,
+        "head_dim": cfg.get("head_dim") or (h // heads if heads else 0),
+        "vocab_size": _need(cfg, "vocab_size", family),
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "ffn_hidden_size": cfg.get("intermediate_size") or 0,
+        "default_seq_len": min(int(cfg.get("max_position_embeddings") or 4096), 8192),
+        "source": f"Hugging Face config.json (model_type {model_type})",
+    }
+    if cfg.get("attention_dropout"):
+        spec["attention_dropout"] = float(cfg["attention_dropout"])
+    if family in ("qwen2", "qwen2_moe"):
+        spec["qkv_bias"] = True
+    if family in ("qwen3", "qwen3_moe"):
+        spec["qk_norm"] = True
+    if cfg.get("attention_bias") and family in ("llama", "qwen3", "qwen3_moe"):
+        spec["qkv_bias"] = spec["attn_out_bias"] = True
+    if family == "mixtral":
+        spec |= {
+            "num_experts": _need(cfg, "num_local_experts", family),
+            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
+            "expert_ffn_hidden_size": _need(cfg, "intermediate_size", family),
+        }
+    elif family in ("qwen2_moe", "qwen3_moe"):
+        spec |= {
+            "num_experts": _need(cfg, "num_experts", family),
+            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
+            "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
+        }
+        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+            raise ConfigError(
+                "mlp_only_layers / decoder_sparse_step != 1 (interleaved dense layers) are not "
+                "supported; only leading dense layers are"
+            )
+        if cfg.get("shared_expert_intermediate_size"):
+            spec["num_shared_experts"] = 1
+            spec["shared_expert_ffn_hidden_size"] = cfg["shared_expert_intermediate_size"]
+    elif family == "deepseek_v3":
+        spec |= {
+            "num_experts": _need(cfg, "n_routed_experts", family),
+            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
+            "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
+            "num_shared_experts": cfg.get("n_shared_experts") or 0,
+            "shared_expert_ffn_hidden_size": cfg.get("moe_intermediate_size") or 0,
+            "num_dense_layers": cfg.get("first_k_dense_replace") or 0,
+            "router_expert_bias": cfg.get("topk_method") == "noaux_tc",
+            "num_mtp_layers": cfg.get("num_nextn_predict_layers") or 0,
+            "num_kv_heads": heads,
+            "mla": MlaSpec(
+                q_lora_rank=cfg.get("q_lora_rank") or 0,
+                kv_lora_rank=_need(cfg, "kv_lora_rank", family),
+                qk_nope_head_dim=_need(cfg, "qk_nope_head_dim", family),
+                qk_rope_head_dim=cfg.get("qk_rope_head_dim") or 0,
+                v_head_dim=_need(cfg, "v_head_dim", family),
+            ),
+        }
+        spec["head_dim"] = spec["mla"].qk_nope_head_dim + spec["mla"].qk_rope_head_dim
+    elif family == "gpt_oss":
+        layer_types = cfg.get("layer_types") or []
+        spec |= {
+            "num_experts": _need(cfg, "num_local_experts", family),
+            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
+            "expert_ffn_hidden_size": _need(cfg, "intermediate_size", family),
+            "ffn_hidden_size": 0,
+            "qkv_bias": bool(cfg.get("attention_bias", True)),
+            "attn_out_bias": bool(cfg.get("attention_bias", True)),
+            "mlp_bias": True,
+            "router_bias": True,
+            "attention_sinks": True,
+            "sliding_window": cfg.get("sliding_window") or 0,
+            "num_sliding_window_layers": sum(1 for t in layer_types if t == "sliding_attention"),
+        }
+    try:
+        return ModelSpec(**spec)
+    except ValidationError as e:
+        raise ConfigError(_first_error(e)) from e
+
+
+def catalog_model_names() -> list[str]:
+    return list(model_entries())
+
+
+def catalog_gpu_names() -> list[str]:
+    return list(gpu_entries())

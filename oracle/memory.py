@@ -1,0 +1,850 @@
+"""Per-GPU memory of one training configuration, per pipeline stage, in exact integer bytes.
+
+The accounting has three layers, each a set of small pure functions, so that the CP-SAT model in
+``solver/`` can encode exactly the same arithmetic (see docs/architecture.md, "Memory"):
+
+1. **Pipeline geometry** -> :class:`StageCounts` per stage: which decoder layers, embedding,
+   output layer and MTP layers a stage holds, and how many of their activations are alive at the
+   stage's peak (in-flight micro-batches under the schedule, minus what recomputation drops).
+   Depends only on (pp, vpp, pipeline split, number of micro-batches, schedule, recompute).
+2. **Units** -> :class:`ParamUnits` (parameters per rank of one attention block, one dense MLP,
+   the routed experts of one layer, ...; depend on tp, ep, etp) and :class:`ActivationUnits`
+   (bytes one micro-batch stores for one layer of each kind, for the embedding, for the logits;
+   depend on mbs, tp, cp, etp, selective-recompute modules, FP8 and the model's shapes).
+3. **Combination** -> :func:`combine`: each named term is a sum of ``count x unit`` products, a
+   ceiling division for optimizer sharding, and fixed overheads. Only ``+``, ``*``, ceiling
+   division and floor division by a constant appear, so CP-SAT can mirror it exactly.
+
+Terms (bytes per GPU on one stage; one function or one line of :func:`combine` each):
+
+=====================  ==========================================================================
+weights                bf16 parameters (2 B/param); FSDP: fp32 master shard (4 B/param / shard)
+gradients              fp32 main-gradient buffer (4 B/param, full: the distributed optimizer
+                       reduce-scatters in place); FSDP: sharded
+optimizer              Adam fp32 master copy + two moments (12 B/param), sharded over dp x cp
+                       (dense) and expert-dp (experts) by the distributed optimizer, with its
+                       bucket padding to lcm(group, 128) elements; FSDP: 8 B/param sharded
+fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only)
+fsdp_buffers           unsharded bf16 params + grads of the layers being gathered (FSDP only)
+activations            stored activations of all in-flight micro-batches (decoder layers,
+                       checkpointed layer inputs, embedding inputs, MTP layers)
+routing_imbalance      extra expert activations when routing is not balanced (overhead)
+logits_loss            fp32 logits/softmax kept for the loss backward plus the bf16 logits alive
+                       while the loss is computed (output stage)
+recompute_working_set  full activations of the layer group being recomputed during backward
+backward_working_set   gradients of one layer's activations while that layer runs backward
+cp_buffers             context-parallel ring exchange of K/V (double buffered)
+pipeline_buffers       send/receive buffers of pipeline point-to-point (one micro-batch each way)
+runtime_context        CUDA/HIP context, kernel images, BLAS workspaces (overhead)
+collective_buffers     NCCL/RCCL buffers per communicator in use (overhead)
+dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead)
+fragmentation          caching-allocator fragmentation over the transient (activation) terms
+=====================  ==========================================================================
+
+Sources: Megatron-LM ``megatron/training/theoretical_memory_usage.py`` (18 B/param, 6 + 12/dp
+with the distributed optimizer), Megatron-Core ``distrib_optimizer.py`` / ``param_layout.py``
+(bucket padding), ``schedules.py`` (in-flight micro-batches), Korthikanti et al. 2022 Table 2
+(per-tensor activation sizes), the overhead defaults in :class:`MemoryOverheads`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import gcd
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from oracle import params as P
+from oracle.specs import (
+    GIB,
+    ClusterSpec,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    NormKind,
+    ParallelConfig,
+    PipelineSplit,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    Spec,
+    TrainingSpec,
+)
+
+MIB = 2**20
+PPM = 1_000_000  # fractions are applied as integer parts-per-million, floor-divided
+
+BF16_BYTES = 2
+FP32_BYTES = 4
+INT64_BYTES = 8
+INT32_BYTES = 4
+#: Adam with fp32 master weights: 4 (master) + 4 (exp_avg) + 4 (exp_avg_sq).
+ADAM_STATE_BYTES = 12
+#: Distributed-optimizer bucket ends are padded to a multiple of lcm(dp_group, 128) elements
+#: (Megatron-Core ``optimizer/param_layout.py::bucket_end_divisor``).
+DISTOPT_PAD_ELEMENTS = 128
+#: MXFP8 stores one 8-bit scale per 32-element block.
+MXFP8_BLOCK = 32
+
+TERMS: tuple[str, ...] = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "fp8_weight_cache",
+    "fsdp_buffers",
+    "activations",
+    "routing_imbalance",
+    "logits_loss",
+    "recompute_working_set",
+    "backward_working_set",
+    "cp_buffers",
+    "pipeline_buffers",
+    "runtime_context",
+    "collective_buffers",
+    "dispatcher_buffers",
+    "fragmentation",
+)
+#: Terms the caching allocator churns through every step; fragmentation applies to these.
+TRANSIENT_TERMS: tuple[str, ...] = (
+    "activations",
+    "routing_imbalance",
+    "logits_loss",
+    "recompute_working_set",
+    "backward_working_set",
+    "cp_buffers",
+    "pipeline_buffers",
+)
+
+
+class MemoryOverheads(Spec):
+    """The terms analytical formulas forget, each with a documented, overridable default.
+
+    * ``runtime_context_bytes`` — CUDA/HIP context, loaded kernel images and BLAS/cuDNN
+      workspaces of one PyTorch process. Default 1 GiB: the CUDA context alone is several hundred
+      MiB with lazy module loading (PyTorch "CUDA semantics" notes; NVIDIA CUDA lazy-loading
+      docs), plus cuBLAS/cuBLASLt and Transformer Engine workspaces (tens of MiB each).
+    * ``collective_bytes_per_group`` — NCCL/RCCL buffers per communicator the rank uses (tp, cp,
+      pp, dp, ep/etp groups of size > 1). Default 256 MiB: NCCL_BUFFSIZE is 4 MiB per channel and
+      protocol buffer set; with tens of channels per communicator this reaches 100-300 MiB.
+    * ``dispatcher_buffer_bytes`` — DeepEP (``flex`` dispatcher) pre-registered NVLink/RDMA
+      buffers. Default 2 GiB (1 GiB NVL + 1 GiB RDMA, DeepEP's test defaults).
+    * ``fragmentation`` — fraction of the transient (activation-like) bytes lost to caching-
+      allocator fragmentation. Default 0.05: PyTorch's reserved-minus-allocated gap in LLM
+      training is typically a few percent with ``expandable_segments`` and more without.
+    * ``moe_routing_imbalance`` — extra fraction of expert activations on the busiest rank over
+      a perfectly balanced routing. Default 0 (dropless, force-balanced routing as in the
+      published Megatron-Bridge and Primus benchmarks); real routing runs 0.1-0.5.
+    * ``backward_working_set`` — count the activation gradients of the layer running backward.
+    """
+
+    runtime_context_bytes: int = Field(default=1 * GIB, ge=0, le=1 << 40)
+    collective_bytes_per_group: int = Field(default=256 * MIB, ge=0, le=1 << 40)
+    dispatcher_buffer_bytes: int = Field(default=2 * GIB, ge=0, le=1 << 40)
+    fragmentation: float = Field(default=0.05, ge=0.0, le=1.0)
+    moe_routing_imbalance: float = Field(default=0.0, ge=0.0, le=64.0)
+    backward_working_set: bool = True
+
+
+def ppm(fraction: float) -> int:
+    """A fraction as integer parts per million (the only float-to-int step in the accounting)."""
+    return round(fraction * PPM)
+
+
+# ================================================================ 1. pipeline geometry
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One virtual pipeline stage (model chunk): consecutive decoder layers and extras."""
+
+    virtual_stage: int
+    layers: tuple[int, ...]
+    has_embedding: bool
+    has_output: bool
+    mtp_layers: int
+
+
+def pipeline_chunks(
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit
+) -> list[list[Chunk]]:
+    """Chunks of every physical stage: ``result[stage][j]`` is virtual stage ``j * pp + stage``
+    (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...).
+
+    ``even``: virtual stage v holds layers [v L/V, (v+1) L/V) with V = pp * vpp; the embedding
+    rides on v = 0, the output layer, loss and MTP layers on v = V - 1.
+    ``embedding_loss``: slots = embedding, L layers, MTP layers, loss; virtual stage v holds slots
+    [v S/V, (v+1) S/V) with S = L + 2 + mtp. Where S or L does not divide (illegal, see
+    ``solver/rules.py``), the floor boundaries still give a total order, so nothing crashes.
+    """
+    n_virtual = pp * vpp
+    chunks: list[Chunk] = []
+    if split is PipelineSplit.EVEN:
+        for v in range(n_virtual):
+            lo, hi = v * num_layers // n_virtual, (v + 1) * num_layers // n_virtual
+            last = v == n_virtual - 1
+            chunks.append(Chunk(v, tuple(range(lo, hi)), v == 0, last, num_mtp if last else 0))
+    else:
+        slots = num_layers + 2 + num_mtp
+        for v in range(n_virtual):
+            lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
+            layers = tuple(i - 1 for i in range(lo, hi) if 1 <= i <= num_layers)
+            mtp = sum(1 for i in range(lo, hi) if num_layers < i <= num_layers + num_mtp)
+            chunks.append(Chunk(v, layers, lo == 0, hi == slots, mtp))
+    return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+
+
+def inflight_per_chunk(pp: int, vpp: int, num_microbatches: int, stage: int) -> tuple[int, ...]:
+    """Micro-batches whose forward activations a stage holds at its peak, per local chunk.
+
+    1F1B (vpp = 1): ``min(pp - stage, m)`` (warm-up ``pp - stage - 1`` forwards plus the one in
+    steady state; Megatron-Core ``schedules.py::get_pp_rank_microbatches``). Interleaved:
+    ``N = min(2 (pp - stage - 1) + (vpp - 1) pp + 1, m vpp)`` chunk forwards, issued in groups
+    of ``pp`` micro-batches per chunk (forward k runs chunk ``(k // pp) % vpp``). For stage 0
+    this gives Megatron's ``1 + (pp - 1) / (pp vpp)`` interleaving penalty exactly.
+    Zero-bubble (ZB-H1) keeps the 1F1B activation count.
+    """
+    m = num_microbatches
+    if vpp == 1:
+        return (max(0, min(pp - stage, m)),)
+    n = max(0, min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp))
+    full_rounds, rest = divmod(n, pp * vpp)
+    counts = []
+    for j in range(vpp):
+        counts.append(full_rounds * pp + min(pp, max(0, rest - j * pp)))
+    return tuple(counts)
+
+
+def recompute_groups(
+    n_layers: int, recompute: Recompute, method: RecomputeMethod, k: int | None
+) -> list[tuple[int, int]]:
+    """Full recomputation of one chunk of ``n_layers`` layers as ``(start, stop)`` groups, each
+    checkpointed at its input (Megatron-Core ``TransformerBlock._checkpointed_forward``).
+
+    ``block``: the first ``k`` layers, one group each; ``uniform``: all layers in groups of ``k``.
+    ``k = None`` checkpoints every layer individually; ``k = 0`` (block) checkpoints nothing.
+    """
+    if recompute is not Recompute.FULL or n_layers == 0:
+        return []
+    if k is None:
+        return [(i, i + 1) for i in range(n_layers)]
+    if method is RecomputeMethod.BLOCK:
+        return [(i, i + 1) for i in range(min(k, n_layers))]
+    if k == 0:
+        return []
+    return [(i, min(i + k, n_layers)) for i in range(0, n_layers, k)]
+
+
+@dataclass(frozen=True)
+class StageCounts:
+    """Integer coefficients of one pipeline stage (see module docstring, layer 1).
+
+    ``recompute_groups`` lists the distinct ``(dense, moe)`` layer compositions of the groups
+    recomputed on the stage; the recompute working set is the largest of them.
+    """
+
+    stage: int
+    dense_layers: int
+    moe_layers: int
+    mtp_layers: int
+    has_embedding: int
+    has_output: int
+    inflight_dense: int
+    inflight_moe: int
+    inflight_ckpt: int
+    inflight_embedding: int
+    inflight_output: int
+    inflight_mtp: int
+    inflight_microbatches: int
+    has_dense: int
+    has_moe: int
+    recompute_groups: tuple[tuple[int, int], ...]
+
+    def as_vector(self) -> tuple[int, ...]:
+        """The coefficients the solver tabulates (everything but the stage index)."""
+        return (
+            self.dense_layers,
+            self.moe_layers,
+            self.mtp_layers,
+            self.has_embedding,
+            self.has_output,
+            self.inflight_dense,
+            self.inflight_moe,
+            self.inflight_ckpt,
+            self.inflight_embedding,
+            self.inflight_output,
+            self.inflight_mtp,
+            self.inflight_microbatches,
+            self.has_dense,
+            self.has_moe,
+        )
+
+
+def _is_moe_layer(model: ModelSpec, layer: int) -> bool:
+    return model.is_moe and layer >= model.num_dense_layers
+
+
+@lru_cache(maxsize=65536)
+def _stage_counts_cached(
+    num_layers: int,
+    num_dense_layers: int,
+    is_moe: bool,
+    num_mtp: int,
+    pp: int,
+    vpp: int,
+    split: PipelineSplit,
+    num_microbatches: int,
+    recompute: Recompute,
+    method: RecomputeMethod,
+    k: int | None,
+) -> tuple[StageCounts, ...]:
+    def moe(i: int) -> bool:
+        return is_moe and i >= num_dense_layers
+
+    result = []
+    for s, chunks in enumerate(pipeline_chunks(num_layers, num_mtp, pp, vpp, split)):
+        inflight = inflight_per_chunk(pp, vpp, num_microbatches, s)
+        c = dict(dense=0, moe=0, ckpt=0, emb=0, out=0, mtp=0)
+        groups: set[tuple[int, int]] = set()
+        for chunk, n_in in zip(chunks, inflight, strict=True):
+            plan = recompute_groups(len(chunk.layers), recompute, method, k)
+            recomputed = {i for lo, hi in plan for i in range(lo, hi)}
+            for lo, hi in plan:
+                n_moe = sum(1 for i in range(lo, hi) if moe(chunk.layers[i]))
+                groups.add((hi - lo - n_moe, n_moe))
+            for idx, layer in enumerate(chunk.layers):
+                if idx not in recomputed:
+                    c["moe" if moe(layer) else "dense"] += n_in
+            c["ckpt"] += n_in * len(plan)
+            c["emb"] += n_in if chunk.has_embedding else 0
+            c["out"] += n_in if chunk.has_output else 0
+            c["mtp"] += n_in * chunk.mtp_layers
+        layers = [i for ch in chunks for i in ch.layers]
+        n_moe = sum(1 for i in layers if moe(i))
+        mtp = sum(ch.mtp_layers for ch in chunks)
+        result.append(
+            StageCounts(
+                stage=s,
+                dense_layers=len(layers) - n_moe,
+                moe_layers=n_moe,
+                mtp_layers=mtp,
+                has_embedding=int(any(ch.has_embedding for ch in chunks)),
+                has_output=int(any(ch.has_output for ch in chunks)),
+                inflight_dense=c["dense"],
+                inflight_moe=c["moe"],
+                inflight_ckpt=c["ckpt"],
+                inflight_embedding=c["emb"],
+                inflight_output=c["out"],
+                inflight_mtp=c["mtp"],
+                inflight_microbatches=max(inflight) if inflight else 0,
+                has_dense=int(len(layers) > n_moe or (mtp > 0 and not is_moe)),
+                has_moe=int(n_moe > 0 or (mtp > 0 and is_moe)),
+                recompute_groups=_pareto_groups(groups),
+            )
+        )
+    return tuple(result)
+
+
+def _pareto_groups(groups: set[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Drop compositions dominated in both coordinates (they can never be the largest)."""
+    keep = [g for g in groups if not any(o != g and o[0] >= g[0] and o[1] >= g[1] for o in groups)]
+    return tuple(sorted(keep))
+
+
+def stage_counts(model: ModelSpec, cfg: ParallelConfig) -> tuple[StageCounts, ...]:
+    """Layer 1 for a resolved configuration: one :class:`StageCounts` per pipeline stage."""
+    assert cfg.ga is not None and cfg.pipeline_split is not None, "resolve_config() first"
+    return _stage_counts_cached(
+        model.num_layers,
+        model.num_dense_layers,
+        model.is_moe,
+        model.num_mtp_layers,
+        cfg.pp,
+        cfg.vpp,
+        cfg.pipeline_split,
+        cfg.ga,
+        cfg.recompute,
+        cfg.recompute_method,
+        cfg.recompute_layers,
+    )
+
+
+# ====================================================================== 2a. parameter units
+
+
+@dataclass(frozen=True)
+class ParamUnits:
+    """Parameters per rank of one building block (layer 2; see ``oracle/params.py``)."""
+
+    attention: int
+    dense_mlp: int
+    moe_nonexpert: int
+    experts: int
+    embedding: int
+    output: int
+    mtp_extra: int
+    largest_layer: int  # for FSDP's gathered-layer buffers
+
+
+def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamUnits:
+    attn = P.attention_params(model, tp)
+    dense = P.dense_mlp_params(model, tp) if model.num_dense_layers_effective else 0
+    moe_ne = P.moe_nonexpert_params(model, tp) if model.is_moe else 0
+    experts = P.expert_params_per_rank(model, ep, etp) if model.is_moe else 0
+    return ParamUnits(
+        attention=attn,
+        dense_mlp=dense,
+        moe_nonexpert=moe_ne,
+        experts=experts,
+        embedding=P.embedding_params(model, tp),
+        output=P.output_params(model, tp, pp),
+        mtp_extra=P.mtp_extra_params(model, tp) if model.num_mtp_layers else 0,
+        largest_layer=attn + max(dense, moe_ne + experts),
+    )
+
+
+# ================================================================== 2b. activation units
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor kept for backward: its name, bytes per micro-batch on one rank, and the
+    selective-recompute modules (``--recompute-modules``) that drop it."""
+
+    name: str
+    bytes: int
+    dropped_by: frozenset[str] = frozenset()
+
+
+def _drop(*modules: str) -> frozenset[str]:
+    return frozenset(modules)
+
+
+@dataclass(frozen=True)
+class ActShape:
+    """Shapes one rank sees for one micro-batch: ``t`` tokens in the sequence dimension after
+    context parallelism (mbs x seq / cp), ``t_sp`` after sequence parallelism (t / tp or t),
+    tensor-parallel size ``tp``, expert-TP size ``etp``, bytes of an FP8-saved GEMM input element
+    (numerator/denominator, 0 when BF16)."""
+
+    t: int
+    t_sp: int
+    tp: int
+    etp: int
+    fp8_num: int
+    fp8_den: int
+
+    def gemm_input(self, elements: int) -> int:
+        """Bytes of a saved GEMM input: bf16, or FP8 (+ MXFP8 block scales) under FP8."""
+        if not self.fp8_num:
+            return BF16_BYTES * elements
+        return P.cdiv(elements * self.fp8_num, self.fp8_den)
+
+
+def act_shape(model: ModelSpec, training: TrainingSpec, cfg: ParallelConfig) -> ActShape:
+    t = P.cdiv(cfg.mbs * training.seq_len, cfg.cp)
+    t_sp = P.cdiv(t, cfg.tp) if cfg.sp else t
+    num, den = fp8_saved_input_bytes(cfg.fp8_recipe)
+    return ActShape(t, t_sp, cfg.tp, cfg.etp_, num, den)
+
+
+def fp8_saved_input_bytes(recipe: Fp8Recipe | None) -> tuple[int, int]:
+    """Bytes per element of a GEMM input Transformer Engine saves for backward under FP8, as a
+    fraction: 1 byte (the FP8 copy it keeps instead of bf16; TE "performance considerations"
+    docs), plus one scale byte per 32 elements for MXFP8. ``(0, 1)`` means BF16."""
+    if recipe is None:
+        return (0, 1)
+    if recipe is Fp8Recipe.MXFP8:
+        return (MXFP8_BLOCK + 1, MXFP8_BLOCK)
+    return (1, 1)
+
+
+def norm_stats_bytes(model: ModelSpec, tokens: int) -> int:
+    """Saved normalisation statistics: fp32 rstd per token (RMSNorm), mean and rstd (LayerNorm)."""
+    return tokens * FP32_BYTES * (2 if model.norm is NormKind.LAYERNORM else 1)
+
+
+def attention_tensors(model: ModelSpec, training: TrainingSpec, x: ActShape) -> list[Tensor]:
+    """Tensors the self-attention block keeps, per micro-batch and rank.
+
+    Korthikanti et al. 2022 Table 2 (per layer 11 sbh + 5 a s^2 b without parallelism, plus 2 sbh
+    for the layer norm): layer input kept by the norm (2 sbh), QKV input (2 sbh), Q and K (4 sbh),
+    V (2 sbh), softmax (2 a s^2 b), its dropout mask (a s^2 b) and output (2 a s^2 b), projection
+    input (2 sbh), dropout mask (sbh). Generalised here: GQA/MLA widths, flash attention (no s^2
+    tensors, an fp32 log-sum-exp per head instead), QK norm, attention and hidden dropout only
+    when enabled, sequence parallelism on the tensors outside the tensor-parallel region.
+    """
+    h, a_loc = model.hidden_size, P.cdiv(model.num_attention_heads, x.tp)
+    out: list[Tensor] = [
+        Tensor("attn_norm_input", BF16_BYTES * x.t_sp * h),
+        Tensor("attn_norm_stats", norm_stats_bytes(model, x.t_sp)),
+        Tensor("qkv_input", x.gemm_input(x.t_sp * h), _drop("layernorm")),
+    ]
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            out.append(Tensor("mla_q_latent", 2 * BF16_BYTES * x.t * m.q_lora_rank))
+        kv_latent = BF16_BYTES * x.t * (m.kv_lora_rank + m.qk_rope_head_dim + m.kv_lora_rank)
+        out.append(Tensor("mla_kv_latent", kv_latent))
+        qkv_width = a_loc * (2 * qk + m.v_head_dim)
+        out.append(Tensor("qkv", BF16_BYTES * x.t * qkv_width, _drop("mla_up_proj")))
+        o_width = a_loc * m.v_head_dim
+    else:
+        d = model.head_dim
+        q_w, kv_w = a_loc * d, P.kv_heads_per_rank(model, x.tp) * d
+        out.append(Tensor("qkv", BF16_BYTES * x.t * (q_w + 2 * kv_w)))
+        if model.qk_norm:
+            norm_in = BF16_BYTES * x.t * (q_w + kv_w)
+            heads = a_loc + P.kv_heads_per_rank(model, x.tp)
+            out.append(Tensor("qk_norm", norm_in + norm_stats_bytes(model, x.t * heads)))
+        o_width = q_w
+    if training.flash_attention:
+        out.append(Tensor("attn_lse", FP32_BYTES * x.t * a_loc, _drop("core_attn")))
+    else:
+        s_kv = training.seq_len  # each local query attends to the whole (causal) sequence
+        per_elem = BF16_BYTES + (1 + BF16_BYTES if model.attention_dropout else 0)
+        scores = per_elem * x.t * a_loc * s_kv
+        out.append(Tensor("attn_scores", scores, _drop("core_attn")))
+    out.append(Tensor("attn_output", BF16_BYTES * x.t * o_width))
+    if x.fp8_num:
+        out.append(Tensor("proj_input_fp8", x.gemm_input(x.t * o_width)))
+    if model.hidden_dropout:
+        out.append(Tensor("attn_dropout_mask", x.t_sp * h))
+    return out
+
+
+def dense_mlp_tensors(model: ModelSpec, x: ActShape, ffn: int | None = None) -> list[Tensor]:
+    """Tensors a dense MLP keeps: norm input and stats, fc1 input (the norm output), fc1 output
+    (``2f`` when gated, the activation's input), fc2 input (activation output), dropout mask.
+    Korthikanti's MLP: 2 sbh + 8 sbh + 8 sbh + sbh with f = 4h (plus 2 sbh for the norm)."""
+    h = model.hidden_size
+    f = P.cdiv(model.ffn_hidden_size if ffn is None else ffn, x.tp)
+    up = (2 if model.gated_mlp else 1) * f
+    out = [
+        Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
+        Tensor("mlp_norm_stats", norm_stats_bytes(model, x.t_sp)),
+        Tensor("fc1_input", x.gemm_input(x.t_sp * h), _drop("layernorm", "mlp")),
+        Tensor("fc1_output", BF16_BYTES * x.t * up, _drop("mlp")),
+        Tensor("fc2_input", x.gemm_input(x.t * f), _drop("mlp")),
+    ]
+    if model.hidden_dropout:
+        out.append(Tensor("mlp_dropout_mask", x.t_sp * h))
+    return out
+
+
+def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[Tensor]:
+    """Tensors an MoE block keeps (alltoall dispatcher, dropless, balanced routing):
+
+    router input (the norm output), fp32 router logits and probabilities (``2 x 4 E`` bytes per
+    token), routing map (top-k probs and int32 indices), dispatched tokens: each rank's experts
+    receive ``t_sp x k`` token copies from its EP peers and all-gather them across ETP
+    (``x etp``), keep the fc1 input, fc1 output (``2 f_e / etp`` gated) and fc2 input
+    (``f_e / etp``); the ``t_sp x k`` expert outputs are kept for the weighted combine.
+    Shared experts keep what a dense MLP of width ``n_s f_s`` keeps. ``imbalance_ppm`` scales the
+    expert-side tensors for the busiest rank.
+    """
+    h, e, k = model.hidden_size, model.num_experts, model.moe_top_k
+    fe = P.cdiv(model.expert_ffn_hidden_size, x.etp)
+    up = (2 if model.gated_mlp else 1) * fe
+    scale = PPM + imbalance_ppm
+    rows = x.t_sp * k * x.etp * scale // PPM
+    combine_rows = x.t_sp * k * scale // PPM
+    moe_drop = _drop("moe")
+    out = [
+        Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
+        Tensor("mlp_norm_stats", norm_stats_bytes(model, x.t_sp)),
+        Tensor("router_input", BF16_BYTES * x.t_sp * h, _drop("layernorm", "moe")),
+        Tensor("router_logits_probs", 2 * FP32_BYTES * x.t_sp * e, moe_drop),
+        Tensor("routing_map", (FP32_BYTES + INT32_BYTES) * x.t_sp * k, moe_drop),
+        Tensor("expert_input", x.gemm_input(rows * h), moe_drop),
+        Tensor("expert_fc1_output", BF16_BYTES * rows * up, moe_drop),
+        Tensor("expert_fc2_input", x.gemm_input(rows * fe), _drop("moe", "moe_act")),
+        Tensor("expert_output", BF16_BYTES * combine_rows * h, moe_drop),
+    ]
+    if model.num_shared_experts:
+        fs = P.cdiv(model.num_shared_experts * model.shared_expert_ffn_hidden_size, x.tp)
+        sup = (2 if model.gated_mlp else 1) * fs
+        shared = _drop("moe", "shared_experts")
+        out.append(Tensor("shared_fc1_output", BF16_BYTES * x.t * sup, shared))
+        out.append(Tensor("shared_fc2_input", x.gemm_input(x.t * fs), shared))
+    if model.hidden_dropout:
+        out.append(Tensor("mlp_dropout_mask", x.t_sp * h))
+    return out
+
+
+def kept_bytes(tensors: list[Tensor], modules: frozenset[str]) -> int:
+    """Bytes of the tensors that the selective-recompute ``modules`` do not drop."""
+    return sum(t.bytes for t in tensors if not (t.dropped_by & modules))
+
+
+@dataclass(frozen=True)
+class ActivationUnits:
+    """Bytes per micro-batch per rank (layer 2): one layer of each kind with all its activations
+    (after selective recompute), a checkpointed layer input, the embedding's inputs, the output
+    stage's stored logits and transient logits, an MTP module's extras, the CP ring buffers and
+    the pipeline p2p buffers. ``moe_imbalance`` is the routing-imbalance extra per MoE layer."""
+
+    dense_layer: int
+    moe_layer: int
+    moe_imbalance: int
+    ckpt_input: int
+    embedding: int
+    output: int
+    logits_transient: int
+    mtp_extra: int
+    cp_buffers: int
+    pipeline_buffers: int
+
+
+def activation_units(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cfg: ParallelConfig,
+    overheads: MemoryOverheads | None = None,
+) -> ActivationUnits:
+    ov = overheads or MemoryOverheads()
+    x = act_shape(model, training, cfg)
+    mods = frozenset(cfg.recompute_modules) if cfg.recompute is Recompute.SELECTIVE else frozenset()
+    h = model.hidden_size
+    attn = kept_bytes(attention_tensors(model, training, x), mods)
+    dense = attn + kept_bytes(dense_mlp_tensors(model, x), mods) if model.ffn_hidden_size else 0
+    moe = moe_extra = 0
+    if model.is_moe:
+        moe = attn + kept_bytes(moe_tensors(model, x), mods)
+        skewed = attn + kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
+        moe_extra = skewed - moe
+    vocab_loc = P.cdiv(P.padded_vocab_size(model.vocab_size, cfg.tp), cfg.tp)
+    labels = (INT64_BYTES + FP32_BYTES) * x.t  # labels and loss mask
+    embedding = INT64_BYTES * x.t + (x.t_sp * h if model.hidden_dropout else 0)
+    final_norm = BF16_BYTES * x.t_sp * h + norm_stats_bytes(model, x.t_sp)
+    output_input = BF16_BYTES * x.t_sp * h
+    logits_fp32 = FP32_BYTES * x.t * vocab_loc
+    output = final_norm + output_input + logits_fp32 + labels
+    mtp = 0
+    if model.num_mtp_layers:
+        # enorm and hnorm inputs, the [2h] eh_proj input, its own final norm and fp32 logits
+        mtp = 4 * BF16_BYTES * x.t_sp * h + final_norm + output_input + logits_fp32
+    kv_w = (
+        P.cdiv(model.num_attention_heads, cfg.tp)
+        * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim)
+        if model.mla is not None
+        else P.kv_heads_per_rank(model, cfg.tp) * model.head_dim
+    )
+    cp_buffers = 2 * 2 * BF16_BYTES * x.t * kv_w if cfg.cp > 1 else 0
+    return ActivationUnits(
+        dense_layer=dense,
+        moe_layer=moe,
+        moe_imbalance=moe_extra,
+        ckpt_input=BF16_BYTES * x.t_sp * h,
+        embedding=embedding,
+        output=output,
+        logits_transient=BF16_BYTES * x.t * vocab_loc,
+        mtp_extra=mtp,
+        cp_buffers=cp_buffers,
+        pipeline_buffers=2 * BF16_BYTES * x.t_sp * h if cfg.pp > 1 else 0,
+    )
+
+
+# ================================================================= 3. sharding and overheads
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Shard counts and flags the combination needs (derived from the resolved config)."""
+
+    dense_group: int  # dp x cp: the distributed optimizer's group for dense params
+    expert_group: int  # world / (pp x ep x etp): expert data parallel
+    distributed_optimizer: bool
+    fsdp: bool
+    fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
+    fp8_cache_den: int
+    collective_groups: int
+    dispatcher_buffers: bool
+
+
+def fp8_weight_cache_bytes(recipe: Fp8Recipe | None, architecture: str) -> tuple[int, int]:
+    """Bytes per linear weight parameter of Transformer Engine's FP8 weight copies, as a fraction.
+
+    TE keeps the bf16 weight and a quantized copy (TE docs, "performance considerations": "2 MB
+    (weight) + 1 MB (weight in FP8)"). Per-tensor recipes need a second, transposed copy for the
+    backward GEMMs except on Blackwell, whose tensor cores take either layout; MXFP8 keeps a
+    row-wise and a column-wise copy, each with one scale byte per 32 elements.
+    """
+    if recipe is None:
+        return (0, 1)
+    if recipe is Fp8Recipe.MXFP8:
+        return (2 * (MXFP8_BLOCK + 1), MXFP8_BLOCK)
+    return (1, 1) if architecture == "blackwell" else (2, 1)
+
+
+def communicator_count(model: ModelSpec, cfg: ParallelConfig, expert_dp: int) -> int:
+    """Communicators of size > 1 a rank belongs to: tp, cp, pp, the dense data-parallel group
+    (dp x cp), and for MoE the expert (ep x etp) and expert-data-parallel groups."""
+    assert cfg.dp is not None
+    groups = [cfg.tp, cfg.cp, cfg.pp, cfg.dp * cfg.cp]
+    if model.is_moe:
+        groups += [cfg.ep * cfg.etp_, expert_dp]
+    return sum(1 for g in groups if g > 1)
+
+
+def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sharding:
+    assert cfg.dp is not None
+    num, den = fp8_weight_cache_bytes(cfg.fp8_recipe, cluster.gpu.architecture)
+    expert_dp = max(1, cluster.world_size // (cfg.pp * cfg.ep * cfg.etp_))
+    return Sharding(
+        dense_group=cfg.dp * cfg.cp,
+        expert_group=expert_dp,
+        distributed_optimizer=cfg.distributed_optimizer,
+        fsdp=cfg.fsdp,
+        fp8_cache_num=num,
+        fp8_cache_den=den,
+        collective_groups=communicator_count(model, cfg, expert_dp),
+        dispatcher_buffers=model.is_moe and cfg.dispatcher is Dispatcher.FLEX and cfg.ep > 1,
+    )
+
+
+def shard_elements(numel: int, group: int) -> int:
+    """Elements of a buffer of ``numel`` one rank of ``group`` owns under the distributed
+    optimizer: the buffer is padded to a multiple of lcm(group, 128) and split evenly
+    (Megatron-Core ``param_layout.py``; per-parameter 64-element alignment and per-bucket padding
+    are below a MiB and ignored)."""
+    pad = group * DISTOPT_PAD_ELEMENTS // gcd(group, DISTOPT_PAD_ELEMENTS)
+    return P.cdiv(numel, pad) * pad // group
+
+
+# ======================================================================= 3. combination
+
+
+def combine(
+    c: StageCounts,
+    pu: ParamUnits,
+    au: ActivationUnits,
+    sh: Sharding,
+    ov: MemoryOverheads,
+) -> dict[str, int]:
+    """Every named term of one stage from its counts, units and sharding (layer 3). The solver
+    mirrors exactly these operations; keep them to ``+``, ``*``, ``max``, ceiling division by a
+    tabulated group size and floor division by a constant."""
+    is_moe = pu.moe_nonexpert > 0  # an MoE layer always has a router
+    moe_like = c.moe_layers + (c.mtp_layers if is_moe else 0)
+    dense_like = c.dense_layers + (0 if is_moe else c.mtp_layers)
+    dense_params = (
+        (dense_like + moe_like) * pu.attention
+        + dense_like * pu.dense_mlp
+        + moe_like * pu.moe_nonexpert
+        + c.mtp_layers * pu.mtp_extra
+        + c.has_embedding * pu.embedding
+        + c.has_output * pu.output
+    )
+    expert_params = moe_like * pu.experts
+    all_params = dense_params + expert_params
+    t: dict[str, int] = dict.fromkeys(TERMS, 0)
+    if sh.fsdp:
+        sharded = shard_elements(dense_params, sh.dense_group) + shard_elements(
+            expert_params, sh.expert_group
+        )
+        t["weights"] = FP32_BYTES * sharded
+        t["gradients"] = FP32_BYTES * sharded
+        t["optimizer"] = (ADAM_STATE_BYTES - FP32_BYTES) * sharded
+        # current and prefetched layer gathered in bf16, their grads reduced in fp32
+        t["fsdp_buffers"] = 2 * (BF16_BYTES + FP32_BYTES) * pu.largest_layer
+    else:
+        t["weights"] = BF16_BYTES * all_params
+        t["gradients"] = FP32_BYTES * all_params
+        if sh.distributed_optimizer:
+            sharded = shard_elements(dense_params, sh.dense_group) + shard_elements(
+                expert_params, sh.expert_group
+            )
+            t["optimizer"] = ADAM_STATE_BYTES * sharded
+        else:
+            t["optimizer"] = ADAM_STATE_BYTES * all_params
+    linear_params = all_params - c.has_embedding * pu.embedding - c.has_output * pu.output
+    t["fp8_weight_cache"] = linear_params * sh.fp8_cache_num // sh.fp8_cache_den
+    mtp_layer = au.moe_layer if is_moe else au.dense_layer
+    t["activations"] = (
+        c.inflight_dense * au.dense_layer
+        + c.inflight_moe * au.moe_layer
+        + c.inflight_ckpt * au.ckpt_input
+        + c.inflight_embedding * au.embedding
+        + c.inflight_mtp * (mtp_layer + au.mtp_extra)
+    )
+    t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
+    t["logits_loss"] = c.inflight_output * au.output + c.has_output * au.logits_transient
+    t["recompute_working_set"] = max(
+        [d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups], default=0
+    )
+    if ov.backward_working_set:
+        t["backward_working_set"] = max(c.has_dense * au.dense_layer, c.has_moe * au.moe_layer)
+    has_layers = int(c.dense_layers + c.moe_layers + c.mtp_layers > 0)
+    t["cp_buffers"] = has_layers * au.cp_buffers
+    t["pipeline_buffers"] = au.pipeline_buffers
+    t["runtime_context"] = ov.runtime_context_bytes
+    t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group
+    t["dispatcher_buffers"] = ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0
+    transient = sum(t[k] for k in TRANSIENT_TERMS)
+    t["fragmentation"] = transient * ppm(ov.fragmentation) // PPM
+    return t
+
+
+# ========================================================================== the report
+
+
+class StageMemory(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    stage: int
+    decoder_layers: int
+    terms: dict[str, int]
+    total_bytes: int
+
+
+class MemoryReport(BaseModel):
+    """Per-stage breakdown and the most loaded stage. Whether it fits is the solver's rule
+    (``solver/rules.py::hbm``); ``hbm_bytes`` is the GPU's capacity for reference."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stages: list[StageMemory]
+    peak_stage: int
+    peak_bytes: int
+    hbm_bytes: int
+    dominant_term: str
+
+    @property
+    def peak(self) -> StageMemory:
+        return self.stages[self.peak_stage]
+
+
+def memory_report(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    cfg: ParallelConfig,
+    overheads: MemoryOverheads | None = None,
+) -> MemoryReport:
+    """Memory of every pipeline stage of a resolved configuration (``resolve_config``)."""
+    ov = overheads or MemoryOverheads()
+    pu = param_units(model, cfg.tp, cfg.pp, cfg.ep, cfg.etp_)
+    au = activation_units(model, training, cfg, ov)
+    sh = sharding(model, cluster, cfg)
+    stages = []
+    for c in stage_counts(model, cfg):
+        terms = combine(c, pu, au, sh, ov)
+        stages.append(
+            StageMemory(
+                stage=c.stage,
+                decoder_layers=c.dense_layers + c.moe_layers,
+                terms=terms,
+                total_bytes=sum(terms.values()),
+            )
+        )
+    peak = max(stages, key=lambda s: (s.total_bytes, -s.stage))
+    dominant = max(TERMS, key=lambda k: peak.terms[k])
+    return MemoryReport(
+        stages=stages,
+        peak_stage=peak.stage,
+        peak_bytes=peak.total_bytes,
+        hbm_bytes=cluster.gpu.hbm_bytes,
+        dominant_term=dominant,
+    )

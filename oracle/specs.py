@@ -1,0 +1,378 @@
+"""Specifications: what is trained (model), where (GPU, cluster), how (training, parallel config).
+
+House rules (see docs/architecture.md):
+
+* every spec is a frozen pydantic model with ``extra="forbid"``; field bounds live in ``Field``;
+* validators only *check* one spec in isolation; cross-spec legality (tp divides the heads, the
+  world size decomposes, ...) lives in ``solver/rules.py`` and nowhere else;
+* derived values (dp, ga, etp, sequence parallel, schedule, pipeline split, FP8 recipe) are filled
+  by one named function, :func:`resolve_config`, never by validators;
+* units are in the names: ``*_bytes`` are integer bytes, ``*_flops`` FLOP/s, ``*_bytes_per_s``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GIB = 2**30
+MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
+MAX_GPUS = 1 << 20
+
+
+class Spec(BaseModel):
+    """Base of every spec: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------------------- enums
+
+
+class NormKind(StrEnum):
+    RMSNORM = "rmsnorm"
+    LAYERNORM = "layernorm"
+
+
+class PositionEmbedding(StrEnum):
+    ROPE = "rope"
+    LEARNED = "learned"
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class Fp8Recipe(StrEnum):
+    """Transformer Engine FP8 recipes (Megatron-LM ``--fp8-recipe``)."""
+
+    DELAYED = "delayed"
+    TENSORWISE = "tensorwise"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
+
+
+class Recompute(StrEnum):
+    """Activation recomputation granularity (Megatron-LM ``--recompute-granularity``)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class RecomputeMethod(StrEnum):
+    """How full recomputation picks layers (Megatron-LM ``--recompute-method``).
+
+    ``block``: the first ``recompute_layers`` layers of every pipeline chunk are checkpointed at
+    their input, the others keep all activations. ``uniform``: the chunk's layers are cut into
+    groups of ``recompute_layers`` and each group is checkpointed at its input.
+    """
+
+    UNIFORM = "uniform"
+    BLOCK = "block"
+
+
+class Dispatcher(StrEnum):
+    """MoE token dispatcher (Megatron-Core ``--moe-token-dispatcher-type``); ``flex`` is DeepEP."""
+
+    ALLTOALL = "alltoall"
+    ALLGATHER = "allgather"
+    FLEX = "flex"
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule."""
+
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    ZERO_BUBBLE = "zero_bubble"
+
+
+class PipelineSplit(StrEnum):
+    """How decoder layers are cut into pipeline (virtual) stages.
+
+    ``even``: ``num_layers`` splits evenly over ``pp * vpp`` virtual stages.
+    ``embedding_loss``: the embedding, the loss and each MTP layer count as one layer slot each
+    (Megatron-LM ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``), so the first and last virtual stage carry fewer
+    decoder layers and ``num_layers + 2 + mtp`` must split evenly.
+    """
+
+    EVEN = "even"
+    EMBEDDING_LOSS = "embedding_loss"
+
+
+class Vendor(StrEnum):
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    OTHER = "other"
+
+
+# ---------------------------------------------------------------------------------------- model
+
+
+class MlaSpec(Spec):
+    """Multi-head latent attention dimensions (DeepSeek-V2/V3)."""
+
+    q_lora_rank: int = Field(ge=0, le=MAX_DIM, description="0: queries are not compressed")
+    kv_lora_rank: int = Field(ge=1, le=MAX_DIM)
+    qk_nope_head_dim: int = Field(ge=1, le=MAX_DIM)
+    qk_rope_head_dim: int = Field(ge=0, le=MAX_DIM)
+    v_head_dim: int = Field(ge=1, le=MAX_DIM)
+
+
+class ModelSpec(Spec):
+    """A decoder-only transformer, dense or mixture-of-experts.
+
+    Symbols used throughout the oracle: h = ``hidden_size``, f = ``ffn_hidden_size``,
+    a = ``num_attention_heads``, g = ``num_kv_heads``, d = ``head_dim``, V = ``vocab_size``,
+    E = ``num_experts``, k = ``moe_top_k``, f_e = ``expert_ffn_hidden_size``.
+    """
+
+    name: str = Field(min_length=1)
+    family: str = Field(default="custom", description="llama, mixtral, qwen3_moe, ...")
+    num_layers: int = Field(ge=1, le=100_000)
+    hidden_size: int = Field(ge=1, le=MAX_DIM)
+    ffn_hidden_size: int = Field(ge=0, le=MAX_DIM, description="dense MLP width; 0 if none")
+    num_attention_heads: int = Field(ge=1, le=MAX_DIM)
+    num_kv_heads: int = Field(ge=1, le=MAX_DIM)
+    head_dim: int = Field(ge=1, le=MAX_DIM)
+    vocab_size: int = Field(ge=1, le=1 << 28)
+    tied_embeddings: bool = False
+    norm: NormKind = NormKind.RMSNORM
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    position_embedding: PositionEmbedding = PositionEmbedding.ROPE
+    max_position_embeddings: int = Field(default=0, ge=0, le=1 << 28)
+    attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    sliding_window: int = Field(default=0, ge=0, description="window of sliding-window layers")
+    num_sliding_window_layers: int = Field(default=0, ge=0)
+    # mixture of experts
+    num_experts: int = Field(default=0, ge=0, le=1 << 16)
+    moe_top_k: int = Field(default=0, ge=0, le=1 << 16)
+    expert_ffn_hidden_size: int = Field(default=0, ge=0, le=MAX_DIM)
+    num_shared_experts: int = Field(default=0, ge=0, le=1 << 10)
+    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0, le=MAX_DIM)
+    num_dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP")
+    router_bias: bool = False
+    router_expert_bias: bool = Field(
+        default=False, description="per-expert score-correction bias (DeepSeek-V3 aux-free)"
+    )
+    # attention variants
+    mla: MlaSpec | None = None
+    num_mtp_layers: int = Field(default=0, ge=0, le=64, description="multi-token prediction")
+    default_seq_len: int = Field(default=4096, ge=1, le=1 << 24)
+    default_global_batch_size: int = Field(default=256, ge=1, le=1 << 30)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.num_experts:
+            if not 1 <= self.moe_top_k <= self.num_experts:
+                raise ValueError(
+                    f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})"
+                )
+            if self.expert_ffn_hidden_size < 1:
+                raise ValueError("expert_ffn_hidden_size must be positive for an MoE model")
+            if self.num_dense_layers > self.num_layers:
+                raise ValueError(
+                    f"num_dense_layers ({self.num_dense_layers}) exceeds "
+                    f"num_layers ({self.num_layers})"
+                )
+        elif self.moe_top_k or self.num_shared_experts or self.num_dense_layers:
+            raise ValueError("moe_top_k / shared experts / num_dense_layers need num_experts > 0")
+        if self.num_dense_layers_effective and self.ffn_hidden_size < 1:
+            raise ValueError(f"{self.name}: dense layers need ffn_hidden_size > 0")
+        if self.num_shared_experts and self.shared_expert_ffn_hidden_size < 1:
+            raise ValueError("shared experts need shared_expert_ffn_hidden_size > 0")
+        if self.position_embedding is PositionEmbedding.LEARNED and self.max_position_embeddings < 1:
+            raise ValueError("learned position embeddings need max_position_embeddings > 0")
+        if self.num_sliding_window_layers > self.num_layers:
+            raise ValueError("num_sliding_window_layers exceeds num_layers")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_dense_layers_effective(self) -> int:
+        """Layers with a dense MLP: all of them for a dense model, the leading ones for MoE."""
+        return self.num_dense_layers if self.is_moe else self.num_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+
+# ------------------------------------------------------------------------------ GPU and cluster
+
+
+class GpuSpec(Spec):
+    """One accelerator. Every number comes from ``oracle/catalog/gpus.json`` with its source."""
+
+    name: str = Field(min_length=1)
+    vendor: Vendor = Vendor.OTHER
+    hbm_bytes: int = Field(gt=0, le=1 << 50, description="HBM capacity in bytes (GiB-based)")
+    peak_bf16_flops: float = Field(gt=0, le=1e18, description="dense BF16 tensor FLOP/s")
+    peak_fp8_flops: float | None = Field(default=None, gt=0, le=1e18, description="None: no FP8")
+    hbm_bytes_per_s: float = Field(gt=0, le=1e15)
+    scale_up_bytes_per_s: float = Field(
+        gt=0, le=1e14, description="scale-up (NVLink / xGMI) bandwidth per GPU per direction"
+    )
+    scale_up_domain_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs on one scale-up fabric")
+    nic_bytes_per_s: float = Field(gt=0, le=1e14, description="scale-out bandwidth per GPU")
+    architecture: str = Field(default="", description="hopper, blackwell, cdna3, ... (FP8 recipes)")
+    source: str = ""
+    notes: str = ""
+
+
+class ClusterSpec(Spec):
+    gpu: GpuSpec
+    num_nodes: int = Field(ge=1, le=MAX_GPUS)
+    gpus_per_node: int = Field(ge=1, le=1024)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def scale_up_gpus(self) -> int:
+        """GPUs reachable over the scale-up links: the node, or a rack-scale domain (NVL72)."""
+        if self.gpu.scale_up_domain_gpus > self.gpus_per_node:
+            return min(self.gpu.scale_up_domain_gpus, self.world_size)
+        return self.gpus_per_node
+
+
+class TrainingSpec(Spec):
+    seq_len: int = Field(ge=1, le=1 << 24)
+    global_batch_size: int = Field(ge=1, le=1 << 30, description="sequences per optimizer step")
+    precision: Precision = Precision.BF16
+    flash_attention: bool = True
+
+
+# ------------------------------------------------------------------------ parallel configuration
+
+DEFAULT_SELECTIVE_MODULES: tuple[str, ...] = ("core_attn",)
+SELECTIVE_MODULES: frozenset[str] = frozenset(
+    {"core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj"}
+)
+
+
+class ParallelConfig(Spec):
+    """One training configuration. ``None`` fields are derived by :func:`resolve_config`."""
+
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pp: int = Field(default=1, ge=1, le=100_000)
+    vpp: int = Field(default=1, ge=1, le=100_000, description="virtual stages per pipeline rank")
+    cp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    ep: int = Field(default=1, ge=1, le=MAX_GPUS)
+    etp: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="None: same as tp")
+    dp: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="None: world/(tp*pp*cp)")
+    mbs: int = Field(default=1, ge=1, le=1 << 20)
+    ga: int | None = Field(default=None, ge=1, le=1 << 30, description="None: gbs/(mbs*dp)")
+    sequence_parallel: bool | None = Field(default=None, description="None: on when tp > 1")
+    recompute: Recompute = Recompute.NONE
+    recompute_method: RecomputeMethod = RecomputeMethod.BLOCK
+    recompute_layers: int | None = Field(
+        default=None, ge=0, description="full recompute: layers per virtual stage; None: all"
+    )
+    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
+    distributed_optimizer: bool = True
+    fsdp: bool = False
+    dispatcher: Dispatcher = Dispatcher.ALLTOALL
+    schedule: Schedule | None = Field(default=None, description="None: interleaved if vpp > 1")
+    fp8_recipe: Fp8Recipe | None = Field(default=None, description="None: BF16 compute")
+    pipeline_split: PipelineSplit | None = Field(default=None, description="None: auto")
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelConfig:
+        unknown = sorted(set(self.recompute_modules) - SELECTIVE_MODULES)
+        if unknown:
+            raise ValueError(
+                f"unknown recompute module(s) {unknown}; choose from {sorted(SELECTIVE_MODULES)}"
+            )
+        return self
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism as resolved (on by default whenever tp > 1)."""
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+    @property
+    def etp_(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def schedule_(self) -> Schedule:
+        if self.schedule is not None:
+            return self.schedule
+        return Schedule.INTERLEAVED if self.vpp > 1 else Schedule.ONE_F_ONE_B
+
+    def label(self) -> str:
+        """Compact layout label used in tables: ``TP1 PP4 VPP2 CP1 EP8 ETP1 DP8``."""
+        return (
+            f"TP{self.tp} PP{self.pp} VPP{self.vpp} CP{self.cp} EP{self.ep} "
+            f"ETP{self.etp_} DP{self.dp if self.dp is not None else '?'}"
+        )
+
+
+class ConfigError(ValueError):
+    """A user-facing input error; its message is one line naming the value and the fix."""
+
+
+def default_fp8_recipe(gpu: GpuSpec) -> Fp8Recipe:
+    """Default FP8 recipe per architecture: MXFP8 on Blackwell (block-scaled tensor cores), per-
+    tensor current scaling elsewhere (Hopper, CDNA3/4), as Megatron-Bridge's recipes choose."""
+    return Fp8Recipe.MXFP8 if gpu.architecture == "blackwell" else Fp8Recipe.TENSORWISE
+
+
+def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
+    """``even`` when the decoder layers divide over ``pp * vpp`` virtual stages, else
+    ``embedding_loss`` (embedding, loss and MTP layers as slots). Whether the choice is legal is
+    the solver's business (rule ``pipeline_split``)."""
+    if model.num_layers % (pp * vpp) == 0:
+        return PipelineSplit.EVEN
+    return PipelineSplit.EMBEDDING_LOSS
+
+
+def resolve_config(
+    cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
+) -> ParallelConfig:
+    """Fill every derived field of ``cfg``.
+
+    dp = world // (tp * pp * cp); ga = gbs // (mbs * dp); etp = tp; sequence parallel = tp > 1;
+    schedule = interleaved iff vpp > 1; FP8 recipe from the training precision and GPU;
+    pipeline split = :func:`auto_pipeline_split`. Integer division is deliberate: whether the
+    identities hold exactly (``tp*pp*cp*dp == world``, ``mbs*ga*dp == gbs``) is checked by the
+    solver's rules, which name the values and the legal alternatives.
+    """
+    dp = cfg.dp if cfg.dp is not None else max(1, cluster.world_size // (cfg.tp * cfg.pp * cfg.cp))
+    ga = cfg.ga if cfg.ga is not None else max(1, training.global_batch_size // (cfg.mbs * dp))
+    fp8 = cfg.fp8_recipe
+    if fp8 is None and training.precision is Precision.FP8:
+        fp8 = default_fp8_recipe(cluster.gpu)
+    return cfg.model_copy(
+        update={
+            "dp": dp,
+            "ga": ga,
+            "etp": cfg.etp_,
+            "sequence_parallel": cfg.sp,
+            "schedule": cfg.schedule_,
+            "fp8_recipe": fp8,
+            "pipeline_split": cfg.pipeline_split or auto_pipeline_split(model, cfg.pp, cfg.vpp),
+            "recompute_layers": cfg.recompute_layers if cfg.recompute is Recompute.FULL else None,
+        }
+    )
