@@ -105,6 +105,21 @@ TERMS: tuple[str, ...] = (
     "dispatcher_buffers",
     "fragmentation",
 )
+#: Terms grouped for reporting: what the model holds, what training passes hold, what the
+#: runtime holds. ``model_state`` is what Megatron calls "weight and optimizer memory".
+TERM_GROUPS: dict[str, tuple[str, ...]] = {
+    "model_state": ("weights", "gradients", "optimizer", "fp8_weight_cache", "fsdp_buffers"),
+    "activations": (
+        "activations",
+        "routing_imbalance",
+        "logits_loss",
+        "recompute_working_set",
+        "backward_working_set",
+        "cp_buffers",
+        "pipeline_buffers",
+    ),
+    "runtime": ("runtime_context", "collective_buffers", "dispatcher_buffers", "fragmentation"),
+}
 #: Terms the caching allocator churns through every step; fragmentation applies to these.
 TRANSIENT_TERMS: tuple[str, ...] = (
     "activations",
@@ -120,27 +135,35 @@ TRANSIENT_TERMS: tuple[str, ...] = (
 class MemoryOverheads(Spec):
     """The terms analytical formulas forget, each with a documented, overridable default.
 
-    * ``runtime_context_bytes`` — CUDA/HIP context, loaded kernel images and BLAS/cuDNN
-      workspaces of one PyTorch process. Default 1 GiB: the CUDA context alone is several hundred
-      MiB with lazy module loading (PyTorch "CUDA semantics" notes; NVIDIA CUDA lazy-loading
-      docs), plus cuBLAS/cuBLASLt and Transformer Engine workspaces (tens of MiB each).
-    * ``collective_bytes_per_group`` — NCCL/RCCL buffers per communicator the rank uses (tp, cp,
-      pp, dp, ep/etp groups of size > 1). Default 256 MiB: NCCL_BUFFSIZE is 4 MiB per channel and
-      protocol buffer set; with tens of channels per communicator this reaches 100-300 MiB.
-    * ``dispatcher_buffer_bytes`` — DeepEP (``flex`` dispatcher) pre-registered NVLink/RDMA
-      buffers. Default 2 GiB (1 GiB NVL + 1 GiB RDMA, DeepEP's test defaults).
-    * ``fragmentation`` — fraction of the transient (activation-like) bytes lost to caching-
-      allocator fragmentation. Default 0.05: PyTorch's reserved-minus-allocated gap in LLM
-      training is typically a few percent with ``expandable_segments`` and more without.
-    * ``moe_routing_imbalance`` — extra fraction of expert activations on the busiest rank over
-      a perfectly balanced routing. Default 0 (dropless, force-balanced routing as in the
-      published Megatron-Bridge and Primus benchmarks); real routing runs 0.1-0.5.
-    * ``backward_working_set`` — count the activation gradients of the layer running backward.
+    * ``runtime_context_bytes`` (default 1 GiB) — CUDA/HIP context, kernel images and library
+      workspaces of one PyTorch process. Measured contexts: 287,047,680 B with lazy loading vs
+      666,632,192 B eager (pytorch/pytorch PR #86509), 612 MiB on B200 (unslothai/unsloth PR
+      #8669); plus cuBLAS workspaces of 32 MiB per handle and stream on Hopper (PyTorch PR
+      #120925), Transformer Engine GEMM workspaces of 32 MiB each (four for MoE grouped GEMMs), and
+      kernels loaded lazily during training. ROCm: hipBLAS 128 MiB + hipBLASLt 76 MiB workspaces.
+    * ``collective_bytes_per_group`` (default 512 MiB) — NCCL/RCCL buffers per communicator the
+      rank uses (tp, cp, pp, dp x cp, and for MoE ep x etp and expert-dp, when larger than 1).
+      NCCL allocates ~10 MiB per connection (Simple 4 MiB + LL128 4.7 MiB + LL 0.5 MiB) per
+      channel; measured 544 MB per 2-rank and 688 MB per larger group on 4 x A100
+      (NVIDIA/nccl#964).
+    * ``dispatcher_buffer_bytes`` (default 1 GiB) — DeepEP buffers of the ``flex`` dispatcher:
+      320-360 MiB NVLink + up to 350 MiB RDMA for hidden 7168 (DeepEP ``config.hpp`` sizing used
+      by Megatron-Core ``fused_a2a.py``), plus NVSHMEM's 512 MiB-granular heap beyond 8 ranks.
+    * ``fragmentation`` (default 0.05) — fraction of the transient (activation-like) bytes lost
+      to caching-allocator fragmentation. Reserved-minus-allocated gaps reported: 2.4 % (70B,
+      vllm-project/compressed-tensors PR #587), 13 % (NVIDIA/Megatron-LM PR #5662 log);
+      ``expandable_segments``, which Megatron-Bridge recommends, cuts it further.
+    * ``moe_routing_imbalance`` (default 0) — extra fraction of expert activations on the busiest
+      rank over perfectly balanced routing. 0 matches the force-balanced, dropless benchmarks
+      (Megatron-Bridge, Primus); max/mean expert load of 1.5-1.7 with auxiliary-loss balancing and
+      1.04 aux-loss-free is reported (arXiv 2408.15664 Table 2) — set 0.5 for real routing.
+    * ``backward_working_set`` — count the gradients of one layer's activations, alive while that
+      layer runs backward (same shapes as its stored activations).
     """
 
     runtime_context_bytes: int = Field(default=1 * GIB, ge=0, le=1 << 40)
-    collective_bytes_per_group: int = Field(default=256 * MIB, ge=0, le=1 << 40)
-    dispatcher_buffer_bytes: int = Field(default=2 * GIB, ge=0, le=1 << 40)
+    collective_bytes_per_group: int = Field(default=512 * MIB, ge=0, le=1 << 40)
+    dispatcher_buffer_bytes: int = Field(default=1 * GIB, ge=0, le=1 << 40)
     fragmentation: float = Field(default=0.05, ge=0.0, le=1.0)
     moe_routing_imbalance: float = Field(default=0.0, ge=0.0, le=64.0)
     backward_working_set: bool = True
@@ -801,7 +824,9 @@ class StageMemory(BaseModel):
 
 class MemoryReport(BaseModel):
     """Per-stage breakdown and the most loaded stage. Whether it fits is the solver's rule
-    (``solver/rules.py::hbm``); ``hbm_bytes`` is the GPU's capacity for reference."""
+    (``solver/rules.py::hbm``); ``hbm_bytes`` is the GPU's capacity for reference.
+    ``dominant_term`` is the largest term of the most loaded stage, ``dominant_group`` the largest
+    of :data:`TERM_GROUPS`."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -810,6 +835,7 @@ class MemoryReport(BaseModel):
     peak_bytes: int
     hbm_bytes: int
     dominant_term: str
+    dominant_group: str
 
     @property
     def peak(self) -> StageMemory:
@@ -841,10 +867,12 @@ def memory_report(
         )
     peak = max(stages, key=lambda s: (s.total_bytes, -s.stage))
     dominant = max(TERMS, key=lambda k: peak.terms[k])
+    group = max(TERM_GROUPS, key=lambda g: sum(peak.terms[k] for k in TERM_GROUPS[g]))
     return MemoryReport(
         stages=stages,
         peak_stage=peak.stage,
         peak_bytes=peak.total_bytes,
         hbm_bytes=cluster.gpu.hbm_bytes,
         dominant_term=dominant,
+        dominant_group=group,
     )

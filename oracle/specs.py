@@ -234,6 +234,7 @@ class GpuSpec(Spec):
     )
     scale_up_domain_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs on one scale-up fabric")
     nic_bytes_per_s: float = Field(gt=0, le=1e14, description="scale-out bandwidth per GPU")
+    gpus_per_node: int = Field(default=8, ge=1, le=1024, description="usual node size")
     architecture: str = Field(default="", description="hopper, blackwell, cdna3, ... (FP8 recipes)")
     source: str = ""
     notes: str = ""
@@ -355,7 +356,8 @@ def resolve_config(
 
     dp = world // (tp * pp * cp); ga = gbs // (mbs * dp); etp = tp; sequence parallel = tp > 1;
     schedule = interleaved iff vpp > 1; FP8 recipe from the training precision and GPU;
-    pipeline split = :func:`auto_pipeline_split`. Integer division is deliberate: whether the
+    pipeline split = :func:`auto_pipeline_split`; sequence parallelism off at tp 1 (as Megatron
+    forces it); the distributed optimizer off under FSDP (FSDP shards the optimizer itself). Integer division is deliberate: whether the
     identities hold exactly (``tp*pp*cp*dp == world``, ``mbs*ga*dp == gbs``) is checked by the
     solver's rules, which name the values and the legal alternatives.
     """
@@ -369,7 +371,8 @@ def resolve_config(
             "dp": dp,
             "ga": ga,
             "etp": cfg.etp_,
-            "sequence_parallel": cfg.sp,
+            "sequence_parallel": cfg.sp and cfg.tp > 1,  # Megatron turns SP off at tp 1
+            "distributed_optimizer": cfg.distributed_optimizer and not cfg.fsdp,
             "schedule": cfg.schedule_,
             "fp8_recipe": fp8,
             "pipeline_split": cfg.pipeline_split or auto_pipeline_split(model, cfg.pp, cfg.vpp),

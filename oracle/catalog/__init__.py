@@ -48,10 +48,12 @@ class GpuEntry(Spec):
     scale_up_gb_per_s: float = Field(gt=0, le=1e5)
     scale_up_domain_gpus: int = Field(ge=1, le=1 << 20)
     nic_gb_per_s: float = Field(gt=0, le=1e5)
+    gpus_per_node: int = Field(default=8, ge=1, le=1024, description="usual node size")
     source: str = ""
     notes: str = ""
 
     def to_spec(self) -> GpuSpec:
+        """The spec in base units (bytes, FLOP/s, bytes/s); GiB and decimal T/G prefixes."""
         return GpuSpec(
             name=self.name,
             vendor=self.vendor,
@@ -63,6 +65,7 @@ class GpuEntry(Spec):
             scale_up_bytes_per_s=self.scale_up_gb_per_s * 1e9,
             scale_up_domain_gpus=self.scale_up_domain_gpus,
             nic_bytes_per_s=self.nic_gb_per_s * 1e9,
+            gpus_per_node=self.gpus_per_node,
             source=self.source,
             notes=self.notes,
         )

@@ -1,0 +1,463 @@
+"""tune-cp command line: a thin shell over the library (specs, solver, oracle, agent).
+
+Commands: ``search`` (the default: ``tune-cp --model M --nodes N``), ``check``, ``plan``,
+``models``, ``gpus``, ``calibrate``. Every command takes ``--json``. Errors are one line on
+stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import click
+from pydantic import ValidationError
+
+from oracle import params as P
+from oracle.catalog import gpu_entries, load_gpu, load_model, model_entries
+from oracle.memory import TERMS, MemoryOverheads
+from oracle.specs import (
+    GIB,
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    TrainingSpec,
+)
+from solver.check import CheckOutcome, check_configuration
+from solver.rules import DEFAULT_MEMORY_MARGIN
+
+EXIT_ILLEGAL = 1
+EXIT_USAGE = 2
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+class UserError(click.ClickException):
+    """A one-line input error (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+def fail(message: str) -> NoReturn:
+    raise UserError(message)
+
+
+def first_validation_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"])
+    value = e.get("input")
+    shown = f" (got {value!r})" if not isinstance(value, dict | list) else ""
+    return f"{loc}: {e['msg']}{shown}"
+
+
+def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
+    """Construct a spec; a validation error becomes a one-line user error naming the field."""
+    try:
+        return factory(**kwargs)
+    except ValidationError as e:
+        fail(f"invalid {kind}: {first_validation_error(e)}")
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def enum_choice(enum: type) -> click.Choice:
+    return click.Choice([e.value for e in enum], case_sensitive=False)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def cluster_options(f: Callable) -> Callable:
+    for opt in reversed(
+        [
+            click.option("--model", "model_name", required=True,
+                         help="Catalog name (see `tune-cp models`), a Hugging Face config.json, "
+                              "or a tune-cp model YAML/JSON file."),
+            click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
+                         help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
+            click.option("--nodes", type=click.IntRange(1, 1 << 20), required=True,
+                         help="Number of nodes."),
+            click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+                         help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
+                              "GB200/GB300 trays]"),
+            click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+                         help="Sequence length  [default: the model's usual one]"),
+            click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+                         help="Global batch size in sequences  [default: the model's reference]"),
+            click.option("--precision", type=enum_choice(Precision), default="bf16",
+                         show_default=True, help="Training precision."),
+            click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables."),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
+def config_options(f: Callable) -> Callable:
+    for opt in reversed(
+        [
+            click.option("--tp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+                         help="Tensor-parallel size."),
+            click.option("--pp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+                         help="Pipeline-parallel size."),
+            click.option("--vpp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+                         help="Virtual pipeline stages per rank (interleaved schedule when > 1)."),
+            click.option("--cp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+                         help="Context-parallel size."),
+            click.option("--ep", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+                         help="Expert-parallel size."),
+            click.option("--etp", type=click.IntRange(1, 1 << 20), default=None,
+                         help="Expert tensor-parallel size  [default: tp]"),
+            click.option("--mbs", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+                         help="Micro-batch size."),
+            click.option("--recompute", type=enum_choice(Recompute), default="none",
+                         show_default=True, help="Activation recomputation granularity."),
+            click.option("--recompute-method", type=enum_choice(RecomputeMethod),
+                         default="block", show_default=True,
+                         help="Full recompute: block (first N layers of each virtual stage) or "
+                              "uniform (groups of N)."),
+            click.option("--recompute-layers", type=click.IntRange(0, 100_000), default=None,
+                         help="Full recompute: N layers per virtual stage  [default: all]"),
+            click.option("--recompute-modules", default=None,
+                         help="Selective recompute modules, comma separated  [default: core_attn]"),
+            click.option("--sequence-parallel/--no-sequence-parallel", default=None,
+                         help="Sequence parallelism  [default: on when tp > 1]"),
+            click.option("--no-distributed-optimizer", is_flag=True,
+                         help="Replicate optimizer state (default: distributed optimizer)."),
+            click.option("--fsdp", is_flag=True, help="Fully shard params, grads, optimizer."),
+            click.option("--dispatcher", type=enum_choice(Dispatcher), default="alltoall",
+                         show_default=True, help="MoE token dispatcher (flex = DeepEP)."),
+            click.option("--schedule", type=enum_choice(Schedule), default=None,
+                         help="Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]"),
+            click.option("--fp8-recipe", type=enum_choice(Fp8Recipe), default=None,
+                         help="FP8 recipe  [default with --precision fp8: mxfp8 on Blackwell, "
+                              "tensorwise elsewhere]"),
+            click.option("--pipeline-split", type=enum_choice(PipelineSplit), default=None,
+                         help="Layer split  [default: even when layers divide, else "
+                              "embedding_loss]"),
+        ]
+    ):
+        f = opt(f)
+    return f
+
+
+def overhead_options(f: Callable) -> Callable:
+    f = click.option(
+        "--overhead", "overheads", multiple=True, metavar="NAME=VALUE",
+        help="Override a memory overhead term, e.g. fragmentation=0.1, "
+             "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable).",
+    )(f)
+    f = click.option(
+        "--memory-margin", type=click.FloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
+        show_default=True, help="Fraction of HBM kept free beyond the modelled terms (0 allowed).",
+    )(f)
+    f = click.option(
+        "--allow-cross-scale-up", is_flag=True,
+        help="Allow tp/etp larger than the scale-up domain (NVLink/xGMI).",
+    )(f)
+    return f
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(name: str, raw: str) -> int:
+    """``512MiB``, ``2GiB``, ``1073741824`` -> bytes."""
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)", raw.strip())
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in SIZE_UNITS:
+        fail(f"--overhead {name}: {raw!r} is not a size (e.g. 512MiB, 2GiB, 1073741824)")
+    return round(float(match.group(1)) * SIZE_UNITS[unit])
+
+
+def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
+    fields = MemoryOverheads.model_fields
+    values: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in fields:
+            fail(f"--overhead {item!r}: expected NAME=VALUE with NAME in {', '.join(fields)}")
+        if name.endswith("_bytes"):
+            values[name] = parse_size(name, raw)
+        elif name == "backward_working_set":
+            flag = raw.strip().lower()
+            if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                fail(f"--overhead backward_working_set: {raw!r} must be true or false")
+            values[name] = flag in ("true", "1", "yes", "on")
+        else:
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                fail(f"--overhead {name}: {raw!r} is not a number")
+    return build("--overhead", MemoryOverheads, **values)
+
+
+def load_specs(
+    model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | None,
+    seq_len: int | None, gbs: int | None, precision: str,
+) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
+    model = load_model(model_name)
+    gpu = load_gpu(gpu_name)
+    cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=nodes,
+                    gpus_per_node=gpus_per_node or gpu.gpus_per_node)
+    training = build(
+        "training settings", TrainingSpec,
+        seq_len=seq_len or model.default_seq_len,
+        global_batch_size=gbs or model.default_global_batch_size,
+        precision=precision,
+    )
+    return model, cluster, training
+
+
+def build_config(opts: dict[str, Any]) -> ParallelConfig:
+    modules = opts.get("recompute_modules")
+    kwargs: dict[str, Any] = dict(
+        tp=opts["tp"], pp=opts["pp"], vpp=opts["vpp"], cp=opts["cp"], ep=opts["ep"],
+        etp=opts["etp"], mbs=opts["mbs"], recompute=opts["recompute"],
+        recompute_method=opts["recompute_method"], recompute_layers=opts["recompute_layers"],
+        sequence_parallel=opts["sequence_parallel"],
+        distributed_optimizer=not opts["no_distributed_optimizer"], fsdp=opts["fsdp"],
+        dispatcher=opts["dispatcher"], schedule=opts["schedule"],
+        fp8_recipe=opts["fp8_recipe"], pipeline_split=opts["pipeline_split"],
+    )
+    if modules:
+        kwargs["recompute_modules"] = tuple(m.strip() for m in modules.split(",") if m.strip())
+    return build("configuration", ParallelConfig, **kwargs)
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def describe_setting(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> str:
+    return (
+        f"{model.name} on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name} "
+        f"({cluster.world_size} GPUs), seq {training.seq_len}, gbs {training.global_batch_size}, "
+        f"{training.precision.value}"
+    )
+
+
+def describe_config(cfg: ParallelConfig) -> str:
+    parts = [cfg.label(), f"mbs {cfg.mbs}", f"ga {cfg.ga}"]
+    if cfg.recompute is Recompute.FULL:
+        n = "all layers" if cfg.recompute_layers is None else f"{cfg.recompute_layers} layer(s)"
+        parts.append(f"full recompute ({cfg.recompute_method.value}, {n} per virtual stage)")
+    elif cfg.recompute is Recompute.SELECTIVE:
+        parts.append(f"selective recompute ({', '.join(cfg.recompute_modules)})")
+    else:
+        parts.append("no recompute")
+    parts.append("FSDP" if cfg.fsdp else
+                 ("distributed optimizer" if cfg.distributed_optimizer else "replicated optimizer"))
+    parts.append(f"{cfg.schedule_.value} schedule")
+    if cfg.sp:
+        parts.append("sequence parallel")
+    if cfg.fp8_recipe is not None:
+        parts.append(f"fp8 {cfg.fp8_recipe.value}")
+    return ", ".join(parts)
+
+
+def shown_stages(n: int, peak: int) -> list[int]:
+    if n <= 8:
+        return list(range(n))
+    return sorted({0, 1, peak, n - 2, n - 1})
+
+
+def render_memory(outcome: CheckOutcome) -> list[str]:
+    mem = outcome.memory
+    assert mem is not None
+    stages = shown_stages(len(mem.stages), mem.peak_stage)
+    used = [t for t in TERMS if any(mem.stages[s].terms[t] for s in stages)]
+    width = max(len(t) for t in used + ["total (GiB)"])
+    head = "memory per GPU (GiB)".ljust(width) + "".join(f"{'stage ' + str(s):>11}" for s in stages)
+    lines = [head]
+    lines.append("decoder layers".ljust(width) + "".join(
+        f"{mem.stages[s].decoder_layers:>11}" for s in stages))
+    for t in used:
+        lines.append(t.ljust(width) + "".join(f"{gib(mem.stages[s].terms[t]):>11}" for s in stages))
+    lines.append("total".ljust(width) + "".join(f"{gib(mem.stages[s].total_bytes):>11}" for s in stages))
+    if len(stages) < len(mem.stages):
+        lines.append(f"({len(mem.stages)} stages; showing {', '.join(map(str, stages))}; --json has all)")
+    limit = outcome.limit_bytes
+    lines.append("")
+    lines.append(
+        f"HBM {gib(mem.hbm_bytes)} GiB ({outcome.ctx.cluster.gpu.name}), limit {gib(limit)} GiB "
+        f"(margin {outcome.ctx.memory_margin:g}); most loaded: stage {mem.peak_stage} at "
+        f"{gib(mem.peak_bytes)} GiB, headroom {gib(limit - mem.peak_bytes)} GiB"
+    )
+    return lines
+
+
+# ------------------------------------------------------------------------------ group
+
+
+class DefaultGroup(click.Group):
+    """``tune-cp --model M --nodes N`` runs ``search``: the first argument that is not a command
+    name routes to the default command."""
+
+    default_command = "search"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = [self.default_command, *args]
+        elif not args:
+            args = ["--help"]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tune-cp")
+def main() -> None:
+    """Find the fastest legal configuration of a distributed LLM training run.
+
+    \b
+    tune-cp --model mixtral-8x22b --nodes 4      search (the default command)
+    tune-cp check --model ... --tp 1 --pp 4 ...  check one configuration before submitting it
+    tune-cp plan --model ... --gpu h100,b200     what-if capacity planning
+    tune-cp models | gpus                        list the catalogs
+    """
+
+
+@main.command("check")
+@cluster_options
+@config_options
+@overhead_options
+def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | None,
+              seq_len: int | None, gbs: int | None, precision: str, as_json: bool,
+              memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
+              **config: Any) -> None:
+    """Check one configuration: legality, per-stage memory and the verdict.
+
+    Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
+    """
+    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
+                                          gbs, precision)
+    cfg = build_config(config)
+    outcome = check_configuration(model, cluster, training, cfg,
+                                  overheads=parse_overheads(overheads),
+                                  memory_margin=memory_margin,
+                                  allow_cross_scale_up=allow_cross_scale_up)
+    if outcome.batch_error is not None:
+        fail(outcome.batch_error.message)
+    if as_json:
+        emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
+                   "training": training.model_dump(mode="json"), **outcome.to_json()})
+    else:
+        click.echo(f"check: {describe_setting(model, cluster, training)}")
+        click.echo(f"config: {describe_config(outcome.ctx.cfg)}")
+        click.echo("")
+        if outcome.memory is not None:
+            for line in render_memory(outcome):
+                click.echo(line)
+            click.echo("")
+        if outcome.legal:
+            mem = outcome.memory
+            click.echo(f"verdict: legal, fits (dominant: {mem.dominant_group.replace('_', ' ')}; "
+                       f"largest term {mem.dominant_term})")
+        else:
+            fits = outcome.memory is not None and outcome.memory.peak_bytes <= outcome.limit_bytes
+            verdict = "out of memory" if outcome.memory is not None and not fits else "illegal"
+            click.echo(f"verdict: {verdict}")
+            for v in outcome.violations:
+                click.echo(f"  [{v.rule}] {v.message}")
+    sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
+
+
+def model_json(m: ModelSpec) -> dict[str, Any]:
+    return {"name": m.name, "total_params": P.total_params(m),
+            "active_params": P.active_params(m), **m.model_dump(mode="json", exclude={"name"})}
+
+
+def cluster_json(c: ClusterSpec) -> dict[str, Any]:
+    return {"gpu": c.gpu.name, "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
+            "world_size": c.world_size, "hbm_bytes": c.gpu.hbm_bytes}
+
+
+@main.command("models")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def models_cmd(as_json: bool) -> None:
+    """List the model catalog with parameter counts."""
+    specs = [e.to_spec() for e in model_entries().values()]
+    if as_json:
+        emit_json([model_json(m) | {"source": m.source} for m in specs])
+        return
+    click.echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
+               f"{'total params':>16} {'active params':>16} {'seq':>6} {'gbs':>5}")
+    for m in specs:
+        experts = f"{m.num_experts}/{m.moe_top_k}" if m.is_moe else "-"
+        click.echo(f"{m.name:16} {m.family:12} {m.num_layers:>6} {m.hidden_size:>6} {experts:>8} "
+                   f"{P.total_params(m):>16,} {P.active_params(m):>16,} {m.default_seq_len:>6} "
+                   f"{m.default_global_batch_size:>5}")
+    click.echo("experts: routed experts / top-k; counts follow the Hugging Face implementation "
+               "(unpadded vocabulary, MTP excluded); sources: `tune-cp models --json`")
+
+
+@main.command("gpus")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def gpus_cmd(as_json: bool) -> None:
+    """List the GPU catalog."""
+    entries = list(gpu_entries().values())
+    if as_json:
+        emit_json([e.to_spec().model_dump(mode="json") | {"aliases": e.aliases} for e in entries])
+        return
+    click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
+               f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
+    for e in entries:
+        fp8 = f"{e.peak_fp8_tflops:g}" if e.peak_fp8_tflops else "-"
+        click.echo(f"{e.name:8} {e.vendor.value:6} {e.hbm_gib:>8g} {e.peak_bf16_tflops:>8g} "
+                   f"{fp8:>8} {e.hbm_tb_per_s:>9g} {e.scale_up_gb_per_s:>13g} "
+                   f"{e.scale_up_domain_gpus:>6} {e.nic_gb_per_s:>8g} {e.gpus_per_node:>8}")
+    click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
+
+
+# ------------------------------------------------------------------------- entry point
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code; every error is one line on stderr."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        main.main(args=args, prog_name="tune-cp", standalone_mode=False)
+    except SystemExit as e:
+        return int(e.code or 0)
+    except click.exceptions.Abort:
+        click.echo("tune-cp: aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        click.echo(f"tune-cp: error: {e.format_message()}".splitlines()[0], err=True)
+        return e.exit_code
+    except ConfigError as e:
+        click.echo(f"tune-cp: error: {e}", err=True)
+        return EXIT_USAGE
+    except Exception as e:  # a bug: one line, the traceback only when asked for
+        if os.environ.get("TUNE_CP_DEBUG"):
+            raise
+        click.echo(f"tune-cp: internal error: {type(e).__name__}: {e} "
+                   f"(set TUNE_CP_DEBUG=1 for the traceback)", err=True)
+        return 3
+    return 0
+
+
+def entry() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    entry()

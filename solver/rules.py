@@ -1,0 +1,452 @@
+"""Every legality rule of tune-cp, as a named family that checks one resolved configuration.
+
+Each family is a function ``rule(ctx) -> list[Violation]`` registered in :data:`RULES`; the
+messages name the offending values and the legal alternatives. The CP-SAT model
+(``solver/model.py``) encodes the same families, family by family, and a test requires the two
+to accept exactly the same configurations. Families can be switched off (``--allow`` on the
+command line, assumptions in CP-SAT) to explain infeasibility.
+
+Families, in the order they are checked:
+
+=======================  =====================================================================
+world_size               tp x pp x cp x dp = nodes x gpus_per_node
+tensor_parallel          tp divides the attention heads, the KV heads (or is a multiple of
+                         them: KV heads are then replicated), the dense and shared FFN widths
+scale_up                 tp and etp stay within one scale-up domain (NVLink / xGMI)
+expert_layout            ep divides the experts; pp x ep x etp divides the world (whole
+                         expert-data-parallel size); ep = etp = 1 for dense models
+expert_tensor_parallel   etp divides the expert FFN; MoE with biases needs etp = 1
+sequence_parallel        MoE with tp > 1 needs sequence parallelism
+sequence_length          seq divisible by 2 cp (context parallel) and seq / cp by tp (SP)
+pipeline_split           layers split evenly over pp x vpp virtual stages
+virtual_pipeline         vpp > 1 needs pp > 1 and the interleaved schedule; the interleaved
+                         schedule needs a micro-batch count that is a multiple of pp
+schedule                 zero-bubble: no recomputation, pp > 1, vpp in {1, 2}, untied
+                         embeddings (Primus ``config_validation.py``)
+recompute                full: 1..layers-per-chunk layers; selective modules that exist
+precision                FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4
+dispatcher               the DeepEP ``flex`` dispatcher needs an MoE model with ep > 1
+batch                    gbs = mbs x ga x dp
+hbm                      the most loaded stage fits in HBM x (1 - margin)
+=======================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from oracle.memory import TERM_GROUPS, MemoryOverheads, MemoryReport, memory_report
+from oracle.specs import (
+    GIB,
+    ClusterSpec,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+)
+
+#: Default ``--memory-margin``: the share of HBM kept free for what the model does not know
+#: (allocator behaviour of a specific framework build, stray buffers). The named overhead terms
+#: (context, collectives, fragmentation) are already inside the estimate.
+DEFAULT_MEMORY_MARGIN = 0.05
+PPM = 1_000_000
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule. ``axes`` names the configuration axes the message is about."""
+
+    rule: str
+    message: str
+    axes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """Everything a rule may look at. ``cfg`` must be resolved (``resolve_config``)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    cfg: ParallelConfig
+    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    allow_cross_scale_up: bool = False
+
+    @cached_property
+    def memory(self) -> MemoryReport:
+        return memory_report(self.model, self.cluster, self.training, self.cfg, self.overheads)
+
+    @property
+    def world(self) -> int:
+        return self.cluster.world_size
+
+    @property
+    def num_microbatches(self) -> int:
+        assert self.cfg.ga is not None
+        return self.cfg.ga
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def fmt_set(values: Iterable[int]) -> str:
+    vals = sorted(set(values))
+    if len(vals) > 12:
+        vals_s = ", ".join(str(v) for v in vals[:10]) + f", ... {vals[-1]}"
+    else:
+        vals_s = ", ".join(str(v) for v in vals)
+    return "{" + vals_s + "}"
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def hbm_limit_bytes(hbm_bytes: int, margin: float) -> int:
+    """The usable HBM: ``hbm x (1 - margin)``, floor, in integer parts per million."""
+    return hbm_bytes * (PPM - round(margin * PPM)) // PPM
+
+
+# ------------------------------------------------------------------------ rule families
+
+
+def world_size(ctx: RuleContext) -> list[Violation]:
+    c, w = ctx.cfg, ctx.world
+    assert c.dp is not None
+    prod = c.tp * c.pp * c.cp
+    where = f"the {w} GPUs ({ctx.cluster.num_nodes} nodes x {ctx.cluster.gpus_per_node})"
+    if w % prod:
+        tp_ok = [t for t in divisors(w) if w % (t * c.pp * c.cp) == 0
+                 and tp_shape_ok(ctx.model, t)
+                 and (ctx.allow_cross_scale_up or t <= ctx.cluster.scale_up_gpus)]
+        cp_ok = [x for x in divisors(w) if w % (c.tp * c.pp * x) == 0]
+        pp_ok = [x for x in divisors(w) if w % (c.tp * x * c.cp) == 0]
+        hint = f"with pp {c.pp} and cp {c.cp} choose tp in {fmt_set(tp_ok)}" if tp_ok else (
+            f"with tp {c.tp} and pp {c.pp} choose cp in {fmt_set(cp_ok)}" if cp_ok else
+            f"with tp {c.tp} and cp {c.cp} choose pp in {fmt_set(pp_ok)}"
+        )
+        return [Violation("world_size", f"tp x pp x cp ({c.tp} x {c.pp} x {c.cp} = {prod}) "
+                          f"must divide {where}; {hint}", ("tp", "pp", "cp"))]
+    if prod * c.dp != w:
+        return [Violation("world_size", f"dp ({c.dp}) must equal {where} / (tp x pp x cp = "
+                          f"{prod}) = {w // prod}", ("dp",))]
+    return []
+
+
+def tp_shape_ok(model: ModelSpec, tp: int) -> bool:
+    """The tensor-parallel shape rules alone (used for messages and alternatives)."""
+    return not _tp_shape_problems(model, tp)
+
+
+def _tp_shape_problems(model: ModelSpec, tp: int) -> list[str]:
+    m, out = model, []
+    if m.num_attention_heads % tp:
+        out.append(f"tp ({tp}) must divide the {m.num_attention_heads} attention heads of "
+                   f"{m.name}")
+    if m.mla is None and m.num_kv_heads % tp and tp % m.num_kv_heads:
+        out.append(f"tp ({tp}) must divide the {m.num_kv_heads} KV heads (num_kv_heads) of "
+                   f"{m.name}, or be a multiple of them")
+    if m.num_dense_layers_effective and m.ffn_hidden_size % tp:
+        out.append(f"tp ({tp}) must divide ffn_hidden_size ({m.ffn_hidden_size}) of {m.name}")
+    shared = m.num_shared_experts * m.shared_expert_ffn_hidden_size
+    if shared and shared % tp:
+        out.append(f"tp ({tp}) must divide the shared-expert FFN width ({shared}) of {m.name}")
+    return out
+
+
+def tensor_parallel(ctx: RuleContext) -> list[Violation]:
+    problems = _tp_shape_problems(ctx.model, ctx.cfg.tp)
+    if not problems:
+        return []
+    legal = [t for t in divisors(ctx.world) if tp_shape_ok(ctx.model, t)
+             and (ctx.allow_cross_scale_up or t <= ctx.cluster.scale_up_gpus)]
+    return [Violation("tensor_parallel", f"{p}; choose tp in {fmt_set(legal)}", ("tp",))
+            for p in problems]
+
+
+def scale_up(ctx: RuleContext) -> list[Violation]:
+    if ctx.allow_cross_scale_up:
+        return []
+    c, cl = ctx.cfg, ctx.cluster
+    limit = cl.scale_up_gpus
+    if cl.scale_up_gpus == cl.gpus_per_node:
+        bound = f"gpus_per_node ({cl.gpus_per_node})"
+    else:
+        bound = f"the {limit}-GPU scale-up domain of {cl.gpu.name}"
+    out = []
+    for axis, value, what in (("tp", c.tp, "tensor-parallel"), ("etp", c.etp_, "expert-TP")):
+        if value > limit:
+            legal = [t for t in divisors(limit) if axis == "etp" or tp_shape_ok(ctx.model, t)]
+            out.append(Violation("scale_up", f"{axis} ({value}) must be at most {bound} so "
+                                 f"{what} traffic stays on the scale-up links; choose {axis} in "
+                                 f"{fmt_set(legal)}", (axis,)))
+    return out
+
+
+def expert_layout(ctx: RuleContext) -> list[Violation]:
+    c, m, w = ctx.cfg, ctx.model, ctx.world
+    if not m.is_moe:
+        out = []
+        if c.ep != 1:
+            out.append(Violation("expert_layout", f"ep ({c.ep}) needs a mixture-of-experts model; "
+                                 f"{m.name} is dense: use ep 1", ("ep",)))
+        return out
+    out = []
+    if m.num_experts % c.ep:
+        out.append(Violation("expert_layout", f"ep ({c.ep}) must divide the {m.num_experts} experts "
+                             f"(num_experts) of {m.name}; choose ep in "
+                             f"{fmt_set(divisors(m.num_experts))}", ("ep",)))
+    prod = c.pp * c.ep * c.etp_
+    if w % prod:
+        legal_ep = [e for e in divisors(m.num_experts) if w % (c.pp * e * c.etp_) == 0]
+        legal_etp = [t for t in divisors(w) if w % (c.pp * c.ep * t) == 0
+                     and m.expert_ffn_hidden_size % t == 0]
+        hint = (f"choose ep in {fmt_set(legal_ep)}" if legal_ep else
+                f"choose etp in {fmt_set(legal_etp)}")
+        out.append(Violation("expert_layout", f"pp x ep x etp ({c.pp} x {c.ep} x {c.etp_} = {prod}) "
+                             f"must divide the {w} GPUs so the expert-data-parallel size is whole; "
+                             f"{hint}", ("ep", "etp") if legal_ep else ("etp",)))
+    return out
+
+
+def expert_tensor_parallel(ctx: RuleContext) -> list[Violation]:
+    c, m = ctx.cfg, ctx.model
+    if not m.is_moe:
+        return []
+    out = []
+    if m.expert_ffn_hidden_size % c.etp_:
+        legal = [d for d in divisors(m.expert_ffn_hidden_size) if d <= ctx.cluster.scale_up_gpus]
+        out.append(Violation("expert_tensor_parallel", f"etp ({c.etp_}) must divide the expert FFN "
+                             f"width ({m.expert_ffn_hidden_size}); choose etp in {fmt_set(legal)}",
+                             ("etp",)))
+    if m.mlp_bias and c.etp_ != 1:
+        out.append(Violation("expert_tensor_parallel", f"etp ({c.etp_}) must be 1: {m.name}'s experts "
+                             f"have biases, which Megatron-Core shards only with etp 1", ("etp",)))
+    return out
+
+
+def sequence_parallel(ctx: RuleContext) -> list[Violation]:
+    c = ctx.cfg
+    if ctx.model.is_moe and c.tp > 1 and not c.sp:
+        return [Violation("sequence_parallel", f"an MoE model with tp ({c.tp}) > 1 needs sequence "
+                          f"parallelism (Megatron-Core raises otherwise); turn sequence parallel on")]
+    return []
+
+
+def sequence_length(ctx: RuleContext) -> list[Violation]:
+    c, s, out = ctx.cfg, ctx.training.seq_len, []
+    if c.cp > 1 and s % (2 * c.cp):
+        legal = [x for x in divisors(s) if x == 1 or s % (2 * x) == 0]
+        out.append(Violation("sequence_length", f"seq_len ({s}) must be divisible by 2 x cp "
+                             f"(2 x {c.cp}) for context parallelism; choose cp in {fmt_set(legal)}"))
+    elif c.sp and c.tp > 1 and (s // c.cp) % c.tp:
+        out.append(Violation("sequence_length", f"seq_len / cp ({s} / {c.cp} = {s // c.cp}) must "
+                             f"be divisible by tp ({c.tp}) for sequence parallelism"))
+    m = ctx.model
+    if m.max_position_embeddings and m.position_embedding == "learned" and s > m.max_position_embeddings:
+        out.append(Violation("sequence_length", f"seq_len ({s}) exceeds the learned position "
+                             f"embeddings ({m.max_position_embeddings}) of {m.name}"))
+    return out
+
+
+def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
+    """Layer slots the pipeline split divides: decoder layers, plus embedding, loss and MTP
+    layers under ``embedding_loss``."""
+    if split is PipelineSplit.EVEN:
+        return model.num_layers
+    return model.num_layers + 2 + model.num_mtp_layers
+
+
+def pipeline_split(ctx: RuleContext) -> list[Violation]:
+    c, m = ctx.cfg, ctx.model
+    assert c.pipeline_split is not None
+    virtual = c.pp * c.vpp
+    slots = split_slots(m, c.pipeline_split)
+    if slots % virtual == 0 and virtual <= m.num_layers:
+        return []
+    what = ("num_layers" if c.pipeline_split is PipelineSplit.EVEN else
+            "num_layers + embedding + loss" + (" + MTP" if m.num_mtp_layers else ""))
+    legal_pp = [p for p in divisors(slots) if p * c.vpp <= m.num_layers and slots % (p * c.vpp) == 0]
+    return [Violation("pipeline_split", f"{what} ({slots}) must split evenly over pp x vpp = "
+                      f"{c.pp} x {c.vpp} = {virtual} virtual stages ({c.pipeline_split.value} "
+                      f"split); with vpp {c.vpp} choose pp in {fmt_set(legal_pp)}")]
+
+
+def virtual_pipeline(ctx: RuleContext) -> list[Violation]:
+    c, out = ctx.cfg, []
+    sched = c.schedule_
+    if c.vpp > 1 and c.pp == 1:
+        out.append(Violation("virtual_pipeline", f"vpp ({c.vpp}) needs pp > 1; use vpp 1 with pp 1"))
+    if sched is Schedule.INTERLEAVED and c.vpp == 1:
+        out.append(Violation("virtual_pipeline", "the interleaved schedule needs vpp > 1"))
+    if sched is Schedule.ONE_F_ONE_B and c.vpp > 1:
+        out.append(Violation("virtual_pipeline", f"vpp ({c.vpp}) > 1 runs the interleaved schedule, "
+                             f"not 1f1b"))
+    if sched is Schedule.INTERLEAVED and c.pp > 1:
+        m = ctx.num_microbatches
+        if m < c.pp or m % c.pp:
+            out.append(Violation("virtual_pipeline", f"the interleaved schedule needs the number of "
+                                 f"micro-batches (ga = {m}) to be a multiple of pp ({c.pp}); "
+                                 f"change gbs or mbs so that ga is in "
+                                 f"{fmt_set(c.pp * i for i in range(1, 5))}..."))
+    return out
+
+
+def schedule(ctx: RuleContext) -> list[Violation]:
+    c, out = ctx.cfg, []
+    if c.schedule_ is not Schedule.ZERO_BUBBLE:
+        return out
+    if c.recompute is not Recompute.NONE:
+        out.append(Violation("schedule", f"the zero-bubble schedule excludes recomputation "
+                             f"(recompute is {c.recompute.value}); use recompute none or another schedule"))
+    if c.pp == 1:
+        out.append(Violation("schedule", "the zero-bubble schedule needs pp > 1"))
+    if c.vpp not in (1, 2):
+        out.append(Violation("schedule", f"the zero-bubble schedule supports vpp 1 (ZB-H1) or 2 "
+                             f"(ZB-V), not {c.vpp}"))
+    if ctx.model.tied_embeddings:
+        out.append(Violation("schedule", f"the zero-bubble schedule needs untied embeddings; "
+                             f"{ctx.model.name} ties them"))
+    return out
+
+
+def layers_per_chunk(model: ModelSpec, cfg: ParallelConfig) -> int:
+    """Decoder layers of the largest virtual stage."""
+    assert cfg.pipeline_split is not None
+    slots = split_slots(model, cfg.pipeline_split)
+    per = -(-slots // (cfg.pp * cfg.vpp))
+    return min(per, model.num_layers)
+
+
+def recompute(ctx: RuleContext) -> list[Violation]:
+    c, m, out = ctx.cfg, ctx.model, []
+    if c.recompute is Recompute.FULL and c.recompute_layers is not None:
+        per = layers_per_chunk(m, c)
+        if c.recompute_layers > per or (c.recompute_layers == 0 and c.recompute_method == "uniform"):
+            lo = 0 if c.recompute_method == "block" else 1
+            out.append(Violation("recompute", f"recompute_layers ({c.recompute_layers}) must be in "
+                                 f"{lo}..{per}, the layers of one virtual stage "
+                                 f"({c.recompute_method.value} method)"))
+    if c.recompute is Recompute.SELECTIVE:
+        mods = set(c.recompute_modules)
+        needs = {"mla_up_proj": (m.mla is not None, "multi-latent attention"),
+                 "moe": (m.is_moe, "an MoE model"), "moe_act": (m.is_moe, "an MoE model"),
+                 "shared_experts": (m.num_shared_experts > 0, "shared experts")}
+        for mod, (ok, what) in needs.items():
+            if mod in mods and not ok:
+                out.append(Violation("recompute", f"recompute module {mod} needs {what}; "
+                                     f"{m.name} has none"))
+        if c.fp8_recipe is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"}:
+            out.append(Violation("recompute", "recompute modules moe_act and layernorm are not "
+                                 "supported with the delayed FP8 recipe; use tensorwise or drop them"))
+    return out
+
+
+FP8_ARCHITECTURES_MX = frozenset({"blackwell", "cdna4"})
+
+
+def precision(ctx: RuleContext) -> list[Violation]:
+    c, gpu, out = ctx.cfg, ctx.cluster.gpu, []
+    if c.fp8_recipe is None:
+        return out
+    if gpu.peak_fp8_flops is None:
+        out.append(Violation("precision", f"FP8 needs FP8 tensor cores; {gpu.name} has none: "
+                             f"use precision bf16"))
+    elif c.fp8_recipe is Fp8Recipe.MXFP8 and gpu.architecture not in FP8_ARCHITECTURES_MX:
+        out.append(Violation("precision", f"the mxfp8 recipe needs block-scaled FP8 (Blackwell or "
+                             f"CDNA4); {gpu.name} is {gpu.architecture or 'unknown'}: use tensorwise "
+                             f"or delayed"))
+    return out
+
+
+def dispatcher(ctx: RuleContext) -> list[Violation]:
+    c = ctx.cfg
+    if c.dispatcher == "flex" and (not ctx.model.is_moe or c.ep == 1):
+        return [Violation("dispatcher", "the flex (DeepEP) dispatcher needs an MoE model with "
+                          f"ep > 1 (ep is {c.ep}); use alltoall")]
+    return []
+
+
+def batch(ctx: RuleContext) -> list[Violation]:
+    c, gbs = ctx.cfg, ctx.training.global_batch_size
+    assert c.dp is not None and c.ga is not None
+    per_step = c.mbs * c.dp
+    if gbs % per_step:
+        lo, hi = gbs // per_step * per_step, (gbs // per_step + 1) * per_step
+        near = [x for x in (lo, hi) if x > 0]
+        mbs_ok = [b for b in divisors(gbs) if gbs % (b * c.dp) == 0]
+        alt = f" or mbs in {fmt_set(mbs_ok)}" if mbs_ok else ""
+        return [Violation("batch", f"global batch ({gbs}) is not divisible by mbs x dp "
+                          f"({c.mbs} x {c.dp} = {per_step}); choose gbs in {fmt_set(near)}{alt}")]
+    if c.mbs * c.ga * c.dp != gbs:
+        return [Violation("batch", f"ga ({c.ga}) must equal gbs / (mbs x dp) = {gbs} / "
+                          f"{per_step} = {gbs // per_step}")]
+    return []
+
+
+GROUP_HINTS = {
+    "model_state": "shard the model state further (more pp, ep or tp, the distributed optimizer "
+                   "or FSDP) or add nodes",
+    "activations": "recompute more (full recompute), a smaller micro-batch, or more tp/cp/pp",
+    "runtime": "lower the runtime overheads (--overhead) or use a GPU with more HBM",
+}
+def hbm(ctx: RuleContext) -> list[Violation]:
+    mem = ctx.memory
+    limit = hbm_limit_bytes(mem.hbm_bytes, ctx.memory_margin)
+    if mem.peak_bytes <= limit:
+        return []
+    group = mem.dominant_group
+    terms = [t for t in TERM_GROUPS[group] if mem.peak.terms[t]]
+    parts = ", ".join(f"{t} {gib(mem.peak.terms[t])}" for t in terms)
+    name = group.replace("_", " ")
+    return [Violation("hbm", f"stage {mem.peak_stage} needs {gib(mem.peak_bytes)} but the limit "
+                      f"is {gib(limit)} ({gib(mem.hbm_bytes)} HBM of {ctx.cluster.gpu.name} x "
+                      f"(1 - {ctx.memory_margin:g} margin)); {name} dominates ({parts}): "
+                      f"{GROUP_HINTS[group]}")]
+
+
+#: Families in check order. ``batch`` and ``hbm`` need the earlier ones to hold to be meaningful.
+RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
+    "world_size": world_size,
+    "tensor_parallel": tensor_parallel,
+    "scale_up": scale_up,
+    "expert_layout": expert_layout,
+    "expert_tensor_parallel": expert_tensor_parallel,
+    "sequence_parallel": sequence_parallel,
+    "sequence_length": sequence_length,
+    "pipeline_split": pipeline_split,
+    "virtual_pipeline": virtual_pipeline,
+    "schedule": schedule,
+    "recompute": recompute,
+    "precision": precision,
+    "dispatcher": dispatcher,
+    "batch": batch,
+    "hbm": hbm,
+}
+STRUCTURAL = tuple(r for r in RULES if r not in ("batch", "hbm"))
+
+
+def check(ctx: RuleContext, families: Iterable[str] | None = None) -> list[Violation]:
+    """All violations of the given families (default all). ``hbm`` is evaluated only when every
+    structural family and ``batch`` hold: memory of a configuration that cannot exist is not
+    meaningful. ``batch`` is skipped when the world size does not decompose."""
+    wanted = list(RULES) if families is None else [f for f in RULES if f in set(families)]
+    out: list[Violation] = []
+    for name in wanted:
+        if name == "batch" and any(v.rule == "world_size" for v in out):
+            continue
+        if name == "hbm" and out:
+            continue
+        out.extend(RULES[name](ctx))
+    if ctx.cfg.etp_ == ctx.cfg.tp and any("tp" in v.axes for v in out):
+        # etp defaults to tp: a message about etp alone repeats the one about tp
+        out = [v for v in out if v.axes != ("etp",)]
+    return out

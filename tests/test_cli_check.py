@@ -1,0 +1,116 @@
+"""`tune-cp check`, `models`, `gpus` end to end: verdicts, exit codes, exact error text."""
+
+from __future__ import annotations
+
+REF = ("check", "--model", "mixtral-8x22b", "--gpu", "mi355x", "--nodes", "4", "--seq-len", "8192",
+       "--gbs", "512", "--mbs", "1", "--tp", "1", "--pp", "4", "--vpp", "2", "--ep", "8",
+       "--recompute", "full", "--recompute-layers", "1")
+
+
+def test_amd_reference_fits(run_cli, run_json):
+    code, out, _ = run_cli(*REF)
+    assert code == 0
+    assert "stage 3" in out and "verdict: legal, fits" in out
+    code, data = run_json(*REF)
+    assert code == 0 and data["legal"] is True and data["violations"] == []
+    mem = data["memory"]
+    assert mem["fits"] is True and len(mem["stages"]) == 4
+    for s in mem["stages"]:
+        assert {"weights", "gradients", "optimizer", "activations"} <= set(s["terms"])
+        assert sum(s["terms"].values()) == s["total_bytes"]
+    assert mem["peak_bytes"] == max(s["total_bytes"] for s in mem["stages"])
+    assert mem["hbm_bytes"] == 288 * 2**30 and mem["dominant_term"] == "activations"
+    assert data["config"] | {} == data["config"] and data["config"]["dp"] == 8
+    assert data["config"]["ga"] == 64 and data["config"]["recompute_layers"] == 1
+
+
+def test_no_sharding_on_mi300x_is_out_of_memory(run_cli, run_json):
+    args = ("check", "--model", "mixtral-8x22b", "--gpu", "mi300x", "--nodes", "4", "--gbs", "512")
+    code, out, _ = run_cli(*args)
+    assert code == 1 and "verdict: out of memory" in out
+    assert "model state dominates (weights" in out and "optimizer" in out
+    code, data = run_json(*args)
+    assert data["legal"] is False and data["memory"]["fits"] is False
+    assert data["memory"]["dominant_group"] == "model_state"
+    assert data["violations"][0]["rule"] == "hbm"
+
+
+def test_tp16_names_gpus_per_node(run_json):
+    code, data = run_json("check", "--model", "mixtral-8x22b", "--nodes", "4", "--tp", "16",
+                          "--pp", "2")
+    assert code == 1 and data["legal"] is False
+    msgs = [v["message"] for v in data["violations"]]
+    assert msgs == ["tp (16) must be at most gpus_per_node (8) so tensor-parallel traffic stays on "
+                    "the scale-up links; choose tp in {1, 2, 4, 8}"]
+
+
+def test_tp3_names_the_kv_heads(run_json):
+    code, data = run_json("check", "--model", "mixtral-8x22b", "--nodes", "4", "--tp", "3")
+    assert code == 1
+    kv = [v for v in data["violations"] if v["rule"] == "tensor_parallel"]
+    assert kv and "tp (3) must divide the 8 KV heads (num_kv_heads) of mixtral-8x22b" in kv[0]["message"]
+    assert "choose tp in {1, 2, 4, 8}" in kv[0]["message"]
+
+
+def test_bad_input_is_one_line_exit_2(run_cli, tmp_path):
+    code, out, err = run_cli("check", "--model", "mixtral-8x22", "--nodes", "4")
+    assert code == 2 and out == ""
+    assert err == ("tune-cp: error: unknown model 'mixtral-8x22': did you mean mixtral-8x22b, "
+                   "mixtral-8x7b? choose one of mixtral-8x7b, mixtral-8x22b, llama3-8b, llama3-70b, "
+                   "llama3.1-405b, deepseek-v3, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-120b, "
+                   "gpt3-175b, or pass a path to a config.json\n")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    code, _, err = run_cli("check", "--model", str(bad), "--nodes", "1")
+    assert code == 2 and err.count("\n") == 1 and "is not valid JSON" in err
+    code, _, err = run_cli("check", "--model", "llama3-8b", "--nodes", "-2")
+    assert code == 2 and err == ("tune-cp: error: Invalid value for '--nodes': -2 is not in the "
+                                 "range 1<=x<=1048576.\n")
+    code, _, err = run_cli("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "0")
+    assert code == 2 and "'--tp': 0 is not in the range" in err
+    code, _, err = run_cli("check", "--model", "llama3-8b", "--nodes", "99999999999")
+    assert code == 2 and "'--nodes'" in err and err.count("\n") == 1
+
+
+def test_gbs_not_divisible(run_cli):
+    code, out, err = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
+                             "--ep", "8", "--gbs", "100")
+    assert code == 2 and out == ""
+    assert err == ("tune-cp: error: global batch (100) is not divisible by mbs x dp (1 x 8 = 8); "
+                   "choose gbs in {96, 104}\n")
+    code, _, err = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
+                           "--ep", "8", "--gbs", "200", "--mbs", "2")
+    assert err == ("tune-cp: error: global batch (200) is not divisible by mbs x dp (2 x 8 = 16); "
+                   "choose gbs in {192, 208} or mbs in {1, 5, 25}\n")
+
+
+def test_overhead_override(run_json):
+    base = ("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--tp", "2")
+    _, d0 = run_json(*base)
+    _, d1 = run_json(*base, "--overhead", "runtime_context_bytes=3GiB", "--overhead",
+                     "fragmentation=0")
+    t0, t1 = d0["memory"]["stages"][0]["terms"], d1["memory"]["stages"][0]["terms"]
+    assert t1["runtime_context"] == 3 * 2**30 and t1["fragmentation"] == 0
+    assert t0["runtime_context"] == 2**30 and t0["fragmentation"] > 0
+
+
+def test_overhead_bad_name(run_cli):
+    code, _, err = run_cli("check", "--model", "llama3-8b", "--nodes", "1", "--overhead", "foo=1")
+    assert code == 2 and "expected NAME=VALUE with NAME in runtime_context_bytes" in err
+
+
+def test_models_json_counts(run_json):
+    code, data = run_json("models")
+    assert code == 0
+    by = {m["name"]: m for m in data}
+    assert by["mixtral-8x22b"]["total_params"] == 140_630_071_296
+    assert by["llama3-8b"]["active_params"] == by["llama3-8b"]["total_params"] == 8_030_261_248
+    assert by["qwen3-235b-a22b"]["total_params"] == 235_093_634_560
+
+
+def test_gpus_listing(run_cli, run_json):
+    code, out, _ = run_cli("gpus")
+    assert code == 0 and "mi355x" in out and "gb200" in out
+    code, data = run_json("gpus")
+    h100 = next(g for g in data if g["name"] == "h100")
+    assert h100["peak_bf16_flops"] == 989e12 and h100["hbm_bytes"] == 80 * 2**30

@@ -1,0 +1,266 @@
+"""Memory accounting pinned to hand-worked cases, Megatron's formulas and Korthikanti et al."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from oracle import memory as M
+from oracle.catalog import load_gpu, load_model
+from oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Recompute,
+    RecomputeMethod,
+    TrainingSpec,
+)
+from tests.conftest import resolved, setting
+
+TINY = ModelSpec(
+    name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+    num_kv_heads=2, head_dim=16, vocab_size=1000,
+)
+
+
+def test_hand_worked_tiny_model():
+    """Every byte of a 4-layer model at tp 2, pp 2, mbs 2, seq 32, worked out by hand."""
+    cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=4)
+    tr = TrainingSpec(seq_len=32, global_batch_size=8)
+    cfg = resolved(TINY, cl, tr, tp=2, pp=2, mbs=2)
+    assert (cfg.dp, cfg.ga, cfg.sp) == (1, 4, True)
+    ov = M.MemoryOverheads(runtime_context_bytes=1000, collective_bytes_per_group=10,
+                           fragmentation=0.05)
+    rep = M.memory_report(TINY, cl, tr, cfg, ov)
+    # params per rank: attention = norm 64 + Q 64x32 + K,V 64x(2x16) (1 KV head per rank)
+    # + O 32x64 = 6208; MLP = norm 64 + fc1 64x128 + fc2 64x64 = 12352;
+    # vocab 1000 padded to 1024 (multiple of 128 x tp) -> embedding 512 x 64 = 32768
+    stage0_params = 2 * (6208 + 12352) + 32768
+    stage1_params = 2 * (6208 + 12352) + 32768 + 64  # output layer + final norm
+    # activations per layer per micro-batch: T = 2 x 32 = 64 tokens, 32 after SP
+    attn = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * (32 + 16 + 16) + 4 * 64 * 2 + 2 * 64 * 32
+    mlp = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * 128 + 2 * 64 * 64
+    layer = attn + mlp
+    assert layer == 54016
+    logits = (2 * 32 * 64 + 4 * 32) + 2 * 32 * 64 + 4 * 64 * 512 + 12 * 64  # norm, input, fp32
+    p2p = 2 * 2 * 32 * 64
+    s0, s1 = rep.stages
+    # 1F1B with 4 micro-batches: stage 0 holds 2 in flight, stage 1 holds 1
+    act0 = 2 * 2 * layer + 2 * 8 * 64  # + input ids (int64) of 2 micro-batches
+    act1 = 1 * 2 * layer
+    expect0 = {
+        "weights": 2 * stage0_params,
+        "gradients": 4 * stage0_params,
+        "optimizer": 12 * stage0_params,  # dp x cp = 1: 69888 is already a multiple of 128
+        "activations": act0,
+        "backward_working_set": layer,
+        "pipeline_buffers": p2p,
+        "runtime_context": 1000,
+        "collective_buffers": 2 * 10,  # tp and pp groups
+        "fragmentation": (act0 + layer + p2p) * 50_000 // 1_000_000,
+    }
+    assert {k: v for k, v in s0.terms.items() if v} == expect0
+    assert s1.terms["optimizer"] == 12 * 70016  # 69952 padded up to a multiple of 128
+    assert s1.terms["logits_loss"] == logits + 2 * 64 * 512  # + bf16 logits while the loss runs
+    assert s1.terms["activations"] == act1
+    assert s0.total_bytes == 1552264 and s1.total_bytes == 1655656
+    assert rep.peak_stage == 1 and rep.peak_bytes == 1655656
+
+
+def test_weight_and_optimizer_match_megatron_theoretical_formula():
+    """Megatron-LM theoretical_memory_usage.py, most loaded shard: (TP-sharded params + h V) / t
+    and replicated params at 6 + 12/dp bytes, routed experts at 6 + 12/edp. It also puts the final
+    norm on that shard; we put it on the last stage, the only difference."""
+    m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
+    cfg = resolved(m, cl, tr, tp=1, pp=4, vpp=2, ep=8, recompute="full", recompute_layers=1)
+    h, L, p, V, E = 6144, 56, 4, 32768, 8
+    attn = 2 * h * h * (1 + 8 / 48) * (128 * 48 / h)  # Megatron's self_attn term
+    tp_sharded = L * attn / p + h * V
+    replicated = (2 * h + h * E) * L / p + h  # layernorms and router, final norm
+    experts = L * 3 * h * 16384 * E / p / 8  # SwiGLU 2 h F x 3/2 per expert, / (etp ep)
+    dp, edp = 8, 1
+    megatron = (tp_sharded + replicated) * (6 + 12 / dp) + experts * (6 + 12 / edp)
+    s0 = M.memory_report(m, cl, tr, cfg).stages[0].terms
+    ours = s0["weights"] + s0["gradients"] + s0["optimizer"]
+    assert ours + 7.5 * h == megatron == 86_866_338_816
+
+
+GPT3 = load_model("gpt3-175b")
+
+
+def layer_activation_bytes(model, tp, sp, modules=frozenset(), seq=2048, mbs=1):
+    tr = TrainingSpec(seq_len=seq, global_batch_size=8, flash_attention=False)
+    cl = ClusterSpec(gpu=load_gpu("a100"), num_nodes=1, gpus_per_node=8)
+    cfg = resolved(model, cl, tr, tp=tp, mbs=mbs, sequence_parallel=sp)
+    x = M.act_shape(model, tr, cfg)
+    tensors = M.attention_tensors(model, tr, x) + M.dense_mlp_tensors(model, x)
+    # Korthikanti et al. count no normalisation statistics
+    return sum(t.bytes for t in tensors if "stats" not in t.name and not (t.dropped_by & modules))
+
+
+def test_korthikanti_table2_gpt3_layer():
+    s, b, h, a = 2048, 1, 12288, 96
+    # no parallelism: 34 sbh + 5 a s^2 b
+    assert layer_activation_bytes(GPT3, 1, False) == s * b * h * 34 + 5 * a * s * s * b
+    # tensor parallel, no SP: sbh (10 + 24/t + 5 a s / (h t))
+    t = 8
+    assert layer_activation_bytes(GPT3, t, False) == s * b * h * (10 + 24 // t) + 5 * a * s * s * b // t
+    # tensor + sequence parallel: 34 sbh / t + 5 a s^2 b / t
+    assert layer_activation_bytes(GPT3, t, True) == s * b * h * 34 // t + 5 * a * s * s * b // t
+    # ... with selective recompute of core attention: 34 sbh / t
+    sel = frozenset({"core_attn"})
+    assert layer_activation_bytes(GPT3, t, True, sel) == s * b * h * 34 // t
+
+
+def test_full_recompute_keeps_layer_input_only():
+    m, cl, tr = setting("llama3-70b", "h100", 8, 8192, 128)
+    cfg = resolved(m, cl, tr, tp=8, pp=8, recompute="full")
+    au = M.activation_units(m, tr, cfg)
+    assert au.ckpt_input == 2 * 8192 * 8192 // 8  # 2 s b h / t under SP
+    counts = M.stage_counts(m, cfg)[0]
+    assert counts.inflight_dense == 0 and counts.inflight_ckpt == 8 * 10  # 8 mbs x 10 layers
+
+
+def test_inflight_1f1b_and_interleaved():
+    assert [M.inflight_per_chunk(4, 1, 64, s) for s in range(4)] == [(4,), (3,), (2,), (1,)]
+    assert [M.inflight_per_chunk(4, 1, 2, s) for s in range(4)] == [(2,), (2,), (2,), (1,)]
+    # interleaved pp 4 vpp 2: stage 0 runs 2 x 3 + 4 + 1 = 11 chunk forwards before its first
+    # backward: chunk 0 for micro-batches 0-3, chunk 1 for 0-3, chunk 0 for 4-6
+    assert M.inflight_per_chunk(4, 2, 64, 0) == (7, 4)
+    assert M.inflight_per_chunk(4, 2, 64, 3) == (4, 1)
+
+
+def test_interleaved_penalty_equals_megatron():
+    """Stage 0 holds L (1 + (pp - 1) / (pp vpp)) layer-micro-batches (theoretical_memory_usage)."""
+    for pp, vpp in [(4, 2), (8, 4), (2, 7), (7, 2)]:
+        L = 56
+        if L % (pp * vpp):
+            continue
+        counts = M._stage_counts_cached(L, 0, False, 0, pp, vpp, PipelineSplit.EVEN, 1000,
+                                        Recompute.NONE, RecomputeMethod.BLOCK, None)
+        assert counts[0].inflight_dense * pp * vpp == L * (pp * vpp + pp - 1)
+
+
+def test_embedding_loss_split_and_first_last_stage():
+    chunks = M.pipeline_chunks(126, 0, 8, 4, PipelineSplit.EMBEDDING_LOSS)
+    sizes = [sum(len(c.layers) for c in stage) for stage in chunks]
+    assert sizes == [15, 16, 16, 16, 16, 16, 16, 15]  # 128 slots / 32 = 4, minus emb and loss
+    assert chunks[0][0].has_embedding and len(chunks[0][0].layers) == 3
+    assert chunks[7][3].has_output and len(chunks[7][3].layers) == 3
+    # DeepSeek-V3: 61 layers + embedding + MTP + loss = 64 slots over 16 stages of 4
+    ds = M.pipeline_chunks(61, 1, 16, 1, PipelineSplit.EMBEDDING_LOSS)
+    assert [sum(len(c.layers) for c in s) for s in ds] == [3] + [4] * 14 + [2]
+    assert ds[15][0].mtp_layers == 1
+
+
+def test_recompute_groups_block_and_uniform():
+    assert M.recompute_groups(7, Recompute.FULL, RecomputeMethod.BLOCK, 1) == [(0, 1)]
+    assert M.recompute_groups(7, Recompute.FULL, RecomputeMethod.UNIFORM, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert M.recompute_groups(3, Recompute.FULL, RecomputeMethod.BLOCK, None) == [(0, 1), (1, 2), (2, 3)]
+    assert M.recompute_groups(3, Recompute.FULL, RecomputeMethod.BLOCK, 0) == []
+    assert M.recompute_groups(3, Recompute.SELECTIVE, RecomputeMethod.BLOCK, 2) == []
+
+
+def test_moe_layer_tensors_scale_with_topk_not_experts():
+    m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
+    cfg = resolved(m, cl, tr, tp=1, pp=4, vpp=2, ep=8)
+    x = M.act_shape(m, tr, cfg)
+    t = {t.name: t.bytes for t in M.moe_tensors(m, x)}
+    assert t["expert_fc1_output"] == 2 * 8192 * 2 * (2 * 16384)  # tokens x k x 2 f_e, bf16
+    assert t["expert_fc2_input"] == 2 * 8192 * 2 * 16384
+    assert t["router_logits_probs"] == 2 * 4 * 8192 * 8
+
+
+def _peak_physics(rep):
+    """Model state and activation terms of the most loaded stage (runtime terms excluded)."""
+    keep = M.TERM_GROUPS["model_state"] + M.TERM_GROUPS["activations"]
+    return max(sum(s.terms[k] for k in keep) for s in rep.stages)
+
+
+CASES = [
+    ("llama3-8b", "h100", 4, 8192, 256),
+    ("mixtral-8x22b", "mi355x", 4, 8192, 512),
+    ("qwen3-30b-a3b", "b200", 2, 4096, 512),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_memory_never_rises_with_more_sharding(case):
+    """Doubling tp, pp, ep or cp never raises the model-state + activation bytes of the most
+    loaded stage (pipelines kept full: ga >= pp vpp). Runtime terms grow with the number of
+    communicators, which is real and excluded here."""
+    from solver.rules import RuleContext, STRUCTURAL, check
+
+    m, cl, tr = setting(*case)
+    checked = 0
+    for tp, pp, cp, ep, mbs in itertools.product((1, 2, 4), (1, 2, 4), (1, 2), (1, 2, 4, 8), (1, 2)):
+        base = dict(tp=tp, pp=pp, cp=cp, ep=ep if m.is_moe else 1, mbs=mbs, etp=1)
+        cfg = resolved(m, cl, tr, **base)
+        if check(RuleContext(m, cl, tr, cfg), STRUCTURAL + ("batch",)) or cfg.ga < 2 * pp:
+            continue
+        peak = _peak_physics(M.memory_report(m, cl, tr, cfg))
+        for axis in ("tp", "pp", "cp", "ep"):
+            bigger = resolved(m, cl, tr, **(base | {axis: base[axis] * 2}))
+            if check(RuleContext(m, cl, tr, bigger), STRUCTURAL + ("batch",)) or bigger.ga < 2 * bigger.pp:
+                continue
+            assert _peak_physics(M.memory_report(m, cl, tr, bigger)) <= peak, (axis, base)
+            checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_memory_never_falls_with_larger_micro_batch(case):
+    m, cl, tr = setting(*case)
+    for tp, pp in ((1, 1), (2, 2), (1, 4)):
+        cfgs = [resolved(m, cl, tr, tp=tp, pp=pp, mbs=b, etp=1) for b in (1, 2, 4)]
+        peaks = [M.memory_report(m, cl, tr, c).peak_bytes for c in cfgs]
+        assert peaks == sorted(peaks)
+
+
+def test_stage_terms_sum_to_total():
+    m, cl, tr = setting("deepseek-v3", "h100", 128, 4096, 4096)
+    cfg = resolved(m, cl, tr, tp=2, pp=16, ep=64, pipeline_split="embedding_loss",
+                   recompute="selective", recompute_modules=("mla_up_proj", "mlp"))
+    rep = M.memory_report(m, cl, tr, cfg)
+    assert len(rep.stages) == 16
+    for s in rep.stages:
+        assert set(s.terms) == set(M.TERMS) and sum(s.terms.values()) == s.total_bytes
+    assert rep.stages[0].terms["activations"] > 0 and rep.stages[15].terms["logits_loss"] > 0
+
+
+def test_selective_recompute_and_fp8_only_lower_activations():
+    m, cl, tr = setting("deepseek-v3", "h100", 128, 4096, 4096)
+    base = dict(tp=2, pp=16, ep=64, pipeline_split="embedding_loss")
+    none = M.activation_units(m, tr, resolved(m, cl, tr, **base))
+    sel = M.activation_units(m, tr, resolved(m, cl, tr, **base, recompute="selective",
+                                             recompute_modules=("mla_up_proj", "moe_act")))
+    fp8 = M.activation_units(m, tr, resolved(m, cl, tr, **base, fp8_recipe="tensorwise"))
+    assert sel.moe_layer < none.moe_layer and sel.dense_layer < none.dense_layer
+    assert fp8.moe_layer < none.moe_layer
+
+
+def test_fsdp_shards_everything_and_adds_gathered_layers():
+    m, cl, tr = setting("llama3-8b", "h100", 1, 8192, 16)
+    plain = M.memory_report(m, cl, tr, resolved(m, cl, tr, mbs=2)).stages[0].terms
+    fsdp = M.memory_report(m, cl, tr, resolved(m, cl, tr, mbs=2, fsdp=True)).stages[0].terms
+    state = ("weights", "gradients", "optimizer")
+    p = 8_030_261_248  # llama3-8b: already a multiple of lcm(8, 128), no padding
+    assert sum(fsdp[k] for k in state) == 16 * p // 8  # fp32 master, grads, Adam: all over dp 8
+    assert sum(plain[k] for k in state) == 6 * 8_030_261_248 + 12 * p // 8
+    assert fsdp["fsdp_buffers"] > 0 and plain["fsdp_buffers"] == 0
+
+
+def test_overheads_are_named_and_overridable():
+    m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
+    cfg = resolved(m, cl, tr, pp=4, vpp=2, ep=8, dispatcher="flex", recompute="full",
+                   recompute_layers=1)
+    default = M.memory_report(m, cl, tr, cfg).peak.terms
+    assert default["dispatcher_buffers"] == 2**30
+    skew = M.memory_report(m, cl, tr, cfg, M.MemoryOverheads(moe_routing_imbalance=0.5)).peak.terms
+    assert skew["routing_imbalance"] > 0 and default["routing_imbalance"] == 0
+    zero = M.MemoryOverheads(runtime_context_bytes=0, collective_bytes_per_group=0,
+                             dispatcher_buffer_bytes=0, fragmentation=0)
+    bare = M.memory_report(m, cl, tr, cfg, zero).peak.terms
+    assert all(bare[t] == 0 for t in M.TERM_GROUPS["runtime"])
