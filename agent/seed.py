@@ -1,0 +1,227 @@
+"""Seed phase: deterministic single-axis moves from the baseline, then the best moves combined.
+
+For every axis the phase tries each value the axis may take with the other axes held (derived
+values follow: dp and ga from the layout; etp follows tp when it did in the baseline; vpp and the
+number of recomputed layers are repaired only when the move makes them illegal). Every move is
+evaluated by the same :class:`~agent.evaluate.Evaluator` (legality, memory, projection); the
+improving moves are then applied greedily, largest gain first, each kept only if the combination
+stays legal and faster. Every accepted step is attributed to its move. Same inputs, same output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from agent.evaluate import Evaluator, Trial
+from oracle.specs import (
+    Dispatcher,
+    Fp8Recipe,
+    ParallelConfig,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    resolve_config,
+)
+from solver.rules import divisors, layers_per_chunk
+
+MBS_CHOICES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A change of one axis (or one lever) from a configuration."""
+
+    axis: str
+    label: str
+    update: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One accepted change with its projected gain (tokens/s/GPU, and relative)."""
+
+    move: str
+    phase: str
+    before: float
+    after: float
+
+    @property
+    def gain(self) -> float:
+        return self.after / self.before - 1.0 if self.before else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"change": self.move, "phase": self.phase, "tokens_per_s_per_gpu_before": self.before,
+                "tokens_per_s_per_gpu_after": self.after, "gain": self.gain}
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    baseline: Trial
+    moves: tuple[tuple[Move, Trial], ...]
+    best: Trial
+    steps: tuple[Step, ...]
+
+
+def _fmt(v: Any) -> str:
+    return v.value if hasattr(v, "value") else str(v)
+
+
+def axis_moves(ev: Evaluator, cfg: ParallelConfig, allow_fp8: bool) -> Iterator[Move]:
+    """Every single-axis move from ``cfg``, in a fixed order."""
+    m, cl = ev.model, ev.cluster
+    w = cl.world_size
+    scale = w if ev.allow_cross_scale_up else cl.scale_up_gpus
+    follows = cfg.etp_ == cfg.tp
+    for tp in divisors(w):
+        if tp != cfg.tp and tp <= scale:
+            upd: dict[str, Any] = {"tp": tp}
+            if follows and m.is_moe:
+                upd["etp"] = tp
+            yield Move("tp", f"tp {cfg.tp}->{tp}", upd)
+    for pp in divisors(w):
+        if pp != cfg.pp and pp <= m.num_layers:
+            yield Move("pp", f"pp {cfg.pp}->{pp}", {"pp": pp})
+    for vpp in range(1, max(2, m.num_layers // max(cfg.pp, 1)) + 1):
+        if vpp != cfg.vpp and cfg.pp > 1:
+            yield Move("vpp", f"vpp {cfg.vpp}->{vpp}", {"vpp": vpp})
+    for cp in divisors(w):
+        if cp != cfg.cp:
+            yield Move("cp", f"cp {cfg.cp}->{cp}", {"cp": cp})
+    if m.is_moe:
+        for ep in divisors(m.num_experts):
+            if ep != cfg.ep and ep <= w:
+                yield Move("ep", f"ep {cfg.ep}->{ep}", {"ep": ep})
+        for etp in divisors(scale):
+            if etp != cfg.etp_:
+                yield Move("etp", f"etp {cfg.etp_}->{etp}", {"etp": etp})
+    for mbs in MBS_CHOICES:
+        if mbs != cfg.mbs and (mbs == cfg.mbs * 2 or mbs * 2 == cfg.mbs):
+            yield Move("mbs", f"mbs {cfg.mbs}->{mbs}", {"mbs": mbs})
+    yield from recompute_moves(ev, cfg)
+    for sched in Schedule:
+        if sched != cfg.schedule_ and sched is Schedule.ZERO_BUBBLE:
+            yield Move("schedule", f"schedule {cfg.schedule_.value}->{sched.value}",
+                       {"schedule": sched, "recompute": Recompute.NONE, "recompute_layers": None})
+    if m.is_moe:
+        for disp in Dispatcher:
+            if disp != cfg.dispatcher:
+                yield Move("dispatcher", f"dispatcher {cfg.dispatcher.value}->{disp.value}",
+                           {"dispatcher": disp})
+    yield Move("distributed_optimizer",
+               f"distributed optimizer {'on->off' if cfg.distributed_optimizer else 'off->on'}",
+               {"distributed_optimizer": not cfg.distributed_optimizer})
+    if allow_fp8 and cl.gpu.peak_fp8_flops:
+        recipes = [None, *Fp8Recipe]
+        for r in recipes:
+            if r != cfg.fp8_recipe:
+                yield Move("precision", f"fp8 {_fmt(cfg.fp8_recipe) if cfg.fp8_recipe else 'off'}->"
+                           f"{_fmt(r) if r else 'off'}", {"fp8_recipe": r})
+
+
+def recompute_moves(ev: Evaluator, cfg: ParallelConfig) -> Iterator[Move]:
+    """Recompute levers: off, selective variants, full with one layer more or fewer per virtual
+    stage, full on every layer."""
+    m = ev.model
+    if cfg.recompute is not Recompute.NONE:
+        yield Move("recompute", f"recompute {cfg.recompute.value}->none",
+                   {"recompute": Recompute.NONE, "recompute_layers": None})
+    for mods in selective_sets(ev):
+        if cfg.recompute is not Recompute.SELECTIVE or tuple(cfg.recompute_modules) != mods:
+            yield Move("recompute", f"recompute -> selective ({', '.join(mods)})",
+                       {"recompute": Recompute.SELECTIVE, "recompute_modules": mods,
+                        "recompute_layers": None})
+    per = layers_per_chunk(m, cfg)
+    if cfg.recompute is Recompute.FULL and cfg.recompute_method is RecomputeMethod.BLOCK:
+        k = per if cfg.recompute_layers is None else cfg.recompute_layers
+        for nk in (k - 1, k + 1):
+            if 1 <= nk <= per:
+                yield Move("recompute", f"full recompute layers {k}->{nk}",
+                           {"recompute_layers": nk})
+    if not (cfg.recompute is Recompute.FULL and cfg.recompute_layers in (None, per)):
+        yield Move("recompute", "recompute -> full (all layers)",
+                   {"recompute": Recompute.FULL, "recompute_method": RecomputeMethod.BLOCK,
+                    "recompute_layers": None})
+    if cfg.recompute is not Recompute.FULL:
+        yield Move("recompute", "recompute -> full (1 layer per virtual stage)",
+                   {"recompute": Recompute.FULL, "recompute_method": RecomputeMethod.BLOCK,
+                    "recompute_layers": 1})
+
+
+def selective_sets(ev: Evaluator) -> list[tuple[str, ...]]:
+    """Selective-recompute module sets worth trying for this model."""
+    m, out = ev.model, []
+    if not ev.training.flash_attention:
+        out.append(("core_attn",))
+    if m.is_moe:
+        out.append(("moe_act",))
+        out.append(("moe_act", "layernorm"))
+    if m.mla is not None:
+        out.append(("mla_up_proj",))
+    if m.num_dense_layers_effective and not m.is_moe:
+        out.append(("mlp",))
+    return out
+
+
+def apply(cfg: ParallelConfig, update: dict[str, Any]) -> ParallelConfig:
+    """``cfg`` with ``update``; derived fields are cleared so :func:`resolve_config` redoes them."""
+    derived = {"dp": None, "ga": None, "pipeline_split": None}
+    if "vpp" in update or "schedule" not in update:
+        derived["schedule"] = None if cfg.schedule_ is not Schedule.ZERO_BUBBLE else cfg.schedule
+    return ParallelConfig(**(cfg.model_dump() | derived | update))
+
+
+def try_move(ev: Evaluator, cfg: ParallelConfig, move: Move, phase: str) -> Trial:
+    """Evaluate ``cfg`` + ``move``; when the move itself breaks a structural rule, try the
+    repairs in order and keep the first legal (or in-memory-only failing) one."""
+    cand = apply(cfg, move.update)
+    trial = ev.evaluate(cand, phase, move.label)
+    if trial.legal or trial.outcome.memory is not None:
+        return trial
+    for fixed in _repair_candidates(ev, cand):
+        t = ev.evaluate(fixed, phase, move.label + " (repaired)")
+        if t.outcome.memory is not None:
+            return t
+    return trial
+
+
+def _repair_candidates(ev: Evaluator, cfg: ParallelConfig) -> Iterator[ParallelConfig]:
+    """vpp down to 1, then recompute layers clamped to one virtual stage."""
+    seen = set()
+    for vpp in range(cfg.vpp, 0, -1):
+        base = apply(cfg, {"vpp": vpp})
+        options = [base]
+        if cfg.recompute is Recompute.FULL and cfg.recompute_layers:
+            resolved = resolve_config(base, ev.model, ev.cluster, ev.training)
+            per = layers_per_chunk(ev.model, resolved)
+            if cfg.recompute_layers > per:
+                options.append(apply(base, {"recompute_layers": per}))
+        for o in options:
+            key = tuple(o.model_dump().values())
+            if key not in seen:
+                seen.add(key)
+                yield o
+
+
+def seed_phase(ev: Evaluator, baseline: ParallelConfig, allow_fp8: bool = False) -> SeedResult:
+    base = ev.evaluate(baseline, "baseline", "baseline")
+    start = base.config
+    moves: list[tuple[Move, Trial]] = []
+    for move in axis_moves(ev, start, allow_fp8):
+        moves.append((move, try_move(ev, start, move, "seed")))
+    improving = sorted(
+        ((mv, t) for mv, t in moves if t.legal and t.throughput > base.throughput),
+        key=lambda mt: (-mt[1].throughput, mt[0].label),
+    )
+    current, steps = base, []
+    used_axes: set[str] = set()
+    for mv, _ in improving:
+        if mv.axis in used_axes:
+            continue
+        cand = try_move(ev, current.config, mv, "seed-combine")
+        if cand.legal and cand.throughput > current.throughput:
+            steps.append(Step(mv.label, "seed", current.throughput, cand.throughput))
+            current = cand
+            used_axes.add(mv.axis)
+    return SeedResult(base, tuple(moves), current, tuple(steps))
