@@ -1,0 +1,472 @@
+"""Write a configuration the way each framework launches it.
+
+* :func:`to_megatron_args` — Megatron-LM command-line flags, one per line with ``\\``
+  continuations, spelled as ``megatron/training/arguments.py`` and the dataclasses it turns into
+  flags spell them (NVIDIA/Megatron-LM ``d98e8a64dd``). Virtual stages use
+  ``--num-virtual-stages-per-pipeline-rank`` (Megatron-LM has no
+  ``--virtual-pipeline-model-parallel-size``).
+* :func:`to_primus_overrides` — a Primus experiment fragment (``modules.pre_trainer.overrides``,
+  Megatron argument names with underscores, as in AMD-AGI/Primus
+  ``examples/megatron/configs/*/*.yaml`` at ``fd1eeabbad``).
+* :func:`to_nemo_overrides` — Python assignments to the ``ConfigContainer`` a Megatron-Bridge
+  recipe returns (``cfg.model.*``, ``cfg.train.*``, ``cfg.ddp.*``, ``cfg.optimizer.*``,
+  ``cfg.dataset.*``, ``cfg.mixed_precision``), the idiom of the recipes under
+  ``src/megatron/bridge/recipes/`` (NVIDIA-NeMo/Megatron-Bridge ``067f987df0``). Python lines, not
+  Hydra-style ``key=value`` overrides: they run as written after the recipe call.
+
+Every exporter writes :func:`canonical_config`: the resolved configuration with the fields that
+have several equivalent spellings written one way, so Megatron-LM arguments read back with
+:func:`oracle.frameworks.parse_megatron_args` give exactly it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from oracle.framework_keys import Fp8Format, megatron_flag
+from oracle.memory import pipeline_chunks
+from oracle.specs import (
+    DEFAULT_SELECTIVE_MODULES,
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    PositionEmbedding,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    TrainingSpec,
+    resolve_config,
+)
+
+FLEX_BACKEND = "deepep"  # tune-cp's flex dispatcher is DeepEP (--moe-flex-dispatcher-backend)
+FSDP_STRATEGY = "optim_grads_params"  # full sharding, what tune-cp's fsdp models
+UNFUSED_BACKEND = "unfused"  # --attention-backend that materialises the attention scores
+
+
+def max_chunk_layers(model: ModelSpec, cfg: ParallelConfig) -> int:
+    """Decoder layers of the largest virtual stage (``cfg`` resolved)."""
+    assert cfg.pipeline_split is not None
+    stages = pipeline_chunks(model.num_layers, model.num_mtp_layers, cfg.pp, cfg.vpp,
+                             cfg.pipeline_split)
+    return max(len(chunk.layers) for stage in stages for chunk in stage)
+
+
+def canonical_config(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
+) -> ParallelConfig:
+    """``resolve_config(cfg)`` with equivalent spellings written one way.
+
+    Full recompute of every layer (``recompute_layers`` None) becomes the explicit count
+    Megatron-LM needs (``--recompute-num-layers`` is required with full recompute): the layers of
+    the largest virtual stage for ``block``, 1 for ``uniform`` (Megatron-Core ``recompute.py``: a
+    group of one layer each). Fields that do not apply are reset: the recompute method unless
+    full, the modules unless selective, the dispatcher and expert-tensor size of a dense model.
+    """
+    c = resolve_config(cfg, model, cluster, training)
+    update: dict[str, Any] = {}
+    if c.recompute is not Recompute.FULL:
+        update["recompute_method"] = RecomputeMethod.BLOCK
+    elif c.recompute_layers is None:
+        block = c.recompute_method is RecomputeMethod.BLOCK
+        update["recompute_layers"] = max_chunk_layers(model, c) if block else 1
+    if c.recompute is not Recompute.SELECTIVE:
+        update["recompute_modules"] = DEFAULT_SELECTIVE_MODULES
+    if not model.is_moe:
+        update |= {"dispatcher": Dispatcher.ALLTOALL, "etp": c.tp}
+    return c.model_copy(update=update)
+
+
+def fp8_format(recipe: Fp8Recipe) -> Fp8Format:
+    """e4m3 for MXFP8 (Megatron-Bridge ``bf16_with_mxfp8_mixed``), hybrid for the per-tensor and
+    blockwise recipes (``bf16_with_fp8_{delayed,current,subchannel}_scaling_mixed``)."""
+    return Fp8Format.E4M3 if recipe is Fp8Recipe.MXFP8 else Fp8Format.HYBRID
+
+
+def _refuse_zero_bubble(c: ParallelConfig, framework: str) -> None:
+    if c.schedule_ is Schedule.ZERO_BUBBLE:
+        raise ConfigError(f"schedule zero_bubble has no {framework} setting (it is Primus's "
+                          "zero-bubble runtime): export to primus, or choose schedule "
+                          "interleaved or 1f1b")
+
+
+def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: ParallelConfig,
+            prefix: str = "# ") -> list[str]:
+    recompute = c.recompute.value
+    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else "bf16"
+    sharding = ("fsdp" if c.fsdp else "distributed optimizer" if c.distributed_optimizer
+                else "replicated optimizer")
+    if c.recompute is Recompute.FULL:
+        recompute += f" {c.recompute_method.value} {c.recompute_layers} layer(s)/virtual stage"
+    elif c.recompute is Recompute.SELECTIVE:
+        recompute += f" ({', '.join(c.recompute_modules)})"
+    return [
+        f"{prefix}tune-cp: {model.name} on {cluster.num_nodes} nodes x {cluster.gpus_per_node} "
+        f"{cluster.gpu.name} ({cluster.world_size} GPUs), seq {training.seq_len}, "
+        f"gbs {training.global_batch_size}, {precision}",
+        f"{prefix}{c.label()}, mbs {c.mbs}, ga {c.ga}, recompute {recompute}, {sharding}"
+        + (f", {c.dispatcher.value} dispatcher" if model.is_moe else "")
+        + f", {c.schedule_.value} schedule",
+    ]
+
+
+# ------------------------------------------------------------------------------ Megatron-LM
+
+
+def megatron_config_args(model: ModelSpec, training: TrainingSpec,
+                         c: ParallelConfig) -> list[tuple[str, Any]]:
+    """(dest, value) pairs of a canonical configuration; True means a flag without value."""
+    out: list[tuple[str, Any]] = [
+        ("tensor_model_parallel_size", c.tp),
+        ("pipeline_model_parallel_size", c.pp),
+    ]
+    if c.vpp > 1:
+        out.append(("num_virtual_stages_per_pipeline_rank", c.vpp))
+    if c.pipeline_split is PipelineSplit.EMBEDDING_LOSS:
+        out += [("account_for_embedding_in_pipeline_split", True),
+                ("account_for_loss_in_pipeline_split", True)]
+    out.append(("context_parallel_size", c.cp))
+    if model.is_moe or c.ep > 1:
+        out.append(("expert_model_parallel_size", c.ep))
+    if model.is_moe:
+        out.append(("expert_tensor_parallel_size", c.etp_))
+    if c.sp:
+        out.append(("sequence_parallel", True))
+    out += [
+        ("micro_batch_size", c.mbs),
+        ("global_batch_size", training.global_batch_size),
+        ("seq_length", training.seq_len),
+        ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
+    ]
+    if c.recompute is Recompute.FULL:
+        out += [("recompute_granularity", "full"), ("recompute_method", c.recompute_method.value),
+                ("recompute_num_layers", c.recompute_layers)]
+    elif c.recompute is Recompute.SELECTIVE:
+        out += [("recompute_granularity", "selective"),
+                ("recompute_modules", list(c.recompute_modules))]
+    if c.fsdp:
+        # Megatron-FSDP v1 runs with the distributed optimizer (arguments.py turns it on)
+        out += [("use_megatron_fsdp", True), ("data_parallel_sharding_strategy", FSDP_STRATEGY),
+                ("use_distributed_optimizer", True)]
+    elif c.distributed_optimizer:
+        out.append(("use_distributed_optimizer", True))
+    out.append(("overlap_grad_reduce", True))
+    if c.fsdp or c.distributed_optimizer:  # --overlap-param-gather needs one of them
+        out.append(("overlap_param_gather", True))
+    if model.is_moe:
+        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
+        if c.dispatcher is Dispatcher.FLEX:
+            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
+        out.append(("moe_grouped_gemm", True))
+    out.append(("bf16", True))
+    if c.fp8_recipe is not None:
+        out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
+    if not training.flash_attention:
+        out.append(("attention_backend", UNFUSED_BACKEND))
+    return out
+
+
+def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[str]]:
+    """(dest, value) pairs describing the model, and what Megatron-LM flags cannot say."""
+    out: list[tuple[str, Any]] = [("num_layers", model.num_layers),
+                                  ("hidden_size", model.hidden_size)]
+    missing: list[str] = []
+    if model.ffn_hidden_size:
+        out.append(("ffn_hidden_size", model.ffn_hidden_size))
+    elif model.is_moe:
+        missing.append("no dense MLP (Megatron-LM defaults --ffn-hidden-size to 4 x hidden)")
+    out.append(("num_attention_heads", model.num_attention_heads))
+    if model.mla is not None:
+        out.append(("multi_latent_attention", True))
+        if model.mla.q_lora_rank:
+            out.append(("q_lora_rank", model.mla.q_lora_rank))
+        out += [("kv_lora_rank", model.mla.kv_lora_rank),
+                ("qk_head_dim", model.mla.qk_nope_head_dim),
+                ("qk_pos_emb_head_dim", model.mla.qk_rope_head_dim),
+                ("v_head_dim", model.mla.v_head_dim)]
+    else:
+        if model.num_kv_heads != model.num_attention_heads:
+            out += [("group_query_attention", True), ("num_query_groups", model.num_kv_heads)]
+        if model.head_dim * model.num_attention_heads != model.hidden_size:
+            out.append(("kv_channels", model.head_dim))
+    if model.gated_mlp:
+        out.append(("swiglu", True))
+    out.append(("normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if not model.tied_embeddings:
+        out.append(("untie_embeddings_and_output_weights", True))
+    biases = (model.qkv_bias, model.attn_out_bias, model.mlp_bias)
+    if biases == (False, False, False):
+        out.append(("disable_bias_linear", True))
+    elif biases == (True, False, False):
+        out += [("disable_bias_linear", True), ("add_qkv_bias", True)]
+    elif biases != (True, True, True):
+        missing.append(f"bias pattern qkv/out/mlp = {biases} (Megatron-LM has all, none or "
+                       "QKV only)")
+    if model.is_moe and model.router_bias != model.mlp_bias:
+        missing.append(f"router bias {model.router_bias} with linear biases {model.mlp_bias}")
+    if model.qk_norm:
+        out.append(("qk_layernorm", True))
+    learned = model.position_embedding is PositionEmbedding.LEARNED
+    out += [("position_embedding_type", "learned_absolute" if learned else "rope"),
+            ("attention_dropout", model.attention_dropout),
+            ("hidden_dropout", model.hidden_dropout),
+            ("vocab_size", model.vocab_size)]
+    if model.is_moe:
+        out += [("num_experts", model.num_experts),
+                ("moe_ffn_hidden_size", model.expert_ffn_hidden_size),
+                ("moe_router_topk", model.moe_top_k)]
+        if model.num_shared_experts:
+            out.append(("moe_shared_expert_intermediate_size",
+                        model.num_shared_experts * model.shared_expert_ffn_hidden_size))
+        if model.num_dense_layers:
+            dense, moe = model.num_dense_layers, model.num_layers - model.num_dense_layers
+            out.append(("moe_layer_freq", f"([0]*{dense}+[1]*{moe})"))
+        if model.router_expert_bias:
+            out.append(("moe_router_enable_expert_bias", True))
+    if model.num_mtp_layers:
+        out.append(("mtp_num_layers", model.num_mtp_layers))
+    if model.sliding_window:
+        missing.append(f"sliding-window attention ({model.num_sliding_window_layers} layers, "
+                       f"window {model.sliding_window})")
+    if model.attention_sinks:
+        missing.append("attention sinks")
+    return out, missing
+
+
+def _render_flag(dest: str, value: Any) -> str:
+    flag = megatron_flag(dest)
+    if value is True:
+        return flag
+    if isinstance(value, list):
+        return " ".join([flag, *(shlex.quote(str(v)) for v in value)])
+    return f"{flag} {shlex.quote(str(value))}"
+
+
+def to_megatron_args(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig, *,
+    include_model: bool = True, launcher: bool = False,
+) -> str:
+    """Ready-to-paste Megatron-LM flags for ``cfg`` (after :func:`canonical_config`).
+
+    Comment lines first (the setting and how to launch it), then one flag per line joined with
+    ``\\``: parallel layout, batch, recompute, optimizer sharding, MoE, precision, and with
+    ``include_model`` the model shape (``--vocab-size`` is Megatron-LM's size before padding).
+    ``launcher`` prefixes ``torchrun --nnodes N --nproc-per-node G pretrain_gpt.py``. Data,
+    tokenizer, optimizer hyper-parameters and checkpointing are yours to add.
+    """
+    c = canonical_config(model, cluster, training, cfg)
+    _refuse_zero_bubble(c, "Megatron-LM")
+    pairs = megatron_config_args(model, training, c)
+    missing: list[str] = []
+    if include_model:
+        model_pairs, missing = megatron_model_args(model)
+        pairs += model_pairs
+    lines = _header(model, cluster, training, c)
+    lines.append("# Megatron-LM flags (megatron/training/arguments.py); launch on every node with "
+                 f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node}"
+                 " pretrain_gpt.py")
+    if missing:
+        lines.append(f"# not expressible as Megatron-LM flags: {'; '.join(missing)}")
+    body = [_render_flag(d, v) for d, v in pairs]
+    if launcher:
+        body.insert(0, f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node "
+                       f"{cluster.gpus_per_node} pretrain_gpt.py")
+    lines += [line + " \\" for line in body[:-1]] + body[-1:]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------- Primus
+
+YAML_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+YAML_RESERVED = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"})
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    text = str(value)
+    if YAML_PLAIN.fullmatch(text) and text.lower() not in YAML_RESERVED:
+        return text
+    return json.dumps(text)
+
+
+def primus_overrides(model: ModelSpec, training: TrainingSpec,
+                     c: ParallelConfig) -> list[tuple[str, Any]]:
+    """(key, value) pairs of a canonical configuration as Primus overrides. Keys whose Primus
+    default differs from what tune-cp modeled are always written (sequence_parallel,
+    use_distributed_optimizer, the recompute keys, fp8)."""
+    zero_bubble = c.schedule_ is Schedule.ZERO_BUBBLE
+    out: list[tuple[str, Any]] = [
+        ("tensor_model_parallel_size", c.tp),
+        ("pipeline_model_parallel_size", c.pp),
+        ("num_virtual_stages_per_pipeline_rank", c.vpp if c.vpp > 1 else None),
+        ("context_parallel_size", c.cp),
+        ("expert_model_parallel_size", c.ep),
+        ("expert_tensor_parallel_size", c.etp_ if model.is_moe else None),
+        ("sequence_parallel", c.sp),
+        ("account_for_embedding_in_pipeline_split",
+         c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
+        ("account_for_loss_in_pipeline_split", c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
+        ("micro_batch_size", c.mbs),
+        ("global_batch_size", training.global_batch_size),
+        ("seq_length", training.seq_len),
+        ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
+    ]
+    if c.recompute is Recompute.FULL:
+        out += [("recompute_granularity", "full"), ("recompute_method", c.recompute_method.value),
+                ("recompute_num_layers", c.recompute_layers)]
+    elif c.recompute is Recompute.SELECTIVE:
+        out += [("recompute_granularity", "selective"), ("recompute_method", None),
+                ("recompute_num_layers", None), ("recompute_modules", list(c.recompute_modules))]
+    else:
+        out += [("recompute_granularity", None), ("recompute_method", None),
+                ("recompute_num_layers", None)]
+    out += [("use_distributed_optimizer", c.distributed_optimizer or c.fsdp),
+            ("use_megatron_fsdp", c.fsdp)]
+    if c.fsdp:
+        out.append(("data_parallel_sharding_strategy", FSDP_STRATEGY))
+    # Primus's zero-bubble runtime forbids overlapped grad reduce / param gather with the
+    # distributed optimizer (zbpp_utils.validate_arguments)
+    overlap = not zero_bubble
+    out += [("overlap_grad_reduce", overlap),
+            ("overlap_param_gather", overlap and (c.distributed_optimizer or c.fsdp))]
+    if model.is_moe:
+        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
+        if c.dispatcher is Dispatcher.FLEX:
+            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
+        out.append(("moe_grouped_gemm", True))
+    out.append(("bf16", True))
+    if c.fp8_recipe is not None:
+        out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
+    else:
+        out.append(("fp8", None))
+    out.append(("patch_zero_bubble", zero_bubble))
+    if zero_bubble:
+        out.append(("enable_zero_bubble", True))
+    if not training.flash_attention:
+        out.append(("attention_backend", UNFUSED_BACKEND))
+    return out
+
+
+def to_primus_overrides(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
+) -> str:
+    """A Primus experiment fragment: ``modules.pre_trainer.overrides`` for ``cfg``. Merge the
+    keys into an experiment's overrides (its ``modules.pre_trainer.model`` names the model's
+    Primus YAML); the keys are indented as in Primus's examples, ready to paste."""
+    c = canonical_config(model, cluster, training, cfg)
+    lines = _header(model, cluster, training, c)
+    lines += [
+        "# Primus experiment overrides (Megatron backend): merge into modules.pre_trainer."
+        "overrides of an experiment",
+        f"# whose modules.pre_trainer.model is {model.name}'s Primus model YAML; run on "
+        f"NNODES={cluster.num_nodes} x {cluster.gpus_per_node} GPUs",
+        "modules:",
+        "  pre_trainer:",
+        "    overrides:",
+    ]
+    lines += [f"      {key}: {_yaml(value)}" for key, value in primus_overrides(model, training, c)]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------- Megatron-Bridge
+
+
+def nemo_assignments(model: ModelSpec, training: TrainingSpec,
+                     c: ParallelConfig) -> list[tuple[str, str]]:
+    """(field path, Python expression) pairs on a Megatron-Bridge ``ConfigContainer``."""
+    emb_loss = c.pipeline_split is PipelineSplit.EMBEDDING_LOSS
+    out: list[tuple[str, str]] = [
+        ("model.tensor_model_parallel_size", repr(c.tp)),
+        ("model.pipeline_model_parallel_size", repr(c.pp)),
+    ]
+    if c.pp > 1:  # the recipes set it whenever pp > 1
+        out.append(("model.pipeline_dtype", "torch.bfloat16"))
+    out += [
+        ("model.virtual_pipeline_model_parallel_size", repr(c.vpp if c.vpp > 1 else None)),
+        ("model.pipeline_model_parallel_layout", "None"),
+        ("model.num_layers_in_first_pipeline_stage", "None"),
+        ("model.num_layers_in_last_pipeline_stage", "None"),
+        ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
+        ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
+        ("model.context_parallel_size", repr(c.cp)),
+    ]
+    if model.is_moe:
+        out += [("model.expert_model_parallel_size", repr(c.ep)),
+                ("model.expert_tensor_parallel_size", repr(c.etp_))]
+    out += [
+        ("model.sequence_parallel", repr(c.sp)),
+        ("model.seq_length", repr(training.seq_len)),
+        ("dataset.seq_length", repr(training.seq_len)),
+        ("train.micro_batch_size", repr(c.mbs)),
+        ("train.global_batch_size", repr(training.global_batch_size)),
+    ]
+    if c.recompute is Recompute.FULL:
+        out += [("model.recompute_granularity", '"full"'),
+                ("model.recompute_method", json.dumps(c.recompute_method.value)),
+                ("model.recompute_num_layers", repr(c.recompute_layers)),
+                ("model.recompute_modules", "None")]
+    elif c.recompute is Recompute.SELECTIVE:
+        out += [("model.recompute_granularity", '"selective"'), ("model.recompute_method", "None"),
+                ("model.recompute_num_layers", "None"),
+                ("model.recompute_modules", json.dumps(list(c.recompute_modules)))]
+    else:
+        out += [("model.recompute_granularity", "None"), ("model.recompute_method", "None"),
+                ("model.recompute_num_layers", "None")]
+    sharded = c.distributed_optimizer or c.fsdp  # Megatron-FSDP v1 needs the distributed optimizer
+    out += [("ddp.use_distributed_optimizer", repr(sharded)),
+            ("optimizer.use_distributed_optimizer", repr(sharded)),
+            ("ddp.use_megatron_fsdp", repr(c.fsdp))]
+    if c.fsdp:
+        out.append(("ddp.data_parallel_sharding_strategy", json.dumps(FSDP_STRATEGY)))
+    out += [("ddp.overlap_grad_reduce", "True"), ("ddp.overlap_param_gather", repr(sharded))]
+    if model.is_moe:
+        flex = c.dispatcher is Dispatcher.FLEX
+        out += [("model.moe_token_dispatcher_type", json.dumps(c.dispatcher.value)),
+                ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
+                ("model.moe_grouped_gemm", "True")]
+    out.append(("mixed_precision", "bf16_mixed()"))
+    if c.fp8_recipe is not None:
+        out += [("mixed_precision.fp8", json.dumps(fp8_format(c.fp8_recipe).value)),
+                ("mixed_precision.fp8_recipe", json.dumps(c.fp8_recipe.value)),
+                ("mixed_precision.fp8_param_gather", "False")]
+    if not training.flash_attention:
+        out.append(("model.attention_backend", f"AttnBackend.{UNFUSED_BACKEND}"))
+    return out
+
+
+def to_nemo_overrides(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
+) -> str:
+    """Python assignment lines for a Megatron-Bridge (NeMo 2) recipe: run them on the
+    ``ConfigContainer`` ``cfg`` a recipe function returns, before ``pretrain(cfg, ...)``. FP8 is
+    written field by field on ``bf16_mixed()`` (the named FP8 presets also turn on FP8 parameter
+    gather or bf16 first/last layers, which tune-cp does not model)."""
+    c = canonical_config(model, cluster, training, cfg)
+    _refuse_zero_bubble(c, "Megatron-Bridge")
+    lines = _header(model, cluster, training, c)
+    lines += [
+        "# Megatron-Bridge recipe overrides: Python assignments on the ConfigContainer `cfg` a "
+        "recipe returns",
+        f"# run on {cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs (e.g. a NeMo-Run "
+        f"executor with nodes={cluster.num_nodes}, ntasks_per_node={cluster.gpus_per_node})",
+        "import torch",
+        "from megatron.bridge.training.mixed_precision import bf16_mixed",
+    ]
+    if not training.flash_attention:
+        lines.append("from megatron.core.transformer.enums import AttnBackend")
+    lines.append("")
+    lines += [f"cfg.{path} = {expr}" for path, expr in nemo_assignments(model, training, c)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,735 @@
+"""What launch arguments mean: the key tables, value readers, shell splitting and Primus YAML
+loading behind :mod:`oracle.frameworks`.
+
+Spellings, defaults and value sets come from these sources (read at the named commits):
+
+* Megatron-LM ``megatron/training/arguments.py`` and the dataclasses its ``ArgumentGroupFactory``
+  turns into flags (``megatron/core/transformer/transformer_config.py``,
+  ``megatron/core/model_parallel_config.py``, ``megatron/training/config/*.py``) at
+  NVIDIA/Megatron-LM ``d98e8a64dd`` (2026-08-22). A dataclass field ``foo_bar`` becomes
+  ``--foo-bar``; boolean fields that default to False become ``store_true`` flags; the parser
+  has ``allow_abbrev=False``.
+* Primus ``primus/configs/modules/megatron/{pre_trainer,trainer_base,zero_bubble}.yaml``,
+  ``primus/configs/models/megatron/language_model.yaml`` and ``primus/core/config/yaml_loader.py``
+  (``${VAR:default}`` placeholders, ``extends:`` presets) at AMD-AGI/Primus ``fd1eeabbad``
+  (2026-08-22).
+  Primus experiment overrides use the Megatron argument names with underscores.
+
+Internally every argument is named by its Megatron ``dest`` (``tensor_model_parallel_size``); the
+Megatron-LM flag and the Primus key are two spellings of it (:func:`spell`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from oracle.specs import ConfigError
+
+
+class Flavor(StrEnum):
+    """Where the arguments came from: a Megatron-LM command line or a Primus experiment YAML."""
+
+    MEGATRON = "megatron"
+    PRIMUS = "primus"
+
+
+class Fp8Format(StrEnum):
+    """Megatron-LM ``--fp8-format``: ``e4m3`` everywhere, or ``hybrid`` (e4m3 forward, e5m2 for
+    gradients)."""
+
+    E4M3 = "e4m3"
+    HYBRID = "hybrid"
+
+
+FRAMEWORK_NAME = {Flavor.MEGATRON: "Megatron-LM", Flavor.PRIMUS: "Primus"}
+
+
+class Kind(StrEnum):
+    """Value type of an argument (decides how many command-line words a flag takes)."""
+
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"  # Megatron-LM: a flag without value (store_true/store_false); Primus: a bool
+    CHOICE = "choice"
+    STR = "str"
+    LIST = "list"  # Megatron-LM: nargs="*"; Primus: a YAML list
+    FREQ = "freq"  # an int or a Python list expression such as "([0]*3+[1]*58)" (moe_layer_freq)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One argument tune-cp reads.
+
+    ``flag``: the Megatron-LM spelling when it is not ``--`` + dest with ``-`` (``None``: derived);
+    ``flag_stores``: for a flag without value, the value it stores (``--disable-bias-linear``
+    stores False into ``add_bias_linear``); ``cli``: False when Megatron-LM has no such flag (a
+    Primus / Megatron-Bridge field name only); ``lo``: least legal integer.
+    """
+
+    kind: Kind
+    lo: int = 0
+    choices: tuple[str, ...] = ()
+    flag: str | None = None
+    flag_stores: Any = True
+    cli: bool = True
+
+
+def _int(lo: int = 1) -> Key:
+    return Key(Kind.INT, lo=lo)
+
+
+BOOL = Key(Kind.BOOL)
+
+# Arguments that set tune-cp's ParallelConfig / TrainingSpec (Megatron dest -> Key).
+CONFIG_KEYS: dict[str, Key] = {
+    "tensor_model_parallel_size": _int(),
+    "pipeline_model_parallel_size": _int(),
+    "context_parallel_size": _int(),
+    "expert_model_parallel_size": _int(),
+    "expert_tensor_parallel_size": _int(),
+    "num_layers_per_virtual_pipeline_stage": _int(),
+    "num_virtual_stages_per_pipeline_rank": _int(),
+    # a ModelParallelConfig field Primus projection and Megatron-Bridge read; no Megatron-LM flag
+    # (excluded in arguments.py::_add_network_size_args, "no CLI argument exists for these")
+    "virtual_pipeline_model_parallel_size": Key(Kind.INT, lo=1, cli=False),
+    "account_for_embedding_in_pipeline_split": BOOL,
+    "account_for_loss_in_pipeline_split": BOOL,
+    "micro_batch_size": _int(),
+    "global_batch_size": _int(),
+    "seq_length": _int(),
+    "sequence_parallel": BOOL,
+    "recompute_granularity": Key(Kind.CHOICE, choices=("full", "selective")),
+    "recompute_method": Key(Kind.CHOICE, choices=("uniform", "block")),
+    "recompute_num_layers": _int(0),
+    "recompute_modules": Key(Kind.LIST),
+    "recompute_activations": BOOL,  # legacy alias of --recompute-granularity selective
+    "moe_layer_recompute": BOOL,  # deprecated: selective recompute of the MoE block
+    "use_distributed_optimizer": BOOL,
+    "use_megatron_fsdp": BOOL,
+    "use_torch_fsdp2": BOOL,
+    "data_parallel_sharding_strategy": Key(
+        Kind.CHOICE, choices=("no_shard", "optim", "optim_grads", "optim_grads_params")
+    ),
+    # alltoall_seq: removed from Megatron-LM, still listed in Primus's language_model.yaml comment
+    "moe_token_dispatcher_type": Key(
+        Kind.CHOICE, choices=("allgather", "alltoall", "flex", "alltoall_seq")
+    ),
+    "moe_flex_dispatcher_backend": Key(Kind.CHOICE, choices=("deepep", "hybridep", "ncclep")),
+    "moe_enable_deepep": BOOL,  # deprecated: flex dispatcher with DeepEP
+    "bf16": BOOL,
+    "fp16": BOOL,
+    # TransformerConfig.fp8 is spelled --fp8-format on the command line; Primus writes fp8:
+    "fp8": Key(Kind.CHOICE, choices=("e4m3", "hybrid"), flag="--fp8-format"),
+    "fp8_recipe": Key(
+        Kind.CHOICE, choices=("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+    ),
+    "attention_backend": Key(
+        Kind.CHOICE, choices=("flash", "fused", "unfused", "local", "auto")
+    ),
+    "use_flash_attn": BOOL,
+    # Primus zero-bubble runtime (zero_bubble.yaml, primus_pipeline.yaml); no Megatron-LM flags
+    "patch_zero_bubble": Key(Kind.BOOL, cli=False),
+    "enable_zero_bubble": Key(Kind.BOOL, cli=False),
+    "zero_bubble_v_schedule": Key(Kind.BOOL, cli=False),
+    "enable_1f1b_v": Key(Kind.BOOL, cli=False),
+    "patch_primus_pipeline": Key(Kind.BOOL, cli=False),
+    "pp_algorithm": Key(Kind.STR, cli=False),
+    "make_vocab_size_divisible_by": _int(),
+}
+
+# Arguments that describe the model (enough of them build a ModelSpec when no --model is given).
+MODEL_KEYS: dict[str, Key] = {
+    "num_layers": _int(),
+    "hidden_size": _int(),
+    "ffn_hidden_size": _int(),
+    "num_attention_heads": _int(),
+    "group_query_attention": BOOL,
+    "num_query_groups": _int(),
+    "kv_channels": _int(),
+    "num_experts": _int(0),
+    "moe_ffn_hidden_size": _int(),
+    "moe_router_topk": _int(),
+    "moe_shared_expert_intermediate_size": _int(),
+    "moe_layer_freq": Key(Kind.FREQ),
+    "moe_router_enable_expert_bias": BOOL,
+    "swiglu": BOOL,
+    "normalization": Key(Kind.CHOICE, choices=("LayerNorm", "RMSNorm")),
+    "untie_embeddings_and_output_weights": BOOL,
+    # TransformerConfig.add_bias_linear (default True) is turned off by --disable-bias-linear
+    "add_bias_linear": Key(Kind.BOOL, flag="--disable-bias-linear", flag_stores=False),
+    "add_qkv_bias": BOOL,
+    "qk_layernorm": BOOL,
+    "vocab_size": _int(),
+    "padded_vocab_size": Key(Kind.INT, lo=1, cli=False),
+    "max_position_embeddings": _int(),
+    "position_embedding_type": Key(
+        Kind.CHOICE, choices=("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
+    ),
+    "hidden_dropout": Key(Kind.FLOAT),
+    "attention_dropout": Key(Kind.FLOAT),
+    "multi_latent_attention": BOOL,
+    "q_lora_rank": _int(),
+    "kv_lora_rank": _int(),
+    "qk_head_dim": _int(),
+    "qk_pos_emb_head_dim": _int(0),
+    "v_head_dim": _int(),
+    "mtp_num_layers": _int(0),
+    "tokenizer_model": Key(Kind.STR),
+}
+
+
+@dataclass(frozen=True)
+class Unmodeled:
+    """An argument tune-cp understands but cannot represent; noted when not ``neutral``."""
+
+    key: Key
+    why: str
+    neutral: tuple[Any, ...] = (None, False)
+
+
+UNMODELED: dict[str, Unmodeled] = {
+    "decoder_first_pipeline_num_layers": Unmodeled(
+        _int(), "uneven first/last pipeline stages are not modeled (tune-cp splits evenly or with "
+        "the embedding and loss as layer slots)"),
+    "decoder_last_pipeline_num_layers": Unmodeled(
+        _int(), "uneven first/last pipeline stages are not modeled"),
+    "pipeline_model_parallel_layout": Unmodeled(
+        Key(Kind.STR), "custom pipeline layouts are not modeled; virtual stages come from the "
+        "other arguments"),
+    "microbatch_group_size_per_vp_stage": Unmodeled(
+        Key(Kind.INT, lo=1, flag="--microbatch-group-size-per-virtual-pipeline-stage"),
+        "tune-cp assumes the default group size (pp)"),
+    "overlap_p2p_comm": Unmodeled(
+        Key(Kind.BOOL, flag="--no-overlap-p2p-communication", flag_stores=False),
+        "without p2p overlap Megatron-LM needs pp > 2 for virtual stages; tune-cp assumes the "
+        "overlap", neutral=(None, True)),
+    "fp8_param_gather": Unmodeled(
+        BOOL, "FP8 parameter all-gather (1-byte parameter buffer) is not modeled; the bf16 "
+        "buffer is counted"),
+    "first_last_layers_bf16": Unmodeled(BOOL, "bf16 first/last layers in FP8 runs are not modeled"),
+    "moe_expert_capacity_factor": Unmodeled(
+        Key(Kind.FLOAT), "token dropping at an expert capacity is not modeled (dropless assumed)"),
+    "moe_pad_expert_input_to_capacity": Unmodeled(BOOL, "capacity padding is not modeled"),
+    "moe_router_force_load_balancing": Unmodeled(
+        BOOL, "routing is forced balanced (a benchmark setting); the routing-imbalance overhead "
+        "still applies (set it to 0 with --overhead moe_routing_imbalance=0)"),
+    "overlap_moe_expert_parallel_comm": Unmodeled(
+        BOOL, "overlapping expert-parallel communication with compute is not modeled"),
+    "use_precision_aware_optimizer": Unmodeled(
+        BOOL, "reduced-precision optimizer states are not modeled (fp32 states counted)"),
+    "main_grads_dtype": Unmodeled(Key(Kind.STR), "fp32 main gradients are assumed",
+                                  neutral=(None, "fp32")),
+    "main_params_dtype": Unmodeled(Key(Kind.STR), "fp32 master weights are assumed",
+                                   neutral=(None, "fp32")),
+    "exp_avg_dtype": Unmodeled(Key(Kind.STR), "fp32 Adam moments are assumed",
+                               neutral=(None, "fp32")),
+    "exp_avg_sq_dtype": Unmodeled(Key(Kind.STR), "fp32 Adam moments are assumed",
+                                  neutral=(None, "fp32")),
+    "optimizer": Unmodeled(Key(Kind.STR), "tune-cp models Adam's optimizer states",
+                           neutral=(None, "adam")),
+    "optimizer_cpu_offload": Unmodeled(BOOL, "optimizer offload to CPU is not modeled"),
+    "cpu_offloading": Unmodeled(BOOL, "activation/weight offload to CPU is not modeled"),
+    "num_distributed_optimizer_instances": Unmodeled(
+        _int(), "several distributed-optimizer instances are not modeled", neutral=(None, 1)),
+    "hierarchical_context_parallel_sizes": Unmodeled(
+        Key(Kind.LIST), "hierarchical context parallelism is not modeled"),
+    "cp_comm_type": Unmodeled(Key(Kind.STR), "tune-cp models the p2p (ring) context-parallel "
+                              "exchange", neutral=(None, "p2p")),
+    "distribute_saved_activations": Unmodeled(
+        BOOL, "distributing checkpointed activations over tp is not modeled"),
+    "tp_comm_overlap": Unmodeled(BOOL, "tensor-parallel communication overlap is not modeled"),
+    "recompute_layer_ids": Unmodeled(
+        Key(Kind.LIST, cli=False), "recomputing chosen layer ids (a Primus extension) is not "
+        "modeled"),
+    "fp4": Unmodeled(Key(Kind.STR, flag="--fp4-format"), "FP4 training is not modeled"),
+}
+
+# Recompute modules Megatron-LM accepts that tune-cp does not model (TransformerConfig docstring).
+UNMODELED_RECOMPUTE_MODULES = frozenset({"gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"})
+
+# Training-loop, data, logging, checkpoint, initialization, kernel-fusion and router-loss
+# settings: they do not change the layout, memory or speed as tune-cp models them.
+IGNORED = re.compile(
+    r"(lr|min_lr|lr_\w+|\w*weight_decay\w*|adam_\w+|sgd_momentum|clip_grad|\w*loss_scale\w*|"
+    r"hysteresis|init_method_std|seed|train_iters|train_samples|eval_\w+|exit_\w+|skip_train|"
+    r"log_\w+|\w+_log_\w+|tensorboard_\w+|wandb_\w+|mlflow_\w+|profile\w*|save|load|"
+    r"save_interval|no_save_\w+|no_load_\w+|ckpt_\w+|async_save|use_checkpoint_args|finetune|"
+    r"pretrained_checkpoint|\w*data_path|data_\w+|split|mock_data|num_workers|dataloader_type|"
+    r"tokenizer_type|vocab_file|merge_file|vocab_extra_ids|distributed_backend|"
+    r"distributed_timeout_minutes|manual_gc\w*|use_mcore_models|use_legacy_models|"
+    r"transformer_impl|rotary_\w+|rope_\w+|use_rope_scaling|use_rotary_position_embeddings|"
+    r"norm_epsilon|\w+_fusion|\w+_fusion_impl|no_\w+_fusion|attention_softmax_in_fp32|"
+    r"accumulate_allreduce_grads_in_fp32|grad_reduce_in_bf16|gradient_accumulation_fusion|"
+    r"no_gradient_accumulation_fusion|overlap_grad_reduce|overlap_param_gather|align_\w+|"
+    r"no_align_\w+|ddp_\w+|moe_grouped_gemm|moe_use_legacy_grouped_gemm|moe_aux_loss_coeff|"
+    r"moe_z_loss_coeff|moe_router_load_balancing_type|moe_router_dtype|moe_router_score_function|"
+    r"moe_router_pre_softmax|moe_input_jitter_eps|moe_per_layer_logging|moe_token_drop_policy|"
+    r"moe_router_bias_update_rate|moe_router_num_groups|moe_router_group_topk|"
+    r"moe_router_topk_scaling_factor|moe_shared_expert_overlap|mtp_loss_scaling_factor|"
+    r"use_cpu_initialization|perform_initialization|empty_unused_memory_level|check_for_\w+|"
+    r"no_check_for_\w+|deterministic_mode|cross_entropy_\w+|calculate_per_token_loss|"
+    r"eod_mask_loss|reset_\w+|create_attention_mask_in_dataloader|"
+    r"no_create_attention_mask_in_dataloader|num_dataset_builder_threads|no_persist_layer_norm|"
+    r"persist_layer_norm|apply_layernorm_1p|untie_embeddings|timing_\w+|barrier_with_\w+|"
+    r"use_mcore|yaml_cfg|spec|enable_primus_turbo|use_turbo_\w+|turbo_\w+|stderr_sink_level|"
+    r"disable_\w+|auto_continue_train|trainable|debug_\w+|mscale\w*|original_max_position_"
+    r"embeddings|tokenizer_\w+|legacy_tokenizer|trust_remote_code|fp8_margin|fp8_interval|"
+    r"fp8_amax_\w+|fp8_wgrad|num_layers_at_\w+|use_te_\w+|te_rng_tracker|cuda_graph_\w+|"
+    r"enable_cuda_graph|external_cuda_graph)"
+)
+
+# torchrun (torch.distributed.run) options: name -> number of values. Both spellings
+# (--nproc-per-node, --nproc_per_node) are accepted by torchrun; keys use hyphens.
+TORCHRUN_OPTIONS: dict[str, int] = {
+    "nnodes": 1, "nproc-per-node": 1, "node-rank": 1, "master-addr": 1, "master-port": 1,
+    "rdzv-backend": 1, "rdzv-endpoint": 1, "rdzv-id": 1, "rdzv-conf": 1, "standalone": 0,
+    "max-restarts": 1, "monitor-interval": 1, "start-method": 1, "role": 1, "log-dir": 1,
+    "redirects": 1, "tee": 1, "local-ranks-filter": 1, "no-python": 0, "module": 0,
+    "run-path": 0, "logs-specs": 1, "local-addr": 1, "use-env": 0, "use_env": 0,
+}
+
+SHELL_SEPARATORS = frozenset({"|", "||", "&", "&&", ";", ";;", "(", ")", "|&"})
+SHELL_REDIRECTS = frozenset({"<", ">", ">>", ">&", "&>", "<<", "<&", "&>>", ">|"})
+LAUNCHER_WORDS = frozenset({
+    "torchrun", "python", "python3", "bash", "sh", "env", "export", "srun", "mpirun", "exec",
+    "time", "nohup", "tee", "torch.distributed.run", "torch.distributed.launch", "set", "-x",
+})
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+ALL_KEYS: dict[str, Key] = {**CONFIG_KEYS, **MODEL_KEYS, **{d: u.key for d, u in UNMODELED.items()}}
+
+
+def megatron_flag(dest: str) -> str:
+    """The Megatron-LM spelling of an argument: its explicit flag, or ``--`` + dest with ``-``."""
+    key = ALL_KEYS.get(dest)
+    if key is not None and key.flag is not None:
+        return key.flag
+    return "--" + dest.replace("_", "-")
+
+
+def spell(dest: str, flavor: Flavor) -> str:
+    """How a user of ``flavor`` writes the argument ``dest``."""
+    return megatron_flag(dest) if flavor is Flavor.MEGATRON else dest
+
+
+# Megatron-LM flag -> (dest, value stored when the flag takes no value).
+FLAG_TO_DEST: dict[str, str] = {megatron_flag(d): d for d, k in ALL_KEYS.items() if k.cli}
+
+
+# ------------------------------------------------------------------------------ raw arguments
+
+
+@dataclass
+class RawArgs:
+    """Arguments as written: dest -> raw value (a str from a command line, a YAML scalar or list
+    from Primus), the spelling the user wrote (for messages), and what was noticed on the way."""
+
+    flavor: Flavor
+    where: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    num_nodes: int | None = None
+    gpus_per_node: int | None = None
+
+    def has(self, dest: str) -> bool:
+        return self.values.get(dest) is not None
+
+    def label(self, dest: str) -> str:
+        return self.labels.get(dest) or spell(dest, self.flavor)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def fail(self, dest: str, value: Any, problem: str) -> ConfigError:
+        prefix = f"{self.where}: " if self.where else ""
+        return ConfigError(f"{prefix}{self.said(dest, value)}: {problem}")
+
+    def said(self, dest: str, value: Any, *, quote: bool = True) -> str:
+        """How the argument was written: ``--flag 'value'``, a bare ``--flag``, ``key 'value'``
+        (strings quoted when ``quote``)."""
+        if self.flavor is Flavor.MEGATRON and isinstance(value, bool):
+            return self.label(dest)
+        shown = _show(value) if quote or not isinstance(value, str) else value
+        return f"{self.label(dest)} {shown}"
+
+    def read(self, dest: str) -> Any:
+        """The typed value of ``dest`` (None when absent); ConfigError names flag and value."""
+        if not self.has(dest):
+            return None
+        return read_value(self, dest, ALL_KEYS[dest], self.values[dest])
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(
+        value, bool) else str(value)
+
+
+def first_error(err: ValidationError) -> str:
+    """The first problem of a pydantic validation error, on one line."""
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"]) or "value"
+    return f"{loc}: {e['msg']} (got {e.get('input')!r})"
+
+
+def fmt_value(value: Any) -> str:
+    """A setting for a statement: on / off / none / the value."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return "none" if value is None else str(value)
+
+
+SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
+WHOLE_NUMBER = re.compile(r"[+-]?\d+")
+TRUE_WORDS = {"true": True, "false": False}
+
+
+def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
+    """Check and convert one raw value by its kind."""
+    if isinstance(value, str) and SHELL_VARIABLE.search(value):
+        raise raw.fail(dest, value, "an unexpanded shell variable; paste the command with its "
+                       "values filled in (for example from the launch log)")
+    if key.kind is Kind.INT:
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, str) and WHOLE_NUMBER.fullmatch(value))
+        ):
+            raise raw.fail(dest, value, f"not a whole number; give an integer of at least {key.lo}")
+        number = int(value)
+        if number < key.lo:
+            raise raw.fail(dest, value, f"must be at least {key.lo}")
+        return number
+    if key.kind is Kind.FLOAT:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise raw.fail(dest, value, "not a number") from None
+    if key.kind is Kind.BOOL:
+        if isinstance(value, str) and value.lower() in TRUE_WORDS:
+            return TRUE_WORDS[value.lower()]
+        if not isinstance(value, bool):
+            raise raw.fail(dest, value, "not true or false")
+        return value
+    if key.kind is Kind.CHOICE:
+        if not isinstance(value, str) or value not in key.choices:
+            choices = ", ".join(key.choices)
+            raise raw.fail(dest, value, f"not a valid choice; choose one of {choices}")
+        return value
+    if key.kind is Kind.LIST:
+        items = value if isinstance(value, list) else str(value).split()
+        if not all(isinstance(v, str) for v in items):
+            raise raw.fail(dest, value, "must be a list of names")
+        return [str(v) for v in items]
+    if key.kind is Kind.FREQ:
+        return value if isinstance(value, int) and not isinstance(value, bool) else str(value)
+    return str(value)
+
+
+def layer_pattern(text: str) -> list[int] | None:
+    """Evaluate a Megatron-LM layer pattern such as ``([0]*3+[1]*58)`` (list literals of
+    integers joined by ``+`` and ``*``; ``arguments.py::moe_freq_type``) without ``eval``."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.List):
+            return [ev(e) for e in node.elts]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = ev(node.left), ev(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(ast.dump(node))
+
+    try:
+        result = ev(tree)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(result, list) or not all(isinstance(v, int) for v in result):
+        return None
+    return result
+
+
+# ------------------------------------------------------------------- Megatron-LM command lines
+
+
+def shell_words(text: str) -> list[str]:
+    """Split a launch command or script the way a POSIX shell would: backslash-newline joins
+    lines, quotes group, ``#`` starts a comment, operators (``|``, ``;``, ``>``) are words."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    lexer = shlex.shlex(joined, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        return list(lexer)
+    except ValueError as e:
+        raise ConfigError(f"cannot split the Megatron-LM arguments: {e}; check the quotes") from e
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("--") and len(word) > 2
+
+
+def _is_shell(word: str) -> bool:
+    return word in SHELL_SEPARATORS or word in SHELL_REDIRECTS
+
+
+def _word_value(word: str) -> bool:
+    """Whether ``word`` can be the value of a preceding flag."""
+    return not (_is_flag(word) or _is_shell(word) or (word.startswith("-") and not _number(word)))
+
+
+def _number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def scan_megatron(text: str) -> RawArgs:
+    """Read a Megatron-LM launch (``torchrun ... pretrain_gpt.py --flag value ...``) into raw
+    arguments. Known flags are checked for arity; unknown ones are listed, never fatal."""
+    words = shell_words(text)
+    if not words:
+        raise ConfigError("the Megatron-LM arguments are empty; paste the launch command or its "
+                          "arguments")
+    raw = RawArgs(Flavor.MEGATRON)
+    expansions: list[str] = []
+    after_script = False
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word in SHELL_REDIRECTS:
+            i += 1  # the redirect target
+            continue
+        if word in SHELL_SEPARATORS:
+            after_script = False  # a new command (| tee log, ; echo done) starts
+            continue
+        if not _is_flag(word):
+            if ASSIGNMENT.match(word) and " --" in f" {word.partition('=')[2]}":
+                # GPT_ARGS="--num-layers 24 ..." (older Megatron-LM example scripts): read the
+                # flags the variable holds where it is defined
+                words[i:i] = shell_words(word.partition("=")[2])
+            elif word == "-m":
+                i += 1  # python -m MODULE
+            elif word.endswith(".py"):
+                after_script = True
+            elif word.startswith("$"):
+                expansions.append(word)
+            elif after_script and not (
+                word.startswith("-") or word in LAUNCHER_WORDS or ASSIGNMENT.match(word)
+                or word.isdigit()
+            ):
+                raw.unknown.append(word)
+            continue
+        name, eq, inline = word.partition("=")
+        i = _scan_flag(raw, words, i, name, inline if eq else None)
+    if expansions:
+        raw.note(
+            f"shell expansions left as written: {', '.join(dict.fromkeys(expansions))}; only "
+            "flags that appear literally in the text are read (paste the expanded command, e.g. "
+            "from the launch log, if some are missing)"
+        )
+    return raw
+
+
+def _take(words: list[str], i: int, inline: str | None, many: bool) -> tuple[list[str], int]:
+    if inline is not None:
+        return [inline], i
+    taken: list[str] = []
+    while i < len(words) and _word_value(words[i]) and not words[i].endswith(".py"):
+        taken.append(words[i])
+        i += 1
+        if not many:
+            break
+    return taken, i
+
+
+def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | None) -> int:
+    bare = name[2:]
+    torchrun = bare.replace("_", "-")
+    if torchrun in TORCHRUN_OPTIONS or bare in TORCHRUN_OPTIONS:
+        arity = TORCHRUN_OPTIONS.get(torchrun, TORCHRUN_OPTIONS.get(bare, 0))
+        values, i = _take(words, i, inline, many=False) if arity else ([], i)
+        if torchrun in ("nnodes", "nproc-per-node") and values:
+            _launcher_size(raw, name, values[0])
+        return i
+    dest = FLAG_TO_DEST.get(name)
+    if dest is None and "_" in bare:
+        hyphenated = "--" + bare.replace("_", "-")
+        dest = FLAG_TO_DEST.get(hyphenated)
+        if dest is not None:
+            raw.note(f"{name}: Megatron-LM spells it {hyphenated} (underscored flags are Primus's "
+                     "command line); read as such")
+    if dest is None:
+        as_dest = bare.replace("-", "_")
+        values, i = _take(words, i, inline, many=True)
+        if as_dest in CONFIG_KEYS or as_dest in MODEL_KEYS:  # a field without a Megatron-LM flag
+            raw.unknown.append(" ".join([name, *values]))
+            raw.note(f"{name} is not a Megatron-LM flag (argparse would reject the launch)"
+                     + ("; use --num-virtual-stages-per-pipeline-rank"
+                        if as_dest == "virtual_pipeline_model_parallel_size" else ""))
+        elif IGNORED.fullmatch(as_dest):
+            raw.ignored.append(name)
+        else:
+            raw.unknown.append(" ".join([name, *values]))
+        return i
+    key = ALL_KEYS[dest]
+    if key.kind is Kind.BOOL:
+        if inline is not None:
+            raise ConfigError(f"{name}={inline}: this flag takes no value; write {name} alone to "
+                              "turn it on, or leave it out")
+        value: Any = key.flag_stores
+    else:
+        values, i = _take(words, i, inline, many=key.kind is Kind.LIST)
+        if key.kind is not Kind.LIST and not values:
+            raise ConfigError(f"{name}: missing its value; write {name} VALUE")
+        value = values if key.kind is Kind.LIST else values[0]
+    if dest in raw.values and raw.values[dest] != value:
+        raw.note(f"{name} is given twice ({_show(raw.values[dest])}, then {_show(value)}); the "
+                 "last one counts, as in argparse")
+    raw.values[dest] = value
+    raw.labels[dest] = name
+    return i
+
+
+def _launcher_size(raw: RawArgs, name: str, value: str) -> None:
+    if WHOLE_NUMBER.fullmatch(value) and int(value) >= 1:
+        if name.lstrip("-").startswith("nnodes"):
+            raw.num_nodes = int(value)
+        else:
+            raw.gpus_per_node = int(value)
+        return
+    what = "nodes" if name.lstrip("-").startswith("nnodes") else "GPUs per node"
+    raw.note(f"torchrun {name} {value!r} is not a number of {what}; give it to tune-cp directly")
+
+
+# ----------------------------------------------------------------------------- Primus YAML
+
+
+PLACEHOLDER = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?\}")
+PRIMUS_FLOAT = re.compile(r"^-?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)$")
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file holding a mapping; every failure is a one-line ConfigError."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {problem}{where}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {str(path)!r} must hold a mapping of keys to values, got "
+                          f"{type(data).__name__}")
+    return data
+
+
+def resolve_placeholders(obj: Any, env: Mapping[str, str], notes: list[str], where: str) -> Any:
+    """Primus ``${VAR}`` / ``${VAR:default}`` placeholders (``primus/core/config/yaml_loader.py``):
+    the value from ``env`` or the default; a substituted string that reads as a bool or number
+    becomes one. ``${VAR}`` without default and not in ``env`` leaves the key unset (noted)."""
+    if isinstance(obj, dict):
+        return {k: resolve_placeholders(v, env, notes, _child(where, str(k)))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [resolve_placeholders(v, env, notes, where) for v in obj]
+    if not isinstance(obj, str) or not PLACEHOLDER.search(obj):
+        return obj
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        var, default = m.group(1), m.group(2)
+        if var in env:
+            return env[var]
+        if default is None:
+            missing.append(var)
+            return ""
+        return default
+
+    text = PLACEHOLDER.sub(sub, obj)
+    if missing:
+        notes.append(f"{where}: ${{{missing[0]}}} has no default and no value was given; "
+                     "left unset")
+        return None
+    lowered = text.lower()
+    if lowered in TRUE_WORDS:
+        return TRUE_WORDS[lowered]
+    if WHOLE_NUMBER.fullmatch(text):
+        return int(text)
+    if PRIMUS_FLOAT.fullmatch(text):
+        return float(text)
+    return text
+
+
+def _child(where: str, key: str) -> str:
+    """``a.b`` paths for messages; ``where`` may end with ``": "`` (a file-name prefix)."""
+    return f"{where}{key}" if not where or where.endswith(" ") else f"{where}.{key}"
+
+
+def find_model_file(experiment: Path, name: str) -> Path | None:
+    """The model YAML an experiment names: a path relative to the experiment, or ``name`` in a
+    ``models/`` folder (``models/``, ``models/megatron/``, ``configs/models/megatron/``,
+    ``primus/configs/models/megatron/``) in the experiment's folder or any folder above it."""
+    candidate = Path(name)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    here = experiment.resolve().parent
+    if (here / candidate).is_file():
+        return here / candidate
+    for folder in (here, *here.parents):
+        for sub in ("models", "models/megatron", "configs/models/megatron",
+                    "primus/configs/models/megatron"):
+            path = folder / sub / candidate
+            if path.is_file():
+                return path
+    return None
+
+
+def load_model_chain(path: Path, env: Mapping[str, str], notes: list[str],
+                     seen: frozenset[Path] = frozenset()) -> dict[str, Any]:
+    """A Primus model YAML with its ``extends:`` presets merged (presets first, the file last;
+    ``yaml_loader.py::_apply_extends``). A preset that cannot be found is noted and skipped."""
+    data = resolve_placeholders(read_yaml_mapping(path, "Primus model file"), env, notes,
+                                f"{path.name}: ")
+    bases = data.pop("extends", None) or []
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        base_path = path.parent / str(base)
+        if base_path.is_file() and base_path.resolve() in seen | {path.resolve()}:
+            notes.append(f"model preset {base} (extended by {path.name}) extends itself; "
+                         "skipped")
+            continue
+        if not base_path.is_file():
+            notes.append(f"model preset {base} (extended by {path.name}) was not found next to "
+                         "it; its keys take Primus's language_model.yaml defaults")
+            continue
+        merged |= load_model_chain(base_path, env, notes, seen | {path.resolve()})
+    return merged | data

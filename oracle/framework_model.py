@@ -1,0 +1,254 @@
+"""Model-shape arguments -> :class:`oracle.specs.ModelSpec`, for launches imported without
+``--model``.
+
+Defaults for the shape flags not given: Megatron-LM ``arguments.py`` / ``TransformerConfig`` at
+NVIDIA/Megatron-LM ``d98e8a64dd`` (LayerNorm, GELU, tied embeddings, biases in every linear layer,
+learned absolute positions, dropout 0.1); Primus ``primus/configs/models/megatron/
+language_model.yaml`` at AMD-AGI/Primus ``fd1eeabbad`` (SwiGLU, untied, no biases). The vocabulary
+size comes from ``--vocab-size`` or, when the tokenizer is a catalog model's Hugging Face name,
+from the catalog.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from oracle.catalog import model_entries
+from oracle.framework_keys import (
+    FRAMEWORK_NAME,
+    Flavor,
+    RawArgs,
+    first_error,
+    fmt_value,
+    layer_pattern,
+    spell,
+)
+from oracle.specs import ConfigError, MlaSpec, ModelSpec, NormKind, PositionEmbedding, Spec
+
+# Model-shape defaults for flags not given (same sources; Primus: language_model.yaml).
+MODEL_DEFAULTS: dict[Flavor, dict[str, Any]] = {
+    Flavor.MEGATRON: {
+        "swiglu": False, "normalization": "LayerNorm", "untie_embeddings_and_output_weights": False,
+        "add_bias_linear": True, "add_qkv_bias": False, "qk_layernorm": False,
+        "position_embedding_type": "learned_absolute", "hidden_dropout": 0.1,
+        "attention_dropout": 0.1, "group_query_attention": False, "moe_router_topk": 2,
+        "moe_layer_freq": 1, "multi_latent_attention": False, "kv_lora_rank": 32,
+        "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+        "moe_router_enable_expert_bias": False,
+    },
+    Flavor.PRIMUS: {
+        "swiglu": True, "normalization": "LayerNorm", "untie_embeddings_and_output_weights": True,
+        "add_bias_linear": False, "add_qkv_bias": False, "qk_layernorm": False,
+        "position_embedding_type": "learned_absolute", "hidden_dropout": 0.1,
+        "attention_dropout": 0.1, "group_query_attention": False, "moe_router_topk": 2,
+        "moe_layer_freq": 1, "multi_latent_attention": False, "kv_lora_rank": 32,
+        "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+        "moe_router_enable_expert_bias": False,
+    },
+}
+
+# Feature switches whose default (off, or every layer MoE) needs no statement.
+QUIET_MODEL_DEFAULTS = frozenset({
+    "multi_latent_attention", "add_qkv_bias", "qk_layernorm", "moe_router_enable_expert_bias",
+    "moe_layer_freq",
+})
+
+FFN_ROUND = 64  # Megatron-LM rounds the SwiGLU default ffn size down to a multiple of 64
+FFN_EXPANSION = 4  # default ffn_hidden_size = 4 h
+SWIGLU_SHRINK = (2, 3)  # ... times 2/3 with SwiGLU (same parameter count as a 4h GELU MLP)
+ROPE_KINDS = frozenset({"rope", "yarn", "mrope"})
+
+
+class ImportedArchitecture(Spec):
+    """Model-shape arguments as given (Megatron-LM names; None: not given)."""
+
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    group_query_attention: bool | None = None
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | str | None = None
+    moe_router_enable_expert_bias: bool | None = None
+    swiglu: bool | None = None
+    normalization: str | None = None
+    untie_embeddings_and_output_weights: bool | None = None
+    add_bias_linear: bool | None = None
+    add_qkv_bias: bool | None = None
+    qk_layernorm: bool | None = None
+    vocab_size: int | None = None
+    padded_vocab_size: int | None = None
+    max_position_embeddings: int | None = None
+    position_embedding_type: str | None = None
+    hidden_dropout: float | None = None
+    attention_dropout: float | None = None
+    multi_latent_attention: bool | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    mtp_num_layers: int | None = None
+    tokenizer_model: str | None = None
+
+
+def _spell(raw: RawArgs, dest: str) -> str:
+    return spell(dest, raw.flavor)
+
+
+def catalog_by_tokenizer(name: str | None) -> ModelSpec | None:
+    """The catalog model whose name or alias is the tokenizer's Hugging Face name."""
+    if not name:
+        return None
+    key = name.strip().lower()
+    for canonical, entry in model_entries().items():
+        if key == canonical or key in (a.lower() for a in entry.aliases):
+            return entry.to_spec()
+    return None
+
+
+def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
+                source: str) -> tuple[ModelSpec | None, str, list[str]]:
+    """A ModelSpec from model-shape arguments with the framework's defaults for the shape flags
+    not given, and the defaults it used (as statements); None and the reason when the shape is
+    incomplete. Megatron-LM derivations: ffn_hidden_size = 4h (SwiGLU: int(4h x 2/3 / 64) x 64,
+    arguments.py), kv_channels = h / a, moe_ffn_hidden_size = ffn_hidden_size, routed-expert
+    router bias unless --disable-bias-linear (theoretical_memory_usage.py)."""
+    required = ("num_layers", "hidden_size", "num_attention_heads")
+    absent = [_spell(raw, d) for d in required if getattr(arch, d) is None]
+    if absent:
+        return None, f"no {', '.join(absent)}", []
+    vocab = arch.vocab_size or arch.padded_vocab_size
+    vocab_note = ""
+    if vocab is None:
+        twin = catalog_by_tokenizer(arch.tokenizer_model)
+        if twin is None:
+            tok = f"tokenizer {arch.tokenizer_model!r} is not a catalog model" if \
+                arch.tokenizer_model else f"no {_spell(raw, 'tokenizer_model')} either"
+            return None, (f"the vocabulary size is unknown: no {_spell(raw, 'vocab_size')}, "
+                          f"and {tok}"), []
+        vocab = twin.vocab_size
+        vocab_note = f"vocab_size: {vocab} (from the catalog model {twin.name}, tokenizer " \
+                     f"{arch.tokenizer_model})"
+    stated: list[str] = []
+    fdefaults = MODEL_DEFAULTS[raw.flavor]
+    origin = FRAMEWORK_NAME[raw.flavor]
+
+    def get(dest: str) -> Any:
+        value = getattr(arch, dest)
+        if value is None:
+            value = fdefaults.get(dest)
+            if dest not in QUIET_MODEL_DEFAULTS:
+                stated.append(f"{dest}: {fmt_value(value)} ({origin} default)")
+        return value
+
+    h, a, layers = arch.hidden_size, arch.num_attention_heads, arch.num_layers
+    assert h is not None and a is not None and layers is not None
+    swiglu = get("swiglu")
+    ffn = arch.ffn_hidden_size
+    if ffn is None:
+        ffn = FFN_EXPANSION * h
+        if swiglu:
+            ffn = ffn * SWIGLU_SHRINK[0] // SWIGLU_SHRINK[1] // FFN_ROUND * FFN_ROUND
+        stated.append(f"ffn_hidden_size: {ffn} ({origin} default for hidden_size {h})")
+    mla = None
+    if get("multi_latent_attention"):
+        mla = MlaSpec(q_lora_rank=arch.q_lora_rank or 0, kv_lora_rank=get("kv_lora_rank"),
+                      qk_nope_head_dim=get("qk_head_dim"),
+                      qk_rope_head_dim=get("qk_pos_emb_head_dim"), v_head_dim=get("v_head_dim"))
+        kv_heads, head_dim = a, mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    else:
+        kv_heads = arch.num_query_groups if get("group_query_attention") else a
+        kv_heads = kv_heads or a
+        head_dim = arch.kv_channels or h // a
+    bias = get("add_bias_linear")
+    position = get("position_embedding_type")
+    spec: dict[str, Any] = {
+        "name": name,
+        "num_layers": layers, "hidden_size": h, "ffn_hidden_size": ffn,
+        "num_attention_heads": a, "num_kv_heads": kv_heads, "head_dim": head_dim,
+        "vocab_size": vocab, "mla": mla,
+        "tied_embeddings": not get("untie_embeddings_and_output_weights"),
+        "norm": NormKind.RMSNORM if get("normalization") == "RMSNorm" else NormKind.LAYERNORM,
+        "gated_mlp": bool(swiglu),
+        "qkv_bias": bool(bias or get("add_qkv_bias")), "attn_out_bias": bool(bias),
+        "mlp_bias": bool(bias), "qk_norm": bool(get("qk_layernorm")),
+        "position_embedding": (PositionEmbedding.LEARNED if position == "learned_absolute"
+                               else PositionEmbedding.ROPE),
+        "max_position_embeddings": arch.max_position_embeddings or 0,
+        "attention_dropout": get("attention_dropout"), "hidden_dropout": get("hidden_dropout"),
+        "num_mtp_layers": arch.mtp_num_layers or 0,
+        "source": source,
+    }
+    for field_name, dest in (("default_seq_len", "seq_length"),
+                             ("default_global_batch_size", "global_batch_size")):
+        if raw.has(dest):
+            spec[field_name] = raw.read(dest)
+    if position not in ROPE_KINDS | {"learned_absolute"}:
+        raw.note(f"position_embedding_type {position} is modeled like rope (no position "
+                   "parameters)")
+    if arch.num_experts:
+        freq = get("moe_layer_freq")
+        dense = leading_dense_layers(freq, layers)
+        if dense is None:
+            return None, (f"{_spell(raw, 'moe_layer_freq')} {freq} interleaves dense and MoE "
+                          "layers, which tune-cp does not model (only leading dense layers)"), []
+        spec |= {
+            "num_experts": arch.num_experts, "moe_top_k": get("moe_router_topk"),
+            "expert_ffn_hidden_size": arch.moe_ffn_hidden_size or ffn,
+            "num_dense_layers": dense, "router_bias": bool(bias),
+            "router_expert_bias": bool(get("moe_router_enable_expert_bias")),
+        }
+        if arch.moe_ffn_hidden_size is None:
+            stated.append(f"moe_ffn_hidden_size: {ffn} ({origin} default: ffn_hidden_size)")
+        if arch.moe_shared_expert_intermediate_size:
+            spec |= {"num_shared_experts": 1,
+                     "shared_expert_ffn_hidden_size": arch.moe_shared_expert_intermediate_size}
+    if spec["position_embedding"] is PositionEmbedding.LEARNED and not spec[
+            "max_position_embeddings"]:
+        return None, (f"learned position embeddings ({_spell(raw, 'position_embedding_type')} "
+                      f"learned_absolute) need {_spell(raw, 'max_position_embeddings')}"), []
+    try:
+        built = ModelSpec(**spec)
+    except ValidationError as e:
+        raise ConfigError(f"the model described by the {source} is not valid: "
+                          f"{first_error(e)}") from e
+    return built, "", stated + ([vocab_note] if vocab_note else [])
+
+
+def leading_dense_layers(freq: int | str, num_layers: int) -> int | None:
+    """Leading dense layers of ``moe_layer_freq`` (1: none); None when dense and MoE layers
+    interleave (``arguments.py::moe_freq_type``: N means layer i is MoE iff i % N == 0)."""
+    if isinstance(freq, int) or (isinstance(freq, str) and freq.strip().isdigit()):
+        return 0 if int(freq) == 1 else None
+    pattern = layer_pattern(str(freq))
+    if pattern is None or len(pattern) != num_layers or set(pattern) - {0, 1}:
+        return None
+    dense = pattern.index(1) if 1 in pattern else num_layers
+    return dense if all(pattern[dense:]) else None
+
+
+def compare_model(raw: RawArgs, arch: ImportedArchitecture, model: ModelSpec) -> None:
+    """Note where the arguments' model shape differs from the model given with --model."""
+    pairs = {
+        "num_layers": model.num_layers, "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "ffn_hidden_size": model.ffn_hidden_size or None,
+        "num_experts": model.num_experts, "moe_router_topk": model.moe_top_k or None,
+        "moe_ffn_hidden_size": model.expert_ffn_hidden_size or None,
+        "vocab_size": model.vocab_size,
+    }
+    if arch.group_query_attention:
+        pairs["num_query_groups"] = model.num_kv_heads
+    for dest, expected in pairs.items():
+        got = getattr(arch, dest)
+        if got is not None and expected is not None and got != expected:
+            raw.note(f"{raw.label(dest)} {got} differs from {model.name}'s {expected}; tune-cp "
+                       f"uses {model.name}")

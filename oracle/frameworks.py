@@ -1,0 +1,595 @@
+"""Import and export of launch configurations: Megatron-LM arguments, Primus experiment YAML,
+Megatron-Bridge (NeMo) recipe overrides.
+
+Import::
+
+    run = parse_megatron_args("torchrun --nnodes 4 ... pretrain_gpt.py --seq-length 8192 ...")
+    run = parse_primus_config("exp.yaml")              # the model YAML it names, when found
+    model = run.require_model()                        # or pass model= (the CLI's --model)
+    cfg, training = run.config, run.training_spec(model, cluster)
+
+Every argument the reader did not understand is listed in ``run.unknown`` (never fatal); those it
+understood but that do not affect tune-cp's model are in ``run.ignored``; every setting that took
+the framework's default because it was missing is stated in ``run.defaults``; approximations and
+conflicts are in ``run.notes``. Malformed values raise :class:`oracle.specs.ConfigError` with one
+line naming the flag and the value.
+
+Export: :func:`to_megatron_args`, :func:`to_primus_overrides`, :func:`to_nemo_overrides`.
+Exported Megatron-LM arguments read back with :func:`parse_megatron_args` give the configuration
+:func:`canonical_config` returns (the resolved configuration with recompute and MoE fields that
+have several equivalent spellings written one way).
+
+Flag spellings, defaults and value sets: :mod:`oracle.framework_keys` (Megatron-LM ``d98e8a64dd``,
+Primus ``fd1eeabbad``); Megatron-Bridge field names: ``src/megatron/bridge/training/config.py``,
+``training/mixed_precision.py`` and the recipes under ``src/megatron/bridge/recipes/`` at
+NVIDIA-NeMo/Megatron-Bridge ``067f987df0`` (2026-08-22).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from oracle.framework_export import (
+    canonical_config,
+    to_megatron_args,
+    to_nemo_overrides,
+    to_primus_overrides,
+)
+from oracle.framework_keys import (
+    CONFIG_KEYS,
+    FRAMEWORK_NAME,
+    IGNORED,
+    MODEL_KEYS,
+    UNMODELED,
+    UNMODELED_RECOMPUTE_MODULES,
+    Flavor,
+    Fp8Format,
+    RawArgs,
+    find_model_file,
+    first_error,
+    fmt_value,
+    load_model_chain,
+    read_yaml_mapping,
+    resolve_placeholders,
+    scan_megatron,
+    spell,
+)
+from oracle.framework_model import (
+    ImportedArchitecture,
+    build_model,
+    compare_model,
+)
+from oracle.specs import (
+    DEFAULT_SELECTIVE_MODULES,
+    SELECTIVE_MODULES,
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    Spec,
+    TrainingSpec,
+)
+
+
+# --------------------------------------------------------------------------- defaults tables
+
+# Defaults of the settings tune-cp reads, with where they are set. Megatron-LM: arguments.py and
+# TransformerConfig / ModelParallelConfig field defaults at d98e8a64dd. Primus: the module presets
+# an experiment's ``config: pre_trainer.yaml`` pulls in and the model base language_model.yaml.
+DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
+    Flavor.MEGATRON: {
+        dest: (value, "Megatron-LM default")
+        for dest, value in {
+            "tensor_model_parallel_size": 1,
+            "pipeline_model_parallel_size": 1,
+            "context_parallel_size": 1,
+            "expert_model_parallel_size": 1,
+            "sequence_parallel": False,
+            "recompute_granularity": None,
+            "use_distributed_optimizer": False,
+            "moe_token_dispatcher_type": "allgather",
+            "moe_flex_dispatcher_backend": "deepep",
+            "fp8_recipe": "delayed",
+            "data_parallel_sharding_strategy": "optim_grads_params",
+            "account_for_embedding_in_pipeline_split": False,
+            "account_for_loss_in_pipeline_split": False,
+            "attention_backend": "auto",
+            "bf16": False,
+            "fp16": False,
+            "make_vocab_size_divisible_by": 128,
+        }.items()
+    },
+    Flavor.PRIMUS: {
+        "tensor_model_parallel_size": (1, "Primus default, language_model.yaml"),
+        "pipeline_model_parallel_size": (1, "Primus default, language_model.yaml"),
+        "context_parallel_size": (1, "Primus default, language_model.yaml"),
+        "expert_model_parallel_size": (1, "Primus default, language_model.yaml"),
+        "sequence_parallel": (True, "Primus default, language_model.yaml"),
+        "micro_batch_size": (2, "Primus default, trainer_base.yaml"),
+        "global_batch_size": (16, "Primus default, pre_trainer.yaml"),
+        "seq_length": (1024, "Primus default, pre_trainer.yaml"),
+        "recompute_granularity": (None, "Primus default, trainer_base.yaml"),
+        "use_distributed_optimizer": (True, "Primus default, pre_trainer.yaml"),
+        "moe_token_dispatcher_type": ("allgather", "Primus default, language_model.yaml"),
+        "moe_flex_dispatcher_backend": ("deepep", "Megatron-LM default"),
+        "fp8_recipe": ("delayed", "Primus default, trainer_base.yaml"),
+        "data_parallel_sharding_strategy": ("optim_grads_params", "Megatron-LM default"),
+        "account_for_embedding_in_pipeline_split": (False, "Primus default, trainer_base.yaml"),
+        "account_for_loss_in_pipeline_split": (False, "Primus default, trainer_base.yaml"),
+        "attention_backend": ("auto", "Primus default, language_model.yaml"),
+        "bf16": (True, "Primus default, trainer_base.yaml"),
+        "fp16": (False, "Primus default, trainer_base.yaml"),
+        "patch_zero_bubble": (False, "Primus default, zero_bubble.yaml"),
+        "enable_zero_bubble": (True, "Primus default, zero_bubble.yaml"),
+        "make_vocab_size_divisible_by": (128, "Primus default, trainer_base.yaml"),
+    },
+}
+
+EMBEDDING_LOSS_SLOTS = 2  # --account-for-*: the embedding and the loss count as one layer each
+MEGATRON_VOCAB_DIVISOR = 128  # --make-vocab-size-divisible-by default, which tune-cp assumes
+UNFUSED_ATTENTION = frozenset({"unfused", "local"})  # attention backends that store the scores
+PRIMUS_ZB_ALGORITHMS = frozenset({"zero-bubble", "zerobubble", "zero-bubble-heuristic",
+                                  "zerobubble-heuristic"})
+PRIMUS_PLAIN_ALGORITHMS = frozenset({"1f1b", "1f1b-interleaved", "auto"})
+
+
+# -------------------------------------------------------------------------------- results
+
+
+__all__ = [
+    "Fp8Format",
+    "ImportedArchitecture",
+    "ImportedRun",
+    "canonical_config",
+    "parse_megatron_args",
+    "parse_primus_config",
+    "to_megatron_args",
+    "to_nemo_overrides",
+    "to_primus_overrides",
+]
+
+
+class ImportedRun(Spec):
+    """A launch configuration read from a framework's arguments.
+
+    ``config`` holds every ParallelConfig field the arguments set, the framework's defaults for
+    the others (stated in ``defaults``); derived fields (dp, ga, schedule) stay None for
+    :func:`oracle.specs.resolve_config`. ``seq_len`` / ``global_batch_size`` are None when the
+    arguments leave them to be derived (see :meth:`training_spec`).
+    """
+
+    source: str
+    config: ParallelConfig
+    fp8_format: Fp8Format | None = None
+    seq_len: int | None = None
+    global_batch_size: int | None = None
+    precision: Precision = Precision.BF16
+    flash_attention: bool = True
+    num_nodes: int | None = None
+    gpus_per_node: int | None = None
+    architecture: ImportedArchitecture = ImportedArchitecture()
+    model: ModelSpec | None = None
+    model_file: str | None = None
+    model_missing: str = ""
+    unknown: list[str] = []
+    ignored: list[str] = []
+    defaults: list[str] = []
+    notes: list[str] = []
+
+    def require_model(self) -> ModelSpec:
+        """The model: given, or built from the arguments; else a ConfigError saying why."""
+        if self.model is None:
+            raise ConfigError(f"the {self.source} do not describe the model "
+                              f"({self.model_missing}); pass --model NAME (see `tune-cp models`) "
+                              "or a config.json")
+        return self.model
+
+    def training_spec(self, model: ModelSpec, cluster: ClusterSpec) -> TrainingSpec:
+        """Sequence length (the model's default when not given), global batch (Megatron-LM's
+        ``micro_batch_size x dp`` when not given), precision and attention kind."""
+        cfg = self.config
+        dp = max(1, cluster.world_size // (cfg.tp * cfg.pp * cfg.cp))
+        try:
+            return TrainingSpec(
+                seq_len=self.seq_len or model.default_seq_len,
+                global_batch_size=self.global_batch_size or cfg.mbs * dp,
+                precision=self.precision,
+                flash_attention=self.flash_attention,
+            )
+        except ValidationError as e:
+            raise ConfigError(f"the {self.source}: {first_error(e)}") from e
+
+
+# ------------------------------------------------------------------------------- importers
+
+
+def parse_megatron_args(text: str, *, model: ModelSpec | None = None) -> ImportedRun:
+    """Read the arguments of a Megatron-LM launch.
+
+    ``text`` is shell text: line continuations, ``--flag value`` / ``--flag=value``, flags
+    without value, quotes, comments and a leading ``torchrun ... pretrain_gpt.py`` (its
+    ``--nnodes`` / ``--nproc-per-node`` give the cluster shape). ``model`` (the CLI's ``--model``)
+    takes precedence over model-shape flags; without it, the flags build the model when they are
+    complete (see :attr:`ImportedRun.model_missing`). Pass ``model`` whenever there is one: the
+    virtual stages from ``--num-layers-per-virtual-pipeline-stage`` and the MoE defaults
+    (dispatcher, expert-tensor size) depend on the model.
+    """
+    raw = scan_megatron(text)
+    return _interpret(raw, "Megatron-LM arguments", model, model_file=None)
+
+
+def parse_primus_config(
+    path: str | Path, *, model: ModelSpec | None = None, env: Mapping[str, str] | None = None
+) -> ImportedRun:
+    """Read a Primus experiment YAML (Megatron backend): ``modules.pre_trainer.overrides`` with
+    Megatron argument names, over the model YAML named by ``modules.pre_trainer.model`` when it
+    can be found (:func:`oracle.framework_keys.find_model_file`; with its ``extends:`` presets),
+    over Primus's module defaults (stated). ``${VAR:default}`` placeholders take ``env[VAR]`` when
+    given, else their default (pass ``os.environ`` to resolve them as a launch from this shell)."""
+    path = Path(path)
+    env = env if env is not None else {}
+    raw = RawArgs(Flavor.PRIMUS, where=path.name)
+    data = resolve_placeholders(read_yaml_mapping(path, "Primus experiment"), env, raw.notes, "")
+    modules = data.get("modules")
+    trainer = modules.get("pre_trainer") if isinstance(modules, dict) else None
+    if not isinstance(trainer, dict):
+        raise ConfigError(f"Primus experiment {str(path)!r} has no modules.pre_trainer mapping; a "
+                          "Primus experiment names its trainer, model and overrides there")
+    framework = trainer.get("framework", "megatron")
+    if framework != "megatron":
+        raise ConfigError(f"Primus experiment {str(path)!r}: framework {framework!r} is not "
+                          "supported; tune-cp reads Megatron-backend experiments (framework: "
+                          "megatron)")
+    overrides = trainer.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"Primus experiment {str(path)!r}: modules.pre_trainer.overrides must "
+                          f"be a mapping of Megatron argument names to values, got "
+                          f"{type(overrides).__name__}")
+    model_name = trainer.get("model")
+    chain: dict[str, Any] = {}
+    if model_name is not None:
+        found = find_model_file(path, str(model_name))
+        if found is None:
+            raw.notes.append(f"model file {model_name} (modules.pre_trainer.model) was not found "
+                             "next to the experiment or in a models/ folder above it")
+        else:
+            chain = load_model_chain(found, env, raw.notes)
+    for key, value in chain.items():  # the model chain sets keys the overrides do not
+        if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
+            raw.values[key] = value
+            raw.labels[key] = f"{key} (model file {model_name})"
+    for key, value in overrides.items():
+        key = str(key)
+        if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
+            raw.values[key] = value
+            raw.labels[key] = key
+        elif IGNORED.fullmatch(key):
+            raw.ignored.append(key)
+        else:
+            raw.unknown.append(f"{key}: {value}")
+    run = _interpret(raw, f"Primus experiment {path.name}", model,
+                     model_file=None if model_name is None else str(model_name),
+                     built_name=Path(str(model_name)).stem if chain else None)
+    return run
+
+
+# --------------------------------------------------------------------------- interpretation
+
+
+class _Reader:
+    """Typed access to raw arguments with the flavor's defaults; records stated defaults."""
+
+    def __init__(self, raw: RawArgs) -> None:
+        self.raw = raw
+        self.flavor = raw.flavor
+        self.table = DEFAULTS[raw.flavor]
+        self.defaults: list[str] = []
+
+    def given(self, dest: str) -> bool:
+        return self.raw.has(dest)
+
+    def get(self, dest: str, *, state: bool = True) -> Any:
+        if self.raw.has(dest):
+            return self.raw.read(dest)
+        value, origin = self.table.get(dest, (None, ""))
+        if state and origin:
+            self.defaults.append(f"{dest}: {fmt_value(value)} ({origin})")
+        return value
+
+    def label(self, dest: str) -> str:
+        return self.raw.label(dest)
+
+    def spell(self, dest: str) -> str:
+        return spell(dest, self.flavor)
+
+    def fail(self, dest: str, problem: str) -> ConfigError:
+        return self.raw.fail(dest, self.raw.values.get(dest), problem)
+
+
+def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file: str | None,
+               built_name: str | None = None) -> ImportedRun:
+    r = _Reader(raw)
+    arch = ImportedArchitecture(**{d: raw.read(d) for d in MODEL_KEYS if raw.has(d)})
+    missing = ""
+    if model is not None:
+        compare_model(raw, arch, model)
+    else:
+        model, missing, stated = build_model(raw, arch, built_name or "imported", source)
+        r.defaults += stated
+    is_moe = model.is_moe if model is not None else bool(arch.num_experts)
+    num_layers = model.num_layers if model is not None else arch.num_layers
+
+    kw: dict[str, Any] = {
+        "tp": r.get("tensor_model_parallel_size"),
+        "pp": r.get("pipeline_model_parallel_size"),
+        "cp": r.get("context_parallel_size"),
+        "ep": r.get("expert_model_parallel_size", state=is_moe),
+    }
+    if is_moe:
+        kw["etp"] = r.get("expert_tensor_parallel_size")
+        if kw["etp"] is None:
+            r.defaults.append("expert_tensor_parallel_size: tensor_model_parallel_size "
+                              f"({FRAMEWORK_NAME[r.flavor]} default)")
+    split = _pipeline_split(r)
+    kw["pipeline_split"] = split
+    kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
+    kw["mbs"] = _batch(r)
+    kw["sequence_parallel"] = r.get("sequence_parallel", state=kw["tp"] > 1)
+    kw |= _recompute(r)
+    kw |= _sharding(r)
+    kw["dispatcher"] = _dispatcher(r) if is_moe else Dispatcher.ALLTOALL
+    precision, fp8_format, recipe = _precision(r)
+    kw["fp8_recipe"] = recipe
+    kw["schedule"] = _schedule(r)
+    flash = (r.get("attention_backend", state=False) or "auto") not in UNFUSED_ATTENTION
+    _unmodeled_notes(r)
+    try:
+        config = ParallelConfig(**kw)
+    except ValidationError as e:
+        raise ConfigError(f"the {source} give an invalid configuration: {first_error(e)}") from e
+    seq = raw.read("seq_length") if r.given("seq_length") else None
+    gbs = raw.read("global_batch_size") if r.given("global_batch_size") else None
+    if r.flavor is Flavor.PRIMUS:
+        seq = seq or DEFAULTS[Flavor.PRIMUS]["seq_length"][0]
+        gbs = gbs or DEFAULTS[Flavor.PRIMUS]["global_batch_size"][0]
+    return ImportedRun(
+        source=source,
+        config=config,
+        fp8_format=fp8_format,
+        seq_len=seq,
+        global_batch_size=gbs,
+        precision=precision,
+        flash_attention=flash,
+        num_nodes=raw.num_nodes,
+        gpus_per_node=raw.gpus_per_node,
+        architecture=arch,
+        model=model,
+        model_file=model_file,
+        model_missing=missing,
+        unknown=raw.unknown,
+        ignored=list(dict.fromkeys(raw.ignored)),
+        defaults=r.defaults,
+        notes=raw.notes,
+    )
+
+
+def _pipeline_split(r: _Reader) -> PipelineSplit:
+    """``--account-for-embedding/loss-in-pipeline-split``: both -> embedding_loss, neither ->
+    even (Megatron-LM never picks a split by itself)."""
+    emb = r.get("account_for_embedding_in_pipeline_split", state=False)
+    loss = r.get("account_for_loss_in_pipeline_split", state=False)
+    if emb and loss:
+        return PipelineSplit.EMBEDDING_LOSS
+    if emb or loss:
+        only = "account_for_embedding" if emb else "account_for_loss"
+        r.raw.note(f"only {only}_in_pipeline_split is on: tune-cp models the embedding and the "
+                   "loss as layer slots together or not at all; the even split is checked")
+    return PipelineSplit.EVEN
+
+
+def _virtual_stages(r: _Reader, pp: int, num_layers: int | None, split: PipelineSplit) -> int:
+    """Virtual stages per pipeline rank from at most one of Megatron-LM's two flags
+    (``arguments.py`` L927-940), or Primus / Megatron-Bridge's field."""
+    given = [d for d in ("num_virtual_stages_per_pipeline_rank",
+                         "num_layers_per_virtual_pipeline_stage",
+                         "virtual_pipeline_model_parallel_size") if r.given(d)]
+    if len(given) > 1:
+        raise ConfigError(f"{r.label(given[0])} and {r.label(given[1])} are both given; "
+                          f"Megatron-LM accepts only one of them: keep "
+                          f"{r.spell('num_virtual_stages_per_pipeline_rank')}")
+    if not given:
+        return 1
+    dest = given[0]
+    value = r.get(dest)
+    if dest == "num_virtual_stages_per_pipeline_rank":
+        return value
+    if dest == "virtual_pipeline_model_parallel_size":
+        r.raw.note("virtual_pipeline_model_parallel_size is read as the virtual stages per rank, "
+                   "but Megatron-LM resets it unless it comes from "
+                   "num_virtual_stages_per_pipeline_rank; write that key instead")
+        return value
+    if num_layers is None:
+        raise r.fail(dest, "needs the number of layers to give the virtual stages per rank; add "
+                     f"{r.spell('num_layers')} or pass --model")
+    slots = num_layers + (EMBEDDING_LOSS_SLOTS if split is PipelineSplit.EMBEDDING_LOSS else 0)
+    if slots % pp:
+        raise r.fail(dest, f"the {slots} layers do not split over "
+                     f"pipeline_model_parallel_size {pp}; Megatron-LM needs them to")
+    per_rank = slots // pp
+    if per_rank % value:
+        choices = ", ".join(str(d) for d in range(1, per_rank + 1) if per_rank % d == 0)
+        raise r.fail(dest, f"must divide the {per_rank} layers per pipeline rank ({slots} / pp "
+                     f"{pp}); choose one of {choices}, or use "
+                     f"{r.spell('num_virtual_stages_per_pipeline_rank')}")
+    return per_rank // value
+
+
+def _batch(r: _Reader) -> int:
+    """Micro-batch size, and the stated defaults of the global batch and sequence length."""
+    if r.flavor is Flavor.MEGATRON:
+        if not r.given("micro_batch_size"):
+            r.defaults.append("micro_batch_size: 1 (not given; Megatron-LM requires "
+                              "--micro-batch-size, tune-cp assumes 1)")
+        if not r.given("global_batch_size"):
+            r.defaults.append("global_batch_size: micro_batch_size x data-parallel size "
+                              "(Megatron-LM default: one micro-batch per step)")
+        if not r.given("seq_length"):
+            r.defaults.append("seq_length: the model's default (not given; Megatron-LM requires "
+                              "--seq-length)")
+        return r.get("micro_batch_size", state=False) or 1
+    r.get("global_batch_size")
+    r.get("seq_length")
+    return r.get("micro_batch_size")
+
+
+def _recompute(r: _Reader) -> dict[str, Any]:
+    """Recompute granularity, method, layers and modules, checked as Megatron-Core's
+    ``TransformerConfig.__post_init__`` checks them (full needs a method and a layer count;
+    selective takes neither)."""
+    granularity = r.get("recompute_granularity")
+    modules = r.get("recompute_modules", state=False)
+    if r.get("recompute_activations", state=False):
+        granularity = "selective"
+    if r.get("moe_layer_recompute", state=False):
+        granularity = "selective"
+        modules = [*(modules or DEFAULT_SELECTIVE_MODULES), "moe"]
+        r.raw.note("moe_layer_recompute (deprecated) is read as selective recompute with the "
+                   "moe module")
+    method = r.get("recompute_method", state=False)
+    layers = r.get("recompute_num_layers", state=False)
+    if granularity is None:
+        if method is not None or layers is not None:
+            r.raw.note("recompute_method / recompute_num_layers without recompute_granularity: "
+                       "no recomputation")
+        return {"recompute": Recompute.NONE}
+    if granularity == "full":
+        if method is None or layers is None:
+            what = r.spell("recompute_method") if method is None else r.spell(
+                "recompute_num_layers")
+            raise r.fail("recompute_granularity", f"needs {what} too; Megatron-LM rejects full "
+                         f"recompute without {r.spell('recompute_method')} uniform|block and "
+                         f"{r.spell('recompute_num_layers')} N")
+        if method == "block" and layers == 0:
+            r.raw.note("full recompute with the block method and 0 layers recomputes nothing")
+        return {"recompute": Recompute.FULL, "recompute_method": RecomputeMethod(method),
+                "recompute_layers": layers}
+    if method is not None or layers is not None:
+        dest = "recompute_method" if method is not None else "recompute_num_layers"
+        raise r.fail(dest, "must not be given with selective recompute (Megatron-LM rejects it); "
+                     "drop it, or use full recompute")
+    kept = []
+    for name in dict.fromkeys(modules or DEFAULT_SELECTIVE_MODULES):
+        if name in UNMODELED_RECOMPUTE_MODULES:
+            r.raw.note(f"recompute module {name} is not modeled; ignored")
+        elif name not in SELECTIVE_MODULES:
+            raise r.fail("recompute_modules", f"{name!r} is not a recompute module; choose from "
+                         f"{', '.join(sorted(SELECTIVE_MODULES))}")
+        else:
+            kept.append(name)
+    return {"recompute": Recompute.SELECTIVE, "recompute_modules": tuple(kept)}
+
+
+def _sharding(r: _Reader) -> dict[str, Any]:
+    """Distributed optimizer and FSDP (``--use-megatron-fsdp`` with its sharding strategy, or
+    ``--use-torch-fsdp2``)."""
+    do = r.get("use_distributed_optimizer")
+    megatron_fsdp = r.get("use_megatron_fsdp", state=False)
+    torch_fsdp = r.get("use_torch_fsdp2", state=False)
+    if megatron_fsdp and torch_fsdp:
+        raise r.fail("use_torch_fsdp2", f"cannot be used together with "
+                     f"{r.spell('use_megatron_fsdp')}; keep one")
+    if torch_fsdp:
+        return {"distributed_optimizer": bool(do), "fsdp": True}
+    if not megatron_fsdp:
+        return {"distributed_optimizer": bool(do), "fsdp": False}
+    strategy = r.get("data_parallel_sharding_strategy", state=False) or "optim_grads_params"
+    if strategy == "optim_grads_params":
+        return {"distributed_optimizer": bool(do), "fsdp": True}
+    if strategy == "no_shard":
+        r.raw.note("Megatron-FSDP with no_shard replicates everything; modeled without sharding")
+        return {"distributed_optimizer": False, "fsdp": False}
+    r.raw.note(f"Megatron-FSDP with {strategy} is modeled as the distributed optimizer "
+               "(optimizer states sharded; gradients counted unsharded)")
+    return {"distributed_optimizer": True, "fsdp": False}
+
+
+def _dispatcher(r: _Reader) -> Dispatcher:
+    kind = r.get("moe_token_dispatcher_type")
+    if r.get("moe_enable_deepep", state=False):
+        r.raw.note("moe_enable_deepep (deprecated) is read as the flex dispatcher with DeepEP")
+        kind = "flex"
+    if kind == "alltoall_seq":
+        r.raw.note("moe_token_dispatcher_type alltoall_seq is gone from Megatron-LM; modeled as "
+                   "alltoall")
+        kind = "alltoall"
+    if kind == "flex":
+        backend = r.get("moe_flex_dispatcher_backend", state=False) or "deepep"
+        if backend != "deepep":
+            r.raw.note(f"flex dispatcher backend {backend} is modeled as DeepEP")
+    return Dispatcher(kind)
+
+
+def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | None]:
+    """``--bf16`` / ``--fp16`` / ``--fp8-format`` with ``--fp8-recipe`` (default delayed)."""
+    fp8 = r.get("fp8", state=False)
+    bf16 = r.get("bf16", state=r.flavor is Flavor.PRIMUS)
+    fp16 = r.get("fp16", state=False)
+    if fp16:
+        r.raw.note("fp16 is modeled as bf16 (the same 2-byte weights and activations; loss "
+                   "scaling is not modeled)")
+    elif not bf16:
+        r.raw.note("neither bf16 nor fp16 is on: Megatron-LM would train in fp32, which tune-cp "
+                   "does not model; read as bf16")
+    if fp8 is None:
+        if r.given("fp8_recipe"):
+            r.raw.note(f"{r.label('fp8_recipe')} without {r.spell('fp8')}: FP8 stays off")
+        return Precision.BF16, None, None
+    recipe = r.get("fp8_recipe")
+    if recipe == "custom":
+        raise r.fail("fp8_recipe", "a custom quantization recipe is not modeled; choose one of "
+                     f"{', '.join(x.value for x in Fp8Recipe)}")
+    return Precision.FP8, Fp8Format(fp8), Fp8Recipe(recipe)
+
+
+def _schedule(r: _Reader) -> Schedule | None:
+    """Primus's zero-bubble runtime (``patch_zero_bubble`` with ``enable_zero_bubble``, or the
+    Primus pipeline with a zero-bubble ``pp_algorithm``); Megatron-LM: derived from vpp."""
+    if r.flavor is not Flavor.PRIMUS:
+        return None
+    if r.get("patch_zero_bubble", state=False) and r.get("enable_zero_bubble", state=False):
+        if r.get("zero_bubble_v_schedule", state=False) or r.get("enable_1f1b_v", state=False):
+            r.raw.note("zero-bubble V schedules are not modeled; the schedule follows vpp")
+            return None
+        return Schedule.ZERO_BUBBLE
+    if r.get("patch_primus_pipeline", state=False):
+        algorithm = r.get("pp_algorithm", state=False) or "1f1b-interleaved"
+        if algorithm in PRIMUS_ZB_ALGORITHMS:
+            return Schedule.ZERO_BUBBLE
+        if algorithm not in PRIMUS_PLAIN_ALGORITHMS:
+            r.raw.note(f"pp_algorithm {algorithm} is not modeled; the schedule follows vpp")
+    return None
+
+
+def _unmodeled_notes(r: _Reader) -> None:
+    for dest, entry in UNMODELED.items():
+        if r.given(dest):
+            value = r.raw.read(dest)
+            if value not in entry.neutral:
+                r.raw.note(f"{r.raw.said(dest, value, quote=False)}: {entry.why}")
+    divisor = r.get("make_vocab_size_divisible_by", state=False)
+    if divisor is not None and divisor != MEGATRON_VOCAB_DIVISOR:
+        r.raw.note(f"{r.label('make_vocab_size_divisible_by')} {divisor}: tune-cp pads the "
+                   f"vocabulary to a multiple of {MEGATRON_VOCAB_DIVISOR} x tp")
+
+

@@ -1,0 +1,770 @@
+"""Launch-configuration import and export: Megatron-LM arguments, Primus experiment YAML,
+Megatron-Bridge recipe overrides. Exact flag names, round trips, stated defaults, exact errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from oracle.catalog import load_gpu, load_model
+from oracle.frameworks import (
+    Fp8Format,
+    canonical_config,
+    parse_megatron_args,
+    parse_primus_config,
+    to_megatron_args,
+    to_nemo_overrides,
+    to_primus_overrides,
+)
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    TrainingSpec,
+    resolve_config,
+)
+from solver.check import check_configuration, config_json
+
+DATA = Path(__file__).parent / "data"
+PRIMUS_EXPERIMENT = DATA / "primus" / "examples" / "MI355X" / "mixtral_8x22B_v0.1-BF16-4node.yaml"
+MEGATRON_SCRIPT = DATA / "megatron" / "pretrain_llama3_8b_h100.sh"
+
+
+def setting(model: str, gpu: str, nodes: int, seq: int, gbs: int, *, gpn: int = 8,
+            precision: str = "bf16", flash: bool = True):
+    m = load_model(model)
+    cl = ClusterSpec(gpu=load_gpu(gpu), num_nodes=nodes, gpus_per_node=gpn)
+    tr = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision,
+                      flash_attention=flash)
+    return m, cl, tr
+
+
+AMD_REF = dict(tp=1, pp=4, vpp=2, ep=8, mbs=1, recompute="full", recompute_method="block",
+               recompute_layers=1, distributed_optimizer=True, dispatcher="alltoall")
+
+
+def amd_reference():
+    m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
+    return m, cl, tr, ParallelConfig(**AMD_REF)
+
+
+# ------------------------------------------------------------------------------ exporters
+
+
+def flag_lines(text: str) -> list[str]:
+    return [ln.removesuffix(" \\") for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
+def test_megatron_export_of_amd_reference_has_exact_flags():
+    text = to_megatron_args(*amd_reference(), include_model=False)
+    assert flag_lines(text) == [
+        "--tensor-model-parallel-size 1",
+        "--pipeline-model-parallel-size 4",
+        "--num-virtual-stages-per-pipeline-rank 2",
+        "--context-parallel-size 1",
+        "--expert-model-parallel-size 8",
+        "--expert-tensor-parallel-size 1",
+        "--micro-batch-size 1",
+        "--global-batch-size 512",
+        "--seq-length 8192",
+        "--max-position-embeddings 8192",
+        "--recompute-granularity full",
+        "--recompute-method block",
+        "--recompute-num-layers 1",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--moe-token-dispatcher-type alltoall",
+        "--moe-grouped-gemm",
+        "--bf16",
+    ]
+    lines = text.splitlines()
+    assert all(ln.endswith(" \\") for ln in lines[3:-1]) and not lines[-1].endswith("\\")
+    assert lines[0] == ("# tune-cp: mixtral-8x22b on 4 nodes x 8 mi355x (32 GPUs), seq 8192, "
+                        "gbs 512, bf16")
+    assert "--virtual-pipeline-model-parallel-size" not in text
+
+
+def test_megatron_export_model_flags():
+    m, cl, tr, cfg = amd_reference()
+    model_part = flag_lines(to_megatron_args(m, cl, tr, cfg))[19:]
+    assert model_part == [
+        "--num-layers 56", "--hidden-size 6144", "--ffn-hidden-size 16384",
+        "--num-attention-heads 48", "--group-query-attention", "--num-query-groups 8",
+        "--swiglu", "--normalization RMSNorm", "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear", "--position-embedding-type rope", "--attention-dropout 0.0",
+        "--hidden-dropout 0.0", "--vocab-size 32768", "--num-experts 8",
+        "--moe-ffn-hidden-size 16384", "--moe-router-topk 2",
+    ]
+    ds, cl2, tr2 = setting("deepseek-v3", "h200", 32, 4096, 4096)
+    flags = flag_lines(to_megatron_args(ds, cl2, tr2, ParallelConfig(pp=8, ep=32)))
+    for expected in ("--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
+                     "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
+                     "--moe-shared-expert-intermediate-size 2048",
+                     "--moe-layer-freq '([0]*3+[1]*58)'", "--moe-router-enable-expert-bias",
+                     "--mtp-num-layers 1"):
+        assert expected in flags
+
+
+def test_megatron_export_variants():
+    m, cl, tr = setting("llama3-70b", "h100", 8, 8192, 128, precision="fp8", flash=False)
+    cfg = ParallelConfig(tp=8, pp=4, vpp=5, cp=2, recompute="selective",
+                         recompute_modules=("core_attn", "mlp"), pipeline_split="embedding_loss")
+    flags = flag_lines(to_megatron_args(m, cl, tr, cfg, include_model=False))
+    assert flags[:8] == [
+        "--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4",
+        "--num-virtual-stages-per-pipeline-rank 5",
+        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+        "--context-parallel-size 2", "--sequence-parallel", "--micro-batch-size 1",
+    ]
+    assert "--recompute-granularity selective" in flags
+    assert "--recompute-modules core_attn mlp" in flags
+    assert flags[-3:] == ["--fp8-format hybrid", "--fp8-recipe tensorwise",
+                          "--attention-backend unfused"]
+    # full recompute of every layer is written as the explicit count Megatron-LM requires
+    full = flag_lines(to_megatron_args(m, cl, tr, ParallelConfig(tp=8, pp=4, recompute="full"),
+                                       include_model=False))
+    assert "--recompute-num-layers 20" in full and "--recompute-method block" in full
+    fsdp = flag_lines(to_megatron_args(m, cl, tr, ParallelConfig(tp=8, fsdp=True),
+                                       include_model=False))
+    assert ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+            "--use-distributed-optimizer"] == fsdp[8:11]
+    b = setting("qwen3-30b-a3b", "b200", 2, 4096, 512, precision="fp8")
+    flex = flag_lines(to_megatron_args(*b, ParallelConfig(ep=8, dispatcher="flex"),
+                                       include_model=False))
+    assert "--moe-token-dispatcher-type flex" in flex
+    assert "--moe-flex-dispatcher-backend deepep" in flex
+    assert flex[-2:] == ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
+
+
+def test_megatron_export_launcher_line():
+    text = to_megatron_args(*amd_reference(), launcher=True)
+    assert flag_lines(text)[0] == "torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py"
+
+
+def test_primus_export_of_amd_reference():
+    text = to_primus_overrides(*amd_reference())
+    body = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert body == [
+        "modules:",
+        "  pre_trainer:",
+        "    overrides:",
+        "      tensor_model_parallel_size: 1",
+        "      pipeline_model_parallel_size: 4",
+        "      num_virtual_stages_per_pipeline_rank: 2",
+        "      context_parallel_size: 1",
+        "      expert_model_parallel_size: 8",
+        "      expert_tensor_parallel_size: 1",
+        "      sequence_parallel: false",
+        "      account_for_embedding_in_pipeline_split: false",
+        "      account_for_loss_in_pipeline_split: false",
+        "      micro_batch_size: 1",
+        "      global_batch_size: 512",
+        "      seq_length: 8192",
+        "      max_position_embeddings: 8192",
+        "      recompute_granularity: full",
+        "      recompute_method: block",
+        "      recompute_num_layers: 1",
+        "      use_distributed_optimizer: true",
+        "      use_megatron_fsdp: false",
+        "      overlap_grad_reduce: true",
+        "      overlap_param_gather: true",
+        "      moe_token_dispatcher_type: alltoall",
+        "      moe_grouped_gemm: true",
+        "      bf16: true",
+        "      fp8: null",
+        "      patch_zero_bubble: false",
+    ]
+    assert yaml.safe_load(text)["modules"]["pre_trainer"]["overrides"]["recompute_num_layers"] == 1
+
+
+def test_nemo_export_of_amd_reference():
+    text = to_nemo_overrides(*amd_reference())
+    lines = [ln for ln in text.splitlines() if ln.startswith("cfg.")]
+    assert lines == [
+        "cfg.model.tensor_model_parallel_size = 1",
+        "cfg.model.pipeline_model_parallel_size = 4",
+        "cfg.model.pipeline_dtype = torch.bfloat16",
+        "cfg.model.virtual_pipeline_model_parallel_size = 2",
+        "cfg.model.pipeline_model_parallel_layout = None",
+        "cfg.model.num_layers_in_first_pipeline_stage = None",
+        "cfg.model.num_layers_in_last_pipeline_stage = None",
+        "cfg.model.account_for_embedding_in_pipeline_split = False",
+        "cfg.model.account_for_loss_in_pipeline_split = False",
+        "cfg.model.context_parallel_size = 1",
+        "cfg.model.expert_model_parallel_size = 8",
+        "cfg.model.expert_tensor_parallel_size = 1",
+        "cfg.model.sequence_parallel = False",
+        "cfg.model.seq_length = 8192",
+        "cfg.dataset.seq_length = 8192",
+        "cfg.train.micro_batch_size = 1",
+        "cfg.train.global_batch_size = 512",
+        'cfg.model.recompute_granularity = "full"',
+        'cfg.model.recompute_method = "block"',
+        "cfg.model.recompute_num_layers = 1",
+        "cfg.model.recompute_modules = None",
+        "cfg.ddp.use_distributed_optimizer = True",
+        "cfg.optimizer.use_distributed_optimizer = True",
+        "cfg.ddp.use_megatron_fsdp = False",
+        "cfg.ddp.overlap_grad_reduce = True",
+        "cfg.ddp.overlap_param_gather = True",
+        'cfg.model.moe_token_dispatcher_type = "alltoall"',
+        "cfg.model.moe_flex_dispatcher_backend = None",
+        "cfg.model.moe_grouped_gemm = True",
+        "cfg.mixed_precision = bf16_mixed()",
+    ]
+    assert "from megatron.bridge.training.mixed_precision import bf16_mixed" in text
+    compile(text, "<nemo overrides>", "exec")  # valid Python
+
+
+def test_nemo_export_fp8_and_unfused_attention():
+    m, cl, tr = setting("llama3-8b", "h100", 1, 8192, 128, precision="fp8", flash=False)
+    text = to_nemo_overrides(m, cl, tr, ParallelConfig(tp=2, fp8_recipe="delayed"))
+    assert 'cfg.mixed_precision.fp8 = "hybrid"' in text
+    assert 'cfg.mixed_precision.fp8_recipe = "delayed"' in text
+    assert "cfg.mixed_precision.fp8_param_gather = False" in text
+    assert "cfg.model.attention_backend = AttnBackend.unfused" in text
+    assert "from megatron.core.transformer.enums import AttnBackend" in text
+    compile(text, "<nemo overrides>", "exec")
+
+
+def test_zero_bubble_only_exports_to_primus():
+    m, cl, tr = setting("llama3-8b", "mi300x", 1, 4096, 64)
+    cfg = ParallelConfig(pp=4, schedule="zero_bubble")
+    message = ("schedule zero_bubble has no Megatron-LM setting (it is Primus's zero-bubble "
+               "runtime): export to primus, or choose schedule interleaved or 1f1b")
+    with pytest.raises(ConfigError) as e:
+        to_megatron_args(m, cl, tr, cfg)
+    assert str(e.value) == message
+    with pytest.raises(ConfigError, match="no Megatron-Bridge setting"):
+        to_nemo_overrides(m, cl, tr, cfg)
+    text = to_primus_overrides(m, cl, tr, cfg)
+    assert "      patch_zero_bubble: true\n      enable_zero_bubble: true\n" in text
+    assert "      overlap_grad_reduce: false\n" in text
+
+
+# ---------------------------------------------------------------------------- round trips
+
+SETTINGS = {
+    "mixtral": ("mixtral-8x22b", "mi355x", 4, 8192, 512, "bf16", True),
+    "llama70": ("llama3-70b", "h100", 8, 8192, 128, "bf16", True),
+    "llama70_fp8": ("llama3-70b", "h100", 8, 8192, 128, "fp8", False),
+    "deepseek": ("deepseek-v3", "h200", 32, 4096, 4096, "bf16", True),
+    "qwen_fp8": ("qwen3-30b-a3b", "b200", 2, 4096, 512, "fp8", True),
+    "gpt3": ("gpt3-175b", "a100", 16, 2048, 1536, "bf16", True),
+    "gptoss": ("gpt-oss-120b", "h100", 4, 4096, 1280, "bf16", True),
+}
+
+DENSE = [
+    dict(tp=8, pp=2),
+    dict(tp=8, pp=4, vpp=5, recompute="selective", recompute_modules=("core_attn", "mlp")),
+    dict(tp=4, cp=2, pp=2, recompute="full", recompute_method="uniform", recompute_layers=2),
+    dict(tp=4, pp=4, recompute="full"),
+    dict(tp=4, pp=4, recompute="full", recompute_method="uniform"),
+    dict(tp=8, pp=4, vpp=3, pipeline_split="embedding_loss", mbs=2),
+    dict(tp=2, sequence_parallel=False, distributed_optimizer=False),
+    dict(tp=8, fsdp=True),
+    dict(tp=4, pp=2, fp8_recipe="blockwise", recompute="full", recompute_layers=0),
+]
+MOE = [
+    AMD_REF,
+    dict(tp=2, ep=4, etp=1, dispatcher="flex", pp=2),
+    dict(tp=2, cp=2, ep=8, etp=2, dispatcher="allgather"),
+    dict(ep=8, pp=2, recompute="selective", recompute_modules=("moe_act", "layernorm")),
+    dict(ep=8, pp=4, vpp=2, recompute="full", recompute_method="uniform", recompute_layers=1,
+         fp8_recipe="delayed"),
+]
+CASES = [(s, c) for s in ("llama70", "llama70_fp8", "gpt3") for c in DENSE] + [
+    (s, c) for s in ("mixtral", "deepseek", "qwen_fp8", "gptoss") for c in MOE]
+
+
+def expected_notes(c: ParallelConfig) -> list[str]:
+    if c.recompute is Recompute.FULL and c.recompute_layers == 0:
+        return ["full recompute with the block method and 0 layers recomputes nothing"]
+    return []
+
+
+def exported_training(tr: TrainingSpec, c: ParallelConfig) -> TrainingSpec:
+    """The exporters write FP8 flags whenever the configuration has an FP8 recipe."""
+    precision = Precision.FP8 if c.fp8_recipe is not None else tr.precision
+    return tr.model_copy(update={"precision": precision})
+
+
+@pytest.mark.parametrize(("name", "kw"), CASES)
+def test_megatron_args_round_trip(name, kw):
+    model, gpu, nodes, seq, gbs, precision, flash = SETTINGS[name]
+    m, cl, tr = setting(model, gpu, nodes, seq, gbs, precision=precision, flash=flash)
+    cfg = ParallelConfig(**kw)
+    expected = canonical_config(m, cl, tr, cfg)
+    text = to_megatron_args(m, cl, tr, cfg, launcher=True)
+    run = parse_megatron_args(text, model=m)
+    assert run.unknown == [] and run.notes == expected_notes(expected)
+    assert (run.num_nodes, run.gpus_per_node) == (nodes, 8)
+    training = run.training_spec(m, cl)
+    assert training == exported_training(tr, expected)
+    assert resolve_config(run.config, m, cl, training) == expected
+    assert config_json(expected, tr) == config_json(resolve_config(cfg, m, cl, tr), tr) | {
+        "recompute_layers": expected.recompute_layers, "etp": expected.etp_,
+        "dispatcher": expected.dispatcher.value}
+    if name != "gptoss":  # sliding windows and attention sinks have no Megatron-LM flags
+        rebuilt = parse_megatron_args(text)
+        assert rebuilt.model is not None
+        keep = {"name", "family", "source", "default_seq_len", "default_global_batch_size",
+                "max_position_embeddings"}
+        assert rebuilt.model.model_dump(exclude=keep) == m.model_dump(exclude=keep)
+        assert resolve_config(rebuilt.config, rebuilt.model, cl, training) == expected
+
+
+@pytest.mark.parametrize(("name", "kw"), CASES[::3])
+def test_primus_overrides_round_trip(name, kw, tmp_path):
+    model, gpu, nodes, seq, gbs, precision, flash = SETTINGS[name]
+    m, cl, tr = setting(model, gpu, nodes, seq, gbs, precision=precision, flash=flash)
+    cfg = ParallelConfig(**kw)
+    path = tmp_path / "exp.yaml"
+    path.write_text(to_primus_overrides(m, cl, tr, cfg))
+    run = parse_primus_config(path, model=m)
+    expected = canonical_config(m, cl, tr, cfg)
+    assert run.unknown == [] and run.notes == expected_notes(expected)
+    training = run.training_spec(m, cl)
+    assert training == exported_training(tr, expected)
+    assert resolve_config(run.config, m, cl, training) == expected
+
+
+def test_canonical_config_is_resolve_for_explicit_configs():
+    m, cl, tr, cfg = amd_reference()
+    assert canonical_config(m, cl, tr, cfg) == resolve_config(cfg, m, cl, tr)
+
+
+def test_imported_amd_reference_checks_like_the_flags():
+    m, cl, tr, cfg = amd_reference()
+    run = parse_megatron_args(to_megatron_args(m, cl, tr, cfg), model=m)
+    direct = check_configuration(m, cl, tr, cfg)
+    imported = check_configuration(m, cl, run.training_spec(m, cl), run.config)
+    assert imported.to_json() == direct.to_json()
+
+
+# ------------------------------------------------------------------------- Megatron import
+
+MIXTRAL_LAUNCH = r"""
+# AMD-style 4-node Mixtral 8x22B run, as it would appear in a launch log
+CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes=4 --nproc_per_node 8 --node_rank 0 \
+    --master_addr 10.0.0.1 --master_port 29500 pretrain_gpt.py \
+    --num-layers 56 --hidden-size 6144 --ffn-hidden-size 16384 --num-attention-heads 48 \
+    --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm \
+    --untie-embeddings-and-output-weights --disable-bias-linear \
+    --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 \
+    --num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-grouped-gemm \
+    --tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 \
+    --num-layers-per-virtual-pipeline-stage 7 --expert-model-parallel-size=8 \
+    --micro-batch-size 1 --global-batch-size 512 --seq-length 8192 \
+    --max-position-embeddings 8192 \
+    --recompute-granularity full --recompute-method block --recompute-num-layers 1 \
+    --use-distributed-optimizer --overlap-grad-reduce --bf16 \
+    --tokenizer-type HuggingFaceTokenizer --tokenizer-model "mistralai/Mixtral-8x22B-v0.1" \
+    --data-path '/data/mix tral/text_document' --lr 1e-5 --my-site-flag 3 \
+    --exit-signal-handler 2>&1 | tee /logs/mixtral.log
+"""
+
+
+def test_realistic_megatron_launch():
+    run = parse_megatron_args(MIXTRAL_LAUNCH)
+    m, cl, tr, cfg = amd_reference()
+    assert (run.num_nodes, run.gpus_per_node) == (4, 8)
+    assert run.model is not None and run.model.vocab_size == 32768
+    assert run.unknown == ["--my-site-flag 3"]
+    assert run.ignored == ["--moe-grouped-gemm", "--overlap-grad-reduce", "--tokenizer-type",
+                           "--data-path", "--lr", "--exit-signal-handler"]
+    assert run.notes == []
+    assert run.defaults == [
+        "moe_ffn_hidden_size: 16384 (Megatron-LM default: ffn_hidden_size)",
+        "vocab_size: 32768 (from the catalog model mixtral-8x22b, tokenizer "
+        "mistralai/Mixtral-8x22B-v0.1)",
+        "context_parallel_size: 1 (Megatron-LM default)",
+        "expert_tensor_parallel_size: tensor_model_parallel_size (Megatron-LM default)",
+    ]
+    # 7 layers per virtual stage of 56 / pp 4 = 2 virtual stages per rank
+    assert resolve_config(run.config, m, cl, run.training_spec(m, cl)) == canonical_config(
+        m, cl, tr, cfg)
+
+
+def test_script_with_bash_arrays():
+    run = parse_megatron_args(MEGATRON_SCRIPT.read_text())
+    c = run.config
+    assert (c.tp, c.pp, c.cp, c.vpp, c.mbs) == (2, 2, 2, 1, 1)
+    assert c.sequence_parallel is True and c.distributed_optimizer is True
+    assert c.recompute is Recompute.SELECTIVE and c.recompute_modules == ("core_attn", "layernorm")
+    assert (run.seq_len, run.global_batch_size, run.precision) == (8192, 128, Precision.BF16)
+    assert run.model is not None and run.model.num_kv_heads == 8
+    assert run.model.vocab_size == 128256  # the tokenizer is the catalog's llama3-8b
+    assert run.unknown == ["--straggler-report-interval 50"]
+    assert "--tensorboard-dir" in run.ignored and "--lr" in run.ignored
+    assert (run.num_nodes, run.gpus_per_node) == (None, None)
+    assert run.notes == [
+        "torchrun --nproc_per_node '$GPUS_PER_NODE' is not a number of GPUs per node; give it "
+        "to tune-cp directly",
+        "torchrun --nnodes '$NUM_NODES' is not a number of nodes; give it to tune-cp directly",
+        "shell expansions left as written: ${DISTRIBUTED_ARGS[@]}, ${MODEL_ARGS[@]}, "
+        "${TRAINING_ARGS[@]}, ${PARALLEL_ARGS[@]}, ${DATA_ARGS[@]}, ${LOGGING_ARGS[@]}; only "
+        "flags that appear literally in the text are read (paste the expanded command, e.g. "
+        "from the launch log, if some are missing)",
+        "--cp-comm-type a2a: tune-cp models the p2p (ring) context-parallel exchange",
+    ]
+
+
+def test_missing_arguments_take_megatron_defaults_stated():
+    m = load_model("mixtral-8x22b")
+    run = parse_megatron_args("--tensor-model-parallel-size 2 --fp8-format hybrid", model=m)
+    c = run.config
+    assert (c.pp, c.vpp, c.cp, c.ep, c.etp, c.mbs) == (1, 1, 1, 1, None, 1)
+    assert c.sequence_parallel is False and c.distributed_optimizer is False
+    assert c.dispatcher is Dispatcher.ALLGATHER and c.recompute is Recompute.NONE
+    assert c.fp8_recipe is Fp8Recipe.DELAYED and run.fp8_format is Fp8Format.HYBRID
+    assert c.pipeline_split is PipelineSplit.EVEN and run.precision is Precision.FP8
+    assert run.defaults == [
+        "pipeline_model_parallel_size: 1 (Megatron-LM default)",
+        "context_parallel_size: 1 (Megatron-LM default)",
+        "expert_model_parallel_size: 1 (Megatron-LM default)",
+        "expert_tensor_parallel_size: tensor_model_parallel_size (Megatron-LM default)",
+        "micro_batch_size: 1 (not given; Megatron-LM requires --micro-batch-size, tune-cp "
+        "assumes 1)",
+        "global_batch_size: micro_batch_size x data-parallel size (Megatron-LM default: one "
+        "micro-batch per step)",
+        "seq_length: the model's default (not given; Megatron-LM requires --seq-length)",
+        "sequence_parallel: off (Megatron-LM default)",
+        "recompute_granularity: none (Megatron-LM default)",
+        "use_distributed_optimizer: off (Megatron-LM default)",
+        "moe_token_dispatcher_type: allgather (Megatron-LM default)",
+        "fp8_recipe: delayed (Megatron-LM default)",
+    ]
+    assert run.notes == ["neither bf16 nor fp16 is on: Megatron-LM would train in fp32, which "
+                         "tune-cp does not model; read as bf16"]
+    cl = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=2, gpus_per_node=8)
+    training = run.training_spec(m, cl)
+    assert (training.seq_len, training.global_batch_size) == (8192, 8)  # mbs 1 x dp 8
+
+
+def test_model_from_flags_states_megatron_model_defaults():
+    run = parse_megatron_args("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 "
+                              "--vocab-size 50257 --max-position-embeddings 2048 --bf16")
+    model = run.require_model()
+    assert (model.ffn_hidden_size, model.head_dim, model.num_kv_heads) == (8192, 128, 16)
+    assert model.norm == "layernorm" and not model.gated_mlp and model.tied_embeddings
+    assert model.qkv_bias and model.mlp_bias and model.position_embedding == "learned"
+    assert (model.attention_dropout, model.hidden_dropout) == (0.1, 0.1)
+    assert run.defaults[:9] == [
+        "swiglu: off (Megatron-LM default)",
+        "ffn_hidden_size: 8192 (Megatron-LM default for hidden_size 2048)",
+        "group_query_attention: off (Megatron-LM default)",
+        "add_bias_linear: on (Megatron-LM default)",
+        "position_embedding_type: learned_absolute (Megatron-LM default)",
+        "untie_embeddings_and_output_weights: off (Megatron-LM default)",
+        "normalization: LayerNorm (Megatron-LM default)",
+        "attention_dropout: 0.1 (Megatron-LM default)",
+        "hidden_dropout: 0.1 (Megatron-LM default)",
+    ]
+    swiglu = parse_megatron_args("--num-layers 2 --hidden-size 4096 --num-attention-heads 32 "
+                                 "--swiglu --vocab-size 32000 --position-embedding-type rope")
+    assert swiglu.require_model().ffn_hidden_size == 10880  # int(4h * 2/3 / 64) * 64
+
+
+def test_model_missing_is_explained():
+    run = parse_megatron_args("--tensor-model-parallel-size 2 --num-layers 32")
+    assert run.model is None
+    with pytest.raises(ConfigError) as e:
+        run.require_model()
+    assert str(e.value) == ("the Megatron-LM arguments do not describe the model (no "
+                            "--hidden-size, --num-attention-heads); pass --model NAME (see "
+                            "`tune-cp models`) or a config.json")
+    no_vocab = parse_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                                   "--tokenizer-model acme/secret-tokenizer")
+    assert no_vocab.model_missing == ("the vocabulary size is unknown: no --vocab-size, and "
+                                      "tokenizer 'acme/secret-tokenizer' is not a catalog model")
+
+
+def test_flags_that_differ_from_the_model_are_noted():
+    run = parse_megatron_args("--num-layers 32 --hidden-size 6144 --bf16",
+                              model=load_model("mixtral-8x22b"))
+    assert run.notes == ["--num-layers 32 differs from mixtral-8x22b's 56; tune-cp uses "
+                         "mixtral-8x22b"]
+
+
+def test_primus_style_underscored_flags_are_read_with_a_note():
+    # the AMD 4-node run as Primus's docs print it (Primus command-line overrides)
+    run = parse_megatron_args(
+        "--micro_batch_size 1 --global_batch_size 512 --num_virtual_stages_per_pipeline_rank 2 "
+        "--pipeline_model_parallel_size 4 --expert_model_parallel_size 8 --recompute_num_layers 1"
+        " --moe_use_legacy_grouped_gemm True --bf16", model=load_model("mixtral-8x22b"))
+    c = run.config
+    assert (c.mbs, c.vpp, c.pp, c.ep) == (1, 2, 4, 8) and run.global_batch_size == 512
+    assert run.notes[0] == ("--micro_batch_size: Megatron-LM spells it --micro-batch-size "
+                            "(underscored flags are Primus's command line); read as such")
+    assert "recompute_method / recompute_num_layers without recompute_granularity: no " \
+           "recomputation" in run.notes
+    assert run.unknown == [] and run.ignored == ["--moe_use_legacy_grouped_gemm"]
+
+
+def test_layers_per_virtual_stage_with_embedding_loss_split():
+    run = parse_megatron_args(
+        "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4 "
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --bf16",
+        model=load_model("llama3.1-405b"))
+    # (126 layers + embedding + loss) / pp 4 = 32 slots per rank, 4 per virtual stage
+    assert run.config.vpp == 8 and run.config.pipeline_split is PipelineSplit.EMBEDDING_LOSS
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("--tensor-model-parallel-size x",
+     "--tensor-model-parallel-size 'x': not a whole number; give an integer of at least 1"),
+    ("--pipeline-model-parallel-size 0", "--pipeline-model-parallel-size '0': must be at least 1"),
+    ("--micro-batch-size 2.5", "--micro-batch-size '2.5': not a whole number; give an integer of "
+     "at least 1"),
+    ("--tensor-model-parallel-size $TP",
+     "--tensor-model-parallel-size '$TP': an unexpanded shell variable; paste the command with "
+     "its values filled in (for example from the launch log)"),
+    ("--moe-token-dispatcher-type all2all",
+     "--moe-token-dispatcher-type 'all2all': not a valid choice; choose one of allgather, "
+     "alltoall, flex, alltoall_seq"),
+    ("--fp8-format e5m2", "--fp8-format 'e5m2': not a valid choice; choose one of e4m3, hybrid"),
+    ("--seq-length", "--seq-length: missing its value; write --seq-length VALUE"),
+    ("--sequence-parallel=false", "--sequence-parallel=false: this flag takes no value; write "
+     "--sequence-parallel alone to turn it on, or leave it out"),
+    ("--recompute-granularity full --recompute-num-layers 1",
+     "--recompute-granularity 'full': needs --recompute-method too; Megatron-LM rejects full "
+     "recompute without --recompute-method uniform|block and --recompute-num-layers N"),
+    ("--recompute-granularity selective --recompute-method block",
+     "--recompute-method 'block': must not be given with selective recompute (Megatron-LM "
+     "rejects it); drop it, or use full recompute"),
+    ("--recompute-granularity selective --recompute-modules attn",
+     "--recompute-modules attn: 'attn' is not a recompute module; choose from core_attn, "
+     "layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts"),
+    ("--num-virtual-stages-per-pipeline-rank 2 --num-layers-per-virtual-pipeline-stage 7",
+     "--num-virtual-stages-per-pipeline-rank and --num-layers-per-virtual-pipeline-stage are "
+     "both given; Megatron-LM accepts only one of them: keep "
+     "--num-virtual-stages-per-pipeline-rank"),
+    ("--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5",
+     "--num-layers-per-virtual-pipeline-stage '5': must divide the 14 layers per pipeline rank "
+     "(56 / pp 4); choose one of 1, 2, 7, 14, or use --num-virtual-stages-per-pipeline-rank"),
+    ("--fp8-format hybrid --fp8-recipe custom",
+     "--fp8-recipe 'custom': a custom quantization recipe is not modeled; choose one of delayed,"
+     " tensorwise, blockwise, mxfp8"),
+    ("--use-megatron-fsdp --use-torch-fsdp2",
+     "--use-torch-fsdp2: cannot be used together with --use-megatron-fsdp; keep one"),
+    ("--seq-length 4096 'unclosed",
+     "cannot split the Megatron-LM arguments: No closing quotation; check the quotes"),
+    ("   \n", "the Megatron-LM arguments are empty; paste the launch command or its arguments"),
+])
+def test_malformed_megatron_values_are_one_line_errors(text, message):
+    with pytest.raises(ConfigError) as e:
+        parse_megatron_args(text, model=load_model("mixtral-8x22b"))
+    assert str(e.value) == message
+    assert "\n" not in str(e.value)
+
+
+def test_megatron_fsdp_strategies():
+    m = load_model("llama3-8b")
+    full = parse_megatron_args("--use-megatron-fsdp --bf16", model=m)
+    assert full.config.fsdp is True
+    zero1 = parse_megatron_args("--use-megatron-fsdp --data-parallel-sharding-strategy optim "
+                                "--bf16", model=m)
+    assert zero1.config.fsdp is False and zero1.config.distributed_optimizer is True
+    assert zero1.notes == ["Megatron-FSDP with optim is modeled as the distributed optimizer "
+                           "(optimizer states sharded; gradients counted unsharded)"]
+    torch2 = parse_megatron_args("--use-torch-fsdp2 --bf16", model=m)
+    assert torch2.config.fsdp is True
+
+
+def test_unmodeled_flags_are_noted_not_dropped_silently():
+    run = parse_megatron_args(
+        "--bf16 --decoder-first-pipeline-num-layers 3 --fp8-param-gather "
+        "--no-overlap-p2p-communication --moe-expert-capacity-factor 1.25 --optimizer adam",
+        model=load_model("llama3-8b"))
+    assert run.notes == [
+        "--decoder-first-pipeline-num-layers 3: uneven first/last pipeline stages are not "
+        "modeled (tune-cp splits evenly or with the embedding and loss as layer slots)",
+        "--no-overlap-p2p-communication: without p2p overlap Megatron-LM needs pp > 2 for "
+        "virtual stages; tune-cp assumes the overlap",
+        "--fp8-param-gather: FP8 parameter all-gather (1-byte parameter buffer) is not "
+        "modeled; the bf16 buffer is counted",
+        "--moe-expert-capacity-factor 1.25: token dropping at an expert capacity is not modeled "
+        "(dropless assumed)",
+    ]
+    assert run.unknown == []
+
+
+def test_deprecated_spellings():
+    m = load_model("qwen3-30b-a3b")
+    run = parse_megatron_args("--recompute-activations --moe-enable-deepep --bf16", model=m)
+    assert run.config.recompute is Recompute.SELECTIVE
+    assert run.config.dispatcher is Dispatcher.FLEX
+    vpp = parse_megatron_args("--pipeline-model-parallel-size 4 "
+                              "--virtual-pipeline-model-parallel-size 2 --bf16", model=m)
+    assert vpp.config.vpp == 1
+    assert vpp.unknown == ["--virtual-pipeline-model-parallel-size 2"]
+    assert vpp.notes == ["--virtual-pipeline-model-parallel-size is not a Megatron-LM flag "
+                         "(argparse would reject the launch); use "
+                         "--num-virtual-stages-per-pipeline-rank"]
+
+
+# ------------------------------------------------------------------------------ Primus import
+
+
+def test_realistic_primus_experiment():
+    run = parse_primus_config(PRIMUS_EXPERIMENT)
+    m, cl, tr, cfg = amd_reference()
+    assert run.model_file == "mixtral_8x22B_v0.1.yaml"
+    model = run.require_model()
+    assert model.name == "mixtral_8x22B_v0.1"
+    keep = {"name", "family", "source", "default_seq_len", "default_global_batch_size",
+            "max_position_embeddings"}
+    assert model.model_dump(exclude=keep) == m.model_dump(exclude=keep)
+    c = run.config
+    assert (c.tp, c.pp, c.vpp, c.ep, c.mbs) == (1, 4, 2, 8, 1)
+    assert c.recompute is Recompute.FULL and c.recompute_method is RecomputeMethod.BLOCK
+    assert c.recompute_layers == 1 and c.distributed_optimizer and c.dispatcher == "alltoall"
+    assert (run.seq_len, run.global_batch_size, run.precision) == (8192, 512, Precision.BF16)
+    assert resolve_config(c, model, cl, run.training_spec(model, cl)) == canonical_config(
+        m, cl, tr, cfg)
+    assert run.unknown == []
+    assert {"wandb_project", "lr", "enable_primus_turbo", "moe_router_dtype"} <= set(run.ignored)
+    assert run.defaults == [
+        "moe_ffn_hidden_size: 16384 (Primus default: ffn_hidden_size)",
+        "vocab_size: 32768 (from the catalog model mixtral-8x22b, tokenizer "
+        "mistralai/Mixtral-8x22B-v0.1)",
+        "context_parallel_size: 1 (Primus default, language_model.yaml)",
+        "expert_tensor_parallel_size: tensor_model_parallel_size (Primus default)",
+        "use_distributed_optimizer: on (Primus default, pre_trainer.yaml)",
+        "bf16: on (Primus default, trainer_base.yaml)",
+    ]
+    assert run.notes == [
+        "moe_router_force_load_balancing true: routing is forced balanced (a benchmark setting); "
+        "the routing-imbalance overhead still applies (set it to 0 with --overhead "
+        "moe_routing_imbalance=0)",
+    ]
+
+
+def test_primus_placeholders_take_env_values():
+    run = parse_primus_config(PRIMUS_EXPERIMENT, env={"PRIMUS_TP": "2", "PRIMUS_EP": "4"})
+    assert (run.config.tp, run.config.ep) == (2, 4)
+    assert run.config.sequence_parallel is True  # Primus's language_model.yaml default
+
+
+def test_primus_without_model_file(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("modules:\n  pre_trainer:\n    framework: megatron\n    model: llama9.yaml\n"
+                   "    overrides:\n      tensor_model_parallel_size: ${PRIMUS_TP:8}\n"
+                   "      fancy_new_knob: 3\n")
+    run = parse_primus_config(exp)
+    assert run.model is None and run.config.tp == 8
+    assert run.unknown == ["fancy_new_knob: 3"]
+    assert run.notes == ["model file llama9.yaml (modules.pre_trainer.model) was not found next "
+                         "to the experiment or in a models/ folder above it"]
+    assert "micro_batch_size: 2 (Primus default, trainer_base.yaml)" in run.defaults
+    assert (run.seq_len, run.global_batch_size) == (1024, 16)
+    with pytest.raises(ConfigError, match=r"pass --model NAME"):
+        run.require_model()
+    with_model = parse_primus_config(exp, model=load_model("llama3-70b"))
+    assert with_model.require_model().name == "llama3-70b"
+
+
+def test_primus_zero_bubble_and_fp8(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("modules:\n  pre_trainer:\n    overrides:\n      pipeline_model_parallel_size:"
+                   " 4\n      patch_zero_bubble: true\n      fp8: hybrid\n")
+    run = parse_primus_config(exp, model=load_model("llama3-8b"))
+    assert run.config.schedule is Schedule.ZERO_BUBBLE
+    assert run.config.fp8_recipe is Fp8Recipe.DELAYED and run.precision is Precision.FP8
+    assert "fp8_recipe: delayed (Primus default, trainer_base.yaml)" in run.defaults
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("modules: [unclosed", "is not valid YAML: expected ',' or ']', but got '<stream end>' at "
+     "line 1 column 19"),
+    ("- a\n- b\n", "must hold a mapping of keys to values, got list"),
+    ("modules:\n  post_trainer: {}\n", "has no modules.pre_trainer mapping; a Primus experiment "
+     "names its trainer, model and overrides there"),
+    ("modules:\n  pre_trainer:\n    framework: torchtitan\n",
+     "framework 'torchtitan' is not supported; tune-cp reads Megatron-backend experiments "
+     "(framework: megatron)"),
+])
+def test_bad_primus_files_are_one_line_errors(tmp_path, text, message):
+    exp = tmp_path / "bad.yaml"
+    exp.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        parse_primus_config(exp)
+    assert str(e.value).endswith(message) and "\n" not in str(e.value)
+    assert str(exp) in str(e.value)
+
+
+def test_primus_malformed_value_names_file_and_key(tmp_path):
+    exp = tmp_path / "bad.yaml"
+    exp.write_text("modules:\n  pre_trainer:\n    overrides:\n"
+                   "      tensor_model_parallel_size: x\n")
+    with pytest.raises(ConfigError) as e:
+        parse_primus_config(exp)
+    assert str(e.value) == ("bad.yaml: tensor_model_parallel_size 'x': not a whole number; give "
+                            "an integer of at least 1")
+
+
+def test_missing_primus_file():
+    with pytest.raises(ConfigError) as e:
+        parse_primus_config("/nonexistent/exp.yaml")
+    assert str(e.value) == ("cannot read Primus experiment '/nonexistent/exp.yaml': No such file "
+                            "or directory")
+
+
+def test_interleaved_moe_layers_leave_the_model_unset():
+    run = parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+                              "--vocab-size 1000 --num-experts 4 --moe-layer-freq 2 "
+                              "--position-embedding-type rope --bf16")
+    assert run.model is None
+    assert run.model_missing == ("--moe-layer-freq 2 interleaves dense and MoE layers, which "
+                                 "tune-cp does not model (only leading dense layers)")
+    lead = parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+                               "--vocab-size 1000 --num-experts 4 --moe-layer-freq '[0]+[1]*3' "
+                               "--position-embedding-type rope --bf16")
+    assert lead.require_model().num_dense_layers == 1
+
+
+def test_placeholder_without_default_is_left_unset(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("modules:\n  pre_trainer:\n    overrides:\n"
+                   "      pipeline_model_parallel_size: ${MY_PP}\n")
+    run = parse_primus_config(exp, model=load_model("llama3-8b"))
+    assert run.config.pp == 1
+    assert run.notes == ["modules.pre_trainer.overrides.pipeline_model_parallel_size: ${MY_PP} "
+                         "has no default and no value was given; left unset"]
+    assert parse_primus_config(exp, model=load_model("llama3-8b"),
+                               env={"MY_PP": "4"}).config.pp == 4
+
+
+def test_canonical_full_recompute_of_every_layer():
+    m, cl, tr = setting("llama3-70b", "h100", 8, 8192, 128)
+    uniform = canonical_config(m, cl, tr, ParallelConfig(tp=8, pp=4, vpp=2, recompute="full",
+                                                         recompute_method="uniform"))
+    assert uniform.recompute_layers == 1
+    block = canonical_config(m, cl, tr, ParallelConfig(tp=8, pp=4, vpp=2, recompute="full"))
+    assert block.recompute_layers == 10  # 80 layers / 8 virtual stages
+    dense = canonical_config(m, cl, tr, ParallelConfig(tp=8, etp=1, dispatcher="flex"))
+    assert dense.etp == 8 and dense.dispatcher is Dispatcher.ALLTOALL
+
+
+def test_flags_held_in_shell_variables_are_read_where_defined():
+    script = """
+GPT_ARGS="--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 \\
+    --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 16 --bf16"
+PARALLEL_ARGS='--tensor-model-parallel-size 2 --sequence-parallel'
+torchrun --nproc_per_node 8 pretrain_gpt.py $GPT_ARGS $PARALLEL_ARGS --vocab-size 50257
+"""
+    run = parse_megatron_args(script)
+    assert (run.config.tp, run.config.mbs, run.config.sequence_parallel) == (2, 4, True)
+    assert (run.seq_len, run.global_batch_size, run.gpus_per_node) == (2048, 16, 8)
+    assert run.require_model().num_layers == 24 and run.unknown == []
