@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from oracle.catalog import model_entries
-from oracle.framework_keys import (
+from oracle.frameworks.keys import (
     FRAMEWORK_NAME,
     Flavor,
     RawArgs,

@@ -26,7 +26,7 @@ import re
 import shlex
 from typing import Any
 
-from oracle.framework_keys import Fp8Format, megatron_flag
+from oracle.frameworks.keys import Fp8Format, megatron_flag
 from oracle.memory import pipeline_chunks
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,

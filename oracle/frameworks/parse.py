@@ -1,29 +1,4 @@
-"""Import and export of launch configurations: Megatron-LM arguments, Primus experiment YAML,
-Megatron-Bridge (NeMo) recipe overrides.
-
-Import::
-
-    run = parse_megatron_args("torchrun --nnodes 4 ... pretrain_gpt.py --seq-length 8192 ...")
-    run = parse_primus_config("exp.yaml")              # the model YAML it names, when found
-    model = run.require_model()                        # or pass model= (the CLI's --model)
-    cfg, training = run.config, run.training_spec(model, cluster)
-
-Every argument the reader did not understand is listed in ``run.unknown`` (never fatal); those it
-understood but that do not affect tune-cp's model are in ``run.ignored``; every setting that took
-the framework's default because it was missing is stated in ``run.defaults``; approximations and
-conflicts are in ``run.notes``. Malformed values raise :class:`oracle.specs.ConfigError` with one
-line naming the flag and the value.
-
-Export: :func:`to_megatron_args`, :func:`to_primus_overrides`, :func:`to_nemo_overrides`.
-Exported Megatron-LM arguments read back with :func:`parse_megatron_args` give the configuration
-:func:`canonical_config` returns (the resolved configuration with recompute and MoE fields that
-have several equivalent spellings written one way).
-
-Flag spellings, defaults and value sets: :mod:`oracle.framework_keys` (Megatron-LM ``d98e8a64dd``,
-Primus ``fd1eeabbad``); Megatron-Bridge field names: ``src/megatron/bridge/training/config.py``,
-``training/mixed_precision.py`` and the recipes under ``src/megatron/bridge/recipes/`` at
-NVIDIA-NeMo/Megatron-Bridge ``067f987df0`` (2026-08-22).
-"""
+"""Readers of Megatron-LM arguments and Primus experiment YAML (see :mod:`oracle.frameworks`)."""
 
 from __future__ import annotations
 
@@ -33,13 +8,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.framework_export import (
+from oracle.frameworks.export import (
     canonical_config,
     to_megatron_args,
     to_nemo_overrides,
     to_primus_overrides,
 )
-from oracle.framework_keys import (
+from oracle.frameworks.keys import (
     CONFIG_KEYS,
     FRAMEWORK_NAME,
     IGNORED,
@@ -58,7 +33,7 @@ from oracle.framework_keys import (
     scan_megatron,
     spell,
 )
-from oracle.framework_model import (
+from oracle.frameworks.model import (
     ImportedArchitecture,
     build_model,
     compare_model,
@@ -147,17 +122,6 @@ PRIMUS_PLAIN_ALGORITHMS = frozenset({"1f1b", "1f1b-interleaved", "auto"})
 # -------------------------------------------------------------------------------- results
 
 
-__all__ = [
-    "Fp8Format",
-    "ImportedArchitecture",
-    "ImportedRun",
-    "canonical_config",
-    "parse_megatron_args",
-    "parse_primus_config",
-    "to_megatron_args",
-    "to_nemo_overrides",
-    "to_primus_overrides",
-]
 
 
 class ImportedRun(Spec):
@@ -234,7 +198,7 @@ def parse_primus_config(
 ) -> ImportedRun:
     """Read a Primus experiment YAML (Megatron backend): ``modules.pre_trainer.overrides`` with
     Megatron argument names, over the model YAML named by ``modules.pre_trainer.model`` when it
-    can be found (:func:`oracle.framework_keys.find_model_file`; with its ``extends:`` presets),
+    can be found (:func:`oracle.frameworks.keys.find_model_file`; with its ``extends:`` presets),
     over Primus's module defaults (stated). ``${VAR:default}`` placeholders take ``env[VAR]`` when
     given, else their default (pass ``os.environ`` to resolve them as a launch from this shell)."""
     path = Path(path)
