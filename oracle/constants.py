@@ -1,0 +1,268 @@
+"""The named constants of the time model, their physical meaning and priors, and the calibration
+file that stores their fitted values per GPU architecture.
+
+Every constant is dimensionless or in seconds and means one physical thing (see :data:`CONSTANTS`).
+Values live in ``oracle/catalog/calibration.json``: ``defaults`` (shared by all architectures)
+and ``architectures.<arch>`` (overrides for ``ampere``, ``hopper``, ``blackwell``, ``cdna3``,
+``cdna4``; GPUs name their architecture in ``gpus.json``). :func:`oracle.calibrate.calibrate`
+rewrites that file from published or logged runs; the header records which rows, when, and the
+fit error. A constant is *per architecture* when the hardware sets it (kernel efficiencies,
+link efficiencies, launch overhead) and *shared* when the software sets it (overlap fractions,
+collective latency, grouped-GEMM penalty).
+
+Priors (the starting point and the value the fit is regularised towards) come from public
+kernel benchmarks, each cited in :data:`CONSTANTS`; the fit moves a constant away from its prior
+only as far as the rows support (Gaussian penalty in logit space for fractions, log space for
+positive quantities, of width ``prior_sigma``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from oracle.specs import ConfigError
+
+HERE = Path(__file__).parent
+CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
+ARCHITECTURES: tuple[str, ...] = ("ampere", "hopper", "blackwell", "cdna3", "cdna4")
+
+
+@dataclass(frozen=True)
+class ConstantDef:
+    """One constant: ``kind`` is ``fraction`` (0..1, fitted in logit space) or ``positive``
+    (fitted in log space); ``per_arch`` says whether each architecture gets its own value;
+    ``priors`` gives per-architecture priors (the shared ``prior`` otherwise)."""
+
+    name: str
+    kind: str
+    prior: float
+    prior_sigma: float
+    per_arch: bool
+    meaning: str
+    source: str
+    priors: tuple[tuple[str, float], ...] = ()
+    lower: float = 0.0
+    upper: float = 1.0
+
+    def prior_for(self, arch: str) -> float:
+        return dict(self.priors).get(arch, self.prior)
+
+
+CONSTANTS: tuple[ConstantDef, ...] = (
+    ConstantDef(
+        "gemm_efficiency_bf16", "fraction", 0.75, 0.6, True,
+        "fraction of the dense BF16 peak a large, well-shaped GEMM sustains in training "
+        "(cuBLAS / hipBLASLt / TE; clocks under load included)",
+        "priors: A100 ~270/312 and H100 ~750/989 TFLOP/s on 8k GEMMs (NVIDIA cuBLAS and "
+        "Transformer Engine GEMM benchmarks; Calculon matrix efficiency); MI300X ~650/1307 "
+        "(AMD ROCm hipBLASLt tuning guides); B200 ~1600/2250",
+        priors=(("ampere", 0.85), ("hopper", 0.75), ("blackwell", 0.70), ("cdna3", 0.50),
+                ("cdna4", 0.60)),
+    ),
+    ConstantDef(
+        "gemm_efficiency_fp8", "fraction", 0.65, 0.6, True,
+        "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included)",
+        "priors: H100 FP8 ~1300/1979 TFLOP/s (TE FP8 GEMM benchmarks), B200 MXFP8 ~3000/4500; "
+        "MI300X/MI355X hipBLASLt FP8 below NVIDIA's fraction",
+        priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
+    ),
+    ConstantDef(
+        "gemm_efficiency_fp4", "fraction", 0.45, 0.6, True,
+        "fraction of the dense NVFP4 peak an NVFP4 training GEMM sustains (block scaling and "
+        "the random Hadamard transform of the wgrad inputs included)",
+        "prior: NVFP4 training GEMMs reach roughly 1.5-2x MXFP8 throughput on Blackwell "
+        "(NVIDIA NVFP4 pretraining blog, 2025), i.e. ~0.45 of the 2x-FP8 peak",
+    ),
+    ConstantDef(
+        "gemm_half_dim", "positive", 128.0, 0.5, True,
+        "GEMM dimension (rows, columns or reduction length) at which the tile pipeline runs at "
+        "half its large-GEMM efficiency; each of M, N, K contributes a factor x / (x + half_dim) "
+        "(tile quantisation, prologue/epilogue and wave effects of skinny GEMMs from high tp, "
+        "small experts or few tokens per expert)",
+        "prior: 128 = one output tile edge of Hopper/Blackwell GEMM kernels (CUTLASS 128x128/"
+        "128x256 tiles); measured H100 GEMM efficiency halves near N or K ~ 100-200",
+        lower=8.0, upper=4096.0,
+    ),
+    ConstantDef(
+        "grouped_gemm_efficiency", "fraction", 0.85, 0.5, False,
+        "extra efficiency factor of MoE grouped GEMMs (many expert GEMMs in one launch, uneven "
+        "sizes) relative to a plain GEMM of the same shape",
+        "prior: TE/cuBLAS grouped GEMM runs ~10-20% below an equivalent single GEMM "
+        "(Megatron-Core MoE README, grouped GEMM notes)",
+    ),
+    ConstantDef(
+        "attention_efficiency", "fraction", 0.50, 0.6, True,
+        "fraction of the dense BF16 peak the fused (flash) attention kernel sustains at head dim "
+        "128 and long context; backward does 2.5x the forward FLOPs at the same efficiency",
+        "priors: FlashAttention-2 on A100 ~190/312 fwd, ~150 bwd (Dao 2023); FA3/cuDNN on H100 "
+        "~600/989 fwd, ~450 bwd (Shah et al. 2024); CK/aiter flash attention on MI300X lower",
+        priors=(("ampere", 0.55), ("hopper", 0.50), ("blackwell", 0.45), ("cdna3", 0.30),
+                ("cdna4", 0.35)),
+    ),
+    ConstantDef(
+        "attention_head_dim_half", "positive", 64.0, 0.5, False,
+        "head dimension at which flash attention runs at half its asymptotic rate; the "
+        "efficiency at head dim d is scaled by [d/(d+x)] / [128/(128+x)] (1 at d = 128)",
+        "prior: FlashAttention-2 forward at head dim 64 runs ~75% of head dim 128 (Dao 2023, "
+        "Fig. 4), which x = 64 gives",
+        lower=1.0, upper=4096.0,
+    ),
+    ConstantDef(
+        "hbm_efficiency", "fraction", 0.70, 0.5, True,
+        "fraction of the HBM bandwidth memory-bound element-wise kernels reach (norms, "
+        "activations, rope, residual adds, permutes, casts, cross-entropy, optimizer step)",
+        "prior: STREAM-like kernels reach 80-90% of HBM peak; fused training kernels with "
+        "short tensors and reductions ~60-75% (NVIDIA Nsight measurements reported by Calculon)",
+    ),
+    ConstantDef(
+        "scale_up_efficiency", "fraction", 0.75, 0.5, True,
+        "fraction of the per-GPU scale-up (NVLink / xGMI) bandwidth a collective's bus "
+        "bandwidth reaches for large messages",
+        "prior: nccl-tests all-reduce bus bandwidth ~360/450 GB/s on H100 NVLink 4 (0.8); "
+        "RCCL on MI300X xGMI ~300/448 (0.67)",
+        priors=(("cdna3", 0.65), ("cdna4", 0.65)),
+    ),
+    ConstantDef(
+        "nic_efficiency", "fraction", 0.75, 0.5, True,
+        "fraction of the per-GPU NIC bandwidth a collective reaches across nodes",
+        "prior: nccl-tests inter-node bus bandwidth ~40/50 GB/s per 400 Gb/s NIC",
+    ),
+    ConstantDef(
+        "collective_latency_s", "positive", 10e-6, 0.7, False,
+        "fixed latency of one collective or point-to-point step (launch, synchronisation, "
+        "protocol); a collective over n ranks pays it (1 + log2 n) times",
+        "prior: NCCL small-message all-reduce latency ~10-30 us intra-node (nccl-tests)",
+        lower=1e-7, upper=1e-2,
+    ),
+    ConstantDef(
+        "kernel_overhead_s", "positive", 4e-6, 0.7, True,
+        "host/launch overhead per kernel that the GPU does not hide (Python dispatch, launch "
+        "gaps, MoE device-to-host syncs), counted per kernel of each layer",
+        "prior: PyTorch eager op dispatch + launch ~5-10 us, largely hidden by asynchronous "
+        "execution; CUDA graphs remove most of it",
+        lower=1e-8, upper=1e-3,
+    ),
+    ConstantDef(
+        "tp_comm_overlap", "fraction", 0.5, 0.6, False,
+        "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
+        "reduce-scatter (Transformer Engine userbuffers, torchtitan async TP; 0 = none)",
+        "prior: TE TP-comm overlap hides most TP communication on NVLink (Megatron-Core docs); "
+        "not every framework enables it",
+    ),
+    ConstantDef(
+        "ep_comm_overlap", "fraction", 0.2, 0.6, False,
+        "fraction of the MoE dispatch/combine all-to-all hidden behind computation",
+        "prior: Megatron-Core overlaps EP all-to-all only with --overlap-moe-expert-parallel-"
+        "comm or shared-expert overlap; most published runs expose most of it",
+    ),
+    ConstantDef(
+        "pp_comm_overlap", "fraction", 0.5, 0.6, False,
+        "fraction of pipeline send/receive time hidden (Megatron overlaps p2p by default)",
+        "prior: Megatron-LM overlap_p2p_comm (default on for interleaved schedules)",
+    ),
+    ConstantDef(
+        "dp_comm_overlap", "fraction", 0.8, 0.6, False,
+        "fraction of the overlap window (one micro-batch's backward for gradient reduce-scatter,"
+        " its forward for parameter all-gather) the data-parallel collectives can use",
+        "prior: Megatron overlap_grad_reduce / overlap_param_gather and FSDP prefetching hide "
+        "most DP traffic when it fits in the window",
+    ),
+)
+
+CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
+BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
+
+
+def prior_table() -> dict[str, Any]:
+    """Calibration-file content with every constant at its prior (no fit)."""
+    defaults = {c.name: c.prior for c in CONSTANTS}
+    archs: dict[str, dict[str, float]] = {}
+    for arch in ARCHITECTURES:
+        over = {c.name: c.prior_for(arch) for c in CONSTANTS if c.per_arch}
+        archs[arch] = {k: v for k, v in over.items() if v != defaults[k]}
+    return {
+        "_about": "tune-cp time-model constants: priors only (no calibration run).",
+        "fitted_on": None,
+        "defaults": defaults,
+        "architectures": archs,
+    }
+
+
+@dataclass(frozen=True)
+class CalibrationTable:
+    """The content of a calibration file: shared defaults, per-architecture overrides and the
+    header (``about``, ``fitted_on``: which rows, when, and the fit error)."""
+
+    defaults: dict[str, float]
+    architectures: dict[str, dict[str, float]]
+    about: str = ""
+    fitted_on: dict[str, Any] | None = None
+
+    def constants(self, arch: str) -> dict[str, float]:
+        """Every constant for one architecture (override, else default, else prior)."""
+        out = {c.name: c.prior for c in CONSTANTS}
+        out.update(self.defaults)
+        out.update(self.architectures.get(arch, {}))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "_about": self.about,
+            "fitted_on": self.fitted_on,
+            "constants": {
+                c.name: {"meaning": c.meaning, "prior_source": c.source,
+                         "per_architecture": c.per_arch}
+                for c in CONSTANTS
+            },
+            "defaults": self.defaults,
+            "architectures": self.architectures,
+        }
+
+
+def table_from_json(data: dict[str, Any], where: str = "calibration file") -> CalibrationTable:
+    unknown = set(data.get("defaults", {})) - set(CONSTANT_NAMES)
+    for arch, vals in data.get("architectures", {}).items():
+        unknown |= set(vals) - set(CONSTANT_NAMES)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown constant(s) {sorted(unknown)}; known: {', '.join(CONSTANT_NAMES)}"
+        )
+    return CalibrationTable(
+        defaults={k: float(v) for k, v in data.get("defaults", {}).items()},
+        architectures={
+            a: {k: float(v) for k, v in vals.items()}
+            for a, vals in data.get("architectures", {}).items()
+        },
+        about=data.get("_about", ""),
+        fitted_on=data.get("fitted_on"),
+    )
+
+
+def load_calibration(path: str | Path | None = None) -> CalibrationTable:
+    """The calibration file at ``path``, or the one shipped in ``oracle/catalog``."""
+    if path is None:
+        return _default_table()
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read calibration file {str(p)!r}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"calibration file {str(p)!r} is not valid JSON: {e.msg}") from e
+    return table_from_json(data, f"calibration file {str(p)!r}")
+
+
+@cache
+def _default_table() -> CalibrationTable:
+    if not CALIBRATION_PATH.exists():
+        return table_from_json(prior_table())
+    return table_from_json(json.loads(CALIBRATION_PATH.read_text()), str(CALIBRATION_PATH))
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
