@@ -72,6 +72,13 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
     ),
     ConstantDef(
+        "block_scaled_gemm_efficiency", "fraction", 0.93, 0.5, False,
+        "throughput of a block-scaled FP8 GEMM (MXFP8 1x32, blockwise 1x128/128x128 scales) "
+        "relative to a per-tensor-scaled FP8 GEMM of the same shape (scale loads, smaller tiles)",
+        "prior: Megatron-Bridge publishes FP8-CS 3-5% faster than FP8-MX for the same Llama "
+        "configurations; DeepGEMM blockwise kernels report ~90% of per-tensor throughput",
+    ),
+    ConstantDef(
         "gemm_efficiency_fp4", "fraction", 0.45, 0.6, True,
         "fraction of the dense NVFP4 peak an NVFP4 training GEMM sustains (block scaling and "
         "the random Hadamard transform of the wgrad inputs included)",
@@ -177,6 +184,42 @@ CONSTANTS: tuple[ConstantDef, ...] = (
 CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
 BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
 
+#: Software stacks whose kernels differ from the reference (Megatron-Core with Transformer
+#: Engine: cuBLASLt GEMMs, cuDNN fused attention, fused norms and casts). Megatron-LM,
+#: Megatron-Bridge, NeMo, Primus (ROCm Megatron) and other Megatron forks are ``megatron``.
+SOFTWARE_STACKS: tuple[str, ...] = ("megatron", "torchtitan", "llm-foundry")
+REFERENCE_SOFTWARE = "megatron"
+#: Per-stack factors (fitted, log space, prior 1): they scale the reference stack's kernel
+#: efficiencies for another stack's kernels.
+SOFTWARE_FACTORS: tuple[ConstantDef, ...] = (
+    ConstantDef(
+        "attention_factor", "positive", 1.0, 0.3, False,
+        "attention-kernel efficiency of the stack relative to Megatron/TE's cuDNN fused "
+        "attention (PyTorch SDPA FlashAttention-2, Triton flash attention in llm-foundry)",
+        "prior 1: no difference assumed until runs show one",
+        lower=0.2, upper=2.0,
+    ),
+    ConstantDef(
+        "gemm_factor", "positive", 1.0, 0.3, False,
+        "GEMM and element-wise efficiency of the stack relative to Megatron/TE (torch.compile "
+        "or eager kernels, FSDP2 mixed-precision casts, the GPU variant and power limit the stack "
+        "published on: torchtitan's H100s are a 500 W, HBM2e variant)",
+        "prior 1: no difference assumed until runs show one",
+        lower=0.2, upper=2.0,
+    ),
+)
+SOFTWARE_BY_NAME: dict[str, ConstantDef] = {c.name: c for c in SOFTWARE_FACTORS}
+
+
+def software_stack(framework: str) -> str:
+    """The stack key of a framework name (``published_runs.csv`` ``framework`` column)."""
+    f = framework.lower()
+    if "torchtitan" in f:
+        return "torchtitan"
+    if "llm-foundry" in f or "composer" in f or "mosaic" in f:
+        return "llm-foundry"
+    return REFERENCE_SOFTWARE
+
 
 def prior_table() -> dict[str, Any]:
     """Calibration-file content with every constant at its prior (no fit)."""
@@ -190,6 +233,7 @@ def prior_table() -> dict[str, Any]:
         "fitted_on": None,
         "defaults": defaults,
         "architectures": archs,
+        "software": {},
     }
 
 
@@ -202,12 +246,28 @@ class CalibrationTable:
     architectures: dict[str, dict[str, float]]
     about: str = ""
     fitted_on: dict[str, Any] | None = None
+    software: dict[str, dict[str, float]] | None = None
 
-    def constants(self, arch: str) -> dict[str, float]:
-        """Every constant for one architecture (override, else default, else prior)."""
+    def constants(self, arch: str, software: str = REFERENCE_SOFTWARE) -> dict[str, float]:
+        """Every constant for one architecture (override, else default, else prior), with the
+        software stack's factors applied to the kernel efficiencies (capped below 1)."""
         out = {c.name: c.prior for c in CONSTANTS}
         out.update(self.defaults)
         out.update(self.architectures.get(arch, {}))
+        f = self.software_factors(software)
+        out["attention_efficiency"] = min(0.999, out["attention_efficiency"] * f["attention_factor"])
+        for key in ("gemm_efficiency_bf16", "gemm_efficiency_fp8", "gemm_efficiency_fp4",
+                    "hbm_efficiency"):
+            out[key] = min(0.999, out[key] * f["gemm_factor"])
+        return out
+
+    def software_factors(self, software: str) -> dict[str, float]:
+        if software not in SOFTWARE_STACKS:
+            raise ConfigError(
+                f"unknown software stack {software!r}; choose one of {', '.join(SOFTWARE_STACKS)}"
+            )
+        out = {c.name: c.prior for c in SOFTWARE_FACTORS}
+        out.update((self.software or {}).get(software, {}))
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -219,8 +279,13 @@ class CalibrationTable:
                          "per_architecture": c.per_arch}
                 for c in CONSTANTS
             },
+            "software_factors": {
+                c.name: {"meaning": c.meaning, "prior_source": c.source}
+                for c in SOFTWARE_FACTORS
+            },
             "defaults": self.defaults,
             "architectures": self.architectures,
+            "software": self.software or {},
         }
 
 
@@ -232,6 +297,13 @@ def table_from_json(data: dict[str, Any], where: str = "calibration file") -> Ca
         raise ConfigError(
             f"{where}: unknown constant(s) {sorted(unknown)}; known: {', '.join(CONSTANT_NAMES)}"
         )
+    soft = data.get("software", {}) or {}
+    for stack, vals in soft.items():
+        if stack not in SOFTWARE_STACKS or set(vals) - set(SOFTWARE_BY_NAME):
+            raise ConfigError(
+                f"{where}: software entry {stack!r} must be one of {', '.join(SOFTWARE_STACKS)} "
+                f"with factors {', '.join(SOFTWARE_BY_NAME)}"
+            )
     return CalibrationTable(
         defaults={k: float(v) for k, v in data.get("defaults", {}).items()},
         architectures={
@@ -240,6 +312,7 @@ def table_from_json(data: dict[str, Any], where: str = "calibration file") -> Ca
         },
         about=data.get("_about", ""),
         fitted_on=data.get("fitted_on"),
+        software={s: {k: float(v) for k, v in vals.items()} for s, vals in soft.items()},
     )
 
 

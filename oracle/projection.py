@@ -23,13 +23,16 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
 * **GEMM** of shape (M, N, K): ``2 M N K / (peak x eff)``, ``eff = eff_prec x
   g(M) g(N) g(K)``, ``g(x) = x / (x + gemm_half_dim)``, never faster than moving its operands
   through HBM; expert GEMMs also x ``grouped_gemm_efficiency``. Backward = dgrad + wgrad, the
-  same shape factors, twice the forward time. Low precision (FP8 recipes, NVFP4) applies to the
+  same shape factors, twice the forward time; block-scaled recipes (MXFP8, blockwise) run at
+  ``block_scaled_gemm_efficiency`` of a per-tensor FP8 GEMM. Low precision (FP8 recipes, NVFP4) applies to the
   transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
   FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward) is element-wise
   work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element.
 * **Core attention** (flash): forward FLOPs from :mod:`oracle.flops` (causal), backward 2.5 x
   forward (FlashAttention-2 recomputes the scores: 5 matmuls vs 2; Dao 2023), at
-  ``attention_efficiency`` x head-dim factor x ``g(context)``.
+  ``attention_efficiency`` x head-dim factor x ``g(context)``; never faster than the GPU's
+  special-function units compute the softmax exponentials (one per score forward, one more in
+  backward; ``sfu_exp_per_s`` in gpus.json): Blackwell Ultra doubles that rate.
 * **Element-wise** (norms, rope, residual adds, SwiGLU/GELU, router softmax, MoE permute and
   unpermute, cross-entropy, embedding): bytes read + written / (HBM x ``hbm_efficiency``);
   backward moves twice the forward bytes.
@@ -81,7 +84,12 @@ from pydantic import BaseModel, ConfigDict
 
 from oracle import flops as F
 from oracle import params as P
-from oracle.constants import CONSTANT_NAMES, CalibrationTable, load_calibration
+from oracle.constants import (
+    CONSTANT_NAMES,
+    REFERENCE_SOFTWARE,
+    CalibrationTable,
+    load_calibration,
+)
 from oracle.memory import param_units, pipeline_chunks, recompute_groups
 from oracle.specs import (
     ClusterSpec,
@@ -356,8 +364,15 @@ def _stage_layers(
 
 
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    keys = np.stack(cols, axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    """Distinct rows of the stacked integer columns and the index of each row's distinct row
+    (mixed-radix key: one 1-d ``np.unique`` instead of a slow row-wise one)."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        lo = int(c.min())
+        span = int(c.max()) - lo + 1
+        key = key * span + (c - lo)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    uniq = np.stack([c[first] for c in cols], axis=1)
     return uniq, inverse.reshape(-1)
 
 
@@ -369,6 +384,14 @@ def _padded_vocab(vocab: int, tp: np.ndarray) -> np.ndarray:
 def _link(cluster: ClusterSpec, span: np.ndarray) -> np.ndarray:
     """1 where a group spanning ``span`` consecutive ranks stays on the scale-up links, else 0."""
     return (span <= cluster.scale_up_gpus).astype(np.float64)
+
+
+def _local(cluster: ClusterSpec, stride: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Members of a group (``size`` ranks, ``stride`` apart) inside one scale-up domain: a ring
+    collective that leaves the domain drives that many NICs per domain in parallel (NCCL builds
+    one ring per NIC), so its bus bandwidth is ``min(scale-up, local x NIC)``."""
+    per = np.maximum(1, cluster.scale_up_gpus // np.maximum(1, stride))
+    return np.minimum(size, per).astype(np.float64)
 
 
 def build_work(
@@ -471,6 +494,7 @@ def build_work(
                 f"choose precision bf16"
             )
     w["prec"] = prec
+    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3)).astype(f64)  # blockwise, MXFP8
     w["peak_bf16"] = np.full(n, gpu.peak_bf16_flops)
     w["peak_low"] = np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
                                      gpu.peak_fp4_flops or 1.0]).astype(f64)
@@ -493,6 +517,9 @@ def build_work(
     w["attn_ctx_full"] = np.full(n, F.attention_context(model, training.seq_len, False))
     w["attn_ctx_slide"] = np.full(n, F.attention_context(model, training.seq_len, True))
     w["attn_head_dim"] = np.full(n, d_attn)
+    # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
+    w["attn_exp_per_flop"] = np.full(n, 1.0 / (2.0 * 2.0 * d_attn))
+    w["sfu_exp_per_s"] = np.full(n, gpu.sfu_exp_per_s or 0.0)
 
     # --- element-wise bytes per micro-batch (forward; backward moves twice as much)
     qk_norm = T * rope_width * 4 if model.qk_norm else 0.0
@@ -523,6 +550,7 @@ def build_work(
     w["tp_bytes"] = T * h * BF16
     w["tp_n"] = tp
     w["tp_intra"] = _link(cluster, b.tp)
+    w["tp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp)
     w["tp_fwd_per_block"] = has_tp * 2.0  # AG + RS, or one all-reduce (= 2)
     w["tp_bwd_per_block"] = has_tp * (sp * 3.0 + (1 - sp) * 2.0)  # + input re-gather with SP
     w["tp_shared_blocks"] = np.full(n, 1.0 if fs else 0.0)
@@ -552,16 +580,19 @@ def build_work(
         w["ep_n"] = np.where(is_ag, ag_n, ep)
         w["ep_ag_bytes"] = np.where(is_ag & (ag_n > 1), ag_bytes, 0.0)
         w["ep_ag_intra"] = _link(cluster, ag_span)
+        w["ep_ag_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep)
         w["ep_active"] = ((b.ep > 1) & ~is_ag).astype(f64)
         w["etp_bytes"] = np.where(b.etp > 1, rows * h * BF16, 0.0)
         w["etp_n"] = etp
         w["etp_intra"] = _link(cluster, b.etp)
+        w["etp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.etp)
     else:
         for key in ("ep_intra_bytes", "ep_inter_bytes", "ep_ag_bytes", "ep_active",
                     "etp_bytes"):
             w[key] = np.zeros(n)
         w["ep_n"] = w["etp_n"] = np.ones(n)
         w["ep_ag_intra"] = w["etp_intra"] = np.ones(n)
+        w["ep_ag_local"] = w["etp_local"] = np.ones(n)
 
     # --- pipeline p2p
     w["pp_bytes"] = np.where(b.pp > 1, Tsp * h * BF16, 0.0)
@@ -615,8 +646,10 @@ def build_work(
     expert_group = np.maximum(1, cluster.world_size // (b.pp * b.ep * b.etp))
     w["dp_dense_n"] = dense_group.astype(f64)
     w["dp_dense_intra"] = _link(cluster, b.tp * dense_group)
+    w["dp_dense_local"] = _local(cluster, b.tp, dense_group)
     w["dp_expert_n"] = expert_group.astype(f64)
     w["dp_expert_intra"] = _link(cluster, b.ep * b.etp * expert_group)
+    w["dp_expert_local"] = _local(cluster, b.ep * b.etp, expert_group)
     w["dist_opt"] = b.distributed_optimizer.astype(f64)
     w["fsdp"] = b.fsdp.astype(f64)
 
@@ -671,15 +704,40 @@ def _collective(bytes_: Any, n: Any, bw: Any, alpha: Any) -> np.ndarray:
     return np.where(n > 1, t, 0.0)
 
 
+def pipeline_time(
+    stage_times: np.ndarray, m: Any, vpp: Any = 1, bubble_factor: Any = 1.0
+) -> np.ndarray:
+    """Time of the pipelined forward/backward passes of one step.
+
+    ``stage_times[..., s]``: one micro-batch's forward + backward on stage s (0 for padding);
+    ``m`` micro-batches; ``vpp`` virtual stages per rank. ``m x max_s t_s + bubble_factor x
+    (sum_s t_s - max_s t_s) / vpp``: with p equal stages of time t this is ``(m + (p - 1)/vpp)
+    t``, i.e. the bubble fraction ``(p - 1)/(vpp m)`` of Narayanan et al. 2021 (interleaved) and
+    ``(p - 1)/m`` for 1F1B; with unequal stages the slowest sets the steady-state pace and each
+    other stage adds its own fill/drain time. ``bubble_factor``: 1 for 1F1B/interleaved,
+    :data:`ZERO_BUBBLE_FACTOR` for zero-bubble schedules.
+    """
+    t = np.asarray(stage_times, dtype=np.float64)
+    t_max = t.max(axis=-1)
+    return np.asarray(m) * t_max + np.asarray(bubble_factor) * (t.sum(axis=-1) - t_max) / vpp
+
+
 def constants_arrays(
-    calib: CalibrationTable, archs: Sequence[str] | str, n: int
+    calib: CalibrationTable,
+    archs: Sequence[str] | str,
+    n: int,
+    software: Sequence[str] | str = REFERENCE_SOFTWARE,
 ) -> dict[str, np.ndarray]:
-    """Constants as arrays of length ``n`` (one architecture, or one per entry)."""
-    if isinstance(archs, str):
-        c = calib.constants(archs)
+    """Constants as arrays of length ``n`` (one architecture and software stack, or one per
+    entry)."""
+    if isinstance(archs, str) and isinstance(software, str):
+        c = calib.constants(archs, software)
         return {k: np.full(n, c[k]) for k in CONSTANT_NAMES}
-    table = {a: calib.constants(a) for a in set(archs)}
-    return {k: np.array([table[a][k] for a in archs]) for k in CONSTANT_NAMES}
+    archs_l = [archs] * n if isinstance(archs, str) else list(archs)
+    soft_l = [software] * n if isinstance(software, str) else list(software)
+    table = {key: calib.constants(*key) for key in set(zip(archs_l, soft_l, strict=True))}
+    return {k: np.array([table[key][k] for key in zip(archs_l, soft_l, strict=True)])
+            for k in CONSTANT_NAMES}
 
 
 def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -692,7 +750,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     eff_prec = np.choose(
         w["prec"], [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
                     c["gemm_efficiency_fp4"]]
-    )
+    ) * (1 - w["block_scaled"] * (1 - np.asarray(c["block_scaled_gemm_efficiency"])))
     hbm = w["hbm_bw"] * c["hbm_efficiency"]
     up_bw = w["scale_up_bw"] * c["scale_up_efficiency"]
     nic_bw = w["nic_bw"] * c["nic_efficiency"]
@@ -700,7 +758,12 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     kern = c["kernel_overhead_s"]
 
     def link(intra: np.ndarray) -> np.ndarray:
+        """Point-to-point / all-to-all bandwidth per GPU."""
         return np.where(intra > 0, up_bw, nic_bw)
+
+    def ring(intra: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Bus bandwidth of a ring collective (see :func:`_local`)."""
+        return np.where(intra > 0, up_bw, np.minimum(up_bw, local * nic_bw))
 
     # ---- GEMMs, forward time per slot
     M, N, K, cnt = w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"]
@@ -736,24 +799,30 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     dfac = (w["attn_head_dim"] / (w["attn_head_dim"] + hd)) / (128.0 / (128.0 + hd))
     a_eff = c["attention_efficiency"] * dfac
     hh = np.asarray(c["gemm_half_dim"])
-    core_f = (
-        w["attn_flops_full"] / (w["peak_bf16"] * a_eff * _g(w["attn_ctx_full"], hh))
-        + w["attn_flops_slide"] / (w["peak_bf16"] * a_eff * _g(w["attn_ctx_slide"], hh))
-    )
-    core_b = ATTENTION_BWD_FLOPS_RATIO * core_f
+    sfu = np.where(w["sfu_exp_per_s"] > 0, w["sfu_exp_per_s"], np.inf)
+    core_f = np.zeros_like(w["peak_bf16"])
+    core_b = np.zeros_like(w["peak_bf16"])
+    for part in ("full", "slide"):
+        eff_ctx = _g(w[f"attn_ctx_{part}"], hh)
+        t_mm = w[f"attn_flops_{part}"] / (w["peak_bf16"] * a_eff * eff_ctx)
+        # softmax exponentials on the special-function units overlap the matmuls (FA3/FA4)
+        t_exp = w[f"attn_flops_{part}"] * w["attn_exp_per_flop"] / (
+            sfu * c["attention_efficiency"] * eff_ctx)
+        core_f = core_f + np.maximum(t_mm, t_exp)
+        core_b = core_b + np.maximum(ATTENTION_BWD_FLOPS_RATIO * t_mm, t_exp)
 
     # ---- element-wise
     ew_attn, ew_mlp, ew_moe = w["ew_attn"] / hbm, w["ew_mlp"] / hbm, w["ew_moe"] / hbm
     ew_out_f, ew_out_b = w["ew_out_fwd"] / hbm, w["ew_out_bwd"] / hbm
     ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
 
-    # ---- kernels
-    k_attn = KERNELS_PER_LAYER["attention"] * kern
-    k_mlp = KERNELS_PER_LAYER["mlp"] * kern
-    k_moe = (KERNELS_PER_LAYER["mlp"] + KERNELS_PER_LAYER["moe"]) * kern * w["has_moe"]
+    # ---- host time per layer (forward + backward launches twice as many kernels)
+    host_dense = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]) * kern
+    host_moe = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
+                    + KERNELS_PER_LAYER["moe"]) * kern
 
     # ---- TP
-    t_tp = _collective(w["tp_bytes"], w["tp_n"], link(w["tp_intra"]), alpha)
+    t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
     ov_tp = c["tp_comm_overlap"]
     tp_attn_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_attn)
     tp_attn_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_attn)
@@ -778,19 +847,20 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     lat = alpha * (1 + np.log2(np.maximum(w["ep_n"], 1)))
     a2a = w["ep_active"] * (lat + np.maximum(w["ep_intra_bytes"] / up_bw,
                                              w["ep_inter_bytes"] / nic_bw))
-    agd = _collective(w["ep_ag_bytes"], w["ep_n"], link(w["ep_ag_intra"]), alpha)
-    etp = _collective(w["etp_bytes"], w["etp_n"], link(w["etp_intra"]), alpha)
+    agd = _collective(w["ep_ag_bytes"], w["ep_n"], ring(w["ep_ag_intra"], w["ep_ag_local"]),
+                      alpha)
+    etp = _collective(w["etp_bytes"], w["etp_n"], ring(w["etp_intra"], w["etp_local"]), alpha)
     ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - c["ep_comm_overlap"])
     ep_f = ep_dir * w["has_moe"]
     ep_b = ep_dir * w["has_moe"]
 
     # ---- per-layer forward / backward (compute | comm), and selective recompute
-    attn_f = g_attn + core_f + ew_attn + cf_attn + k_attn
-    attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn + 2 * k_attn
-    mlp_f = g_mlp + ew_mlp + cf_mlp + k_mlp
-    mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp + 2 * k_mlp
-    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe + k_moe
-    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe + 2 * k_moe
+    attn_f = g_attn + core_f + ew_attn + cf_attn
+    attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn
+    mlp_f = g_mlp + ew_mlp + cf_mlp
+    mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp
+    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe
+    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe
     comm_attn_f, comm_attn_b = tp_attn_f + cp_f, tp_attn_b + cp_b
     comm_mlp_f, comm_mlp_b = tp_mlp_f, tp_mlp_b
     comm_moe_f, comm_moe_b = tp_sh_f + ep_f, tp_sh_b + ep_b
@@ -848,7 +918,16 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     bucket["recompute"] = (
         nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
     )
-    bucket["kernel_overhead"] = nl * col(3 * k_attn) + nd * col(3 * k_mlp) + nm * col(3 * k_moe)
+    # the host runs ahead of the GPU: only launch time beyond a layer's GPU time is exposed
+    # (a dropless MoE layer syncs host and device once, so the comparison is per layer)
+    gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
+        + comm_mlp_b + rc_dense
+    gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
+        + comm_moe_b + rc_moe
+    bucket["kernel_overhead"] = (
+        nd * col(np.maximum(0.0, host_dense - gpu_dense))
+        + nm * col(np.maximum(0.0, host_moe - gpu_moe) * w["has_moe"])
+    )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
         + nm * col(tp_sh_f + tp_sh_b)
@@ -865,8 +944,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
 
     # ---- data parallel and FSDP
     pd, pe = w["st_params_dense"], w["st_params_expert"]
-    bw_dd = col(link(w["dp_dense_intra"]))
-    bw_de = col(link(w["dp_expert_intra"]))
+    bw_dd = col(ring(w["dp_dense_intra"], w["dp_dense_local"]))
+    bw_de = col(ring(w["dp_expert_intra"], w["dp_expert_local"]))
     nd_n, ne_n = col(w["dp_dense_n"]), col(w["dp_expert_n"])
     alpha_c = col(alpha)
     rs = _collective(FP32 * pd, nd_n, bw_dd, alpha_c) + _collective(FP32 * pe, ne_n, bw_de,
@@ -894,12 +973,11 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     tail = (dp_step + opt) * valid
 
     # ---- pipeline schedule
-    m, v = w["m"], w["vpp"]
+    m = w["m"]
     stage_mb = stage_mb * valid
     crit = np.argmax(stage_mb, axis=1)
     rows = np.arange(stage_mb.shape[0])
-    t_max = stage_mb[rows, crit]
-    bubble = w["bubble_factor"] * (stage_mb.sum(axis=1) - t_max) / v
+    bubble = pipeline_time(stage_mb, m, w["vpp"], w["bubble_factor"]) - m * stage_mb[rows, crit]
     last = np.argmax(tail, axis=1)
     out: dict[str, np.ndarray] = {}
     for key in BREAKDOWN:
@@ -964,18 +1042,20 @@ def score_configs(
     training: TrainingSpec,
     batch: ConfigBatch,
     calib: CalibrationTable | str | None = None,
+    software: str = REFERENCE_SOFTWARE,
 ) -> dict[str, np.ndarray]:
     """Vectorised projection of many configurations of one (model, cluster, training).
 
     Returns arrays: ``step_time_s``, ``tokens_per_s_per_gpu``, ``model_tflops_per_gpu``, ``mfu``
-    and the :data:`BREAKDOWN` components. Legality is not checked here (the solver's job)."""
+    and the :data:`BREAKDOWN` components. Legality is not checked here (the solver's job).
+    ``software``: the stack whose kernel efficiencies apply (``megatron`` by default; see
+    :data:`oracle.constants.SOFTWARE_STACKS`)."""
     table = _calib(calib)
     w = build_work(model, cluster, training, batch)
-    res = timing(w, constants_arrays(table, cluster.gpu.architecture, len(batch)))
+    res = timing(w, constants_arrays(table, cluster.gpu.architecture, len(batch), software))
     tokens = training.global_batch_size * training.seq_len
     world = cluster.world_size
-    vpad = _padded_vocab(model.vocab_size, batch.tp)
-    flops_tok = np.array([_flops_per_token(model, training.seq_len, int(v)) for v in vpad])
+    flops_tok = model_flops_per_token_array(model, training.seq_len, batch.tp)
     step = res["step_time_s"]
     res["tokens_per_s_per_gpu"] = tokens / step / world
     res["model_flops_per_token"] = flops_tok
@@ -992,12 +1072,18 @@ def score_configs(
 
 
 @lru_cache(maxsize=1024)
-def _flops_per_token(model: ModelSpec, seq_len: int, padded_vocab: int) -> float:
-    """Model FLOPs per token with Megatron's padded vocabulary (depends on tp)."""
-    base = F.model_flops_per_token(model, seq_len, 1)
+def _flops_base(model: ModelSpec, seq_len: int) -> float:
+    return F.model_flops_per_token(model, seq_len, 1)
+
+
+def model_flops_per_token_array(model: ModelSpec, seq_len: int, tp: np.ndarray) -> np.ndarray:
+    """:func:`oracle.flops.model_flops_per_token` for an array of tp (only Megatron's vocabulary
+    padding, a multiple of 128 x tp, depends on tp): the tp = 1 value plus the logits FLOPs of
+    the extra padded vocabulary."""
     vpad1 = P.padded_vocab_size(model.vocab_size, 1)
     per_vocab = F.FWD_BWD_FACTOR * F.FMA * model.hidden_size * (1 + model.num_mtp_layers)
-    return base + per_vocab * (padded_vocab - vpad1)
+    extra = (_padded_vocab(model.vocab_size, np.asarray(tp)) - vpad1).astype(np.float64)
+    return _flops_base(model, seq_len) + per_vocab * extra
 
 
 def project(
@@ -1006,17 +1092,20 @@ def project(
     training: TrainingSpec,
     cfg: ParallelConfig,
     calib: CalibrationTable | str | None = None,
+    software: str = REFERENCE_SOFTWARE,
 ) -> Projection:
     """Projection of one configuration resolved by :func:`oracle.specs.resolve_config`.
 
     ``calib``: a :class:`~oracle.constants.CalibrationTable`, a path to a calibration JSON
     (``tune-cp calibrate --out``), or None for the shipped ``oracle/catalog/calibration.json``.
+    ``software``: ``megatron`` (Megatron-LM / Bridge / NeMo / Primus, the default),
+    ``torchtitan`` or ``llm-foundry``.
     """
     table = _calib(calib)
     if cfg.pipeline_split is None or cfg.dp is None or cfg.ga is None:
         raise ConfigError("resolve_config() the configuration before projecting it")
     batch = ConfigBatch.from_configs([cfg])
-    res = score_configs(model, cluster, training, batch, table)
+    res = score_configs(model, cluster, training, batch, table, software)
     return Projection(
         step_time_s=float(res["step_time_s"][0]),
         tokens_per_s_per_gpu=float(res["tokens_per_s_per_gpu"][0]),

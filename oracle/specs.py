@@ -237,6 +237,11 @@ class GpuSpec(Spec):
         default=None, gt=0, le=1e18, description="dense NVFP4 tensor FLOP/s; None: no FP4"
     )
     hbm_bytes_per_s: float = Field(gt=0, le=1e15)
+    sfu_exp_per_s: float | None = Field(
+        default=None, gt=0, le=1e16,
+        description="special-function (exp) throughput; bounds flash-attention softmax; None: "
+        "not a bottleneck / not published",
+    )
     scale_up_bytes_per_s: float = Field(
         gt=0, le=1e14, description="scale-up (NVLink / xGMI) bandwidth per GPU per direction"
     )
