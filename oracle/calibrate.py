@@ -92,7 +92,7 @@ def prepare(rows: Iterable[RunRow]) -> PreparedRows:
         software=[r.software for r in rows],
         measured=np.array([r.measured_tokens_per_s_per_gpu for r in rows], dtype=float),
         tokens_per_step=np.array(
-            [r.training.global_batch_size * r.training.seq_len for r in rows],  # type: ignore
+            [r.cfg.mbs * r.cfg.dp * r.cfg.ga * r.training.seq_len for r in rows],  # type: ignore
             dtype=float,
         ),
         world=np.array([r.cluster.world_size for r in rows], dtype=float),  # type: ignore

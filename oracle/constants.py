@@ -339,3 +339,29 @@ def _default_table() -> CalibrationTable:
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_constants(table: CalibrationTable) -> str:
+    """Plain-text table of every constant: prior, shared value, per-architecture values, and the
+    software-stack factors (``tune-cp calibrate`` prints it; docs/projection.md quotes it)."""
+    archs = list(ARCHITECTURES)
+    head = ["constant", "per arch", "prior", "default", *archs]
+    rows = []
+    for c in CONSTANTS:
+        vals = [table.architectures.get(a, {}).get(c.name, table.defaults.get(c.name, c.prior))
+                for a in archs]
+        rows.append([c.name, "yes" if c.per_arch else "no", f"{c.prior:.4g}",
+                     f"{table.defaults.get(c.name, c.prior):.4g}",
+                     *(f"{v:.4g}" if c.per_arch else "" for v in vals)])
+    for stack in SOFTWARE_STACKS:
+        if stack == REFERENCE_SOFTWARE:
+            continue
+        f = table.software_factors(stack)
+        for c in SOFTWARE_FACTORS:
+            rows.append([f"{stack}.{c.name}", "no", f"{c.prior:.4g}", f"{f[c.name]:.4g}",
+                         *([""] * len(archs))])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)

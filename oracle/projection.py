@@ -1053,7 +1053,9 @@ def score_configs(
     table = _calib(calib)
     w = build_work(model, cluster, training, batch)
     res = timing(w, constants_arrays(table, cluster.gpu.architecture, len(batch), software))
-    tokens = training.global_batch_size * training.seq_len
+    # tokens the step actually trains: mbs x dp x ga sequences (= the global batch for a legal
+    # configuration; an illegal one that does not divide it is not credited with more)
+    tokens = (batch.mbs * batch.dp * batch.ga).astype(np.float64) * training.seq_len
     world = cluster.world_size
     flops_tok = model_flops_per_token_array(model, training.seq_len, batch.tp)
     step = res["step_time_s"]

@@ -402,8 +402,15 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     if model.num_layers % (pp * vpp) and pp * vpp > model.num_layers + 2:
         out.reason = f"pp*vpp = {pp * vpp} exceeds the {model.num_layers} layers"
         return
-    out.model, out.cluster, out.training = model, cluster, training
-    out.cfg = resolve_config(cfg, model, cluster, training)
+    resolved = resolve_config(cfg, model, cluster, training)
+    try:  # a row the time model cannot evaluate is unrepresentable, not a crash
+        from oracle.projection import ConfigBatch, build_work
+
+        build_work(model, cluster, training, ConfigBatch.from_configs([resolved]))
+    except (ConfigError, ValueError, ZeroDivisionError, FloatingPointError) as e:
+        out.reason = f"projection failed: {str(e).splitlines()[0]}"
+        return
+    out.model, out.cluster, out.training, out.cfg = model, cluster, training, resolved
 
 
 def read_runs(path: str | Path) -> list[RunRow]:
