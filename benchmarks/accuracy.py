@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(np.unique(meas[idx_a])) < 2:
             continue
         rho = spearman(pred[idx_a], meas[idx_a])
-        srows.append([model, gpu, str(len(idx)), "n/a" if rho != rho else f"{rho:+.2f}"])
+        shown = f"{rho:+.2f}" if rho == rho else "n/a (one configuration, several releases)"
+        srows.append([model, gpu, str(len(idx)), shown])
         if rho == rho:
             rhos.append(rho)
             weights.append(len(idx))

@@ -58,32 +58,32 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "gemm_efficiency_bf16", "fraction", 0.75, 0.6, True,
         "fraction of the dense BF16 peak a large, well-shaped GEMM sustains in training "
         "(cuBLAS / hipBLASLt / TE; clocks under load included)",
-        "priors: A100 ~270/312 and H100 ~750/989 TFLOP/s on 8k GEMMs (NVIDIA cuBLAS and "
-        "Transformer Engine GEMM benchmarks; Calculon matrix efficiency); MI300X ~650/1307 "
-        "(AMD ROCm hipBLASLt tuning guides); B200 ~1600/2250",
+        "priors (order of magnitude; the fit sets the value): large BF16 GEMMs commonly reach "
+        "~85% of peak on A100, ~75% on H100, ~70% on B200, ~50-60% on MI300X/MI355X "
+        "(vendor GEMM benchmarks and MLPerf-era reports)",
         priors=(("ampere", 0.85), ("hopper", 0.75), ("blackwell", 0.70), ("cdna3", 0.50),
                 ("cdna4", 0.60)),
     ),
     ConstantDef(
         "gemm_efficiency_fp8", "fraction", 0.65, 0.6, True,
         "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included)",
-        "priors: H100 FP8 ~1300/1979 TFLOP/s (TE FP8 GEMM benchmarks), B200 MXFP8 ~3000/4500; "
-        "MI300X/MI355X hipBLASLt FP8 below NVIDIA's fraction",
+        "priors (order of magnitude): FP8 GEMMs reach a somewhat lower fraction of their "
+        "doubled peak than BF16 (~65% on Hopper/Blackwell), lower on CDNA",
         priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
     ),
     ConstantDef(
         "block_scaled_gemm_efficiency", "fraction", 0.93, 0.5, False,
         "throughput of a block-scaled FP8 GEMM (MXFP8 1x32, blockwise 1x128/128x128 scales) "
         "relative to a per-tensor-scaled FP8 GEMM of the same shape (scale loads, smaller tiles)",
-        "prior: Megatron-Bridge publishes FP8-CS 3-5% faster than FP8-MX for the same Llama "
-        "configurations; DeepGEMM blockwise kernels report ~90% of per-tensor throughput",
+        "prior: Megatron-Bridge's performance summary lists FP8-CS 2-5% faster than FP8-MX "
+        "for the same Llama 3 8B configurations (published_runs.csv rows 229/230, 238/239)",
     ),
     ConstantDef(
         "gemm_efficiency_fp4", "fraction", 0.45, 0.6, True,
         "fraction of the dense NVFP4 peak an NVFP4 training GEMM sustains (block scaling and "
         "the random Hadamard transform of the wgrad inputs included)",
-        "prior: NVFP4 training GEMMs reach roughly 1.5-2x MXFP8 throughput on Blackwell "
-        "(NVIDIA NVFP4 pretraining blog, 2025), i.e. ~0.45 of the 2x-FP8 peak",
+        "prior (order of magnitude): NVFP4 end-to-end speed-ups over MXFP8 of ~1.3-1.5x in "
+        "the Megatron-Bridge summary imply well under the FP8 fraction of a 2x peak",
     ),
     ConstantDef(
         "gemm_half_dim", "positive", 128.0, 0.5, True,
@@ -91,23 +91,24 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "half its large-GEMM efficiency; each of M, N, K contributes a factor x / (x + half_dim) "
         "(tile quantisation, prologue/epilogue and wave effects of skinny GEMMs from high tp, "
         "small experts or few tokens per expert)",
-        "prior: 128 = one output tile edge of Hopper/Blackwell GEMM kernels (CUTLASS 128x128/"
-        "128x256 tiles); measured H100 GEMM efficiency halves near N or K ~ 100-200",
+        "prior: 128 = one output-tile edge of common Hopper/Blackwell GEMM kernels (CUTLASS "
+        "128x128 / 128x256 tiles)",
         lower=8.0, upper=4096.0,
     ),
     ConstantDef(
         "grouped_gemm_efficiency", "fraction", 0.85, 0.5, False,
         "extra efficiency factor of MoE grouped GEMMs (many expert GEMMs in one launch, uneven "
         "sizes) relative to a plain GEMM of the same shape",
-        "prior: TE/cuBLAS grouped GEMM runs ~10-20% below an equivalent single GEMM "
-        "(Megatron-Core MoE README, grouped GEMM notes)",
+        "prior (order of magnitude): grouped GEMMs of uneven expert sizes run somewhat below "
+        "one GEMM of the same total shape",
     ),
     ConstantDef(
         "attention_efficiency", "fraction", 0.50, 0.6, True,
         "fraction of the dense BF16 peak the fused (flash) attention kernel sustains at head dim "
         "128 and long context; backward does 2.5x the forward FLOPs at the same efficiency",
-        "priors: FlashAttention-2 on A100 ~190/312 fwd, ~150 bwd (Dao 2023); FA3/cuDNN on H100 "
-        "~600/989 fwd, ~450 bwd (Shah et al. 2024); CK/aiter flash attention on MI300X lower",
+        "priors: FlashAttention-2 reaches 50-73% of A100 peak in its forward pass (Dao 2023, "
+        "abstract); FlashAttention-3 up to 75% of H100 peak (Shah et al. 2024, abstract), "
+        "backward lower; CDNA flash attention lower (order of magnitude)",
         priors=(("ampere", 0.55), ("hopper", 0.50), ("blackwell", 0.45), ("cdna3", 0.30),
                 ("cdna4", 0.35)),
     ),
@@ -115,51 +116,51 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "attention_head_dim_half", "positive", 64.0, 0.5, False,
         "head dimension at which flash attention runs at half its asymptotic rate; the "
         "efficiency at head dim d is scaled by [d/(d+x)] / [128/(128+x)] (1 at d = 128)",
-        "prior: FlashAttention-2 forward at head dim 64 runs ~75% of head dim 128 (Dao 2023, "
-        "Fig. 4), which x = 64 gives",
+        "prior: flash-attention throughput is lower at head dim 64 than at 128 (Dao 2023 "
+        "benchmarks); x = 64 makes head dim 64 run at 75% of head dim 128",
         lower=1.0, upper=4096.0,
     ),
     ConstantDef(
         "hbm_efficiency", "fraction", 0.70, 0.5, True,
         "fraction of the HBM bandwidth memory-bound element-wise kernels reach (norms, "
         "activations, rope, residual adds, permutes, casts, cross-entropy, optimizer step)",
-        "prior: STREAM-like kernels reach 80-90% of HBM peak; fused training kernels with "
-        "short tensors and reductions ~60-75% (NVIDIA Nsight measurements reported by Calculon)",
+        "prior (order of magnitude): streaming kernels reach 80-90% of HBM peak, training "
+        "kernels with reductions and short tensors less",
     ),
     ConstantDef(
         "scale_up_efficiency", "fraction", 0.75, 0.5, True,
         "fraction of the per-GPU scale-up (NVLink / xGMI) bandwidth a collective's bus "
         "bandwidth reaches for large messages",
-        "prior: nccl-tests all-reduce bus bandwidth ~360/450 GB/s on H100 NVLink 4 (0.8); "
-        "RCCL on MI300X xGMI ~300/448 (0.67)",
+        "prior (order of magnitude): large-message NCCL/RCCL bus bandwidth is 65-80% of the "
+        "link rate",
         priors=(("cdna3", 0.65), ("cdna4", 0.65)),
     ),
     ConstantDef(
         "nic_efficiency", "fraction", 0.75, 0.5, True,
         "fraction of the per-GPU NIC bandwidth a collective reaches across nodes",
-        "prior: nccl-tests inter-node bus bandwidth ~40/50 GB/s per 400 Gb/s NIC",
+        "prior (order of magnitude): ~75% of the NIC line rate for large messages",
     ),
     ConstantDef(
         "collective_latency_s", "positive", 10e-6, 0.7, False,
         "fixed latency of one collective or point-to-point step (launch, synchronisation, "
         "protocol); a collective over n ranks pays it (1 + log2 n) times",
-        "prior: NCCL small-message all-reduce latency ~10-30 us intra-node (nccl-tests)",
+        "prior (order of magnitude): NCCL/RCCL small-message latency of tens of microseconds",
         lower=1e-7, upper=1e-2,
     ),
     ConstantDef(
         "kernel_overhead_s", "positive", 4e-6, 0.7, True,
         "host/launch overhead per kernel that the GPU does not hide (Python dispatch, launch "
         "gaps, MoE device-to-host syncs), counted per kernel of each layer",
-        "prior: PyTorch eager op dispatch + launch ~5-10 us, largely hidden by asynchronous "
-        "execution; CUDA graphs remove most of it",
+        "prior (order of magnitude): a few microseconds of launch and dispatch per kernel; "
+        "hidden whenever the GPU work of the layer takes longer",
         lower=1e-8, upper=1e-3,
     ),
     ConstantDef(
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
         "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
         "reduce-scatter (Transformer Engine userbuffers, torchtitan async TP; 0 = none)",
-        "prior: TE TP-comm overlap hides most TP communication on NVLink (Megatron-Core docs); "
-        "not every framework enables it",
+        "prior: half; Transformer Engine TP-comm overlap and async TP hide most of it, "
+        "plain Megatron/torchtitan TP hides none",
     ),
     ConstantDef(
         "ep_comm_overlap", "fraction", 0.2, 0.6, False,
