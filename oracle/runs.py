@@ -127,15 +127,16 @@ def catalog_model_for(name: str) -> str | None:
 
 
 def _family_donor(name: str) -> str | None:
-    """Catalog model sharing the row's family prefix (letters + generation digit): used only for
-    a missing vocabulary and the architecture flags."""
-    m = re.match(r"[a-z]+\d?", _key(name))
-    if not m:
-        return None
-    prefix = m.group(0)
-    for canonical in model_entries():
-        if _key(canonical).startswith(prefix):
-            return canonical
+    """Catalog model sharing the row's family prefix (letters + generation digit, else letters
+    only): used only for a missing vocabulary and the architecture flags."""
+    key = _key(name)
+    for pattern in (r"[a-z]+\d", r"[a-z]+"):
+        m = re.match(pattern, key)
+        if not m:
+            continue
+        for canonical in model_entries():
+            if _key(canonical).startswith(m.group(0)):
+                return canonical
     return None
 
 
