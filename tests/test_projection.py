@@ -124,6 +124,26 @@ def test_vectorised_scorer_equals_scalar(case) -> None:
             assert p.breakdown[k] == pytest.approx(res[k][i], rel=1e-9, abs=1e-15)
 
 
+def test_vectorised_scorer_equals_scalar_on_every_knob() -> None:
+    m, c, t = setup("deepseek-v3", "h100", 16, 4096, 1024, "fp8")
+    rng = np.random.default_rng(1)
+    n = 40
+    batch = ConfigBatch.from_arrays(
+        m, c, t,
+        tp=rng.choice([1, 2, 4], n), pp=rng.choice([2, 4, 8], n), vpp=rng.choice([1, 2], n),
+        cp=rng.choice([1, 2], n), ep=rng.choice([8, 16, 32], n), mbs=rng.choice([1, 2], n),
+        recompute=rng.choice([0, 1, 2], n), recompute_method=rng.choice([0, 1], n),
+        recompute_layers=rng.choice([-1, 1, 2], n), recompute_modules=rng.choice([1, 66, 12], n),
+        distributed_optimizer=rng.choice([True, False], n), fsdp=rng.choice([True, False], n),
+        dispatcher=rng.choice([0, 1, 2], n), schedule=rng.choice([0, 1, 2], n),
+        fp8=rng.choice([0, 1, 2], n), etp=rng.choice([1, 2], n),
+    )
+    res = score_configs(m, c, t, batch)
+    for i in range(n):
+        p = project(m, c, t, batch.config(i))
+        assert p.step_time_s == pytest.approx(res["step_time_s"][i], rel=1e-9, abs=0)
+
+
 def test_from_configs_matches_from_arrays() -> None:
     m, c, t = setup("mixtral-8x22b", "mi355x", 8, 8192, 512)
     cfg = resolve_config(ParallelConfig(tp=1, pp=4, vpp=2, ep=8, mbs=2), m, c, t)
