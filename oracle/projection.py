@@ -53,7 +53,8 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``flex`` (DeepEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
   node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``.
 * **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way; exposed
-  ``(1 - pp_comm_overlap)``.
+  ``(1 - pp_comm_overlap)`` in the interleaved schedule (Megatron ``overlap_p2p_comm``), fully
+  exposed in 1F1B.
 * **Pipeline**: with ``t_s`` the per-micro-batch time of stage s (forward + backward +
   recompute + exposed comm) and m micro-batches, ``m max_s t_s + bubble_factor x (sum_s t_s -
   max_s t_s) / vpp``: for equal stages this is Narayanan et al.'s ``(m + (p - 1)/vpp) t``
@@ -888,9 +889,12 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     mtp_fb = 3 * g_mtp
 
     # ---- pipeline p2p (exposed) per micro-batch per stage
+    # Megatron overlaps p2p with compute in the interleaved schedule (overlap_p2p_comm); the
+    # non-interleaved 1F1B schedule sends and receives on the critical path
+    overlap_pp = np.where(w["vpp"] > 1, c["pp_comm_overlap"], 0.0)
     pp_t = w["pp_sends"] * np.where(
         w["pp_bytes"] > 0, alpha + w["pp_bytes"] / link(w["pp_intra"]), 0.0
-    ) * (1 - c["pp_comm_overlap"])
+    ) * (1 - overlap_pp)
 
     # ---- per-stage buckets for one micro-batch: (n, P)
     nd, nm = w["st_dense"], w["st_moe"]
