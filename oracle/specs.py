@@ -41,8 +41,13 @@ class PositionEmbedding(StrEnum):
 
 
 class Precision(StrEnum):
+    """GEMM precision of the transformer layers. ``fp4`` is NVFP4 (Blackwell; Transformer Engine
+    ``NVFP4BlockScaling``, Megatron-Bridge ``bf16_with_nvfp4_mixed``); the memory accounting treats
+    it like BF16 (its weight and activation copies are not modelled there yet)."""
+
     BF16 = "bf16"
     FP8 = "fp8"
+    FP4 = "fp4"
 
 
 class Fp8Recipe(StrEnum):
@@ -228,7 +233,15 @@ class GpuSpec(Spec):
     hbm_bytes: int = Field(gt=0, le=1 << 50, description="HBM capacity in bytes (GiB-based)")
     peak_bf16_flops: float = Field(gt=0, le=1e18, description="dense BF16 tensor FLOP/s")
     peak_fp8_flops: float | None = Field(default=None, gt=0, le=1e18, description="None: no FP8")
+    peak_fp4_flops: float | None = Field(
+        default=None, gt=0, le=1e18, description="dense NVFP4 tensor FLOP/s; None: no FP4"
+    )
     hbm_bytes_per_s: float = Field(gt=0, le=1e15)
+    sfu_exp_per_s: float | None = Field(
+        default=None, gt=0, le=1e16,
+        description="special-function (exp) throughput; bounds flash-attention softmax; None: "
+        "not a bottleneck / not published",
+    )
     scale_up_bytes_per_s: float = Field(
         gt=0, le=1e14, description="scale-up (NVLink / xGMI) bandwidth per GPU per direction"
     )

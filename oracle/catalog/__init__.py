@@ -44,7 +44,9 @@ class GpuEntry(Spec):
     hbm_gib: float = Field(gt=0, le=1 << 20)
     peak_bf16_tflops: float = Field(gt=0, le=1e6)
     peak_fp8_tflops: float | None = Field(default=None, gt=0, le=1e6)
+    peak_fp4_tflops: float | None = Field(default=None, gt=0, le=1e6)
     hbm_tb_per_s: float = Field(gt=0, le=1e3)
+    sfu_exp_tera_per_s: float | None = Field(default=None, gt=0, le=1e4)
     scale_up_gb_per_s: float = Field(gt=0, le=1e5)
     scale_up_domain_gpus: int = Field(ge=1, le=1 << 20)
     nic_gb_per_s: float = Field(gt=0, le=1e5)
@@ -61,7 +63,9 @@ class GpuEntry(Spec):
             hbm_bytes=round(self.hbm_gib * GIB),
             peak_bf16_flops=self.peak_bf16_tflops * 1e12,
             peak_fp8_flops=None if self.peak_fp8_tflops is None else self.peak_fp8_tflops * 1e12,
+            peak_fp4_flops=None if self.peak_fp4_tflops is None else self.peak_fp4_tflops * 1e12,
             hbm_bytes_per_s=self.hbm_tb_per_s * 1e12,
+            sfu_exp_per_s=None if self.sfu_exp_tera_per_s is None else self.sfu_exp_tera_per_s * 1e12,
             scale_up_bytes_per_s=self.scale_up_gb_per_s * 1e9,
             scale_up_domain_gpus=self.scale_up_domain_gpus,
             nic_bytes_per_s=self.nic_gb_per_s * 1e9,

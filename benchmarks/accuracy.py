@@ -1,0 +1,202 @@
+"""Accuracy of the projection oracle on published runs.
+
+Projects every row of a runs CSV (default ../shared/calibration/published_runs.csv) that has a
+measured tokens/s/GPU and prints, as plain-text tables: overall, per-source and per-GPU mean
+absolute percentage error (MAPE) of tokens/s/GPU; the ten worst rows with their breakdown;
+Spearman rank correlation within groups of the same model and hardware; a leave-one-source-out
+table (calibrate without a source, score that source); the unrepresentable rows with reasons.
+
+    PYTHONPATH=. python benchmarks/accuracy.py [--runs FILE.csv] [--calibration FILE.json]
+                                               [--no-loso]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
+from oracle.constants import load_calibration  # noqa: E402
+from oracle.projection import BREAKDOWN, timing  # noqa: E402
+from oracle.runs import RunRow, read_runs, scored_rows  # noqa: E402
+
+DEFAULT_RUNS = ROOT.parent / "shared" / "calibration" / "published_runs.csv"
+if not DEFAULT_RUNS.exists():
+    DEFAULT_RUNS = Path("/work/shared/calibration/published_runs.csv")
+
+
+def ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share their mean rank)."""
+    order = np.argsort(x, kind="mergesort")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):
+        idx = x == v
+        if idx.sum() > 1:
+            r[idx] = r[idx].mean()
+    return r
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in rows:
+        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    return "\n".join(out)
+
+
+def pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def project_rows(rows: list[RunRow], calib) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    prep = prepare(rows)
+    res = timing(prep.work, table_constants(calib, prep.archs, prep.software))
+    pred = prep.tokens_per_step / res["step_time_s"] / prep.world
+    return pred, res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
+    ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
+    args = ap.parse_args(argv)
+
+    all_rows = read_runs(args.runs)
+    measured_rows = scored_rows(all_rows)
+    rep = [r for r in measured_rows if r.representable]
+    unrep = [r for r in measured_rows if not r.representable]
+    calib = load_calibration(args.calibration)
+    pred, res = project_rows(rep, calib)
+    meas = np.array([r.measured_tokens_per_s_per_gpu for r in rep])
+    ape = np.abs(pred / meas - 1)
+    logerr = np.log(pred / meas)
+
+    print(f"runs file: {args.runs}")
+    print(f"calibration: {calib.about or 'priors'}")
+    print()
+    print("== Overall (tokens/s/GPU) ==")
+    print(table(
+        ["rows in file", "with measured tokens/s", "representable", "share", "MAPE",
+         "median APE", "within 10%", "within 15%"],
+        [[str(len(all_rows)), str(len(measured_rows)), str(len(rep)),
+          pct(len(rep) / max(1, len(measured_rows))), pct(float(ape.mean())),
+          pct(float(np.median(ape))), pct(float((ape <= 0.10).mean())),
+          pct(float((ape <= 0.15).mean()))]],
+    ))
+    print()
+
+    def grouped(key) -> list[list[str]]:
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(rep):
+            groups[key(r)].append(i)
+        out = []
+        for k, idx in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            idx_a = np.array(idx)
+            out.append([k, str(len(idx)), pct(float(ape[idx_a].mean())),
+                        pct(float(np.median(ape[idx_a]))),
+                        f"{100 * float(np.mean(logerr[idx_a])):+.1f}%"])
+        return out
+
+    print("== Per source ==")
+    print(table(["source", "rows", "MAPE", "median", "bias (mean log err)"],
+                grouped(lambda r: r.source_id)))
+    print()
+    print("== Per GPU ==")
+    print(table(["gpu", "rows", "MAPE", "median", "bias (mean log err)"],
+                grouped(lambda r: r.gpu_name)))
+    print()
+
+    print("== Ten worst rows ==")
+    worst = np.argsort(-ape)[:10]
+    wrows = []
+    for i in worst:
+        r = rep[i]
+        comps = sorted(((k, float(res[k][i])) for k in BREAKDOWN), key=lambda kv: -kv[1])
+        step = float(res["step_time_s"][i])
+        top = ", ".join(f"{k} {100 * v / step:.0f}%" for k, v in comps[:5] if v > 0)
+        wrows.append([r.row_id, r.source_id, f"{r.model.name}", r.gpu_name,
+                      r.cfg.label().replace(" ", ""), f"mbs{r.cfg.mbs}",
+                      r.training.precision.value, f"{meas[i]:.0f}", f"{pred[i]:.0f}",
+                      f"{100 * (pred[i] / meas[i] - 1):+.0f}%", f"{step:.2f}s", top])
+    print(table(["row", "source", "model", "gpu", "layout", "mbs", "prec", "measured",
+                 "projected", "error", "step", "breakdown (share of step)"], wrows))
+    print()
+
+    print("== Spearman rank correlation within groups (same model and GPU, >= 3 rows) ==")
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(rep):
+        groups[r.group].append(i)
+    srows, rhos, weights = [], [], []
+    for (model, gpu), idx in sorted(groups.items()):
+        if len(idx) < 3:
+            continue
+        idx_a = np.array(idx)
+        if len(np.unique(meas[idx_a])) < 2:
+            continue
+        rho = spearman(pred[idx_a], meas[idx_a])
+        shown = f"{rho:+.2f}" if rho == rho else "n/a (one configuration, several releases)"
+        srows.append([model, gpu, str(len(idx)), shown])
+        if rho == rho:
+            rhos.append(rho)
+            weights.append(len(idx))
+    print(table(["model", "gpu", "rows", "spearman"], srows))
+    if rhos:
+        print(f"mean within-group Spearman: {np.mean(rhos):+.2f} (row-weighted "
+              f"{np.average(rhos, weights=weights):+.2f}) over {len(rhos)} groups")
+    print()
+
+    if not args.no_loso:
+        print("== Leave one source out (calibrate without the source, score it) ==")
+        sources = sorted({r.source_id for r in rep}, key=lambda s: -sum(
+            1 for r in rep if r.source_id == s))
+        lrows = []
+        all_ape = []
+        for src in sources:
+            held = [r for r in rep if r.source_id == src]
+            rest = [r for r in all_rows if r.source_id != src]
+            try:
+                rep_fit = calibrate_rows(rest, source_label=f"without {src}")
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                lrows.append([src, str(len(held)), "-", "-", f"fit failed: {e}"])
+                continue
+            p_held, _ = project_rows(held, rep_fit.table)
+            m_held = np.array([r.measured_tokens_per_s_per_gpu for r in held])
+            a_held = np.abs(p_held / m_held - 1)
+            idx = np.array([rep.index(r) for r in held])
+            all_ape.extend(a_held.tolist())
+            lrows.append([src, str(len(held)), pct(float(ape[idx].mean())),
+                          pct(float(a_held.mean())), pct(float(np.median(a_held)))])
+        print(table(["held-out source", "rows", "MAPE (all sources fitted)",
+                     "MAPE (source held out)", "median (held out)"], lrows))
+        if all_ape:
+            print(f"pooled held-out MAPE: {pct(float(np.mean(all_ape)))} over "
+                  f"{len(all_ape)} rows")
+        print()
+
+    print(f"== Unrepresentable rows with a measurement: {len(unrep)} of "
+          f"{len(measured_rows)} ==")
+    print(table(["row", "source", "model", "reason"],
+                [[r.row_id, r.source_id, r.model_name, r.reason or ""] for r in unrep]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,366 @@
+"""Fit the time-model constants to measured runs (``tune-cp calibrate --runs FILE.csv``).
+
+Method (maximum a posteriori, regularised towards physical priors):
+
+* every row of the CSV with a measured tokens/s/GPU that :mod:`oracle.runs` can represent is
+  projected with :func:`oracle.projection.build_work` once; the constants enter only
+  :func:`oracle.projection.timing`, so one evaluation of all rows takes milliseconds;
+* unknowns: each per-architecture constant (:mod:`oracle.constants`) once per architecture that
+  has rows, each shared constant once; fractions are fitted in logit space, positive constants
+  in log space, each with a Gaussian prior of width ``prior_sigma`` around its documented prior
+  (so an architecture with five rows moves only as far as they support);
+* residual of a row: ``log(projected / measured)`` tokens/s/GPU, divided by
+  :data:`ROW_NOISE` (the scatter between releases of the same published configuration) and
+  weighted ``1 / sqrt(duplicates)`` for rows repeating the same configuration; a robust Cauchy
+  weight (iteratively reweighted, scale :data:`ROBUST_SCALE`) keeps rows no physical model can
+  match (a software release 2x slower than the next) from dragging the constants;
+* Levenberg-Marquardt with a finite-difference Jacobian (numpy only).
+
+:func:`calibrate` returns a :class:`CalibrationReport` and writes the calibration JSON (the
+header says which rows, when, and the fit error) when ``out_path`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle.constants import (
+    ARCHITECTURES,
+    BY_NAME,
+    CONSTANTS,
+    REFERENCE_SOFTWARE,
+    SOFTWARE_BY_NAME,
+    SOFTWARE_FACTORS,
+    SOFTWARE_STACKS,
+    CalibrationTable,
+    load_calibration,
+    prior_table,
+    table_from_json,
+    utc_now,
+)
+from oracle.projection import ConfigBatch, build_work, concat_work, timing
+from oracle.runs import RunRow, read_runs, scored_rows
+from oracle.specs import ConfigError
+
+#: log-scale scatter assumed for one published measurement (release-to-release differences of the
+#: same configuration on the Megatron-Bridge page are 5-15 %).
+ROW_NOISE = 0.15
+#: scale of the Cauchy robust weight on log residuals.
+ROBUST_SCALE = 0.25
+#: minimum number of representable rows to fit anything.
+MIN_ROWS = 3
+
+
+@dataclass
+class PreparedRows:
+    """Rows projected to work arrays once (constants-independent)."""
+
+    rows: list[RunRow]
+    work: dict[str, np.ndarray]
+    archs: list[str]
+    software: list[str]
+    measured: np.ndarray
+    tokens_per_step: np.ndarray
+    world: np.ndarray
+    weight: np.ndarray
+
+
+def prepare(rows: Iterable[RunRow]) -> PreparedRows:
+    """Work arrays of every representable row with a measurement."""
+    rows = [r for r in rows if r.representable and r.measured_tokens_per_s_per_gpu]
+    if not rows:
+        raise ConfigError("no representable rows with a measured tokens_per_sec_per_gpu")
+    works = []
+    for r in rows:
+        assert r.model and r.cluster and r.training and r.cfg
+        works.append(build_work(r.model, r.cluster, r.training, ConfigBatch.from_configs([r.cfg])))
+    keys = [(r.source_id, r.group, r.cfg.label() if r.cfg else "", r.training.precision
+             if r.training else "") for r in rows]
+    dup = Counter(keys)
+    return PreparedRows(
+        rows=rows,
+        work=concat_work(works),
+        archs=[r.cluster.gpu.architecture or "hopper" for r in rows],  # type: ignore[union-attr]
+        software=[r.software for r in rows],
+        measured=np.array([r.measured_tokens_per_s_per_gpu for r in rows], dtype=float),
+        tokens_per_step=np.array(
+            [r.cfg.mbs * r.cfg.dp * r.cfg.ga * r.training.seq_len for r in rows],  # type: ignore
+            dtype=float,
+        ),
+        world=np.array([r.cluster.world_size for r in rows], dtype=float),  # type: ignore
+        weight=np.array([1.0 / math.sqrt(dup[k]) for k in keys]),
+    )
+
+
+# ------------------------------------------------------------------ parameter vector
+
+
+@dataclass
+class Layout:
+    """Which entries of the parameter vector are which constant: ``(name, key)`` with key an
+    architecture (per-architecture constants), None (shared constants) or ``sw:<stack>``
+    (software-stack factors)."""
+
+    entries: list[tuple[str, str | None]]
+    archs_present: list[str]
+    software_present: list[str]
+
+    def prior_theta(self) -> np.ndarray:
+        return np.array([_to_theta(c, _prior(c, a)) for c, a in self.entries])
+
+    def sigma(self) -> np.ndarray:
+        return np.array([_def(c).prior_sigma for c, _ in self.entries])
+
+
+def _def(name: str):
+    return BY_NAME.get(name) or SOFTWARE_BY_NAME[name]
+
+
+def _prior(name: str, key: str | None) -> float:
+    d = _def(name)
+    return d.prior_for(key) if key and not key.startswith("sw:") else d.prior
+
+
+def _to_theta(name: str, value: float) -> float:
+    d = _def(name)
+    if d.kind == "fraction":
+        v = min(max(value, 1e-6), 1 - 1e-6)
+        return math.log(v / (1 - v))
+    return math.log(min(max(value, d.lower), d.upper))
+
+
+def _from_theta(name: str, theta: np.ndarray | float) -> np.ndarray:
+    d = _def(name)
+    if d.kind == "fraction":
+        return 1.0 / (1.0 + np.exp(-np.asarray(theta)))
+    return np.clip(np.exp(np.asarray(theta)), d.lower, d.upper)
+
+
+def make_layout(archs: Iterable[str], software: Iterable[str] = ()) -> Layout:
+    present = [a for a in ARCHITECTURES if a in set(archs)]
+    stacks = [s for s in SOFTWARE_STACKS if s in set(software) and s != REFERENCE_SOFTWARE]
+    entries: list[tuple[str, str | None]] = []
+    for c in CONSTANTS:
+        if c.per_arch:
+            entries += [(c.name, a) for a in present]
+        else:
+            entries.append((c.name, None))
+    for f in SOFTWARE_FACTORS:
+        entries += [(f.name, f"sw:{s}") for s in stacks]
+    return Layout(entries, present, stacks)
+
+
+def table_for_theta(layout: Layout, theta: np.ndarray) -> CalibrationTable:
+    """The calibration table a parameter vector stands for (priors elsewhere)."""
+    base = prior_table()
+    defaults = dict(base["defaults"])
+    archs: dict[str, dict[str, float]] = {a: dict(v) for a, v in base["architectures"].items()}
+    software: dict[str, dict[str, float]] = {}
+    for (name, key), th in zip(layout.entries, theta, strict=True):
+        value = float(_from_theta(name, th))
+        if key is None:
+            defaults[name] = value
+        elif key.startswith("sw:"):
+            software.setdefault(key[3:], {})[name] = value
+        else:
+            archs.setdefault(key, {})[name] = value
+    return CalibrationTable(defaults=defaults, architectures=archs, software=software)
+
+
+def predict(prep: PreparedRows, consts: dict[str, np.ndarray]) -> np.ndarray:
+    """Projected tokens/s/GPU of every prepared row."""
+    step = timing(prep.work, consts)["step_time_s"]
+    return prep.tokens_per_step / step / prep.world
+
+
+def table_constants(
+    table: CalibrationTable, archs: list[str], software: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Per-row constant arrays of a calibration table."""
+    software = software or [REFERENCE_SOFTWARE] * len(archs)
+    keys = list(zip(archs, software, strict=True))
+    per = {k: table.constants(*k) for k in set(keys)}
+    return {c.name: np.array([per[k][c.name] for k in keys]) for c in CONSTANTS}
+
+
+# ---------------------------------------------------------------------------- the fit
+
+
+def fit(prep: PreparedRows, iterations: int = 40) -> tuple[Layout, np.ndarray, dict[str, Any]]:
+    """Levenberg-Marquardt MAP fit (see module docstring). Returns layout, theta and stats."""
+    layout = make_layout(prep.archs, prep.software)
+    theta = layout.prior_theta()
+    prior, sigma = layout.prior_theta(), layout.sigma()
+    logm = np.log(prep.measured)
+
+    def resid_data(th: np.ndarray) -> np.ndarray:
+        consts = table_constants(table_for_theta(layout, th), prep.archs, prep.software)
+        return np.log(predict(prep, consts)) - logm
+
+    def full(th: np.ndarray, rw: np.ndarray) -> np.ndarray:
+        return np.concatenate([rw * resid_data(th) / ROW_NOISE, (th - prior) / sigma])
+
+    lam = 1e-2
+    robust = np.ones(len(prep.rows))
+    for outer in range(4):
+        rw = prep.weight * robust
+        r = full(theta, rw)
+        cost = float(r @ r)
+        for _ in range(iterations):
+            eps = 1e-4
+            J = np.empty((len(r), len(theta)))
+            for j in range(len(theta)):
+                t2 = theta.copy()
+                t2[j] += eps
+                J[:, j] = (full(t2, rw) - r) / eps
+            A = J.T @ J
+            gvec = J.T @ r
+            improved = False
+            for _ in range(12):
+                step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-9), -gvec)
+                cand = theta + step
+                rc = full(cand, rw)
+                cc = float(rc @ rc)
+                if cc < cost:
+                    theta, r, cost = cand, rc, cc
+                    lam = max(lam / 3, 1e-7)
+                    improved = True
+                    break
+                lam *= 4
+            if not improved or np.max(np.abs(step)) < 1e-5:
+                break
+        res = resid_data(theta)
+        robust = 1.0 / np.sqrt(1.0 + (res / ROBUST_SCALE) ** 2)
+    res = resid_data(theta)
+    pred = np.exp(res + logm)
+    stats = {
+        "rows": len(prep.rows),
+        "mape": float(np.mean(np.abs(pred / prep.measured - 1))),
+        "median_ape": float(np.median(np.abs(pred / prep.measured - 1))),
+    }
+    return layout, theta, stats
+
+
+def table_from_fit(
+    layout: Layout, theta: np.ndarray, header: dict[str, Any], about: str
+) -> CalibrationTable:
+    t = table_for_theta(layout, theta)
+
+    def r(d: dict[str, float]) -> dict[str, float]:
+        return {k: float(f"{v:.6g}") for k, v in d.items()}
+
+    return CalibrationTable(
+        defaults=r(t.defaults),
+        architectures={a: r(v) for a, v in t.architectures.items()},
+        software={s: r(v) for s, v in (t.software or {}).items()},
+        about=about,
+        fitted_on=header,
+    )
+
+
+@dataclass
+class CalibrationReport:
+    """What :func:`calibrate` did: the table, which rows it used and skipped, the fit error."""
+
+    table: CalibrationTable
+    rows_used: list[str]
+    rows_skipped: list[tuple[str, str]]
+    mape: float
+    median_ape: float
+    prior_mape: float
+    out_path: str | None = None
+    per_row: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"calibrated on {len(self.rows_used)} rows "
+            f"({len(self.rows_skipped)} skipped: no measurement or not representable)",
+            f"tokens/s/GPU MAPE: {100 * self.prior_mape:.1f}% with priors -> "
+            f"{100 * self.mape:.1f}% fitted (median {100 * self.median_ape:.1f}%)",
+        ]
+        if self.out_path:
+            lines.append(f"written to {self.out_path}")
+        return "\n".join(lines)
+
+
+def calibrate_rows(
+    rows: list[RunRow], source_label: str = "runs", exclude_sources: Iterable[str] = ()
+) -> CalibrationReport:
+    """Fit on already-parsed rows (``exclude_sources``: source ids left out, for
+    leave-one-source-out validation)."""
+    excl = set(exclude_sources)
+    usable = [r for r in scored_rows(rows) if r.representable and r.source_id not in excl]
+    skipped = [(r.row_id, r.reason or "no measured tokens/s/GPU")
+               for r in rows if r not in usable and r.source_id not in excl]
+    if len(usable) < MIN_ROWS:
+        raise ConfigError(
+            f"{source_label}: only {len(usable)} representable rows with a measured "
+            f"tokens_per_sec_per_gpu; calibration needs at least {MIN_ROWS}"
+        )
+    prep = prepare(usable)
+    prior_pred = predict(
+        prep, table_constants(table_from_json(prior_table()), prep.archs, prep.software)
+    )
+    prior_mape = float(np.mean(np.abs(prior_pred / prep.measured - 1)))
+    layout, theta, stats = fit(prep)
+    header = {
+        "runs_file": source_label,
+        "date": utc_now(),
+        "rows": [r.row_id for r in usable],
+        "excluded_sources": sorted(excl),
+        "architectures_fitted": layout.archs_present,
+        "software_stacks_fitted": layout.software_present,
+        "tokens_per_s_mape": round(stats["mape"], 4),
+        "tokens_per_s_median_ape": round(stats["median_ape"], 4),
+        "tokens_per_s_mape_priors_only": round(prior_mape, 4),
+        "method": "MAP fit: log residuals / 0.15, Cauchy-robust (0.25), Gaussian priors in "
+                  "logit/log space (oracle/calibrate.py)",
+    }
+    about = (
+        f"tune-cp time-model constants fitted on {len(usable)} rows of {source_label} "
+        f"({header['date']}); in-sample tokens/s/GPU MAPE {100 * stats['mape']:.1f}%"
+    )
+    table = table_from_fit(layout, theta, header, about)
+    pred = predict(prep, table_constants(table, prep.archs, prep.software))
+    per_row = [
+        {"row_id": r.row_id, "measured": float(m), "projected": float(p)}
+        for r, m, p in zip(prep.rows, prep.measured, pred, strict=True)
+    ]
+    return CalibrationReport(
+        table=table,
+        rows_used=[r.row_id for r in usable],
+        rows_skipped=skipped,
+        mape=stats["mape"],
+        median_ape=stats["median_ape"],
+        prior_mape=prior_mape,
+        per_row=per_row,
+    )
+
+
+def calibrate(
+    runs_csv_path: str | Path, out_path: str | Path | None = None
+) -> CalibrationReport:
+    """Fit the constants on a runs CSV (the columns of published_runs.csv) and, when
+    ``out_path`` is given, write the calibration JSON there (load it with
+    ``project(..., calib=out_path)``)."""
+    path = Path(runs_csv_path)
+    rows = read_runs(path)
+    report = calibrate_rows(rows, source_label=path.name)
+    if out_path is not None:
+        out = Path(out_path)
+        out.write_text(json.dumps(report.table.to_json(), indent=2) + "\n")
+        report.out_path = str(out)
+    return report
+
+
+def load(path: str | Path | None = None) -> CalibrationTable:
+    """Alias of :func:`oracle.constants.load_calibration`."""
+    return load_calibration(path)

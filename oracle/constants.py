@@ -1,0 +1,368 @@
+"""The named constants of the time model, their physical meaning and priors, and the calibration
+file that stores their fitted values per GPU architecture.
+
+Every constant is dimensionless or in seconds and means one physical thing (see :data:`CONSTANTS`).
+Values live in ``oracle/catalog/calibration.json``: ``defaults`` (shared by all architectures)
+and ``architectures.<arch>`` (overrides for ``ampere``, ``hopper``, ``blackwell``, ``cdna3``,
+``cdna4``; GPUs name their architecture in ``gpus.json``). :func:`oracle.calibrate.calibrate`
+rewrites that file from published or logged runs; the header records which rows, when, and the
+fit error. A constant is *per architecture* when the hardware sets it (kernel efficiencies,
+link efficiencies, launch overhead) and *shared* when the software sets it (overlap fractions,
+collective latency, grouped-GEMM penalty).
+
+Priors (the starting point and the value the fit is regularised towards) come from public
+kernel benchmarks, each cited in :data:`CONSTANTS`; the fit moves a constant away from its prior
+only as far as the rows support (Gaussian penalty in logit space for fractions, log space for
+positive quantities, of width ``prior_sigma``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from oracle.specs import ConfigError
+
+HERE = Path(__file__).parent
+CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
+ARCHITECTURES: tuple[str, ...] = ("ampere", "hopper", "blackwell", "cdna3", "cdna4")
+
+
+@dataclass(frozen=True)
+class ConstantDef:
+    """One constant: ``kind`` is ``fraction`` (0..1, fitted in logit space) or ``positive``
+    (fitted in log space); ``per_arch`` says whether each architecture gets its own value;
+    ``priors`` gives per-architecture priors (the shared ``prior`` otherwise)."""
+
+    name: str
+    kind: str
+    prior: float
+    prior_sigma: float
+    per_arch: bool
+    meaning: str
+    source: str
+    priors: tuple[tuple[str, float], ...] = ()
+    lower: float = 0.0
+    upper: float = 1.0
+
+    def prior_for(self, arch: str) -> float:
+        return dict(self.priors).get(arch, self.prior)
+
+
+CONSTANTS: tuple[ConstantDef, ...] = (
+    ConstantDef(
+        "gemm_efficiency_bf16", "fraction", 0.75, 0.6, True,
+        "fraction of the dense BF16 peak a large, well-shaped GEMM sustains in training "
+        "(cuBLAS / hipBLASLt / TE; clocks under load included)",
+        "priors (order of magnitude; the fit sets the value): large BF16 GEMMs commonly reach "
+        "~85% of peak on A100, ~75% on H100, ~70% on B200, ~50-60% on MI300X/MI355X "
+        "(vendor GEMM benchmarks and MLPerf-era reports)",
+        priors=(("ampere", 0.85), ("hopper", 0.75), ("blackwell", 0.70), ("cdna3", 0.50),
+                ("cdna4", 0.60)),
+    ),
+    ConstantDef(
+        "gemm_efficiency_fp8", "fraction", 0.65, 0.6, True,
+        "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included)",
+        "priors (order of magnitude): FP8 GEMMs reach a somewhat lower fraction of their "
+        "doubled peak than BF16 (~65% on Hopper/Blackwell), lower on CDNA",
+        priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
+    ),
+    ConstantDef(
+        "block_scaled_gemm_efficiency", "fraction", 0.93, 0.5, False,
+        "throughput of a block-scaled FP8 GEMM (MXFP8 1x32, blockwise 1x128/128x128 scales) "
+        "relative to a per-tensor-scaled FP8 GEMM of the same shape (scale loads, smaller tiles)",
+        "prior: Megatron-Bridge's performance summary lists FP8-CS 2-5% faster than FP8-MX "
+        "for the same Llama 3 8B configurations (published_runs.csv rows 229/230, 238/239)",
+    ),
+    ConstantDef(
+        "gemm_efficiency_fp4", "fraction", 0.45, 0.6, True,
+        "fraction of the dense NVFP4 peak an NVFP4 training GEMM sustains (block scaling and "
+        "the random Hadamard transform of the wgrad inputs included)",
+        "prior (order of magnitude): NVFP4 end-to-end speed-ups over MXFP8 of ~1.3-1.5x in "
+        "the Megatron-Bridge summary imply well under the FP8 fraction of a 2x peak",
+    ),
+    ConstantDef(
+        "gemm_half_dim", "positive", 128.0, 0.5, True,
+        "GEMM dimension (rows, columns or reduction length) at which the tile pipeline runs at "
+        "half its large-GEMM efficiency; each of M, N, K contributes a factor x / (x + half_dim) "
+        "(tile quantisation, prologue/epilogue and wave effects of skinny GEMMs from high tp, "
+        "small experts or few tokens per expert)",
+        "prior: 128 = one output-tile edge of common Hopper/Blackwell GEMM kernels (CUTLASS "
+        "128x128 / 128x256 tiles)",
+        lower=8.0, upper=4096.0,
+    ),
+    ConstantDef(
+        "grouped_gemm_efficiency", "fraction", 0.85, 0.5, False,
+        "extra efficiency factor of MoE grouped GEMMs (many expert GEMMs in one launch, uneven "
+        "sizes) relative to a plain GEMM of the same shape",
+        "prior (order of magnitude): grouped GEMMs of uneven expert sizes run somewhat below "
+        "one GEMM of the same total shape",
+    ),
+    ConstantDef(
+        "attention_efficiency", "fraction", 0.50, 0.6, True,
+        "fraction of the dense BF16 peak the fused (flash) attention kernel sustains at head dim "
+        "128 and long context; backward does 2.5x the forward FLOPs at the same efficiency",
+        "priors: FlashAttention-2 reaches 50-73% of A100 peak in its forward pass (Dao 2023, "
+        "abstract); FlashAttention-3 up to 75% of H100 peak (Shah et al. 2024, abstract), "
+        "backward lower; CDNA flash attention lower (order of magnitude)",
+        priors=(("ampere", 0.55), ("hopper", 0.50), ("blackwell", 0.45), ("cdna3", 0.30),
+                ("cdna4", 0.35)),
+    ),
+    ConstantDef(
+        "attention_head_dim_half", "positive", 64.0, 0.5, False,
+        "head dimension at which flash attention runs at half its asymptotic rate; the "
+        "efficiency at head dim d is scaled by [d/(d+x)] / [128/(128+x)] (1 at d = 128)",
+        "prior: flash-attention throughput is lower at head dim 64 than at 128 (Dao 2023 "
+        "benchmarks); x = 64 makes head dim 64 run at 75% of head dim 128",
+        lower=1.0, upper=4096.0,
+    ),
+    ConstantDef(
+        "hbm_efficiency", "fraction", 0.70, 0.5, True,
+        "fraction of the HBM bandwidth memory-bound element-wise kernels reach (norms, "
+        "activations, rope, residual adds, permutes, casts, cross-entropy, optimizer step)",
+        "prior (order of magnitude): streaming kernels reach 80-90% of HBM peak, training "
+        "kernels with reductions and short tensors less",
+    ),
+    ConstantDef(
+        "scale_up_efficiency", "fraction", 0.75, 0.5, True,
+        "fraction of the per-GPU scale-up (NVLink / xGMI) bandwidth a collective's bus "
+        "bandwidth reaches for large messages",
+        "prior (order of magnitude): large-message NCCL/RCCL bus bandwidth is 65-80% of the "
+        "link rate",
+        priors=(("cdna3", 0.65), ("cdna4", 0.65)),
+    ),
+    ConstantDef(
+        "nic_efficiency", "fraction", 0.75, 0.5, True,
+        "fraction of the per-GPU NIC bandwidth a collective reaches across nodes",
+        "prior (order of magnitude): ~75% of the NIC line rate for large messages",
+    ),
+    ConstantDef(
+        "collective_latency_s", "positive", 10e-6, 0.7, False,
+        "fixed latency of one collective or point-to-point step (launch, synchronisation, "
+        "protocol); a collective over n ranks pays it (1 + log2 n) times",
+        "prior (order of magnitude): NCCL/RCCL small-message latency of tens of microseconds",
+        lower=1e-7, upper=1e-2,
+    ),
+    ConstantDef(
+        "kernel_overhead_s", "positive", 4e-6, 0.7, True,
+        "host/launch overhead per kernel that the GPU does not hide (Python dispatch, launch "
+        "gaps, MoE device-to-host syncs), counted per kernel of each layer",
+        "prior (order of magnitude): a few microseconds of launch and dispatch per kernel; "
+        "hidden whenever the GPU work of the layer takes longer",
+        lower=1e-8, upper=1e-3,
+    ),
+    ConstantDef(
+        "tp_comm_overlap", "fraction", 0.5, 0.6, False,
+        "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
+        "reduce-scatter (Transformer Engine userbuffers, torchtitan async TP; 0 = none)",
+        "prior: half; Transformer Engine TP-comm overlap and async TP hide most of it, "
+        "plain Megatron/torchtitan TP hides none",
+    ),
+    ConstantDef(
+        "ep_comm_overlap", "fraction", 0.2, 0.6, False,
+        "fraction of the MoE dispatch/combine all-to-all hidden behind computation",
+        "prior: Megatron-Core overlaps EP all-to-all only with --overlap-moe-expert-parallel-"
+        "comm or shared-expert overlap; most published runs expose most of it",
+    ),
+    ConstantDef(
+        "pp_comm_overlap", "fraction", 0.5, 0.6, False,
+        "fraction of pipeline send/receive time hidden (Megatron overlaps p2p by default)",
+        "prior: Megatron-LM overlap_p2p_comm (default on for interleaved schedules)",
+    ),
+    ConstantDef(
+        "dp_comm_overlap", "fraction", 0.8, 0.6, False,
+        "fraction of the overlap window (one micro-batch's backward for gradient reduce-scatter,"
+        " its forward for parameter all-gather) the data-parallel collectives can use",
+        "prior: Megatron overlap_grad_reduce / overlap_param_gather and FSDP prefetching hide "
+        "most DP traffic when it fits in the window",
+    ),
+)
+
+CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
+BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
+
+#: Software stacks whose kernels differ from the reference (Megatron-Core with Transformer
+#: Engine: cuBLASLt GEMMs, cuDNN fused attention, fused norms and casts). Megatron-LM,
+#: Megatron-Bridge, NeMo, Primus (ROCm Megatron) and other Megatron forks are ``megatron``.
+SOFTWARE_STACKS: tuple[str, ...] = ("megatron", "torchtitan", "llm-foundry")
+REFERENCE_SOFTWARE = "megatron"
+#: Per-stack factors (fitted, log space, prior 1): they scale the reference stack's kernel
+#: efficiencies for another stack's kernels.
+SOFTWARE_FACTORS: tuple[ConstantDef, ...] = (
+    ConstantDef(
+        "attention_factor", "positive", 1.0, 0.3, False,
+        "attention-kernel efficiency of the stack relative to Megatron/TE's cuDNN fused "
+        "attention (PyTorch SDPA FlashAttention-2, Triton flash attention in llm-foundry)",
+        "prior 1: no difference assumed until runs show one",
+        lower=0.2, upper=2.0,
+    ),
+    ConstantDef(
+        "gemm_factor", "positive", 1.0, 0.3, False,
+        "GEMM and element-wise efficiency of the stack relative to Megatron/TE (torch.compile "
+        "or eager kernels, FSDP2 mixed-precision casts, the GPU variant and power limit the stack "
+        "published on: torchtitan's H100s are a 500 W, HBM2e variant)",
+        "prior 1: no difference assumed until runs show one",
+        lower=0.2, upper=2.0,
+    ),
+)
+SOFTWARE_BY_NAME: dict[str, ConstantDef] = {c.name: c for c in SOFTWARE_FACTORS}
+
+
+def software_stack(framework: str) -> str:
+    """The stack key of a framework name (``published_runs.csv`` ``framework`` column)."""
+    f = framework.lower()
+    if "torchtitan" in f:
+        return "torchtitan"
+    if "llm-foundry" in f or "composer" in f or "mosaic" in f:
+        return "llm-foundry"
+    return REFERENCE_SOFTWARE
+
+
+def prior_table() -> dict[str, Any]:
+    """Calibration-file content with every constant at its prior (no fit)."""
+    defaults = {c.name: c.prior for c in CONSTANTS}
+    archs: dict[str, dict[str, float]] = {}
+    for arch in ARCHITECTURES:
+        over = {c.name: c.prior_for(arch) for c in CONSTANTS if c.per_arch}
+        archs[arch] = {k: v for k, v in over.items() if v != defaults[k]}
+    return {
+        "_about": "tune-cp time-model constants: priors only (no calibration run).",
+        "fitted_on": None,
+        "defaults": defaults,
+        "architectures": archs,
+        "software": {},
+    }
+
+
+@dataclass(frozen=True)
+class CalibrationTable:
+    """The content of a calibration file: shared defaults, per-architecture overrides and the
+    header (``about``, ``fitted_on``: which rows, when, and the fit error)."""
+
+    defaults: dict[str, float]
+    architectures: dict[str, dict[str, float]]
+    about: str = ""
+    fitted_on: dict[str, Any] | None = None
+    software: dict[str, dict[str, float]] | None = None
+
+    def constants(self, arch: str, software: str = REFERENCE_SOFTWARE) -> dict[str, float]:
+        """Every constant for one architecture (override, else default, else prior), with the
+        software stack's factors applied to the kernel efficiencies (capped below 1)."""
+        out = {c.name: c.prior for c in CONSTANTS}
+        out.update(self.defaults)
+        out.update(self.architectures.get(arch, {}))
+        f = self.software_factors(software)
+        out["attention_efficiency"] = min(0.999, out["attention_efficiency"] * f["attention_factor"])
+        for key in ("gemm_efficiency_bf16", "gemm_efficiency_fp8", "gemm_efficiency_fp4",
+                    "hbm_efficiency"):
+            out[key] = min(0.999, out[key] * f["gemm_factor"])
+        return out
+
+    def software_factors(self, software: str) -> dict[str, float]:
+        if software not in SOFTWARE_STACKS:
+            raise ConfigError(
+                f"unknown software stack {software!r}; choose one of {', '.join(SOFTWARE_STACKS)}"
+            )
+        out = {c.name: c.prior for c in SOFTWARE_FACTORS}
+        out.update((self.software or {}).get(software, {}))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "_about": self.about,
+            "fitted_on": self.fitted_on,
+            "constants": {
+                c.name: {"meaning": c.meaning, "prior_source": c.source,
+                         "per_architecture": c.per_arch}
+                for c in CONSTANTS
+            },
+            "software_factors": {
+                c.name: {"meaning": c.meaning, "prior_source": c.source}
+                for c in SOFTWARE_FACTORS
+            },
+            "defaults": self.defaults,
+            "architectures": self.architectures,
+            "software": self.software or {},
+        }
+
+
+def table_from_json(data: dict[str, Any], where: str = "calibration file") -> CalibrationTable:
+    unknown = set(data.get("defaults", {})) - set(CONSTANT_NAMES)
+    for arch, vals in data.get("architectures", {}).items():
+        unknown |= set(vals) - set(CONSTANT_NAMES)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown constant(s) {sorted(unknown)}; known: {', '.join(CONSTANT_NAMES)}"
+        )
+    soft = data.get("software", {}) or {}
+    for stack, vals in soft.items():
+        if stack not in SOFTWARE_STACKS or set(vals) - set(SOFTWARE_BY_NAME):
+            raise ConfigError(
+                f"{where}: software entry {stack!r} must be one of {', '.join(SOFTWARE_STACKS)} "
+                f"with factors {', '.join(SOFTWARE_BY_NAME)}"
+            )
+    return CalibrationTable(
+        defaults={k: float(v) for k, v in data.get("defaults", {}).items()},
+        architectures={
+            a: {k: float(v) for k, v in vals.items()}
+            for a, vals in data.get("architectures", {}).items()
+        },
+        about=data.get("_about", ""),
+        fitted_on=data.get("fitted_on"),
+        software={s: {k: float(v) for k, v in vals.items()} for s, vals in soft.items()},
+    )
+
+
+def load_calibration(path: str | Path | None = None) -> CalibrationTable:
+    """The calibration file at ``path``, or the one shipped in ``oracle/catalog``."""
+    if path is None:
+        return _default_table()
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read calibration file {str(p)!r}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"calibration file {str(p)!r} is not valid JSON: {e.msg}") from e
+    return table_from_json(data, f"calibration file {str(p)!r}")
+
+
+@cache
+def _default_table() -> CalibrationTable:
+    if not CALIBRATION_PATH.exists():
+        return table_from_json(prior_table())
+    return table_from_json(json.loads(CALIBRATION_PATH.read_text()), str(CALIBRATION_PATH))
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_constants(table: CalibrationTable) -> str:
+    """Plain-text table of every constant: prior, shared value, per-architecture values, and the
+    software-stack factors (``tune-cp calibrate`` prints it; docs/projection.md quotes it)."""
+    archs = list(ARCHITECTURES)
+    head = ["constant", "per arch", "prior", "default", *archs]
+    rows = []
+    for c in CONSTANTS:
+        vals = [table.architectures.get(a, {}).get(c.name, table.defaults.get(c.name, c.prior))
+                for a in archs]
+        rows.append([c.name, "yes" if c.per_arch else "no", f"{c.prior:.4g}",
+                     f"{table.defaults.get(c.name, c.prior):.4g}",
+                     *(f"{v:.4g}" if c.per_arch else "" for v in vals)])
+    for stack in SOFTWARE_STACKS:
+        if stack == REFERENCE_SOFTWARE:
+            continue
+        f = table.software_factors(stack)
+        for c in SOFTWARE_FACTORS:
+            rows.append([f"{stack}.{c.name}", "no", f"{c.prior:.4g}", f"{f[c.name]:.4g}",
+                         *([""] * len(archs))])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)

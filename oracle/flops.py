@@ -1,0 +1,160 @@
+"""Model FLOPs: the useful arithmetic of one training step, as MFU and model TFLOP/s count it.
+
+Convention (one function per term below): Narayanan et al. 2021 ("Efficient Large-Scale Language
+Model Training on GPU Clusters Using Megatron-LM", appendix) as implemented today by Megatron-LM
+``megatron/training/training.py::num_floating_point_operations`` (MLM HEAD d98e8a64) and
+Megatron-Bridge ``src/megatron/bridge/training/utils/flop_utils.py`` (067f987df):
+
+* every GEMM costs ``2 m n k`` FLOPs forward and twice that backward (dgrad + wgrad), so a token
+  costs ``3 x 2 x (matmul parameters it touches)``;
+* core attention (``QK^T`` and ``PV``) is causal: a token attends on average to ``s/2`` keys
+  (sliding-window layers: ``W - W (W - 1) / (2 s)``, Megatron-Bridge's exact average);
+* mixture of experts counts the ``k`` routed experts a token visits plus the shared experts; the
+  router (``h x E``, under 0.1 % of the total) is not counted, as in Megatron;
+* the logits GEMM uses Megatron's padded vocabulary (a multiple of ``128 x tp``); the embedding
+  lookup is not a GEMM and is not counted; norms, activations and softmax are not counted;
+* multi-token-prediction modules count as one more layer of the last layer's kind plus their
+  ``2h x h`` projection and another logits GEMM (Megatron counts them when ``mtp_num_layers`` is set);
+* recomputation is excluded (that is hardware FLOPs, not model FLOPs).
+
+Known convention differences in published numbers (documented, not corrected for):
+MosaicML llm-foundry counts attention non-causally (``6N + 12 L h s`` per token) and the SC21
+Megatron table counts the recompute forward (hardware FLOPs); both give larger numbers than this.
+
+Symbols: h hidden, a heads, g KV heads, d head dim, f FFN width, V vocabulary, E experts, k top-k,
+s sequence length, L layers.
+"""
+
+from __future__ import annotations
+
+from oracle import params as P
+from oracle.specs import ModelSpec
+
+#: forward (1) + backward dgrad (1) + backward wgrad (1) GEMMs per forward GEMM.
+FWD_BWD_FACTOR = 3
+#: FLOPs per multiply-accumulate.
+FMA = 2
+
+
+def mlp_matmul_params(model: ModelSpec, ffn: int) -> int:
+    """Matmul weights of one MLP of width ``ffn`` (biases excluded): ``h x ffn`` per projection,
+    three projections when gated (SwiGLU), two otherwise."""
+    return model.hidden_size * ffn * (3 if model.gated_mlp else 2)
+
+
+def attention_projection_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one layer's attention projections.
+
+    GQA/MHA: QKV ``h (a + 2 g) d`` and output ``a d h``. MLA (DeepSeek-V3), exactly as Megatron
+    counts it (including its ``+1`` per latent for the latent norms): q ``q_lora (h + a (d_nope +
+    d_rope) + 1)`` (or ``h a (d_nope + d_rope)`` without a q latent), kv ``kv_lora (h + a (d_nope +
+    d_v) + 1) + h d_rope``, output ``a d_v h``.
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = m.q_lora_rank * (h + a * qk + 1) if m.q_lora_rank else h * a * qk
+        kv = m.kv_lora_rank * (h + a * (m.qk_nope_head_dim + m.v_head_dim) + 1)
+        kv += h * m.qk_rope_head_dim
+        return FMA * (q + kv + a * m.v_head_dim * h)
+    d, g = model.head_dim, model.num_kv_heads
+    return FMA * (h * (a + 2 * g) * d + a * d * h)
+
+
+def attention_context(model: ModelSpec, seq_len: int, sliding: bool) -> float:
+    """Average number of keys one query attends to: ``s / 2`` (causal), or for a sliding-window
+    layer of window ``W`` (the HF ``sliding_window`` plus the token itself, Megatron-Bridge's
+    ``window_size + 1``): ``W - W (W - 1) / (2 s)`` when ``W < s``."""
+    if sliding and model.sliding_window:
+        w = model.sliding_window + 1
+        if w < seq_len:
+            return w - w * (w - 1) / (2 * seq_len)
+    return seq_len / 2
+
+
+def core_attention_flops(model: ModelSpec, seq_len: int, sliding: bool = False) -> float:
+    """Forward FLOPs per token of one layer's core attention (``QK^T`` and ``PV``):
+    ``2 a (d_qk + d_v) x context`` with context from :func:`attention_context`
+    (= ``2 a d s`` for causal GQA, Megatron's ``4 a d s / 2``)."""
+    a = model.num_attention_heads
+    if model.mla is not None:
+        d_qk = model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim
+        d_v = model.mla.v_head_dim
+    else:
+        d_qk = d_v = model.head_dim
+    return FMA * a * (d_qk + d_v) * attention_context(model, seq_len, sliding)
+
+
+def dense_mlp_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one dense MLP: ``2 x mlp_matmul_params(f)``."""
+    return FMA * mlp_matmul_params(model, model.ffn_hidden_size)
+
+
+def moe_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one MoE block: ``k`` routed experts plus the shared experts
+    (``n_s f_s`` wide); the router is not counted (Megatron convention)."""
+    routed = model.moe_top_k * mlp_matmul_params(model, model.expert_ffn_hidden_size)
+    shared = mlp_matmul_params(
+        model, model.num_shared_experts * model.shared_expert_ffn_hidden_size
+    )
+    return FMA * (routed + shared)
+
+
+def router_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one router (``h x E``). Not part of model FLOPs; the time model
+    uses it."""
+    return FMA * model.hidden_size * model.num_experts
+
+
+def logits_flops(model: ModelSpec, tp: int = 1) -> float:
+    """Forward FLOPs per token of the output layer over Megatron's padded vocabulary."""
+    return FMA * model.hidden_size * P.padded_vocab_size(model.vocab_size, tp)
+
+
+def mtp_extra_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per token an MTP module adds beside its transformer layer and logits:
+    Megatron's ``3 h + 2 h h`` (norms and the ``2h -> h`` projection)."""
+    h = model.hidden_size
+    return FMA * (3 * h + 2 * h * h)
+
+
+def layer_is_sliding(model: ModelSpec, layer: int) -> bool:
+    """Sliding-window layers alternate with full-attention layers (GPT-OSS: even layers slide),
+    ``num_sliding_window_layers`` of them."""
+    if not model.sliding_window or not model.num_sliding_window_layers:
+        return False
+    if model.num_sliding_window_layers >= model.num_layers:
+        return True
+    return layer % 2 == 0 and layer // 2 < model.num_sliding_window_layers
+
+
+def layer_forward_flops(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """Forward model FLOPs per token of decoder layer ``layer`` (0-based)."""
+    attn = attention_projection_flops(model) + core_attention_flops(
+        model, seq_len, layer_is_sliding(model, layer)
+    )
+    is_moe = model.is_moe and layer >= model.num_dense_layers
+    return attn + (moe_flops(model) if is_moe else dense_mlp_flops(model))
+
+
+def forward_flops_per_token(model: ModelSpec, seq_len: int, tp: int = 1) -> float:
+    """Forward model FLOPs per token of the whole model (decoder layers, MTP modules, logits)."""
+    total = sum(layer_forward_flops(model, i, seq_len) for i in range(model.num_layers))
+    if model.num_mtp_layers:
+        last = layer_forward_flops(model, model.num_layers - 1, seq_len)
+        total += model.num_mtp_layers * (last + mtp_extra_flops(model))
+    total += (1 + model.num_mtp_layers) * logits_flops(model, tp)
+    return total
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, tp: int = 1) -> float:
+    """Model FLOPs per trained token: forward plus backward, ``3 x`` forward."""
+    return FWD_BWD_FACTOR * forward_flops_per_token(model, seq_len, tp)
+
+
+def model_flops_per_step(
+    model: ModelSpec, seq_len: int, global_batch_size: int, tp: int = 1
+) -> float:
+    """Model FLOPs of one optimizer step: per token x ``global_batch_size x seq_len`` tokens."""
+    return model_flops_per_token(model, seq_len, tp) * global_batch_size * seq_len

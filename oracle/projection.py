@@ -1,0 +1,1144 @@
+"""Time projection: step time, tokens/s/GPU, model TFLOP/s/GPU, MFU and a breakdown.
+
+The model is split in two so that one code path serves a single configuration, a vectorised
+batch of configurations, and the calibration over many published runs:
+
+1. :func:`build_work` — *what* one rank does per micro-batch, independent of the fitted
+   constants: the shape ``(M, N, K)`` of every GEMM, core-attention FLOPs, bytes of memory-bound
+   element-wise work, bytes of every collective with its group size and link, how many layers of
+   each kind every pipeline stage holds and recomputes, parameters per stage (for data-parallel
+   traffic and the optimizer). numpy arrays, one entry per configuration.
+2. :func:`timing` — *how long* that takes, given the constants of ``oracle/constants.py``
+   (scalars or one value per configuration): GEMM time from a shape-dependent efficiency,
+   attention at the flash-attention efficiency, element-wise work at HBM bandwidth, collectives
+   on an alpha-beta model of the right link with the overlap the framework achieves, then the
+   pipeline schedule over the slowest stage, data-parallel traffic and the optimizer step.
+
+:func:`project` is ``build_work`` + ``timing`` for one configuration; :func:`score_configs`
+is the same for a :class:`ConfigBatch`, and returns identical step times (a test checks it).
+
+Time terms (one micro-batch on one rank unless said otherwise; symbols: T = mbs s / cp tokens,
+T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
+
+* **GEMM** of shape (M, N, K): ``2 M N K / (peak x eff)``, ``eff = eff_prec x
+  g(M) g(N) g(K)``, ``g(x) = x / (x + gemm_half_dim)``, never faster than moving its operands
+  through HBM; expert GEMMs also x ``grouped_gemm_efficiency``. Backward = dgrad + wgrad, the
+  same shape factors, twice the forward time; block-scaled recipes (MXFP8, blockwise) run at
+  ``block_scaled_gemm_efficiency`` of a per-tensor FP8 GEMM. Low precision (FP8 recipes, NVFP4) applies to the
+  transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
+  FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward) is element-wise
+  work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element.
+* **Core attention** (flash): forward FLOPs from :mod:`oracle.flops` (causal), backward 2.5 x
+  forward (FlashAttention-2 recomputes the scores: 5 matmuls vs 2; Dao 2023), at
+  ``attention_efficiency`` x head-dim factor x ``g(context)``; never faster than the GPU's
+  special-function units compute the softmax exponentials (one per score forward, one more in
+  backward; ``sfu_exp_per_s`` in gpus.json): Blackwell Ultra doubles that rate.
+* **Element-wise** (norms, rope, residual adds, SwiGLU/GELU, router softmax, MoE permute and
+  unpermute, cross-entropy, embedding): bytes read + written / (HBM x ``hbm_efficiency``);
+  backward moves twice the forward bytes.
+* **Kernel overhead**: ``kernel_overhead_s`` per kernel (:data:`KERNELS_PER_LAYER`).
+* **Collectives** (ring): ``alpha (1 + log2 n) + (n - 1)/n x S / (link x link_eff)`` for an
+  all-gather or reduce-scatter of a tensor of S bytes (all-reduce = two); all-to-all:
+  ``alpha (1 + log2 n) + max(intra bytes / scale-up, inter bytes / NIC)``. Rank order
+  tp-cp-ep-dp-pp (Megatron): a group of size n and stride st stays on the scale-up links when
+  ``st x n <= scale-up domain``, else its traffic crosses the NIC.
+* **TP/SP**: per layer forward, all-gather + reduce-scatter of ``T h`` bf16 around attention and
+  around the MLP (one all-reduce each without SP); backward adds the re-gather of the input for
+  the weight gradient; exposed ``max(0, comm - tp_comm_overlap x GEMM time)``.
+* **CP** (ring p2p): ``cp - 1`` exchanges of the local K and V per layer (backward: K, V, dK,
+  dV), each overlapping one ``1/cp`` block of attention: exposed ``(cp - 1) max(0, step -
+  attention / cp)``.
+* **EP**: dispatch and combine all-to-all of ``T_sp k h`` bf16 (forward and backward), plus the
+  ETP all-gather / reduce-scatter; ``allgather`` dispatcher gathers ``T_sp h`` over tp x ep;
+  ``flex`` (DeepEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
+  node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``.
+* **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way; exposed
+  ``(1 - pp_comm_overlap)`` in the interleaved schedule (Megatron ``overlap_p2p_comm``), fully
+  exposed in 1F1B.
+* **Pipeline**: with ``t_s`` the per-micro-batch time of stage s (forward + backward +
+  recompute + exposed comm) and m micro-batches, ``m max_s t_s + bubble_factor x (sum_s t_s -
+  max_s t_s) / vpp``: for equal stages this is Narayanan et al.'s ``(m + (p - 1)/vpp) t``
+  (interleaved bubble ``(p - 1)/(vpp m)``); the slowest stage sets the pace; zero-bubble
+  (ZB-H1, Qi et al. 2023) keeps a third of the 1F1B bubble.
+* **DP**: distributed optimizer: reduce-scatter of fp32 gradients (4 B/param) and all-gather of
+  bf16 parameters (2 B/param) over dp x cp (dense) and expert-dp (experts), exposed beyond
+  ``dp_comm_overlap`` x one micro-batch's backward (forward for the gather); without it an
+  all-reduce; FSDP (ZeRO-3): all-gather in forward and backward plus the reduce-scatter *every
+  micro-batch*, overlapped the same way.
+* **Optimizer**: Adam with fp32 master weights reads and writes
+  :data:`OPTIMIZER_BYTES_PER_PARAM` bytes per local parameter at HBM speed.
+
+Breakdown (:data:`BREAKDOWN`): seconds per step that add up to ``step_time_s``: the components
+of the slowest stage times the number of micro-batches, then the bubble, the exposed DP
+traffic and the optimizer step of the stage that finishes last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from oracle import flops as F
+from oracle import params as P
+from oracle.constants import (
+    CONSTANT_NAMES,
+    REFERENCE_SOFTWARE,
+    CalibrationTable,
+    load_calibration,
+)
+from oracle.memory import param_units, pipeline_chunks, recompute_groups
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    TrainingSpec,
+    auto_pipeline_split,
+)
+
+BF16 = 2.0
+FP32 = 4.0
+#: Adam step per local parameter: read fp32 grad (4), read+write fp32 master (8), exp_avg (8),
+#: exp_avg_sq (8), write bf16 param (2), gradient-norm pass (4). Megatron distributed optimizer.
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+#: Bytes moved per element to quantise a GEMM input (Transformer Engine cast(+transpose)):
+#: read bf16 (2) + write the row-wise and column-wise low-precision copies (1 + 1 for FP8);
+#: current/tensorwise scaling and NVFP4 add an amax pass over the input (+2).
+CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0,
+                          "nvfp4": 6.0}
+#: Bytes per element of a GEMM operand read from HBM (memory-bound floor of a GEMM).
+OPERAND_BYTES = {0: 2.0, 1: 1.0, 2: 0.5625}  # bf16, fp8, nvfp4 (4 bit + 1 scale byte per 16)
+#: Flash-attention backward FLOPs over forward (5 matmuls over 2; Dao 2023, FlashAttention-2).
+ATTENTION_BWD_FLOPS_RATIO = 2.5
+#: Kernels per forward pass of one layer part (backward launches twice as many):
+#: attention: 2 norms/residual, QKV, rope, attention, output projection, residual (+ MLA norms);
+#: MLP: fc1, activation, fc2, norm, residual; MoE (beyond the MLP's norm/residual): router GEMM,
+#: softmax/top-k, aux loss, permute, 2 all-to-all, sort, 2 grouped GEMMs, activation, unsort,
+#: unpermute, the dropless token-count device-to-host sync.
+KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 15.0}
+#: Zero-bubble (ZB-H1) keeps ~1/3 of the 1F1B bubble (Qi et al. 2023, "Zero Bubble Pipeline
+#: Parallelism"); DualPipe is represented by the same factor.
+ZERO_BUBBLE_FACTOR = 1.0 / 3.0
+
+BREAKDOWN: tuple[str, ...] = (
+    "attention_gemm",  # QKV / MLA projections and the attention output projection, fwd + bwd
+    "core_attention",  # flash attention fwd + bwd
+    "mlp_gemm",  # dense MLP GEMMs
+    "expert_gemm",  # routed (grouped) and shared expert GEMMs
+    "router",  # router GEMM
+    "elementwise",  # norms, rope, activations, residuals, permutes, FP8/FP4 casts
+    "embedding_logits_loss",  # embedding, final norm, logits GEMM, cross-entropy, MTP heads
+    "recompute",  # recomputed forward work (selective modules or full layers)
+    "kernel_overhead",  # launch / host overhead not hidden
+    "tp_comm",  # exposed TP/SP collectives
+    "cp_comm",  # exposed context-parallel ring exchange
+    "ep_comm",  # exposed MoE dispatch / combine
+    "pp_p2p",  # exposed pipeline send / receive
+    "pipeline_bubble",  # fill and drain of the pipeline schedule
+    "dp_comm",  # exposed data-parallel / FSDP collectives
+    "optimizer",  # optimizer step
+)
+
+# ------------------------------------------------------------------------------ GEMM slots
+#: Named GEMMs of one layer (plus output/MTP heads), in a fixed order.
+SLOTS: tuple[str, ...] = (
+    "qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out",
+    "mlp_fc1", "mlp_fc2", "exp_fc1", "exp_fc2", "sh_fc1", "sh_fc2",
+    "router", "logits", "mtp_proj",
+)
+S = {name: i for i, name in enumerate(SLOTS)}
+ATTN_SLOTS = [S[x] for x in ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out")]
+MLA_UP_SLOTS = [S["q_up"], S["kv_up"]]
+MLP_SLOTS = [S["mlp_fc1"], S["mlp_fc2"]]
+EXP_SLOTS = [S["exp_fc1"], S["exp_fc2"]]
+SH_SLOTS = [S["sh_fc1"], S["sh_fc2"]]
+#: slots that run in the training's low precision (FP8/FP4); router, logits, MTP projection: BF16
+LOW_PREC_SLOTS = np.array(
+    [name not in ("router", "logits", "mtp_proj") for name in SLOTS], dtype=bool
+)
+GROUPED_SLOTS = np.array([name in ("exp_fc1", "exp_fc2") for name in SLOTS], dtype=bool)
+
+# config codes
+RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
+DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
+SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
+SPLIT_CODE = {PipelineSplit.EVEN: 0, PipelineSplit.EMBEDDING_LOSS: 1}
+FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
+            Fp8Recipe.MXFP8: 3}
+MODULE_BITS = {"core_attn": 1, "layernorm": 2, "mlp": 4, "moe": 8, "moe_act": 16,
+               "shared_experts": 32, "mla_up_proj": 64}
+_CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
+_CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
+_CODE_SPLIT = {v: k for k, v in SPLIT_CODE.items()}
+
+
+# ============================================================================ config batch
+
+
+@dataclass
+class ConfigBatch:
+    """Many resolved configurations of one (model, cluster, training) as integer arrays.
+
+    Codes: ``recompute`` 0 none / 1 selective / 2 full; ``recompute_method`` 0 uniform /
+    1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
+    :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
+    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss; ``fp8`` -1 none /
+    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8.
+    """
+
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    dp: np.ndarray
+    mbs: np.ndarray
+    ga: np.ndarray
+    sp: np.ndarray
+    recompute: np.ndarray
+    recompute_method: np.ndarray
+    recompute_layers: np.ndarray
+    recompute_modules: np.ndarray
+    distributed_optimizer: np.ndarray
+    fsdp: np.ndarray
+    dispatcher: np.ndarray
+    schedule: np.ndarray
+    split: np.ndarray
+    fp8: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[ParallelConfig]) -> ConfigBatch:
+        """From configurations already resolved by :func:`oracle.specs.resolve_config`."""
+        for c in configs:
+            if c.dp is None or c.ga is None or c.pipeline_split is None:
+                raise ConfigError("resolve_config() the configuration before projecting it")
+        def arr(get: Any, dtype: Any = np.int64) -> np.ndarray:
+            return np.array([get(c) for c in configs], dtype=dtype)
+        return cls(
+            tp=arr(lambda c: c.tp), pp=arr(lambda c: c.pp), vpp=arr(lambda c: c.vpp),
+            cp=arr(lambda c: c.cp), ep=arr(lambda c: c.ep), etp=arr(lambda c: c.etp_),
+            dp=arr(lambda c: c.dp), mbs=arr(lambda c: c.mbs), ga=arr(lambda c: c.ga),
+            sp=arr(lambda c: c.sp, bool),
+            recompute=arr(lambda c: RECOMPUTE_CODE[c.recompute]),
+            recompute_method=arr(lambda c: METHOD_CODE[c.recompute_method]),
+            recompute_layers=arr(
+                lambda c: -1 if c.recompute_layers is None else c.recompute_layers
+            ),
+            recompute_modules=arr(
+                lambda c: sum(MODULE_BITS[m] for m in set(c.recompute_modules))
+            ),
+            distributed_optimizer=arr(lambda c: c.distributed_optimizer, bool),
+            fsdp=arr(lambda c: c.fsdp, bool),
+            dispatcher=arr(lambda c: DISPATCH_CODE[c.dispatcher]),
+            schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
+            split=arr(lambda c: SPLIT_CODE[c.pipeline_split]),
+            fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        training: TrainingSpec,
+        *,
+        tp: Any = 1,
+        pp: Any = 1,
+        vpp: Any = 1,
+        cp: Any = 1,
+        ep: Any = 1,
+        etp: Any = None,
+        mbs: Any = 1,
+        recompute: Any = 0,
+        recompute_method: Any = 1,
+        recompute_layers: Any = -1,
+        recompute_modules: Any = MODULE_BITS["core_attn"],
+        distributed_optimizer: Any = True,
+        fsdp: Any = False,
+        dispatcher: Any = 0,
+        schedule: Any = None,
+        fp8: Any = None,
+        sp: Any = None,
+    ) -> ConfigBatch:
+        """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
+        free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
+        interleaved when vpp > 1, FP8 recipe from the training precision, pipeline split
+        ``even`` when the layers divide over pp x vpp. Recompute layers only count under full
+        recompute (``-1`` = all)."""
+        tp_ = np.asarray(tp, dtype=np.int64)
+        arrays = np.broadcast_arrays(
+            tp_, np.asarray(pp), np.asarray(vpp), np.asarray(cp), np.asarray(ep),
+            np.asarray(mbs), np.asarray(recompute),
+        )
+        n = arrays[0].size
+        def b(x: Any, dtype: Any = np.int64) -> np.ndarray:
+            return np.broadcast_to(np.asarray(x, dtype=dtype), (n,)).copy()
+        tp_, pp_, vpp_, cp_, ep_, mbs_, rc_ = (b(a.ravel()) for a in arrays)
+        etp_ = tp_.copy() if etp is None else b(etp)
+        dp_ = np.maximum(1, cluster.world_size // (tp_ * pp_ * cp_))
+        ga_ = np.maximum(1, training.global_batch_size // (mbs_ * dp_))
+        if fp8 is None:
+            code = -1
+            if training.precision is Precision.FP8:
+                from oracle.specs import default_fp8_recipe
+
+                code = FP8_CODE[default_fp8_recipe(cluster.gpu)]
+            fp8 = code
+        split_ = np.where(model.num_layers % (pp_ * vpp_) == 0, 0, 1)
+        sched_ = np.where(vpp_ > 1, 1, 0) if schedule is None else b(schedule)
+        layers_ = np.where(rc_ == 2, b(recompute_layers), -1)
+        return cls(
+            tp=tp_, pp=pp_, vpp=vpp_, cp=cp_, ep=ep_, etp=etp_, dp=dp_, mbs=mbs_, ga=ga_,
+            sp=(tp_ > 1) if sp is None else b(sp, bool),
+            recompute=rc_, recompute_method=b(recompute_method), recompute_layers=layers_,
+            recompute_modules=b(recompute_modules), distributed_optimizer=b(
+                distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
+            schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
+        )
+
+    def config(self, i: int) -> ParallelConfig:
+        """Configuration ``i`` as a resolved :class:`ParallelConfig`."""
+        mods = tuple(m for m, bit in MODULE_BITS.items() if self.recompute_modules[i] & bit)
+        rc = _CODE_RECOMPUTE[int(self.recompute[i])]
+        fp8 = {v: k for k, v in FP8_CODE.items()}[int(self.fp8[i])]
+        return ParallelConfig(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]), cp=int(self.cp[i]),
+            ep=int(self.ep[i]), etp=int(self.etp[i]), dp=int(self.dp[i]), mbs=int(self.mbs[i]),
+            ga=int(self.ga[i]), sequence_parallel=bool(self.sp[i]), recompute=rc,
+            recompute_method=_CODE_METHOD[int(self.recompute_method[i])],
+            recompute_layers=(None if self.recompute_layers[i] < 0 or rc is not Recompute.FULL
+                              else int(self.recompute_layers[i])),
+            recompute_modules=mods or ("core_attn",),
+            distributed_optimizer=bool(self.distributed_optimizer[i]),
+            fsdp=bool(self.fsdp[i]),
+            dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
+            schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
+            fp8_recipe=fp8, pipeline_split=_CODE_SPLIT[int(self.split[i])],
+        )
+
+
+# ================================================================================ work
+
+
+@lru_cache(maxsize=65536)
+def _stage_layers(
+    num_layers: int, num_dense: int, is_moe: bool, num_mtp: int, pp: int, vpp: int,
+    split: int, recompute: int, method: int, k: int,
+) -> np.ndarray:
+    """Per stage (rows): dense layers, MoE layers, MTP layers, has embedding, has output, fully
+    recomputed dense layers, fully recomputed MoE layers. Pipeline layout and recompute groups
+    come from :mod:`oracle.memory` (``pipeline_chunks``, ``recompute_groups``)."""
+    out = np.zeros((pp, 7), dtype=np.int64)
+    chunks = pipeline_chunks(num_layers, num_mtp, pp, vpp, _CODE_SPLIT[split])
+    rc = _CODE_RECOMPUTE[recompute]
+    kk = None if k < 0 else k
+    for s, stage in enumerate(chunks):
+        for ch in stage:
+            moe = [is_moe and i >= num_dense for i in ch.layers]
+            out[s, 0] += len(moe) - sum(moe)
+            out[s, 1] += sum(moe)
+            out[s, 2] += ch.mtp_layers
+            out[s, 3] |= int(ch.has_embedding)
+            out[s, 4] |= int(ch.has_output)
+            for lo, hi in recompute_groups(len(ch.layers), rc, _CODE_METHOD[method], kk):
+                n_moe = sum(moe[lo:hi])
+                out[s, 5] += hi - lo - n_moe
+                out[s, 6] += n_moe
+    return out
+
+
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the stacked integer columns and the index of each row's distinct row
+    (mixed-radix key: one 1-d ``np.unique`` instead of a slow row-wise one)."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        lo = int(c.min())
+        span = int(c.max()) - lo + 1
+        key = key * span + (c - lo)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    uniq = np.stack([c[first] for c in cols], axis=1)
+    return uniq, inverse.reshape(-1)
+
+
+def _padded_vocab(vocab: int, tp: np.ndarray) -> np.ndarray:
+    multiple = P.VOCAB_DIVISIBLE_BY * tp
+    return -(-vocab // multiple) * multiple
+
+
+def _link(cluster: ClusterSpec, span: np.ndarray) -> np.ndarray:
+    """1 where a group spanning ``span`` consecutive ranks stays on the scale-up links, else 0."""
+    return (span <= cluster.scale_up_gpus).astype(np.float64)
+
+
+def _local(cluster: ClusterSpec, stride: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Members of a group (``size`` ranks, ``stride`` apart) inside one scale-up domain: a ring
+    collective that leaves the domain drives that many NICs per domain in parallel (NCCL builds
+    one ring per NIC), so its bus bandwidth is ``min(scale-up, local x NIC)``."""
+    per = np.maximum(1, cluster.scale_up_gpus // np.maximum(1, stride))
+    return np.minimum(size, per).astype(np.float64)
+
+
+def build_work(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
+) -> dict[str, np.ndarray]:
+    """Everything :func:`timing` needs, per configuration (see the module docstring)."""
+    n = len(b)
+    gpu = cluster.gpu
+    f64 = np.float64
+    s = float(training.seq_len)
+    h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads
+    tp, cp, ep, etp = (x.astype(f64) for x in (b.tp, b.cp, b.ep, b.etp))
+    mbs = b.mbs.astype(f64)
+    T = mbs * s / cp
+    Tsp = np.where(b.sp, T / tp, T)
+    a_loc = np.ceil(a / tp)
+    g_loc = np.maximum(1.0, np.ceil(g / tp))
+    vloc = _padded_vocab(model.vocab_size, b.tp).astype(f64) / tp
+    up = 2.0 if model.gated_mlp else 1.0
+    w: dict[str, np.ndarray] = {}
+
+    # --- GEMM shapes (n, slots): M, N, K, count
+    M = np.zeros((n, len(SLOTS)))
+    N = np.zeros((n, len(SLOTS)))
+    K = np.zeros((n, len(SLOTS)))
+    C = np.zeros((n, len(SLOTS)))
+
+    def gemm(slot: str, m: Any, nn: Any, kk: Any, count: Any = 1.0) -> None:
+        i = S[slot]
+        M[:, i], N[:, i], K[:, i], C[:, i] = m, nn, kk, count
+
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            gemm("q_down", T, m.q_lora_rank, h)  # duplicated over tp (Megatron-Core MLA)
+            gemm("q_up", T, a_loc * qk, m.q_lora_rank)
+        else:
+            gemm("qkv", T, a_loc * qk, h)
+        gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h)
+        gemm("kv_up", T, a_loc * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+        gemm("attn_out", T, h, a_loc * m.v_head_dim)
+        kv_width = a_loc * (qk + m.v_head_dim)  # K and V per token the CP ring moves
+        rope_width = (a_loc + 1) * m.qk_rope_head_dim
+        d_attn = (qk + m.v_head_dim) / 2
+        mla_norm_width = m.q_lora_rank + m.kv_lora_rank
+    else:
+        d = model.head_dim
+        gemm("qkv", T, (a_loc + 2 * g_loc) * d, h)
+        gemm("attn_out", T, h, a_loc * d)
+        kv_width = 2 * g_loc * d
+        rope_width = (a_loc + g_loc) * d
+        d_attn = float(d)
+        mla_norm_width = 0.0
+    if model.num_dense_layers_effective:
+        f_loc = np.ceil(model.ffn_hidden_size / tp)
+        gemm("mlp_fc1", T, up * f_loc, h)
+        gemm("mlp_fc2", T, h, f_loc)
+    else:
+        f_loc = np.zeros(n)
+    E, k = model.num_experts, model.moe_top_k
+    if model.is_moe:
+        fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
+        rows = Tsp * k * etp  # token copies this rank's experts process
+        local_experts = np.ceil(E / ep)
+        m_e = rows / local_experts
+        gemm("exp_fc1", m_e, up * fe_loc, h, local_experts)
+        gemm("exp_fc2", m_e, h, fe_loc, local_experts)
+        fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
+        fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
+        if fs:
+            gemm("sh_fc1", T, up * fs_loc, h)
+            gemm("sh_fc2", T, h, fs_loc)
+        gemm("router", Tsp, E, h)
+    else:
+        fe_loc = rows = fs_loc = np.zeros(n)
+        fs = 0
+    gemm("logits", T, vloc, h)
+    if model.num_mtp_layers:
+        gemm("mtp_proj", T, h / tp, 2 * h)
+    w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
+
+    # --- precision: 0 bf16, 1 fp8, 2 fp4
+    if training.precision is Precision.FP4:
+        if gpu.peak_fp4_flops is None:
+            raise ConfigError(
+                f"precision fp4 (NVFP4) needs a GPU with FP4 tensor cores; {gpu.name} has no "
+                f"peak_fp4_tflops in the catalog; choose precision bf16 or fp8"
+            )
+        prec = np.full(n, 2)
+        cast = np.full(n, CAST_BYTES_PER_ELEMENT["nvfp4"])
+    else:
+        prec = np.where(b.fp8 >= 0, 1, 0)
+        cast_by_code = np.array([CAST_BYTES_PER_ELEMENT[x] for x in
+                                 ("delayed", "tensorwise", "blockwise", "mxfp8")] + [0.0])
+        cast = cast_by_code[np.where(b.fp8 >= 0, b.fp8, 4)]
+        if gpu.peak_fp8_flops is None and np.any(prec == 1):
+            raise ConfigError(
+                f"precision fp8 needs a GPU with FP8 tensor cores; {gpu.name} has none; "
+                f"choose precision bf16"
+            )
+    w["prec"] = prec
+    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3)).astype(f64)  # blockwise, MXFP8
+    w["peak_bf16"] = np.full(n, gpu.peak_bf16_flops)
+    w["peak_low"] = np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
+                                     gpu.peak_fp4_flops or 1.0]).astype(f64)
+    w["operand_bytes"] = np.choose(prec, [OPERAND_BYTES[0], OPERAND_BYTES[1], OPERAND_BYTES[2]])
+    # quantisation bytes per micro-batch: inputs (M K) forward, output grads (M N) backward,
+    # weights (K N) once per step (cached across micro-batches)
+    low = LOW_PREC_SLOTS[None, :] & (prec[:, None] > 0)
+    wcast = (K * N * C) / b.ga.astype(f64)[:, None]
+    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wcast) * cast[:, None], 0.0)
+    w["cast_bwd_bytes"] = np.where(low, (M * N * C) * cast[:, None], 0.0)
+    w["hbm_bw"] = np.full(n, gpu.hbm_bytes_per_s)
+
+    # --- core attention (per layer, averaged over sliding and full layers)
+    n_slide = sum(F.layer_is_sliding(model, i) for i in range(model.num_layers))
+    frac_slide = n_slide / model.num_layers
+    per_tok_full = F.core_attention_flops(model, training.seq_len, False)
+    per_tok_slide = F.core_attention_flops(model, training.seq_len, True)
+    w["attn_flops_full"] = (1 - frac_slide) * mbs * s * per_tok_full / (tp * cp)
+    w["attn_flops_slide"] = frac_slide * mbs * s * per_tok_slide / (tp * cp)
+    w["attn_ctx_full"] = np.full(n, F.attention_context(model, training.seq_len, False))
+    w["attn_ctx_slide"] = np.full(n, F.attention_context(model, training.seq_len, True))
+    w["attn_head_dim"] = np.full(n, d_attn)
+    # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
+    w["attn_exp_per_flop"] = np.full(n, 1.0 / (2.0 * 2.0 * d_attn))
+    w["sfu_exp_per_s"] = np.full(n, gpu.sfu_exp_per_s or 0.0)
+
+    # --- element-wise bytes per micro-batch (forward; backward moves twice as much)
+    qk_norm = T * rope_width * 4 if model.qk_norm else 0.0
+    w["ew_attn_norm"] = Tsp * h * 4 + T * mla_norm_width * 4
+    w["ew_attn"] = w["ew_attn_norm"] + T * rope_width * 4 + Tsp * h * 6 + qk_norm
+    act_bytes = (up + 1) * BF16
+    w["ew_mlp_norm"] = Tsp * h * 4
+    w["ew_mlp_act"] = T * f_loc * act_bytes
+    w["ew_mlp"] = w["ew_mlp_norm"] + w["ew_mlp_act"] + Tsp * h * 6
+    if model.is_moe:
+        w["ew_moe_norm"] = Tsp * h * 4
+        w["ew_moe_act"] = rows * fe_loc * act_bytes + T * fs_loc * act_bytes
+        w["ew_moe"] = (
+            w["ew_moe_norm"] + w["ew_moe_act"] + Tsp * h * 6
+            + Tsp * E * 12  # fp32 router logits: write, softmax read/write
+            + 2 * Tsp * h * BF16 * (1 + k)  # permute and unpermute
+        )
+    else:
+        w["ew_moe_norm"] = w["ew_moe_act"] = w["ew_moe"] = np.zeros(n)
+    w["ew_out_fwd"] = Tsp * h * 4 + T * vloc * 10.0  # final norm; CE: read bf16, fp32 passes
+    w["ew_out_bwd"] = Tsp * h * 8 + T * vloc * 6.0
+    w["ew_emb_fwd"] = T * h * BF16
+    w["ew_emb_bwd"] = T * h * (BF16 + FP32)
+
+    # --- tensor parallel (S = T h bf16; counts in all-gather/reduce-scatter equivalents)
+    has_tp = (b.tp > 1).astype(f64)
+    sp = b.sp.astype(f64)
+    w["tp_bytes"] = T * h * BF16
+    w["tp_n"] = tp
+    w["tp_intra"] = _link(cluster, b.tp)
+    w["tp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp)
+    w["tp_fwd_per_block"] = has_tp * 2.0  # AG + RS, or one all-reduce (= 2)
+    w["tp_bwd_per_block"] = has_tp * (sp * 3.0 + (1 - sp) * 2.0)  # + input re-gather with SP
+    w["tp_shared_blocks"] = np.full(n, 1.0 if fs else 0.0)
+
+    # --- context parallel ring (p2p, K and V of the local chunk per step)
+    w["cp_bytes"] = T * kv_width * BF16
+    w["cp_steps"] = cp - 1
+    w["cp_intra"] = _link(cluster, b.tp * b.cp)
+
+    # --- expert parallel
+    if model.is_moe:
+        span = b.etp * b.ep
+        per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
+        ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
+        disp = Tsp * k * h * BF16  # bytes one rank dispatches (bf16 token copies)
+        a2a_intra = disp * (ep_local - 1) / ep
+        a2a_inter = disp * (ep - ep_local) / ep
+        nodes = ep / ep_local
+        flex_inter = Tsp * h * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+        ag_n = tp * ep
+        ag_span = b.tp * b.ep
+        ag_bytes = Tsp * h * BF16 * ag_n  # gathered tensor over tp x ep
+        is_ag = b.dispatcher == 1
+        is_flex = b.dispatcher == 2
+        w["ep_intra_bytes"] = np.where(is_ag, 0.0, a2a_intra)
+        w["ep_inter_bytes"] = np.where(is_ag, 0.0, np.where(is_flex, flex_inter, a2a_inter))
+        w["ep_n"] = np.where(is_ag, ag_n, ep)
+        w["ep_ag_bytes"] = np.where(is_ag & (ag_n > 1), ag_bytes, 0.0)
+        w["ep_ag_intra"] = _link(cluster, ag_span)
+        w["ep_ag_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep)
+        w["ep_active"] = ((b.ep > 1) & ~is_ag).astype(f64)
+        w["etp_bytes"] = np.where(b.etp > 1, rows * h * BF16, 0.0)
+        w["etp_n"] = etp
+        w["etp_intra"] = _link(cluster, b.etp)
+        w["etp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.etp)
+    else:
+        for key in ("ep_intra_bytes", "ep_inter_bytes", "ep_ag_bytes", "ep_active",
+                    "etp_bytes"):
+            w[key] = np.zeros(n)
+        w["ep_n"] = w["etp_n"] = np.ones(n)
+        w["ep_ag_intra"] = w["etp_intra"] = np.ones(n)
+        w["ep_ag_local"] = w["etp_local"] = np.ones(n)
+
+    # --- pipeline p2p
+    w["pp_bytes"] = np.where(b.pp > 1, Tsp * h * BF16, 0.0)
+    w["pp_sends"] = np.where(b.pp > 1, 2.0 * b.vpp, 0.0)  # forward + backward per chunk
+    w["pp_intra"] = _link(cluster, b.tp * b.cp * b.dp * b.pp)
+
+    # --- links and GPU
+    w["scale_up_bw"] = np.full(n, gpu.scale_up_bytes_per_s)
+    w["nic_bw"] = np.full(n, gpu.nic_bytes_per_s)
+
+    # --- per-stage layer counts and parameters
+    Pmax = int(b.pp.max())
+    uniq, inv = _unique_rows(b.pp, b.vpp, b.split, b.recompute, b.recompute_method,
+                             b.recompute_layers)
+    tables = np.zeros((len(uniq), Pmax, 7), dtype=np.int64)
+    valid_u = np.zeros((len(uniq), Pmax), dtype=bool)
+    for j, (pp_, vpp_, split_, rc_, meth_, k_) in enumerate(uniq):
+        t = _stage_layers(model.num_layers, model.num_dense_layers, model.is_moe,
+                          model.num_mtp_layers, int(pp_), int(vpp_), int(split_), int(rc_),
+                          int(meth_), int(k_))
+        tables[j, : int(pp_)] = t
+        valid_u[j, : int(pp_)] = True
+    st = tables[inv].astype(f64)  # (n, Pmax, 7)
+    valid = valid_u[inv]
+    mtp_moe = model.is_moe  # MTP layers copy the last layer's kind (MoE for MoE models)
+    w["st_dense"] = st[:, :, 0] + (0 if mtp_moe else st[:, :, 2])
+    w["st_moe"] = st[:, :, 1] + (st[:, :, 2] if mtp_moe else 0)
+    w["st_mtp"] = st[:, :, 2]
+    w["st_emb"] = st[:, :, 3]
+    w["st_out"] = st[:, :, 4] + st[:, :, 2]  # each MTP module has its own logits and loss
+    w["st_rc_dense"] = st[:, :, 5]
+    w["st_rc_moe"] = st[:, :, 6]
+    w["st_valid"] = valid.astype(f64)
+
+    uq, inv2 = _unique_rows(b.tp, b.pp, b.ep, b.etp)
+    units = np.array([_param_units_tuple(model, *map(int, row)) for row in uq], dtype=f64)
+    pu = units[inv2]  # (n, 6): attention, dense_mlp, moe_nonexpert, experts, embedding, output
+    nd, nm = st[:, :, 0], st[:, :, 1]
+    mtp = st[:, :, 2]
+    dense_like = nd + (0 if mtp_moe else mtp)
+    moe_like = nm + (mtp if mtp_moe else 0)
+    w["st_params_dense"] = (
+        (dense_like + moe_like) * pu[:, None, 0] + dense_like * pu[:, None, 1]
+        + moe_like * pu[:, None, 2] + st[:, :, 3] * pu[:, None, 4]
+        + st[:, :, 4] * pu[:, None, 5]
+    )
+    w["st_params_expert"] = moe_like * pu[:, None, 3]
+
+    # --- data parallel
+    dense_group = b.dp * b.cp
+    expert_group = np.maximum(1, cluster.world_size // (b.pp * b.ep * b.etp))
+    w["dp_dense_n"] = dense_group.astype(f64)
+    w["dp_dense_intra"] = _link(cluster, b.tp * dense_group)
+    w["dp_dense_local"] = _local(cluster, b.tp, dense_group)
+    w["dp_expert_n"] = expert_group.astype(f64)
+    w["dp_expert_intra"] = _link(cluster, b.ep * b.etp * expert_group)
+    w["dp_expert_local"] = _local(cluster, b.ep * b.etp, expert_group)
+    w["dist_opt"] = b.distributed_optimizer.astype(f64)
+    w["fsdp"] = b.fsdp.astype(f64)
+
+    # --- schedule and recompute
+    w["m"] = b.ga.astype(f64)
+    w["vpp"] = b.vpp.astype(f64)
+    w["bubble_factor"] = np.where(b.schedule == 2, ZERO_BUBBLE_FACTOR, 1.0)
+    sel = b.recompute == 1
+    for mod, bit in MODULE_BITS.items():
+        w[f"rc_{mod}"] = (sel & ((b.recompute_modules & bit) > 0)).astype(f64)
+    w["has_moe"] = np.full(n, 1.0 if model.is_moe else 0.0)
+    return w
+
+
+@lru_cache(maxsize=4096)
+def _param_units_cached(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple:
+    pu = param_units(model, tp, pp, ep, etp)
+    return (pu.attention, pu.dense_mlp, pu.moe_nonexpert, pu.experts, pu.embedding, pu.output)
+
+
+def _param_units_tuple(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple:
+    return _param_units_cached(model, tp, pp, ep, etp)
+
+
+def concat_work(works: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Stack the work of several (model, cluster, training) batches into one (stage axis padded
+    with empty stages), so :func:`timing` evaluates them all at once."""
+    pmax = max(w["st_valid"].shape[1] for w in works)
+    out: dict[str, np.ndarray] = {}
+    for key in works[0]:
+        parts = []
+        for w in works:
+            x = w[key]
+            if key.startswith("st_") and x.shape[1] < pmax:
+                x = np.pad(x, ((0, 0), (0, pmax - x.shape[1])))
+            parts.append(x)
+        out[key] = np.concatenate(parts, axis=0)
+    return out
+
+
+# ============================================================================== timing
+
+
+def _g(x: np.ndarray, half: Any) -> np.ndarray:
+    return x / (x + half)
+
+
+def _collective(bytes_: Any, n: Any, bw: Any, alpha: Any) -> np.ndarray:
+    """Ring all-gather / reduce-scatter of a tensor of ``bytes_`` over ``n`` ranks."""
+    n = np.asarray(n, dtype=np.float64)
+    t = alpha * (1 + np.log2(np.maximum(n, 1))) + (n - 1) / np.maximum(n, 1) * bytes_ / bw
+    return np.where(n > 1, t, 0.0)
+
+
+def pipeline_time(
+    stage_times: np.ndarray, m: Any, vpp: Any = 1, bubble_factor: Any = 1.0
+) -> np.ndarray:
+    """Time of the pipelined forward/backward passes of one step.
+
+    ``stage_times[..., s]``: one micro-batch's forward + backward on stage s (0 for padding);
+    ``m`` micro-batches; ``vpp`` virtual stages per rank. ``m x max_s t_s + bubble_factor x
+    (sum_s t_s - max_s t_s) / vpp``: with p equal stages of time t this is ``(m + (p - 1)/vpp)
+    t``, i.e. the bubble fraction ``(p - 1)/(vpp m)`` of Narayanan et al. 2021 (interleaved) and
+    ``(p - 1)/m`` for 1F1B; with unequal stages the slowest sets the steady-state pace and each
+    other stage adds its own fill/drain time. ``bubble_factor``: 1 for 1F1B/interleaved,
+    :data:`ZERO_BUBBLE_FACTOR` for zero-bubble schedules.
+    """
+    t = np.asarray(stage_times, dtype=np.float64)
+    t_max = t.max(axis=-1)
+    return np.asarray(m) * t_max + np.asarray(bubble_factor) * (t.sum(axis=-1) - t_max) / vpp
+
+
+def constants_arrays(
+    calib: CalibrationTable,
+    archs: Sequence[str] | str,
+    n: int,
+    software: Sequence[str] | str = REFERENCE_SOFTWARE,
+) -> dict[str, np.ndarray]:
+    """Constants as arrays of length ``n`` (one architecture and software stack, or one per
+    entry)."""
+    if isinstance(archs, str) and isinstance(software, str):
+        c = calib.constants(archs, software)
+        return {k: np.full(n, c[k]) for k in CONSTANT_NAMES}
+    archs_l = [archs] * n if isinstance(archs, str) else list(archs)
+    soft_l = [software] * n if isinstance(software, str) else list(software)
+    table = {key: calib.constants(*key) for key in set(zip(archs_l, soft_l, strict=True))}
+    return {k: np.array([table[key][k] for key in zip(archs_l, soft_l, strict=True)])
+            for k in CONSTANT_NAMES}
+
+
+def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Step time and breakdown for every configuration of a work batch (see module docstring).
+
+    Returns ``step_time_s`` and one array per :data:`BREAKDOWN` entry (seconds per step, they
+    add up to the step time), plus ``critical_stage``.
+    """
+    half = np.asarray(c["gemm_half_dim"])[..., None]
+    eff_prec = np.choose(
+        w["prec"], [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
+                    c["gemm_efficiency_fp4"]]
+    ) * (1 - w["block_scaled"] * (1 - np.asarray(c["block_scaled_gemm_efficiency"])))
+    hbm = w["hbm_bw"] * c["hbm_efficiency"]
+    up_bw = w["scale_up_bw"] * c["scale_up_efficiency"]
+    nic_bw = w["nic_bw"] * c["nic_efficiency"]
+    alpha = c["collective_latency_s"]
+    kern = c["kernel_overhead_s"]
+
+    def link(intra: np.ndarray) -> np.ndarray:
+        """Point-to-point / all-to-all bandwidth per GPU."""
+        return np.where(intra > 0, up_bw, nic_bw)
+
+    def ring(intra: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Bus bandwidth of a ring collective (see :func:`_local`)."""
+        return np.where(intra > 0, up_bw, np.minimum(up_bw, local * nic_bw))
+
+    # ---- GEMMs, forward time per slot
+    M, N, K, cnt = w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"]
+    present = cnt > 0
+    Ms, Ns, Ks = (np.where(present, x, 1.0) for x in (M, N, K))
+    low = LOW_PREC_SLOTS[None, :] & (w["prec"][:, None] > 0)
+    eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
+    eff = eff * _g(Ms, half) * _g(Ns, half) * _g(Ks, half)
+    eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
+        ..., None], eff)
+    peak = np.where(low, w["peak_low"][:, None], w["peak_bf16"][:, None])
+    t_compute = 2.0 * Ms * Ns * Ks * cnt / (peak * eff)
+    opb = np.where(low, w["operand_bytes"][:, None], BF16)
+    t_memory = cnt * ((Ms * Ks + Ks * Ns) * opb + Ms * Ns * BF16) / hbm[:, None]
+    gf = np.where(present, np.maximum(t_compute, t_memory), 0.0)  # forward; backward = 2x
+    cast_f = w["cast_fwd_bytes"] / hbm[:, None]
+    cast_b = w["cast_bwd_bytes"] / hbm[:, None]
+
+    def slots(x: np.ndarray, idx: list[int]) -> np.ndarray:
+        return x[:, idx].sum(axis=1)
+
+    g_attn, g_mlp = slots(gf, ATTN_SLOTS), slots(gf, MLP_SLOTS)
+    g_exp, g_sh = slots(gf, EXP_SLOTS), slots(gf, SH_SLOTS)
+    g_router, g_logits, g_mtp = gf[:, S["router"]], gf[:, S["logits"]], gf[:, S["mtp_proj"]]
+    g_mla_up = slots(gf, MLA_UP_SLOTS)
+    cf_attn, cb_attn = slots(cast_f, ATTN_SLOTS), slots(cast_b, ATTN_SLOTS)
+    cf_mlp, cb_mlp = slots(cast_f, MLP_SLOTS), slots(cast_b, MLP_SLOTS)
+    cf_moe = slots(cast_f, EXP_SLOTS + SH_SLOTS)
+    cb_moe = slots(cast_b, EXP_SLOTS + SH_SLOTS)
+
+    # ---- core attention
+    hd = c["attention_head_dim_half"]
+    dfac = (w["attn_head_dim"] / (w["attn_head_dim"] + hd)) / (128.0 / (128.0 + hd))
+    a_eff = c["attention_efficiency"] * dfac
+    hh = np.asarray(c["gemm_half_dim"])
+    sfu = np.where(w["sfu_exp_per_s"] > 0, w["sfu_exp_per_s"], np.inf)
+    core_f = np.zeros_like(w["peak_bf16"])
+    core_b = np.zeros_like(w["peak_bf16"])
+    for part in ("full", "slide"):
+        eff_ctx = _g(w[f"attn_ctx_{part}"], hh)
+        t_mm = w[f"attn_flops_{part}"] / (w["peak_bf16"] * a_eff * eff_ctx)
+        # softmax exponentials on the special-function units overlap the matmuls (FA3/FA4)
+        t_exp = w[f"attn_flops_{part}"] * w["attn_exp_per_flop"] / (
+            sfu * c["attention_efficiency"] * eff_ctx)
+        core_f = core_f + np.maximum(t_mm, t_exp)
+        core_b = core_b + np.maximum(ATTENTION_BWD_FLOPS_RATIO * t_mm, t_exp)
+
+    # ---- element-wise
+    ew_attn, ew_mlp, ew_moe = w["ew_attn"] / hbm, w["ew_mlp"] / hbm, w["ew_moe"] / hbm
+    ew_out_f, ew_out_b = w["ew_out_fwd"] / hbm, w["ew_out_bwd"] / hbm
+    ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
+
+    # ---- host time per layer (forward + backward launches twice as many kernels)
+    host_dense = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]) * kern
+    host_moe = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
+                    + KERNELS_PER_LAYER["moe"]) * kern
+
+    # ---- TP
+    t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
+    ov_tp = c["tp_comm_overlap"]
+    tp_attn_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_attn)
+    tp_attn_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_attn)
+    tp_mlp_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mlp)
+    tp_mlp_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_mlp)
+    tp_sh_f = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_fwd_per_block"] * t_tp
+                         - ov_tp * g_sh)
+    tp_sh_b = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_bwd_per_block"] * t_tp
+                         - ov_tp * 2 * g_sh)
+    tp_out_f = 0.5 * w["tp_fwd_per_block"] * t_tp  # gather before the logits (SP) / embedding
+    tp_out_b = 0.5 * w["tp_fwd_per_block"] * t_tp
+
+    # ---- CP
+    cp_bw = link(w["cp_intra"])
+    cp_step_f = np.where(w["cp_steps"] > 0, alpha + w["cp_bytes"] / cp_bw, 0.0)
+    cp_step_b = np.where(w["cp_steps"] > 0, alpha + 2 * w["cp_bytes"] / cp_bw, 0.0)
+    blocks = w["cp_steps"] + 1
+    cp_f = w["cp_steps"] * np.maximum(0.0, cp_step_f - core_f / blocks)
+    cp_b = w["cp_steps"] * np.maximum(0.0, cp_step_b - core_b / blocks)
+
+    # ---- EP (per direction: dispatch + combine)
+    lat = alpha * (1 + np.log2(np.maximum(w["ep_n"], 1)))
+    a2a = w["ep_active"] * (lat + np.maximum(w["ep_intra_bytes"] / up_bw,
+                                             w["ep_inter_bytes"] / nic_bw))
+    agd = _collective(w["ep_ag_bytes"], w["ep_n"], ring(w["ep_ag_intra"], w["ep_ag_local"]),
+                      alpha)
+    etp = _collective(w["etp_bytes"], w["etp_n"], ring(w["etp_intra"], w["etp_local"]), alpha)
+    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - c["ep_comm_overlap"])
+    ep_f = ep_dir * w["has_moe"]
+    ep_b = ep_dir * w["has_moe"]
+
+    # ---- per-layer forward / backward (compute | comm), and selective recompute
+    attn_f = g_attn + core_f + ew_attn + cf_attn
+    attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn
+    mlp_f = g_mlp + ew_mlp + cf_mlp
+    mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp
+    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe
+    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe
+    comm_attn_f, comm_attn_b = tp_attn_f + cp_f, tp_attn_b + cp_b
+    comm_mlp_f, comm_mlp_b = tp_mlp_f, tp_mlp_b
+    comm_moe_f, comm_moe_b = tp_sh_f + ep_f, tp_sh_b + ep_b
+    dense_fwd = attn_f + mlp_f + comm_attn_f + comm_mlp_f
+    moe_fwd = attn_f + moe_f + comm_attn_f + comm_moe_f
+    rc_common = (
+        w["rc_core_attn"] * core_f
+        + w["rc_layernorm"] * (w["ew_attn_norm"] + w["ew_mlp_norm"]) / hbm
+        + w["rc_mla_up_proj"] * g_mla_up
+    )
+    rc_dense = rc_common + w["rc_mlp"] * (mlp_f + comm_mlp_f)
+    rc_moe = (
+        rc_common
+        + w["rc_moe"] * (moe_f + comm_moe_f)
+        + (1 - w["rc_moe"]) * (
+            w["rc_moe_act"] * w["ew_moe_act"] / hbm
+            + w["rc_shared_experts"] * (g_sh + tp_sh_f)
+        )
+    )
+
+    # ---- output, embedding, MTP heads (per micro-batch)
+    out_f = g_logits + ew_out_f + tp_out_f
+    out_b = 2 * g_logits + ew_out_b + tp_out_b
+    emb_f, emb_b = ew_emb_f + tp_out_f, ew_emb_b + tp_out_b
+    mtp_fb = 3 * g_mtp
+
+    # ---- pipeline p2p (exposed) per micro-batch per stage
+    # Megatron overlaps p2p with compute in the interleaved schedule (overlap_p2p_comm); the
+    # non-interleaved 1F1B schedule sends and receives on the critical path
+    overlap_pp = np.where(w["vpp"] > 1, c["pp_comm_overlap"], 0.0)
+    pp_t = w["pp_sends"] * np.where(
+        w["pp_bytes"] > 0, alpha + w["pp_bytes"] / link(w["pp_intra"]), 0.0
+    ) * (1 - overlap_pp)
+
+    # ---- per-stage buckets for one micro-batch: (n, P)
+    nd, nm = w["st_dense"], w["st_moe"]
+    rd, rm = w["st_rc_dense"], w["st_rc_moe"]
+    ne, no, nmtp = w["st_emb"], w["st_out"], w["st_mtp"]
+    valid = w["st_valid"]
+    nl = nd + nm
+
+    def col(x: Any) -> np.ndarray:
+        return np.asarray(x)[:, None] if np.ndim(x) else np.asarray(x)
+
+    bucket: dict[str, np.ndarray] = {}
+    bucket["attention_gemm"] = nl * col(3 * g_attn)
+    bucket["core_attention"] = nl * col(core_f + core_b)
+    bucket["mlp_gemm"] = nd * col(3 * g_mlp)
+    bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh))
+    bucket["router"] = nm * col(3 * g_router)
+    bucket["elementwise"] = (
+        nl * col(3 * ew_attn + cf_attn + cb_attn) + nd * col(3 * ew_mlp + cf_mlp + cb_mlp)
+        + nm * col(3 * ew_moe + cf_moe + cb_moe)
+    )
+    bucket["embedding_logits_loss"] = (
+        ne * col(emb_f + emb_b) + no * col(out_f + out_b) + nmtp * col(mtp_fb)
+    )
+    bucket["recompute"] = (
+        nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
+    )
+    # the host runs ahead of the GPU: only launch time beyond a layer's GPU time is exposed
+    # (a dropless MoE layer syncs host and device once, so the comparison is per layer)
+    gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
+        + comm_mlp_b + rc_dense
+    gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
+        + comm_moe_b + rc_moe
+    bucket["kernel_overhead"] = (
+        nd * col(np.maximum(0.0, host_dense - gpu_dense))
+        + nm * col(np.maximum(0.0, host_moe - gpu_moe) * w["has_moe"])
+    )
+    bucket["tp_comm"] = (
+        nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
+        + nm * col(tp_sh_f + tp_sh_b)
+    )
+    bucket["cp_comm"] = nl * col(cp_f + cp_b)
+    bucket["ep_comm"] = nm * col(ep_f + ep_b)
+    bucket["pp_p2p"] = valid * col(pp_t)
+
+    # forward / backward split of a stage's micro-batch (DP overlap windows)
+    fwd_s = (
+        nd * col(dense_fwd) + nm * col(moe_fwd) + ne * col(emb_f) + no * col(out_f)
+        + nmtp * col(g_mtp)
+    )
+
+    # ---- data parallel and FSDP
+    pd, pe = w["st_params_dense"], w["st_params_expert"]
+    bw_dd = col(ring(w["dp_dense_intra"], w["dp_dense_local"]))
+    bw_de = col(ring(w["dp_expert_intra"], w["dp_expert_local"]))
+    nd_n, ne_n = col(w["dp_dense_n"]), col(w["dp_expert_n"])
+    alpha_c = col(alpha)
+    rs = _collective(FP32 * pd, nd_n, bw_dd, alpha_c) + _collective(FP32 * pe, ne_n, bw_de,
+                                                                     alpha_c)
+    ag = _collective(BF16 * pd, nd_n, bw_dd, alpha_c) + _collective(BF16 * pe, ne_n, bw_de,
+                                                                     alpha_c)
+    ov_dp = col(c["dp_comm_overlap"])
+    stage_mb = sum(bucket.values())
+    bwd_s = stage_mb - fwd_s - bucket["pp_p2p"]
+    fsdp = col(w["fsdp"])
+    dist = col(w["dist_opt"])
+    fsdp_mb = fsdp * (
+        np.maximum(0.0, ag - ov_dp * fwd_s) + np.maximum(0.0, ag + rs - ov_dp * bwd_s)
+    )
+    bucket["dp_comm"] = fsdp_mb * valid
+    stage_mb = stage_mb + bucket["dp_comm"]
+    dp_step = (1 - fsdp) * np.where(
+        dist > 0,
+        np.maximum(0.0, rs - ov_dp * bwd_s) + np.maximum(0.0, ag - ov_dp * fwd_s),
+        np.maximum(0.0, 2 * rs - ov_dp * bwd_s),
+    )
+    sharded = (dist > 0) | (fsdp > 0)
+    local = np.where(sharded, pd / nd_n + pe / ne_n, pd + pe)
+    opt = OPTIMIZER_BYTES_PER_PARAM * local / col(hbm)
+    tail = (dp_step + opt) * valid
+
+    # ---- pipeline schedule
+    m = w["m"]
+    stage_mb = stage_mb * valid
+    crit = np.argmax(stage_mb, axis=1)
+    rows = np.arange(stage_mb.shape[0])
+    bubble = pipeline_time(stage_mb, m, w["vpp"], w["bubble_factor"]) - m * stage_mb[rows, crit]
+    last = np.argmax(tail, axis=1)
+    out: dict[str, np.ndarray] = {}
+    for key in BREAKDOWN:
+        if key in bucket:
+            out[key] = m * bucket[key][rows, crit]
+    out["pipeline_bubble"] = bubble
+    out["dp_comm"] = out["dp_comm"] + dp_step[rows, last]
+    out["optimizer"] = opt[rows, last]
+    out = {key: out[key] for key in BREAKDOWN}
+    total = np.zeros_like(m)
+    for key in BREAKDOWN:
+        total = total + out[key]
+    out["step_time_s"] = total
+    out["critical_stage"] = crit
+    return out
+
+
+# ============================================================================ projection
+
+
+class Projection(BaseModel):
+    """Projected performance of one configuration.
+
+    ``breakdown``: seconds per step by component (:data:`BREAKDOWN`), adding up to
+    ``step_time_s``; compute components are those of the slowest pipeline stage (x micro-batches),
+    ``pipeline_bubble`` the schedule's fill and drain, ``dp_comm`` the exposed data-parallel
+    traffic (FSDP per micro-batch, plus the step's gradient/parameter collectives) and
+    ``optimizer`` the optimizer step. ``mfu`` is model FLOPs over the peak of the precision the
+    GEMMs run in (BF16, FP8 or FP4 dense peak), recompute excluded.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    model_flops_per_token: float
+    breakdown: dict[str, float]
+    critical_stage: int
+    label: str
+    calibration: str
+
+
+def _peak_for(cluster: ClusterSpec, training: TrainingSpec, fp8_active: bool) -> float:
+    if training.precision is Precision.FP4 and cluster.gpu.peak_fp4_flops:
+        return cluster.gpu.peak_fp4_flops
+    if fp8_active and cluster.gpu.peak_fp8_flops:
+        return cluster.gpu.peak_fp8_flops
+    return cluster.gpu.peak_bf16_flops
+
+
+def _calib(calib: CalibrationTable | str | None) -> CalibrationTable:
+    if isinstance(calib, CalibrationTable):
+        return calib
+    return load_calibration(calib)
+
+
+def score_configs(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    batch: ConfigBatch,
+    calib: CalibrationTable | str | None = None,
+    software: str = REFERENCE_SOFTWARE,
+) -> dict[str, np.ndarray]:
+    """Vectorised projection of many configurations of one (model, cluster, training).
+
+    Returns arrays: ``step_time_s``, ``tokens_per_s_per_gpu``, ``model_tflops_per_gpu``, ``mfu``
+    and the :data:`BREAKDOWN` components. Legality is not checked here (the solver's job).
+    ``software``: the stack whose kernel efficiencies apply (``megatron`` by default; see
+    :data:`oracle.constants.SOFTWARE_STACKS`)."""
+    table = _calib(calib)
+    w = build_work(model, cluster, training, batch)
+    res = timing(w, constants_arrays(table, cluster.gpu.architecture, len(batch), software))
+    # tokens the step actually trains: mbs x dp x ga sequences (= the global batch for a legal
+    # configuration; an illegal one that does not divide it is not credited with more)
+    tokens = (batch.mbs * batch.dp * batch.ga).astype(np.float64) * training.seq_len
+    world = cluster.world_size
+    flops_tok = model_flops_per_token_array(model, training.seq_len, batch.tp)
+    step = res["step_time_s"]
+    res["tokens_per_s_per_gpu"] = tokens / step / world
+    res["model_flops_per_token"] = flops_tok
+    res["model_tflops_per_gpu"] = flops_tok * tokens / step / world / 1e12
+    peak = np.where(
+        batch.fp8 >= 0,
+        cluster.gpu.peak_fp8_flops or cluster.gpu.peak_bf16_flops,
+        cluster.gpu.peak_bf16_flops,
+    )
+    if training.precision is Precision.FP4 and cluster.gpu.peak_fp4_flops:
+        peak = np.full(len(batch), cluster.gpu.peak_fp4_flops)
+    res["mfu"] = res["model_tflops_per_gpu"] * 1e12 / peak
+    return res
+
+
+@lru_cache(maxsize=1024)
+def _flops_base(model: ModelSpec, seq_len: int) -> float:
+    return F.model_flops_per_token(model, seq_len, 1)
+
+
+def model_flops_per_token_array(model: ModelSpec, seq_len: int, tp: np.ndarray) -> np.ndarray:
+    """:func:`oracle.flops.model_flops_per_token` for an array of tp (only Megatron's vocabulary
+    padding, a multiple of 128 x tp, depends on tp): the tp = 1 value plus the logits FLOPs of
+    the extra padded vocabulary."""
+    vpad1 = P.padded_vocab_size(model.vocab_size, 1)
+    per_vocab = F.FWD_BWD_FACTOR * F.FMA * model.hidden_size * (1 + model.num_mtp_layers)
+    extra = (_padded_vocab(model.vocab_size, np.asarray(tp)) - vpad1).astype(np.float64)
+    return _flops_base(model, seq_len) + per_vocab * extra
+
+
+def project(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    cfg: ParallelConfig,
+    calib: CalibrationTable | str | None = None,
+    software: str = REFERENCE_SOFTWARE,
+) -> Projection:
+    """Projection of one configuration resolved by :func:`oracle.specs.resolve_config`.
+
+    ``calib``: a :class:`~oracle.constants.CalibrationTable`, a path to a calibration JSON
+    (``tune-cp calibrate --out``), or None for the shipped ``oracle/catalog/calibration.json``.
+    ``software``: ``megatron`` (Megatron-LM / Bridge / NeMo / Primus, the default),
+    ``torchtitan`` or ``llm-foundry``.
+    """
+    table = _calib(calib)
+    if cfg.pipeline_split is None or cfg.dp is None or cfg.ga is None:
+        raise ConfigError("resolve_config() the configuration before projecting it")
+    batch = ConfigBatch.from_configs([cfg])
+    res = score_configs(model, cluster, training, batch, table, software)
+    return Projection(
+        step_time_s=float(res["step_time_s"][0]),
+        tokens_per_s_per_gpu=float(res["tokens_per_s_per_gpu"][0]),
+        model_tflops_per_gpu=float(res["model_tflops_per_gpu"][0]),
+        mfu=float(res["mfu"][0]),
+        model_flops_per_token=float(res["model_flops_per_token"][0]),
+        breakdown={k: float(res[k][0]) for k in BREAKDOWN},
+        critical_stage=int(res["critical_stage"][0]),
+        label=cfg.label(),
+        calibration=table.about or "priors",
+    )
+
+
+def work_fields() -> list[str]:
+    """Field names of :class:`ConfigBatch` (for documentation and tests)."""
+    return [f.name for f in fields(ConfigBatch)]
+
+
+__all__ = [
+    "BREAKDOWN",
+    "ConfigBatch",
+    "Projection",
+    "auto_pipeline_split",
+    "build_work",
+    "concat_work",
+    "constants_arrays",
+    "project",
+    "score_configs",
+    "timing",
+]

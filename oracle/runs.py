@@ -1,0 +1,436 @@
+"""Published (or logged) training runs as specs: one :class:`RunRow` per CSV row.
+
+The CSV has the columns of ``../shared/calibration/published_runs.csv`` (a user's own logged runs
+in the same columns work too). Each row becomes either the four specs the oracle needs (model,
+cluster, training, resolved parallel config) or the reason it cannot be represented.
+
+Rules (each documented where it is applied):
+
+* **Model**: when the row names a catalog model (name or alias, ignoring case, spaces,
+  underscores, dashes and a parenthesised suffix), start from the catalog entry and take the
+  row's numeric architecture columns over it; otherwise build it from the columns. A missing
+  ``num_kv_heads`` means MHA (Megatron's default without ``--group-query-attention``); a missing
+  vocabulary is taken from the catalog model of the same family prefix (``gpt3``, ``llama2``);
+  head dim is ``kv_channels N`` from the notes, else hidden / heads. Gated MLP (SwiGLU): the
+  catalog's flag, else the family (llama, mistral, mixtral, qwen, deepseek, gpt-oss gated; gpt,
+  mpt not), else gated unless ``ffn == 4 h``.
+* **GPU**: catalog name or alias, or the catalog name the GPU column starts with
+  (``H100 96GB HBM2e SXM-variant`` -> ``h100``).
+* **Parallel layout**: tp, pp, vpp, cp, ep, etp, mbs from the columns (``n/a`` = 1; etp blank =
+  tp, except 1 for Megatron-Bridge MoE rows, whose recipes set it); dp is always world / (tp pp cp) (the CSV's dp column is sometimes world / (tp pp ep)).
+  FSDP when the ``fsdp`` column is > 0; the distributed optimizer unless the optimizer column
+  says ``none``. Schedule: ``DualPipe`` and ``zero bubble`` -> zero-bubble; ``1F1B`` without
+  interleaving -> 1f1b.
+* **Batch**: a missing global batch is ``local batch N`` x dp when the row says so, else the
+  catalog model's default, rounded up to a multiple of mbs x dp; a missing sequence length is the
+  catalog model's default.
+* **Software stack**: the ``framework`` column names it (:func:`oracle.constants.software_stack`:
+  torchtitan, llm-foundry, else megatron).
+* **Precision**: NVFP4 -> fp4; FP8 flavours -> fp8 with recipe ``blockwise`` (blockwise, 1x128,
+  torchao rowwise), ``mxfp8`` (MX, block-scaled), ``delayed``, else ``tensorwise`` (current
+  scaling, "FP8-CS", torchao tensorwise); FP16 / BF16 / amp / unstated -> bf16.
+* **Recompute**: ``full`` -> full (``recompute_num_layers N`` and ``method block|uniform`` when
+  given, else every layer); ``selective modules [..]`` -> those modules; torchtitan's per-op
+  selective AC (recomputes every second matmul) -> selective ``mlp`` (the module closest to half
+  the layer's GEMMs); Megatron ``recompute-activations`` -> selective ``core_attn``;
+  ``RMSNorm and MLA up-projection`` -> ``layernorm, mla_up_proj``; blank / none -> none.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from oracle.catalog import gpu_entries, load_gpu, model_entries
+from oracle.constants import software_stack
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    Fp8Recipe,
+    GpuSpec,
+    ModelSpec,
+    ParallelConfig,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    TrainingSpec,
+    resolve_config,
+)
+
+REQUIRED_COLUMNS = (
+    "row_id", "source", "model", "num_gpus", "tp", "pp", "tokens_per_sec_per_gpu",
+)
+GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "deepseek", "gptoss", "kimi")
+NON_GATED_FAMILIES = ("gpt", "mpt", "nemotron")
+
+
+@dataclass
+class RunRow:
+    """One CSV row: its identity, measurement, and specs or the reason there are none."""
+
+    row_id: str
+    source: str
+    source_id: str
+    model_name: str
+    gpu_name: str
+    measured_tokens_per_s_per_gpu: float | None
+    measured_model_tflops_per_gpu: float | None
+    model: ModelSpec | None = None
+    cluster: ClusterSpec | None = None
+    training: TrainingSpec | None = None
+    cfg: ParallelConfig | None = None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+    software: str = "megatron"
+
+    @property
+    def representable(self) -> bool:
+        return self.reason is None
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """Same model and hardware (for within-group rank correlation)."""
+        return (self.model.name if self.model else self.model_name, self.gpu_name)
+
+
+def _key(name: str) -> str:
+    name = re.sub(r"\(.*?\)", "", name.lower())
+    return re.sub(r"[^a-z0-9.]", "", name)
+
+
+def _num(text: str) -> float | None:
+    text = (text or "").strip().replace(",", "")
+    if not text or text.lower() in ("n/a", "na", "none", "-"):
+        return None
+    m = re.fullmatch(r"[-+]?\d+(\.\d+)?", text)
+    return float(text) if m else None
+
+
+def _int(text: str) -> int | None:
+    x = _num(text)
+    return None if x is None or x != int(x) else int(x)
+
+
+def catalog_model_for(name: str) -> str | None:
+    """Catalog model whose name or alias matches ``name`` (see module docstring)."""
+    key = _key(name)
+    for canonical, entry in model_entries().items():
+        if key in {_key(canonical), *(_key(a) for a in entry.aliases)}:
+            return canonical
+    return None
+
+
+def _family_donor(name: str) -> str | None:
+    """Catalog model sharing the row's family prefix (letters + generation digit, else letters
+    only): used only for a missing vocabulary and the architecture flags."""
+    key = _key(name)
+    for pattern in (r"[a-z]+\d", r"[a-z]+"):
+        m = re.match(pattern, key)
+        if not m:
+            continue
+        for canonical in model_entries():
+            if _key(canonical).startswith(m.group(0)):
+                return canonical
+    return None
+
+
+def gpu_for(text: str) -> str | None:
+    """Catalog GPU for a GPU column (exact name/alias, else the longest name it starts with)."""
+    low = text.strip().lower()
+    entries = gpu_entries()
+    names: list[tuple[str, str]] = []
+    for canonical, e in entries.items():
+        for alias in (canonical, *e.aliases):
+            if low == alias.lower():
+                return canonical
+            names.append((alias.lower(), canonical))
+    best = None
+    for alias, canonical in names:
+        if re.match(re.escape(alias) + r"(\b|[^a-z0-9])", low) and (
+            best is None or len(alias) > len(best[0])
+        ):
+            best = (alias, canonical)
+    return best[1] if best else None
+
+
+def _gated(name: str, ffn: int | None, hidden: int) -> bool:
+    key = _key(name)
+    if any(key.startswith(f) for f in GATED_FAMILIES):
+        return True
+    if any(key.startswith(f) for f in NON_GATED_FAMILIES):
+        return False
+    return not (ffn is not None and ffn == 4 * hidden)
+
+
+def row_model(row: dict[str, str]) -> tuple[ModelSpec | None, str | None]:
+    """The model of a row, or (None, reason)."""
+    name = row.get("model", "").strip()
+    canonical = catalog_model_for(name)
+    cols = {
+        "num_layers": _int(row.get("num_layers", "")),
+        "hidden_size": _int(row.get("hidden_size", "")),
+        "ffn_hidden_size": _int(row.get("ffn_hidden_size", "")),
+        "num_attention_heads": _int(row.get("num_attention_heads", "")),
+        "num_kv_heads": _int(row.get("num_kv_heads", "")),
+        "vocab_size": _int(row.get("vocab_size", "")),
+        "num_experts": _int(row.get("num_experts", "")),
+        "moe_top_k": _int(row.get("moe_topk", "")),
+        "expert_ffn_hidden_size": _int(row.get("expert_ffn_hidden_size", "")),
+    }
+    notes = (row.get("moe_notes", "") + " " + row.get("notes", "")).lower()
+    if canonical is not None:
+        base = model_entries()[canonical].to_spec().model_dump()
+        base.update({k: v for k, v in cols.items() if v is not None})
+        try:
+            return ModelSpec(**base), None
+        except ValidationError as e:
+            return None, f"architecture columns contradict catalog model {canonical}: {e}"
+    if "not transcribed" in notes or "not transcribed" in row.get("completeness", "").lower():
+        return None, "architecture not transcribed in the row and model not in the catalog"
+    for key in ("num_layers", "hidden_size", "num_attention_heads"):
+        if cols[key] is None:
+            return None, f"{key} missing and model {name!r} not in the catalog"
+    donor = _family_donor(name)
+    donor_spec = model_entries()[donor].to_spec() if donor else None
+    h, a = cols["hidden_size"], cols["num_attention_heads"]
+    vocab = cols["vocab_size"] or (donor_spec.vocab_size if donor_spec else None)
+    if vocab is None:
+        return None, f"vocab_size missing and no catalog model of the {name!r} family"
+    kv = re.search(r"kv_channels\s+(\d+)", notes)
+    head_dim = int(kv.group(1)) if kv else h // a
+    ffn = cols["ffn_hidden_size"]
+    if ffn is None and not cols["num_experts"]:
+        if donor_spec is None or donor_spec.gated_mlp:
+            return None, f"ffn_hidden_size missing for {name!r}"
+        ffn = 4 * h  # Megatron's default for a GELU MLP
+    spec: dict[str, Any] = {
+        "name": name or "row",
+        "num_layers": cols["num_layers"],
+        "hidden_size": h,
+        "ffn_hidden_size": ffn or 0,
+        "num_attention_heads": a,
+        "num_kv_heads": cols["num_kv_heads"] or a,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "gated_mlp": donor_spec.gated_mlp if donor_spec else _gated(name, ffn, h),
+        "qk_norm": "qk_layernorm" in notes,
+        "source": f"published run row {row.get('row_id')}",
+    }
+    if donor_spec is not None:
+        spec |= {"norm": donor_spec.norm, "tied_embeddings": donor_spec.tied_embeddings}
+    elif not spec["gated_mlp"]:
+        spec["norm"] = "layernorm"
+    if cols["num_experts"]:
+        spec |= {
+            "num_experts": cols["num_experts"],
+            "moe_top_k": cols["moe_top_k"] or 2,
+            "expert_ffn_hidden_size": cols["expert_ffn_hidden_size"] or ffn or 0,
+        }
+        shared = re.search(r"(\d+) shared experts? \((\d+)\)", notes)
+        if shared:
+            spec |= {"num_shared_experts": int(shared.group(1)),
+                     "shared_expert_ffn_hidden_size": int(shared.group(2))}
+        dense = re.search(r"first (\d+) layers dense", notes)
+        if dense:
+            spec["num_dense_layers"] = int(dense.group(1))
+    try:
+        return ModelSpec(**spec), None
+    except ValidationError as e:
+        return None, f"invalid architecture: {e.errors()[0]['msg']}"
+
+
+def row_precision(text: str) -> tuple[Precision, Fp8Recipe | None]:
+    t = text.lower()
+    if "nvfp4" in t or "fp4" in t:
+        return Precision.FP4, None
+    if "fp8" in t or "float8" in t:
+        if "blockwise" in t or "1x128" in t or "rowwise" in t:
+            return Precision.FP8, Fp8Recipe.BLOCKWISE
+        if "mx" in t or "block-scaled" in t:
+            return Precision.FP8, Fp8Recipe.MXFP8
+        if "delayed" in t:
+            return Precision.FP8, Fp8Recipe.DELAYED
+        return Precision.FP8, Fp8Recipe.TENSORWISE
+    return Precision.BF16, None
+
+
+def row_recompute(text: str) -> dict[str, Any]:
+    t = text.lower().strip()
+    if not t or t.startswith("none") or t.startswith("not set"):
+        return {"recompute": Recompute.NONE}
+    mods = re.search(r"modules \[([^\]]*)\]", t)
+    if mods:
+        names = tuple(m.strip() for m in mods.group(1).split(",") if m.strip())
+        return {"recompute": Recompute.SELECTIVE, "recompute_modules": names}
+    if "rmsnorm" in t and "up-projection" in t:
+        return {"recompute": Recompute.SELECTIVE,
+                "recompute_modules": ("layernorm", "mla_up_proj")}
+    if "full" in t:
+        out: dict[str, Any] = {"recompute": Recompute.FULL,
+                               "recompute_method": RecomputeMethod.UNIFORM}
+        if "block" in t:
+            out["recompute_method"] = RecomputeMethod.BLOCK
+        k = re.search(r"recompute_num_layers\s+(\d+)", t)
+        if k:
+            out["recompute_layers"] = int(k.group(1))
+        return out
+    if "per-op" in t or "selective activation checkpointing" in t:
+        return {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mlp",)}
+    if "selective" in t or "recompute-activations" in t:
+        return {"recompute": Recompute.SELECTIVE, "recompute_modules": ("core_attn",)}
+    return {"recompute": Recompute.NONE}
+
+
+def _schedule(row: dict[str, str], vpp: int) -> Schedule:
+    text = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
+    if "dualpipe" in text or "zero bubble" in text or "zero-bubble" in text:
+        return Schedule.ZERO_BUBBLE
+    return Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B
+
+
+def parse_row(row: dict[str, str]) -> RunRow:
+    """One CSV row as a :class:`RunRow` (specs, or the reason they cannot be built)."""
+    gpu_text = row.get("gpu_type", "").strip()
+    out = RunRow(
+        row_id=row.get("row_id", "").strip(),
+        source=row.get("source", "").strip(),
+        source_id=row.get("source_id", "").strip() or row.get("source", "").strip(),
+        model_name=row.get("model", "").strip(),
+        gpu_name=gpu_for(gpu_text) or gpu_text,
+        measured_tokens_per_s_per_gpu=_num(row.get("tokens_per_sec_per_gpu", "")),
+        measured_model_tflops_per_gpu=_num(row.get("model_tflops_per_gpu", "")),
+        software=software_stack(row.get("framework", "")),
+    )
+    try:
+        _fill(out, row)
+    except (ConfigError, ValidationError, ValueError) as e:
+        out.reason = f"cannot build specs: {str(e).splitlines()[0]}"
+    return out
+
+
+def _fill(out: RunRow, row: dict[str, str]) -> None:
+    model, reason = row_model(row)
+    if model is None:
+        out.reason = reason
+        return
+    gname = gpu_for(row.get("gpu_type", ""))
+    if gname is None:
+        out.reason = f"GPU {row.get('gpu_type')!r} not in the catalog"
+        return
+    gpu: GpuSpec = load_gpu(gname)
+    world = _int(row.get("num_gpus", ""))
+    if not world:
+        out.reason = "num_gpus missing"
+        return
+    gpn = _int(row.get("gpus_per_node", "")) or min(8, world)
+    if world % gpn:
+        out.reason = f"num_gpus {world} is not a multiple of gpus_per_node {gpn}"
+        return
+    cluster = ClusterSpec(gpu=gpu, num_nodes=world // gpn, gpus_per_node=gpn)
+    vpp_text = row.get("vpp", "").strip().lower()
+    vpp = _int(vpp_text)
+    if vpp is None and vpp_text not in ("", "n/a"):
+        out.reason = f"vpp not stated as a number ({row.get('vpp')!r})"
+        return
+    vpp = vpp or 1
+    tp = _int(row.get("tp", "")) or 1
+    pp = _int(row.get("pp", "")) or 1
+    cp = _int(row.get("cp", "")) or 1
+    ep = _int(row.get("ep", "")) or 1
+    etp = _int(row.get("etp", ""))
+    if etp is None and model.is_moe and "megatron-bridge" in row.get("framework", "").lower():
+        # Megatron-Bridge's MoE performance recipes set expert_tensor_parallel_size = 1
+        # (src/megatron/bridge/perf_recipes/*/common.py); Megatron's own default is etp = tp.
+        etp = 1
+        out.notes.append("etp = 1 (Megatron-Bridge MoE recipe default)")
+    mbs = _int(row.get("micro_batch_size", "")) or 1
+    if world % (tp * pp * cp):
+        out.reason = f"num_gpus {world} not divisible by tp*pp*cp = {tp * pp * cp}"
+        return
+    dp = world // (tp * pp * cp)
+    canonical = catalog_model_for(out.model_name)
+    entry = model_entries().get(canonical) if canonical else None
+    seq = _int(row.get("seq_len", ""))
+    if seq is None:
+        if entry is None:
+            out.reason = "seq_len missing and model not in the catalog"
+            return
+        seq = entry.default_seq_len
+        out.notes.append(f"seq_len from catalog default {seq}")
+    gbs = _int(row.get("global_batch_size", ""))
+    if gbs is None:
+        text = (row.get("completeness", "") + " " + row.get("notes", "")).lower()
+        local = re.search(r"local batch(?: size)? (\d+)", text)
+        if local:
+            gbs = int(local.group(1)) * dp
+            out.notes.append(f"global batch = local batch x dp = {gbs}")
+        elif entry is not None:
+            gbs = entry.default_global_batch_size
+            out.notes.append(f"global batch from catalog default {gbs}")
+        else:
+            gbs = mbs * dp
+            out.notes.append("global batch unknown: one micro-batch per rank")
+    step = mbs * dp
+    if gbs % step:
+        gbs = -(-gbs // step) * step
+        out.notes.append(f"global batch rounded up to a multiple of mbs*dp: {gbs}")
+    precision, recipe = row_precision(row.get("precision", ""))
+    if precision is Precision.FP8 and recipe is Fp8Recipe.MXFP8 and gpu.architecture != "blackwell":
+        recipe = Fp8Recipe.TENSORWISE
+    if precision is Precision.FP8 and gpu.peak_fp8_flops is None:
+        precision, recipe = Precision.BF16, None
+        out.notes.append(f"FP8 on {gpu.name} (no FP8 tensor cores): projected as BF16")
+    if precision is Precision.FP4 and gpu.peak_fp4_flops is None:
+        out.reason = f"NVFP4 run on {gpu.name}, which has no FP4 peak in the catalog"
+        return
+    fsdp_col = _int(row.get("fsdp", "")) or 0
+    opt = row.get("optimizer_sharding", "").lower()
+    fsdp = fsdp_col > 0 or (opt.startswith("fsdp") and fsdp_col != 0)
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision)
+    cfg = ParallelConfig(
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+        fsdp=fsdp, distributed_optimizer=not opt.startswith("none"),
+        schedule=_schedule(row, vpp),
+        fp8_recipe=recipe,
+        **row_recompute(row.get("recompute", "")),
+    )
+    if model.num_layers % (pp * vpp) and pp * vpp > model.num_layers + 2:
+        out.reason = f"pp*vpp = {pp * vpp} exceeds the {model.num_layers} layers"
+        return
+    resolved = resolve_config(cfg, model, cluster, training)
+    try:  # a row the time model cannot evaluate is unrepresentable, not a crash
+        from oracle.projection import ConfigBatch, build_work
+
+        build_work(model, cluster, training, ConfigBatch.from_configs([resolved]))
+    except (ConfigError, ValueError, ZeroDivisionError, FloatingPointError) as e:
+        out.reason = f"projection failed: {str(e).splitlines()[0]}"
+        return
+    out.model, out.cluster, out.training, out.cfg = model, cluster, training, resolved
+
+
+def read_runs(path: str | Path) -> list[RunRow]:
+    """Every row of a runs CSV (see module docstring)."""
+    p = Path(path)
+    try:
+        with p.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError(
+                    f"runs file {str(p)!r} lacks column(s) {missing}; use the columns of "
+                    f"published_runs.csv"
+                )
+            return [parse_row(r) for r in reader]
+    except OSError as e:
+        raise ConfigError(f"cannot read runs file {str(p)!r}: {e.strerror}") from e
+
+
+def scored_rows(rows: list[RunRow]) -> list[RunRow]:
+    """Rows with a measured tokens/s/GPU (the ones accuracy is computed on)."""
+    return [r for r in rows if r.measured_tokens_per_s_per_gpu]

@@ -1,0 +1,143 @@
+"""Published runs as specs, and the calibration of the time constants."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from oracle.calibrate import calibrate
+from oracle.constants import load_calibration
+from oracle.projection import project
+from oracle.runs import parse_row, read_runs, row_precision, row_recompute
+from oracle.specs import ConfigError, Fp8Recipe, Precision, Recompute, RecomputeMethod
+
+RUNS = Path("/work/shared/calibration/published_runs.csv")
+if not RUNS.exists():
+    RUNS = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "published_runs.csv"
+needs_runs = pytest.mark.skipif(not RUNS.exists(), reason="published_runs.csv not available")
+
+COLUMNS = (
+    "row_id,source_id,source,framework,model,num_layers,hidden_size,ffn_hidden_size,"
+    "num_attention_heads,num_kv_heads,vocab_size,num_experts,moe_topk,expert_ffn_hidden_size,"
+    "moe_notes,gpu_type,num_gpus,gpus_per_node,seq_len,global_batch_size,micro_batch_size,tp,pp,"
+    "vpp,cp,ep,etp,dp,fsdp,precision,recompute,optimizer_sharding,other_settings,"
+    "tokens_per_sec_per_gpu,model_tflops_per_gpu,completeness,notes"
+).split(",")
+
+
+def row(**kw: str) -> dict[str, str]:
+    out = dict.fromkeys(COLUMNS, "")
+    out.update(kw)
+    return out
+
+
+def test_amd_mixtral_row_becomes_specs() -> None:
+    r = parse_row(row(
+        row_id="438", source_id="AMD-PRIMUS", framework="Primus (Megatron-LM backend, ROCm)",
+        model="Mixtral 8x22B", num_layers="56", hidden_size="6144", ffn_hidden_size="16384",
+        num_attention_heads="48", num_kv_heads="8", num_experts="8", moe_topk="2",
+        expert_ffn_hidden_size="16384", gpu_type="MI355X", num_gpus="64", gpus_per_node="8",
+        seq_len="8192", micro_batch_size="2", tp="1", pp="4", vpp="2", cp="1", ep="8",
+        precision="BF16", recompute="yaml: recompute_granularity full, method block, "
+        "recompute_num_layers 0", tokens_per_sec_per_gpu="3534",
+    ))
+    assert r.representable, r.reason
+    assert r.model and r.cluster and r.training and r.cfg
+    assert r.model.name == "mixtral-8x22b" and r.model.vocab_size == 32768  # from the catalog
+    assert r.cluster.gpu.name == "mi355x" and r.cluster.num_nodes == 8
+    assert (r.cfg.tp, r.cfg.pp, r.cfg.vpp, r.cfg.ep, r.cfg.etp, r.cfg.dp) == (1, 4, 2, 8, 1, 16)
+    assert r.cfg.recompute is Recompute.FULL and r.cfg.recompute_layers == 0  # i.e. none
+    assert r.training.global_batch_size == 512  # catalog default (Primus 4-node reference)
+    assert r.cfg.ga == 16
+    p = project(r.model, r.cluster, r.training, r.cfg)
+    assert p.tokens_per_s_per_gpu == pytest.approx(3534, rel=0.10)
+
+
+def test_unrepresentable_rows_say_why() -> None:
+    r = parse_row(row(row_id="1", model="Nemotron_3_Super", gpu_type="GB200", num_gpus="64",
+                      tp="1", pp="1", tokens_per_sec_per_gpu="7040",
+                      completeness="partial (arch not transcribed)"))
+    assert not r.representable and "not transcribed" in (r.reason or "")
+    r = parse_row(row(row_id="2", model="llama3-70b", gpu_type="H100", num_gpus="64", tp="4",
+                      pp="2", vpp="interleaved (degree not stated)", seq_len="8192",
+                      tokens_per_sec_per_gpu="1"))
+    assert not r.representable and "vpp" in (r.reason or "")
+    r = parse_row(row(row_id="3", model="llama3-70b", gpu_type="H100", num_gpus="64", tp="4",
+                      pp="2", seq_len="8192", precision="NVFP4", tokens_per_sec_per_gpu="1"))
+    assert not r.representable and "FP4" in (r.reason or "")
+
+
+def test_catalog_fallbacks_and_defaults() -> None:
+    # GPU variant named by prefix; MHA when kv heads are blank; GELU when ffn = 4h
+    r = parse_row(row(row_id="4", model="MPT-7b", num_layers="32", hidden_size="4096",
+                      ffn_hidden_size="16384", num_attention_heads="32", vocab_size="50368",
+                      gpu_type="H100 96GB HBM2e SXM-variant, 500W limit", num_gpus="8",
+                      seq_len="2048", global_batch_size="64", micro_batch_size="8", tp="1",
+                      pp="1", fsdp="8", framework="MosaicML Composer / llm-foundry (PyTorch FSDP)",
+                      precision="amp_bf16", recompute="full activation checkpointing",
+                      tokens_per_sec_per_gpu="1"))
+    assert r.representable, r.reason
+    assert r.cluster and r.cluster.gpu.name == "h100"
+    assert r.model and r.model.num_kv_heads == 32 and not r.model.gated_mlp
+    assert r.cfg and r.cfg.fsdp and r.cfg.recompute is Recompute.FULL
+    assert r.software == "llm-foundry"
+    # missing vocabulary from the catalog family (gpt3 -> GPT-2 BPE 50257)
+    r = parse_row(row(row_id="5", model="GPT3-5B", num_layers="24", hidden_size="4096",
+                      ffn_hidden_size="16384", num_attention_heads="32", num_kv_heads="32",
+                      gpu_type="H100-SXM-80GB", num_gpus="64", seq_len="2048",
+                      global_batch_size="2048", micro_batch_size="4", tp="1", pp="1",
+                      precision="FP8", tokens_per_sec_per_gpu="1"))
+    assert r.model and r.model.vocab_size == 50257 and not r.model.gated_mlp
+
+
+def test_precision_and_recompute_vocabulary() -> None:
+    assert row_precision("FP8-CS") == (Precision.FP8, Fp8Recipe.TENSORWISE)
+    assert row_precision("FP8-MX (block-scaled) per table footnote") == (
+        Precision.FP8, Fp8Recipe.MXFP8)
+    assert row_precision("FP8 blockwise (128x128 weights, 1x128 activations)")[1] is (
+        Fp8Recipe.BLOCKWISE)
+    assert row_precision("NVFP4") == (Precision.FP4, None)
+    assert row_precision("FP16 (--fp16, loss scale 8192)") == (Precision.BF16, None)
+    assert row_recompute("") == {"recompute": Recompute.NONE}
+    full = row_recompute("full (--activations-checkpoint-method uniform)")
+    assert full["recompute"] is Recompute.FULL
+    assert full["recompute_method"] is RecomputeMethod.UNIFORM
+    sel = row_recompute("selective modules [mla_up_proj, mlp] (deepseek/h100)")
+    assert sel == {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mla_up_proj", "mlp")}
+
+
+@needs_runs
+def test_published_rows_mostly_representable() -> None:
+    rows = [r for r in read_runs(RUNS) if r.measured_tokens_per_s_per_gpu]
+    share = sum(r.representable for r in rows) / len(rows)
+    assert share >= 0.80
+
+
+@needs_runs
+def test_calibrate_writes_a_loadable_file_that_beats_priors(tmp_path: Path) -> None:
+    with RUNS.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        keep = [r for r in reader if r["source_id"] in ("AMD-PRIMUS", "MOSAIC", "NEMO2407")]
+    small = tmp_path / "runs.csv"
+    with small.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(keep[0]))
+        w.writeheader()
+        w.writerows(keep)
+    out = tmp_path / "calibration.json"
+    report = calibrate(small, out)
+    assert report.mape <= report.prior_mape
+    data = json.loads(out.read_text())
+    assert data["fitted_on"]["rows"] == report.rows_used and "date" in data["fitted_on"]
+    table = load_calibration(out)
+    assert table.constants("cdna3")["gemm_efficiency_bf16"] > 0
+    assert table.software_factors("llm-foundry")["gemm_factor"] > 0
+
+
+def test_calibrate_rejects_a_file_without_runs(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="lacks column"):
+        calibrate(bad)
