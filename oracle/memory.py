@@ -67,7 +67,6 @@ from oracle.specs import (
     PipelineSplit,
     Recompute,
     RecomputeMethod,
-    Schedule,
     Spec,
     TrainingSpec,
 )

@@ -11,7 +11,6 @@ from oracle.catalog import load_gpu, load_model
 from oracle.specs import (
     ClusterSpec,
     ModelSpec,
-    ParallelConfig,
     PipelineSplit,
     Recompute,
     RecomputeMethod,
@@ -62,6 +61,7 @@ def test_hand_worked_tiny_model():
         "fragmentation": (act0 + layer + p2p) * 50_000 // 1_000_000,
     }
     assert {k: v for k, v in s0.terms.items() if v} == expect0
+    assert s1.terms["weights"] == 2 * stage1_params and stage1_params == 69952
     assert s1.terms["optimizer"] == 12 * 70016  # 69952 padded up to a multiple of 128
     assert s1.terms["logits_loss"] == logits + 2 * 64 * 512  # + bf16 logits while the loss runs
     assert s1.terms["activations"] == act1

@@ -8,12 +8,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.frameworks.export import (
-    canonical_config,
-    to_megatron_args,
-    to_nemo_overrides,
-    to_primus_overrides,
-)
 from oracle.frameworks.keys import (
     CONFIG_KEYS,
     FRAMEWORK_NAME,
