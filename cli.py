@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from oracle import params as P
 from oracle.catalog import gpu_entries, load_gpu, load_model, model_entries
 from oracle.memory import TERMS, MemoryOverheads
+from oracle.projection import Projection, project
 from oracle.specs import (
     GIB,
     ClusterSpec,
@@ -157,6 +158,14 @@ def config_options(f: Callable) -> Callable:
     ):
         f = opt(f)
     return f
+
+
+def calibration_option(f: Callable) -> Callable:
+    return click.option(
+        "--calibration", "calibration", default=None, metavar="FILE.json",
+        help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
+             "oracle/catalog/calibration.json, fitted on published runs]",
+    )(f)
 
 
 def overhead_options(f: Callable) -> Callable:
@@ -305,6 +314,18 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
     return lines
 
 
+def render_projection(p: Projection, top: int = 6) -> list[str]:
+    lines = [
+        f"projection: {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, "
+        f"{p.model_tflops_per_gpu:,.0f} model TFLOP/s/GPU, MFU {100 * p.mfu:.1f}%"
+    ]
+    parts = sorted(((v, k) for k, v in p.breakdown.items() if v > 0), reverse=True)
+    shown = ", ".join(f"{k} {v:.2f} s ({100 * v / p.step_time_s:.0f}%)" for v, k in parts[:top])
+    lines.append(f"where the step goes: {shown}")
+    lines.append(f"(time model: {p.calibration})")
+    return lines
+
+
 # ------------------------------------------------------------------------------ group
 
 
@@ -339,10 +360,11 @@ def main() -> None:
 @cluster_options
 @config_options
 @overhead_options
+@calibration_option
 def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | None,
               seq_len: int | None, gbs: int | None, precision: str, as_json: bool,
               memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
-              **config: Any) -> None:
+              calibration: str | None, **config: Any) -> None:
     """Check one configuration: legality, per-stage memory and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
@@ -356,15 +378,23 @@ def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | N
                                   allow_cross_scale_up=allow_cross_scale_up)
     if outcome.batch_error is not None:
         fail(outcome.batch_error.message)
+    projection = None
+    if outcome.memory is not None:  # the layout exists (it may still be out of memory)
+        projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
-                   "training": training.model_dump(mode="json"), **outcome.to_json()})
+                   "training": training.model_dump(mode="json"), **outcome.to_json(),
+                   "projection": projection.model_dump() if projection else None})
     else:
         click.echo(f"check: {describe_setting(model, cluster, training)}")
         click.echo(f"config: {describe_config(outcome.ctx.cfg)}")
         click.echo("")
         if outcome.memory is not None:
             for line in render_memory(outcome):
+                click.echo(line)
+            click.echo("")
+        if projection is not None:
+            for line in render_projection(projection):
                 click.echo(line)
             click.echo("")
         if outcome.legal:
@@ -425,6 +455,34 @@ def gpus_cmd(as_json: bool) -> None:
                    f"{fp8:>8} {e.hbm_tb_per_s:>9g} {e.scale_up_gb_per_s:>13g} "
                    f"{e.scale_up_domain_gpus:>6} {e.nic_gb_per_s:>8g} {e.gpus_per_node:>8}")
     click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
+
+
+@main.command("calibrate")
+@click.option("--runs", "runs_path", required=True, type=click.Path(dir_okay=False),
+              help="CSV of measured runs with the columns of published_runs.csv.")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the fitted constants here (pass it back with --calibration).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
+    """Fit the time model's constants on measured runs (published or your own logs)."""
+    from oracle.calibrate import calibrate
+    from oracle.constants import format_constants
+
+    if not os.path.isfile(runs_path):
+        fail(f"--runs {runs_path!r}: no such file")
+    report = calibrate(runs_path, out_path)
+    if not report.rows_used:
+        fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
+             f"represented ({len(report.rows_skipped)} rows skipped)")
+    if as_json:
+        emit_json({"rows_used": report.rows_used,
+                   "rows_skipped": [{"row": r, "reason": why} for r, why in report.rows_skipped],
+                   "mape": report.mape, "median_ape": report.median_ape,
+                   "prior_mape": report.prior_mape, "out": report.out_path,
+                   "calibration": report.table.to_json()})
+        return
+    click.echo(report.summary())
+    click.echo(format_constants(report.table))
 
 
 # ------------------------------------------------------------------------- entry point
