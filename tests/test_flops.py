@@ -11,9 +11,7 @@ from oracle import flops as F
 from oracle.catalog import load_model
 from oracle.runs import parse_row
 
-RUNS = Path("/work/shared/calibration/published_runs.csv")
-if not RUNS.exists():
-    RUNS = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "published_runs.csv"
+RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 
 
 def test_llama3_8b_flops_per_token_by_hand() -> None:
@@ -76,7 +74,6 @@ def _bridge_rows():
 OLDER_COUNTER_ROWS = {"89", "135", "179", "244", "252", "286"}
 
 
-@pytest.mark.skipif(not RUNS.exists(), reason="published_runs.csv not available")
 def test_flop_counter_reproduces_megatron_bridge_tflops_column() -> None:
     """tokens/s x FLOPs/token gives the published model TFLOP/s within 1.5% (both columns are
     rounded and some releases print tokens/s from a different step than TFLOP/s; DeepSeek-V3

@@ -14,10 +14,7 @@ from oracle.projection import project
 from oracle.runs import parse_row, read_runs, row_precision, row_recompute
 from oracle.specs import ConfigError, Fp8Recipe, Precision, Recompute, RecomputeMethod
 
-RUNS = Path("/work/shared/calibration/published_runs.csv")
-if not RUNS.exists():
-    RUNS = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "published_runs.csv"
-needs_runs = pytest.mark.skipif(not RUNS.exists(), reason="published_runs.csv not available")
+RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 
 COLUMNS = (
     "row_id,source_id,source,framework,model,num_layers,hidden_size,ffn_hidden_size,"
@@ -109,14 +106,12 @@ def test_precision_and_recompute_vocabulary() -> None:
     assert sel == {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mla_up_proj", "mlp")}
 
 
-@needs_runs
 def test_published_rows_mostly_representable() -> None:
     rows = [r for r in read_runs(RUNS) if r.measured_tokens_per_s_per_gpu]
     share = sum(r.representable for r in rows) / len(rows)
     assert share >= 0.80
 
 
-@needs_runs
 def test_calibrate_writes_a_loadable_file_that_beats_priors(tmp_path: Path) -> None:
     with RUNS.open(newline="") as fh:
         reader = csv.DictReader(fh)
