@@ -562,16 +562,16 @@ def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[T
     token), routing map (top-k probs and int32 indices), dispatched tokens: each rank's experts
     receive ``t_sp x k`` token copies from its EP peers and all-gather them across ETP
     (``x etp``), keep the fc1 input, fc1 output (``2 f_e / etp`` gated) and fc2 input
-    (``f_e / etp``); the ``t_sp x k`` expert outputs are kept for the weighted combine.
-    Shared experts keep what a dense MLP of width ``n_s f_s`` keeps. ``imbalance_ppm`` scales the
-    expert-side tensors for the busiest rank.
+    (``f_e / etp``). The routing probabilities are applied inside the expert activation
+    (Megatron-Core MoE README, "memory-efficient permutation"), so the combine keeps no expert
+    outputs. Shared experts keep what a dense MLP of width ``n_s f_s`` keeps. ``imbalance_ppm``
+    scales the expert-side tensors for the busiest rank.
     """
     h, e, k = model.hidden_size, model.num_experts, model.moe_top_k
     fe = P.cdiv(model.expert_ffn_hidden_size, x.etp)
     up = (2 if model.gated_mlp else 1) * fe
     scale = PPM + imbalance_ppm
     rows = x.t_sp * k * x.etp * scale // PPM
-    combine_rows = x.t_sp * k * scale // PPM
     moe_drop = _drop("moe")
     out = [
         Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
@@ -582,7 +582,6 @@ def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[T
         Tensor("expert_input", x.gemm_input(rows * h), moe_drop),
         Tensor("expert_fc1_output", BF16_BYTES * rows * up, moe_drop),
         Tensor("expert_fc2_input", x.gemm_input(rows * fe), _drop("moe", "moe_act")),
-        Tensor("expert_output", BF16_BYTES * combine_rows * h, moe_drop),
     ]
     if model.num_shared_experts:
         fs = P.cdiv(model.num_shared_experts * model.shared_expert_ffn_hidden_size, x.tp)
