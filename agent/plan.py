@@ -1,0 +1,153 @@
+"""What-if capacity planning: for a model and one or several GPU types, the smallest cluster that
+fits and, over a range of node counts, the best configuration's projected throughput, the time
+to train a number of tokens, GPU-hours and cost.
+
+Each point is the exhaustive search of :mod:`agent.search` without the agent phases: the
+feasible set (CP-SAT) ranked by the oracle. Formulas: cluster tokens/s = tokens/s/GPU x GPUs;
+time to train T tokens = T / cluster tokens/s; GPU-hours = GPUs x time / 3600; cost = GPU-hours x
+price per GPU-hour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from oracle.memory import MemoryOverheads
+from oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
+from solver.check import config_json
+from solver.feasible import enumerate_feasible
+from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.space import default_space
+
+SECONDS_PER_HOUR = 3600.0
+SECONDS_PER_DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    gpu: str
+    nodes: int
+    gpus: int
+    feasible: int
+    config: dict[str, Any] | None
+    tokens_per_s_per_gpu: float | None
+    mfu: float | None
+    peak_bytes: int | None
+    cluster_tokens_per_s: float | None
+    days: float | None
+    gpu_hours: float | None
+    cost: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GpuPlan:
+    gpu: str
+    gpus_per_node: int
+    min_nodes: int | None
+    points: list[PlanPoint] = field(default_factory=list)
+    price_per_gpu_hour: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "min_nodes": self.min_nodes,
+                "price_per_gpu_hour": self.price_per_gpu_hour, "note": self.note,
+                "points": [p.to_json() for p in self.points]}
+
+
+def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
+               training: TrainingSpec, tokens: float | None, price: float | None,
+               overheads: MemoryOverheads, margin: float, calibration: str | None) -> PlanPoint:
+    from oracle.projection import ConfigBatch, score_configs
+
+    cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
+    space = default_space(model, cluster, training)
+    enum = enumerate_feasible(model, cluster, training, space, overheads=overheads,
+                              memory_margin=margin)
+    world = cluster.world_size
+    if enum.empty:
+        return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
+    configs = [fc.config for fc in enum.configs]
+    scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs), calibration)
+    tok = scores["tokens_per_s_per_gpu"]
+    i = max(range(len(configs)), key=lambda j: (tok[j], -j))
+    per_gpu = float(tok[i])
+    cluster_tps = per_gpu * world
+    seconds = tokens / cluster_tps if tokens else None
+    gpu_hours = world * seconds / SECONDS_PER_HOUR if seconds is not None else None
+    return PlanPoint(
+        gpu=gpu.name, nodes=nodes, gpus=world, feasible=len(configs),
+        config=config_json(configs[i], training), tokens_per_s_per_gpu=per_gpu,
+        mfu=float(scores["mfu"][i]), peak_bytes=enum.configs[i].peak_bytes,
+        cluster_tokens_per_s=cluster_tps,
+        days=seconds / SECONDS_PER_DAY if seconds is not None else None,
+        gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
+    )
+
+
+def node_counts(min_nodes: int, max_nodes: int, points: int) -> list[int]:
+    """``min_nodes`` and the powers of two above it, up to ``max_nodes`` and ``points`` values."""
+    out = [min_nodes]
+    p = 1
+    while p <= min_nodes:
+        p *= 2
+    while p <= max_nodes and len(out) < points:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Callable[[GpuSpec], TrainingSpec],
+         *, tokens: float | None = None, prices: dict[str, float] | None = None,
+         max_nodes: int = 1024, points: int = 6, overheads: MemoryOverheads | None = None,
+         memory_margin: float = DEFAULT_MEMORY_MARGIN, calibration: str | None = None,
+         progress: Callable[[str], None] | None = None) -> list[GpuPlan]:
+    """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
+    configuration (doubling, then bisecting), then a table over node counts."""
+    ov = overheads or MemoryOverheads()
+    out = []
+    for gpu, gpn in gpus:
+        training = training_for(gpu)
+        price = (prices or {}).get(gpu.name)
+        cache: dict[int, PlanPoint] = {}
+
+        def point(n: int) -> PlanPoint:
+            if n not in cache:
+                if progress:
+                    progress(f"{gpu.name}: {n} node{'s' if n != 1 else ''}")
+                cache[n] = plan_point(model, gpu, n, gpn, training, tokens, price, ov,
+                                      memory_margin, calibration)
+            return cache[n]
+
+        lo, hi = 0, 1
+        while hi <= max_nodes and not point(hi).feasible:
+            lo, hi = hi, hi * 2
+        if hi > max_nodes:
+            out.append(GpuPlan(gpu.name, gpn, None, [], price,
+                               f"no feasible configuration up to {max_nodes} nodes"))
+            continue
+        while hi - lo > 1:  # smallest feasible in (lo, hi]
+            mid = (lo + hi) // 2
+            if point(mid).feasible:
+                hi = mid
+            else:
+                lo = mid
+        pts = [point(n) for n in node_counts(hi, max_nodes, points)]
+        out.append(GpuPlan(gpu.name, gpn, hi, pts, price))
+    return out
+
+
+def training_for_precision(seq_len: int, gbs: int, precision: Precision) -> Callable[[GpuSpec], TrainingSpec]:
+    """The same training setting for every GPU; FP8 falls back to BF16 on GPUs without FP8."""
+
+    def make(gpu: GpuSpec) -> TrainingSpec:
+        prec = precision
+        if prec is Precision.FP8 and gpu.peak_fp8_flops is None:
+            prec = Precision.BF16
+        return TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=prec)
+
+    return make

@@ -1,0 +1,494 @@
+"""The search: baseline -> seed phase -> exhaustive ranking of the feasible set -> LLM phase.
+
+Every candidate of every phase is judged by the same solver (legality, exact memory) and the
+same oracle (projection). Without an LLM the exhaustive ranking is the answer; the seed phase
+still runs so that each gain over the baseline is attributed to a change, and the regret says
+how far the single-axis moves got from the oracle's optimum.
+
+Ranking: projected tokens/s/GPU, adjusted by preferences (soft objectives, from ``--prefer`` or
+the LLM planner reading ``--goal``): each preference is a condition with a weight ``w`` (the
+share of throughput worth giving up for it); a configuration that does not satisfy it scores
+``tokens/s x (1 - w)``. The report says what each preference cost in projected throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.baseline import Reference, find_reference, reference_training_matches
+from agent.evaluate import Evaluator, Trial, config_key
+from agent.llm import (
+    COMBINATION_AXES,
+    MAX_ITEMS,
+    LlmBudget,
+    LlmReport,
+    LlmRound,
+    PlannerHints,
+    run_llm_phase,
+)
+from agent.seed import SeedResult, Step, apply, seed_phase
+from oracle.memory import MemoryOverheads
+from oracle.projection import BREAKDOWN, ConfigBatch, score_configs
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    ModelSpec,
+    ParallelConfig,
+    Recompute,
+    TrainingSpec,
+)
+from solver.check import config_json
+from solver.constraints import HardConstraint, SoftObjective, axis_values
+from solver.explain import explain_infeasible
+from solver.feasible import Enumeration, enumerate_feasible
+from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.space import SearchSpace, default_space
+
+MAX_PREFERENCE_WEIGHT = 0.5
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A soft objective: ``condition`` should hold; ``weight`` (0..0.5) is the share of projected
+    throughput worth giving up for it."""
+
+    condition: str
+    weight: float
+    rationale: str = ""
+    origin: str = "user"
+
+    def holds(self, cfg: ParallelConfig) -> bool:
+        return SoftObjective.of(self.condition).value(axis_values(cfg)) != 0
+
+    @staticmethod
+    def parse(text: str, origin: str = "user") -> Preference:
+        """``"ep*etp<=8"`` or ``"ep*etp<=8:0.2"`` (weight after the last colon, default 0.1)."""
+        cond, sep, w = text.rpartition(":")
+        if not sep:
+            cond, w = text, "0.1"
+        try:
+            weight = float(w)
+        except ValueError:
+            raise ConfigError(f"preference {text!r}: weight {w!r} is not a number; write "
+                              f"'CONDITION:0.1'") from None
+        if not 0 < weight <= MAX_PREFERENCE_WEIGHT:
+            raise ConfigError(f"preference {text!r}: weight {weight:g} must be in "
+                              f"(0, {MAX_PREFERENCE_WEIGHT:g}]")
+        obj = SoftObjective.of(cond)
+        if obj.kind != "condition":
+            raise ConfigError(f"preference {cond!r} must be a condition (e.g. 'ep*etp <= 8')")
+        return Preference(obj.expr, weight, origin=origin)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    top_k: int = 10
+    constraints: tuple[HardConstraint, ...] = ()
+    preferences: tuple[Preference, ...] = ()
+    baseline: ParallelConfig | None = None
+    allow_fp8: bool = False
+    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    allow_cross_scale_up: bool = False
+    calibration: str | None = None
+    goal: str = ""
+    lm: Any = None  # a DSPy LM, or None to skip the LLM phase
+    lm_name: str | None = None
+    budget: LlmBudget = field(default_factory=LlmBudget)
+    space: SearchSpace | None = None
+
+
+@dataclass
+class Ranked:
+    """The feasible set scored by the oracle, best first (adjusted score)."""
+
+    configs: list[ParallelConfig]
+    peak_bytes: np.ndarray
+    tokens: np.ndarray  # projected tokens/s/GPU
+    adjusted: np.ndarray
+    order: np.ndarray  # indices, best first
+    scores: dict[str, np.ndarray]
+
+
+@dataclass
+class SearchResult:
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    options: SearchOptions
+    enumeration: Enumeration
+    ranked: Ranked
+    baseline: Trial | None
+    baseline_source: str
+    seed: SeedResult | None
+    best: Trial
+    best_phase: str
+    exhaustive_best: Trial
+    regret: float | None
+    attribution: list[Step]
+    llm: LlmReport
+    preference_costs: list[dict[str, Any]]
+    defaults: list[str]
+    trials: list[Trial]
+    timings: dict[str, float]
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline is None or not self.baseline.legal or not self.baseline.throughput:
+            return None
+        return self.best.throughput / self.baseline.throughput
+
+
+def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
+                    prefs: Sequence[Preference]) -> np.ndarray:
+    out = tokens.astype(float).copy()
+    for p in prefs:
+        miss = np.array([not p.holds(c) for c in configs], dtype=bool)
+        out = np.where(miss, out * (1 - p.weight), out)
+    return out
+
+
+def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                  enum: Enumeration, prefs: Sequence[Preference], calibration: str | None) -> Ranked:
+    configs = [fc.config for fc in enum.configs]
+    peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
+    if configs:
+        scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
+                               calibration)
+        tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
+    else:
+        scores, tokens = {}, np.zeros(0)
+    adj = adjusted_scores(configs, tokens, prefs)
+    # best first; ties broken by the enumeration's deterministic order
+    order = np.lexsort((np.arange(len(adj)), -adj)) if len(adj) else np.zeros(0, dtype=int)
+    return Ranked(configs, peak, tokens, adj, order, scores)
+
+
+def default_baseline(ranked: Ranked) -> ParallelConfig:
+    """The stated default when no baseline is given or known: the feasible configuration a
+    practitioner tries first — least recomputation, then the smallest pipeline, tensor and context
+    parallel sizes, the largest expert parallelism, the smallest micro-batch."""
+    level = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+
+    def key(i: int) -> tuple:
+        c = ranked.configs[i]
+        return (level[c.recompute], c.recompute_layers or 0, c.pp, c.tp, c.cp, -c.ep, c.mbs,
+                c.vpp, i)
+
+    return ranked.configs[min(range(len(ranked.configs)), key=key)]
+
+
+def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -> list[Step]:
+    """Explain ``target`` as a path of single changes from ``start``: at each step apply the
+    change (of those left) that keeps the configuration legal and gains most; changes that are
+    only legal together are applied together at the end."""
+    fields = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
+              "recompute_layers", "recompute_modules", "dispatcher", "schedule", "fp8_recipe",
+              "distributed_optimizer", "fsdp", "pipeline_split")
+    goal = target.model_dump()
+    cur = start
+    todo = [f for f in fields if getattr(cur.config, f) != goal[f]]
+    groups = {"recompute": ("recompute", "recompute_method", "recompute_layers",
+                            "recompute_modules")}
+    steps: list[Step] = []
+    while todo:
+        best: tuple[float, str, Trial] | None = None
+        for f in todo:
+            keys = groups.get(f, (f,))
+            upd = {k: goal[k] for k in keys}
+            t = ev.evaluate(apply(cur.config, upd), phase, "")
+            if t.legal and (best is None or t.throughput > best[0]):
+                best = (t.throughput, f, t)
+        if best is None:
+            upd = {k: goal[k] for f in todo for k in groups.get(f, (f,))}
+            t = ev.evaluate(apply(cur.config, upd), phase, "")
+            steps.append(Step(" + ".join(_change(cur.config, goal, f) for f in todo), phase,
+                              cur.throughput, t.throughput))
+            break
+        _, f, t = best
+        steps.append(Step(_change(cur.config, goal, f), phase, cur.throughput, t.throughput))
+        cur = t
+        todo = [x for x in fields if getattr(cur.config, x) != goal[x]]
+    return steps
+
+
+def _change(cfg: ParallelConfig, goal: dict[str, Any], f: str) -> str:
+    def show(v: Any) -> str:
+        if isinstance(v, tuple):
+            return ",".join(v)
+        return v.value if hasattr(v, "value") else str(v)
+
+    if f == "recompute":
+        def rc(c: dict[str, Any]) -> str:
+            if c["recompute"] == Recompute.FULL:
+                n = c["recompute_layers"]
+                return f"full ({'all' if n is None else n} layer{'s' if n != 1 else ''})"
+            if c["recompute"] == Recompute.SELECTIVE:
+                return f"selective ({show(c['recompute_modules'])})"
+            return "none"
+        return f"recompute {rc(cfg.model_dump())} -> {rc(goal)}"
+    return f"{f} {show(getattr(cfg, f))} -> {show(goal[f])}"
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+           opts: SearchOptions) -> SearchResult:
+    """Run the whole search. Raises :class:`NoFeasibleConfiguration` (with an explanation)
+    when nothing is legal."""
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    defaults: list[str] = []
+    space = opts.space or default_space(model, cluster, training,
+                                        allow_cross_scale_up=opts.allow_cross_scale_up)
+    enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
+                              overheads=opts.overheads, memory_margin=opts.memory_margin,
+                              allow_cross_scale_up=opts.allow_cross_scale_up)
+    timings["enumerate_s"] = time.perf_counter() - t0
+    if enum.empty:
+        raise NoFeasibleConfiguration(explain_infeasible(
+            model, cluster, training, space, constraints=opts.constraints,
+            overheads=opts.overheads, memory_margin=opts.memory_margin,
+            allow_cross_scale_up=opts.allow_cross_scale_up))
+    t1 = time.perf_counter()
+    prefs = list(opts.preferences)
+    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration)
+    timings["rank_s"] = time.perf_counter() - t1
+
+    ev = Evaluator(model, cluster, training, overheads=opts.overheads,
+                   memory_margin=opts.memory_margin,
+                   allow_cross_scale_up=opts.allow_cross_scale_up, constraints=opts.constraints,
+                   projector=_projector(opts.calibration))
+    # baseline
+    ref: Reference | None = None
+    if opts.baseline is not None:
+        baseline_cfg, source = opts.baseline, "given"
+    else:
+        ref = find_reference(model, cluster)
+        if ref is not None and reference_training_matches(ref, training):
+            baseline_cfg, source = ref.parallel_config(), f"published reference: {ref.name} ({ref.source})"
+        else:
+            baseline_cfg = default_baseline(ranked)
+            source = ("stated default: least recomputation, then the smallest pp, tp and cp, the "
+                      "largest ep and the smallest micro-batch that fit")
+            if ref is not None:
+                source += (f" (the published reference {ref.name} is for seq {ref.seq_len}, "
+                           f"gbs {ref.global_batch_size}, {ref.precision.value})")
+    t2 = time.perf_counter()
+    seed = seed_phase(ev, baseline_cfg, allow_fp8=opts.allow_fp8)
+    timings["seed_s"] = time.perf_counter() - t2
+    base = seed.baseline
+
+    top = int(ranked.order[0])
+    exhaustive = ev.evaluate(ranked.configs[top], "exhaustive", "best of the feasible set")
+    # the LLM phase
+    llm = LlmReport(status="skipped", reason="no --lm given: seed phase and exhaustive ranking only")
+    llm_best: Trial | None = None
+    if opts.lm is not None:
+        t3 = time.perf_counter()
+        llm, llm_best = _llm_phase(model, cluster, training, opts, space, ev, base, seed,
+                                   exhaustive, ranked, prefs)
+        timings["llm_s"] = time.perf_counter() - t3
+
+    def adj(t: Trial) -> float:
+        return adjusted_scores([t.config], np.array([t.throughput]), prefs)[0] if t.legal else 0.0
+
+    candidates = [("exhaustive", exhaustive), ("seed", seed.best)]
+    if llm_best is not None:
+        candidates.append(("llm", llm_best))
+    best_phase, best = max(candidates, key=lambda pt: (adj(pt[1]), pt[0] == "exhaustive"))
+    agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=adj)
+    regret = None
+    if adj(exhaustive) > 0:
+        regret = max(0.0, 1.0 - adj(agent_best) / adj(exhaustive))
+    attribution = attribute(ev, base, best.config, "attribution") if base.legal else []
+    if base.legal and best_phase == "seed":
+        attribution = list(seed.steps)
+    costs = preference_costs(ranked, prefs)
+    timings["total_s"] = time.perf_counter() - t0
+    return SearchResult(
+        model=model, cluster=cluster, training=training, options=opts, enumeration=enum,
+        ranked=ranked, baseline=base, baseline_source=source, seed=seed, best=best,
+        best_phase=best_phase, exhaustive_best=exhaustive, regret=regret,
+        attribution=attribution, llm=llm, preference_costs=costs, defaults=defaults,
+        trials=ev.trials, timings=timings,
+    )
+
+
+class NoFeasibleConfiguration(Exception):
+    """Nothing in the space is legal; ``str(e)`` is the explanation."""
+
+
+def _projector(calibration: str | None):
+    from oracle.projection import project
+
+    def run(model, cluster, training, cfg):
+        return project(model, cluster, training, cfg, calib=calibration)
+
+    return run
+
+
+def preference_costs(ranked: Ranked, prefs: Sequence[Preference]) -> list[dict[str, Any]]:
+    """For each preference: the best projected throughput with and without it."""
+    out = []
+    if not len(ranked.tokens):
+        return out
+    best_all = float(ranked.tokens.max())
+    for p in prefs:
+        ok = np.array([p.holds(c) for c in ranked.configs], dtype=bool)
+        best_ok = float(ranked.tokens[ok].max()) if ok.any() else 0.0
+        out.append({"condition": p.condition, "weight": p.weight, "origin": p.origin,
+                    "rationale": p.rationale, "best_tokens_per_s_per_gpu_satisfying": best_ok,
+                    "best_tokens_per_s_per_gpu": best_all,
+                    "cost": 1 - best_ok / best_all if best_all else None})
+    return out
+
+
+# ------------------------------------------------------------------------------ LLM phase
+
+
+def describe_model(m: ModelSpec) -> str:
+    moe = (f", MoE {m.num_experts} experts top-{m.moe_top_k} (expert FFN "
+           f"{m.expert_ffn_hidden_size})" if m.is_moe else "")
+    return (f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} "
+            f"heads / {m.num_kv_heads} KV heads, FFN {m.ffn_hidden_size}, vocab "
+            f"{m.vocab_size}{moe}")
+
+
+def describe_cluster(c: ClusterSpec) -> str:
+    g = c.gpu
+    return (f"{c.num_nodes} nodes x {c.gpus_per_node} {g.name} ({c.world_size} GPUs): "
+            f"{g.hbm_bytes / 2**30:.0f} GiB HBM, {g.peak_bf16_flops / 1e12:.0f} BF16 TFLOP/s, "
+            f"scale-up {g.scale_up_bytes_per_s / 1e9:.0f} GB/s within {c.scale_up_gpus} GPUs, "
+            f"NIC {g.nic_bytes_per_s / 1e9:.0f} GB/s per GPU")
+
+
+def describe_trial(t: Trial) -> str:
+    c = t.config
+    rc = c.recompute.value + (f"({c.recompute_layers})" if c.recompute == Recompute.FULL else "")
+    if not t.legal:
+        return f"{c.label()} mbs {c.mbs} recompute {rc}: illegal ({t.outcome.violations[0].message})"
+    return (f"{c.label()} mbs {c.mbs} ga {c.ga} recompute {rc}: "
+            f"{t.throughput:,.0f} tokens/s/GPU")
+
+
+def describe_bottleneck(t: Trial) -> str:
+    if t.projection is None:
+        return "unknown"
+    b = t.projection.breakdown
+    step = t.projection.step_time_s
+    parts = sorted(((v, k) for k, v in b.items() if v > 0), reverse=True)[:6]
+    return ", ".join(f"{k} {100 * v / step:.0f}%" for v, k in parts)
+
+
+def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive, ranked, prefs):
+    state = {"best": max((seed.best, exhaustive), key=lambda t: t.throughput)}
+    axes = (f"tp {list(space.tp)}, pp {list(space.pp)}, vpp {list(space.vpp)}, cp {list(space.cp)}, "
+            f"ep {list(space.ep)}, etp, mbs {list(space.mbs)}, recompute (none/selective/full), "
+            f"recompute_layers; names usable in expressions: tp pp vpp cp ep etp dp mbs ga")
+
+    def context(rounds: list[LlmRound]) -> dict[str, str]:
+        hist = "\n".join(f"round {r.index}: accepted {r.accepted}; rejected {r.rejected}; "
+                         f"results {[x.get('summary') for x in r.results]}" for r in rounds)
+        return dict(model=describe_model(model), cluster=describe_cluster(cluster),
+                    baseline=describe_trial(base), best_so_far=describe_trial(state["best"]),
+                    bottleneck=describe_bottleneck(state["best"]), goal=opts.goal or "",
+                    axes=axes, history=hist or "none")
+
+    def explore(hints: PlannerHints, rnd: LlmRound) -> None:
+        hard: list[HardConstraint] = []
+        for h in hints.hard_constraints[:MAX_ITEMS]:
+            try:
+                hard.append(HardConstraint.of(h.expr[:300], rationale=h.rationale[:300]))
+                rnd.accepted.append(f"constraint {h.expr}")
+            except ConfigError as e:
+                rnd.rejected.append(f"constraint {h.expr[:80]!r}: {e}")
+        for o in hints.soft_objectives[:MAX_ITEMS]:
+            try:
+                w = min(max(float(o.weight), 0.01), MAX_PREFERENCE_WEIGHT)
+                p = Preference.parse(f"{o.expr[:300]}:{w}", origin="llm")
+                prefs.append(Preference(p.condition, p.weight, o.rationale[:300], "llm"))
+                rnd.accepted.append(f"preference {p.condition} (weight {p.weight:g})")
+            except (ConfigError, ValueError) as e:
+                rnd.rejected.append(f"preference {o.expr[:80]!r}: {e}")
+        subsets: list[tuple[str, dict[str, Any]]] = [("constraints", {})]
+        for comb in hints.combinations[:MAX_ITEMS]:
+            bad = [k for k in comb.settings if k not in COMBINATION_AXES]
+            if bad:
+                rnd.rejected.append(f"combination {comb.settings}: unknown axes {bad}; allowed "
+                                    f"{', '.join(COMBINATION_AXES)}")
+                continue
+            subsets.append(("combination", dict(comb.settings)))
+        for kind, settings in subsets:
+            if kind == "constraints" and not hard:
+                continue
+            trial = _explore_subset(model, cluster, training, opts, space, ev, hard, settings, prefs)
+            summary = (f"{kind} {settings or [h.expr for h in hard]}: "
+                       + (describe_trial(trial) if isinstance(trial, Trial) else trial))
+            rnd.results.append({"kind": kind, "settings": settings, "summary": summary})
+            if isinstance(trial, Trial) and trial.legal and trial.throughput > state["best"].throughput:
+                state["best"] = trial
+
+    report = run_llm_phase(opts.lm, opts.lm_name or "lm", context, explore, opts.budget)
+    best = state["best"]
+    llm_best = best if any(t is best for t in ev.trials if t.phase == "llm") else None
+    return report, llm_best
+
+
+def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, prefs):
+    """Best configuration of the feasible set narrowed by ``hard`` and ``settings`` (fixed axis
+    values, possibly outside the default space); every candidate passes every rule."""
+    cfg_fields = {"recompute", "recompute_method", "recompute_layers", "dispatcher", "schedule",
+                  "fp8_recipe", "distributed_optimizer"}
+    axis_fix = {k: v for k, v in settings.items() if k not in cfg_fields}
+    try:
+        sub = space.fix(**axis_fix) if axis_fix else space
+        enum = enumerate_feasible(model, cluster, training, sub,
+                                  constraints=tuple(opts.constraints) + tuple(hard),
+                                  overheads=opts.overheads, memory_margin=opts.memory_margin,
+                                  allow_cross_scale_up=opts.allow_cross_scale_up)
+    except (ConfigError, ValueError) as e:
+        return f"rejected: {e}"
+    configs = [fc.config for fc in enum.configs]
+    extra = {k: v for k, v in settings.items() if k in cfg_fields}
+    if extra:
+        configs = [c for c in configs if all(_same(getattr(c, k), v) for k, v in extra.items())]
+    if not configs:
+        return "empty: no legal configuration satisfies it"
+    scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
+                           opts.calibration)
+    adj = adjusted_scores(configs, np.asarray(scores["tokens_per_s_per_gpu"]), prefs)
+    best = configs[int(np.argmax(adj))]
+    return ev.evaluate(best, "llm", f"llm {settings or 'constraints'}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (a.value if hasattr(a, "value") else a) == b
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def trial_json(t: Trial, hbm_limit: int | None = None) -> dict[str, Any]:
+    from solver.check import memory_json
+
+    out = config_json(t.config, t.outcome.ctx.training)
+    out["projection"] = t.projection.model_dump() if t.projection else None
+    out["memory"] = memory_json(t.outcome.memory, t.outcome.limit_bytes,
+                                t.outcome.ctx.memory_margin)
+    out["legal"] = t.legal
+    return out
+
+
+__all__ = [
+    "BREAKDOWN",
+    "NoFeasibleConfiguration",
+    "Preference",
+    "SearchOptions",
+    "SearchResult",
+    "config_key",
+    "search",
+]
