@@ -253,7 +253,7 @@ def compile_expr(tree: ast.AST, env: Mapping[str, Value], ar: Arith) -> Value:
 class _Parsed(Spec):
     """A checked expression over :data:`NAMES`."""
 
-    expr: str = Field(min_length=1, description="e.g. 'ep * etp <= 8', 'pp in {2, 4}'")
+    expr: str = Field(description="e.g. 'ep * etp <= 8', 'pp in {2, 4}'")
     rationale: str = Field(default="", description="why: shown with the constraint")
 
     @cached_property

@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 
 from oracle.memory import MemoryOverheads
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
-from solver.constraints import HardConstraint, as_constraints
+from solver.constraints import Direction, HardConstraint, SoftObjective, as_constraints, compile_expr
 from solver.model import LegalityModel
 from solver.problem import Problem
 from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
@@ -163,3 +163,33 @@ def enumerate_feasible(
                       allow_cross_scale_up=allow_cross_scale_up,
                       constraints=as_constraints(constraints))
     return enumerate_problem(problem, families, count_removed=count_removed)
+
+
+def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],
+                  families: Iterable[str] | None = None,
+                  time_limit_s: float = 60.0) -> FeasibleConfig | None:
+    """The feasible configuration that minimises the weighted soft objectives (each compiled
+    to CP-SAT; :func:`solver.constraints.score` is the same number in Python), without
+    enumerating the set; None when nothing is feasible. Ties go to CP-SAT's choice."""
+    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    lm = LegalityModel(problem, fams)
+    for lit in lm.lit.values():
+        lm.cp.Add(lit == 1)
+    terms = []
+    for o in objectives:
+        v = compile_expr(o.tree, lm.names, lm.ar)
+        sign = 1 if o.direction is Direction.MINIMIZE else -1
+        terms.append(sign * o.weight * v)
+    total = sum(terms)
+    if not isinstance(total, int):
+        lm.cp.Minimize(total.expr)
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    status = solver.Solve(lm.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    values = {k: solver.Value(v.expr) for k, v in lm.axis.items() if isinstance(v, Sym)}
+    cand = lm.candidate(values)
+    peak = lm.memory.peak(lambda x: solver.Value(x.expr)) if "hbm" in fams else -1
+    return FeasibleConfig(problem.resolve(cand), peak, cand)

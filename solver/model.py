@@ -367,8 +367,10 @@ def enc_batch(m: LegalityModel) -> Value:
 
 
 def enc_extra(m: LegalityModel) -> Value:
-    """Every extra hard constraint, compiled from its syntax tree."""
-    return m.ar.all_of([compile_expr(c.tree, m.names, m.ar) for c in m.p.constraints], "extra")
+    """Every extra hard constraint, compiled from its syntax tree (``m.extra_ok``: one 0/1 value
+    per constraint, for explanations)."""
+    m.extra_ok = [compile_expr(c.tree, m.names, m.ar) for c in m.p.constraints]
+    return m.ar.all_of(m.extra_ok, "extra")
 
 
 def enc_recompute_dominance(m: LegalityModel) -> Value:

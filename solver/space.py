@@ -201,6 +201,14 @@ class SearchSpace(Spec):
                 for tail in product(*rest):
                     yield dict(zip(AXES, (tp, pp, cp, vpp, ep, etp, *tail), strict=True))
 
+    def with_domains(self, **domains: Any) -> SearchSpace:
+        """A copy with the given axes' domains replaced (``with_domains(tp=(1, 2))``)."""
+        unknown = sorted(set(domains) - set(type(self).model_fields))
+        if unknown:
+            raise ConfigError(f"unknown field(s) {unknown}; choose from "
+                              f"{', '.join(type(self).model_fields)}")
+        return SearchSpace(**(self.model_dump() | domains))
+
     def fix(self, **axes: Any) -> SearchSpace:
         """A copy with the given axes fixed to one value each (``fix(tp=1, pp=4)``)."""
         update: dict[str, Any] = {}

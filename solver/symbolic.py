@@ -231,7 +231,7 @@ class Arith:
             return int(x.lo in vals)
         b = self.bool(stem)
         self.model.AddLinearExpressionInDomain(x.expr, dom).OnlyEnforceIf(b.expr)
-        self.model.AddLinearExpressionInDomain(x.expr, dom.Complement()).OnlyEnforceIf(b.expr.Not())
+        self.model.AddLinearExpressionInDomain(x.expr, dom.complement()).OnlyEnforceIf(b.expr.Not())
         return b
 
 
@@ -343,7 +343,7 @@ class Sym:
     # -------------------------------------------------------------- division
 
     def __floordiv__(self, other: Value) -> Value:
-        """Python floor division; the numerator must not change sign, the divisor is positive."""
+        """Python floor division by a positive divisor."""
         if isinstance(other, int | Sym):
             d_lo = other if isinstance(other, int) else other.lo
             if d_lo < 1:
@@ -354,7 +354,7 @@ class Sym:
                 # floor(x / d) = -ceil(-x / d) = -((-x + d - 1) // d) with -x + d - 1 >= 0
                 q = _div_nonneg(-self + other - 1, other)
                 return -q
-            raise ValueError("floor division of a value that may change sign")
+            return _floor_div_linear(self, other)
         return NotImplemented
 
     def __rfloordiv__(self, other: int) -> Value:
@@ -416,6 +416,24 @@ _OPS: dict[str, Callable[[int, int], bool]] = {
     "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
     ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
 }
+
+
+def _floor_div_linear(num: Sym, den: Value) -> Value:
+    """``num // den`` (Python floor) for a numerator whose bounds straddle 0 (interval bounds of
+    a difference, although the value itself may never be negative): ``q`` with
+    ``den q <= num <= den q + den - 1``, which has exactly one solution."""
+    ar = num.ar
+    d_lo, d_hi = (den, den) if isinstance(den, int) else (den.lo, den.hi)
+    corners = [num.lo // d for d in (d_lo, d_hi)] + [num.hi // d for d in (d_lo, d_hi)]
+    lo, hi = min(corners), max(corners)
+    q = ar.model.NewIntVar(lo, hi, ar.name("fdiv"))
+    qs = Sym(ar, q, lo, hi)
+    prod = qs * den
+    prod_expr = prod if isinstance(prod, int) else prod.expr
+    den_expr = den if isinstance(den, int) else den.expr
+    ar.model.Add(prod_expr <= num.expr)
+    ar.model.Add(num.expr <= prod_expr + den_expr - 1)
+    return qs
 
 
 def _div_nonneg(num: Value, den: Value) -> Value:
