@@ -361,10 +361,12 @@ def main() -> None:
 @config_options
 @overhead_options
 @calibration_option
+@click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
+              help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
 def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | None,
               seq_len: int | None, gbs: int | None, precision: str, as_json: bool,
               memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
-              calibration: str | None, **config: Any) -> None:
+              calibration: str | None, constraints: Sequence[str], **config: Any) -> None:
     """Check one configuration: legality, per-stage memory and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
@@ -375,7 +377,8 @@ def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | N
     outcome = check_configuration(model, cluster, training, cfg,
                                   overheads=parse_overheads(overheads),
                                   memory_margin=memory_margin,
-                                  allow_cross_scale_up=allow_cross_scale_up)
+                                  allow_cross_scale_up=allow_cross_scale_up,
+                                  constraints=constraints)
     if outcome.batch_error is not None:
         fail(outcome.batch_error.message)
     projection = None

@@ -49,6 +49,7 @@ with the distributed optimizer), Megatron-Core ``distrib_optimizer.py`` / ``para
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from math import gcd
@@ -237,6 +238,17 @@ def inflight_per_chunk(pp: int, vpp: int, num_microbatches: int, stage: int) -> 
     return tuple(counts)
 
 
+def inflight_saturation(pp: int, vpp: int) -> int:
+    """The micro-batch count from which :func:`inflight_per_chunk` stops changing on every stage:
+    ``pp`` for 1F1B (``min(pp - stage, m)``), and for interleaved schedules the smallest ``m``
+    with ``m vpp`` at least stage 0's warm-up ``2 (pp - 1) + (vpp - 1) pp + 1``. Stage counts at
+    ``min(m, inflight_saturation(pp, vpp))`` micro-batches equal those at ``m``; the solver
+    tabulates pipeline geometry over this capped count."""
+    if vpp == 1:
+        return pp
+    return -(-(2 * (pp - 1) + (vpp - 1) * pp + 1) // vpp)
+
+
 def recompute_groups(
     n_layers: int, recompute: Recompute, method: RecomputeMethod, k: int | None
 ) -> list[tuple[int, int]]:
@@ -280,6 +292,7 @@ class StageCounts:
     inflight_microbatches: int
     has_dense: int
     has_moe: int
+    has_layers: int
     recompute_groups: tuple[tuple[int, int], ...]
 
     def as_vector(self) -> tuple[int, ...]:
@@ -299,6 +312,7 @@ class StageCounts:
             self.inflight_microbatches,
             self.has_dense,
             self.has_moe,
+            self.has_layers,
         )
 
 
@@ -361,6 +375,7 @@ def _stage_counts_cached(
                 inflight_microbatches=max(inflight) if inflight else 0,
                 has_dense=int(len(layers) > n_moe or (mtp > 0 and not is_moe)),
                 has_moe=int(n_moe > 0 or (mtp > 0 and is_moe)),
+                has_layers=int(len(layers) + mtp > 0),
                 recompute_groups=_pareto_groups(groups),
             )
         )
@@ -676,6 +691,8 @@ class Sharding:
 
     dense_group: int  # dp x cp: the distributed optimizer's group for dense params
     expert_group: int  # world / (pp x ep x etp): expert data parallel
+    dense_pad: int  # distopt_pad(dense_group)
+    expert_pad: int  # distopt_pad(expert_group)
     distributed_optimizer: bool
     fsdp: bool
     fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
@@ -716,6 +733,8 @@ def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sha
     return Sharding(
         dense_group=cfg.dp * cfg.cp,
         expert_group=expert_dp,
+        dense_pad=distopt_pad(cfg.dp * cfg.cp),
+        expert_pad=distopt_pad(expert_dp),
         distributed_optimizer=cfg.distributed_optimizer,
         fsdp=cfg.fsdp,
         fp8_cache_num=num,
@@ -725,13 +744,32 @@ def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sha
     )
 
 
-def shard_elements(numel: int, group: int) -> int:
+def distopt_pad(group: int) -> int:
+    """The distributed optimizer pads each buffer to a multiple of lcm(group, 128) elements."""
+    return group * DISTOPT_PAD_ELEMENTS // gcd(group, DISTOPT_PAD_ELEMENTS)
+
+
+def shard_elements(numel: int, group: int, pad: int | None = None) -> int:
     """Elements of a buffer of ``numel`` one rank of ``group`` owns under the distributed
-    optimizer: the buffer is padded to a multiple of lcm(group, 128) and split evenly
+    optimizer: the buffer is padded to a multiple of ``pad`` = lcm(group, 128) and split evenly
     (Megatron-Core ``param_layout.py``; per-parameter 64-element alignment and per-bucket padding
-    are below a MiB and ignored)."""
-    pad = group * DISTOPT_PAD_ELEMENTS // gcd(group, DISTOPT_PAD_ELEMENTS)
+    are below a MiB and ignored). ``pad`` may be passed precomputed (:class:`Sharding` holds it,
+    so that :func:`combine` needs no gcd)."""
+    if pad is None:
+        pad = distopt_pad(group)
     return P.cdiv(numel, pad) * pad // group
+
+
+def vmax(values: Iterable[int]) -> int:
+    """``max(values, default=0)``. :func:`combine` takes maxima through this function so that a
+    symbolic backend (the CP-SAT model in ``solver/``) can evaluate ``combine`` on its own
+    expressions: an element whose type defines ``__vmax__`` builds the maximum itself."""
+    items = list(values)
+    for v in items:
+        hook = getattr(type(v), "__vmax__", None)
+        if hook is not None:
+            return hook(items)
+    return max(items, default=0)
 
 
 # ======================================================================= 3. combination
@@ -745,8 +783,10 @@ def combine(
     ov: MemoryOverheads,
 ) -> dict[str, int]:
     """Every named term of one stage from its counts, units and sharding (layer 3). The solver
-    mirrors exactly these operations; keep them to ``+``, ``*``, ``max``, ceiling division by a
-    tabulated group size and floor division by a constant."""
+    mirrors exactly these operations; keep them to ``+``, ``*``, :func:`vmax`, ceiling division
+    by a tabulated group size, floor division, and ``if`` on values that are flags
+    (``Sharding``'s booleans) or decidable once the model is known (``is_moe``). The solver
+    evaluates this very function on CP-SAT expressions."""
     is_moe = pu.moe_nonexpert > 0  # an MoE layer always has a router
     moe_like = c.moe_layers + (c.mtp_layers if is_moe else 0)
     dense_like = c.dense_layers + (0 if is_moe else c.mtp_layers)
@@ -762,8 +802,8 @@ def combine(
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
     if sh.fsdp:
-        sharded = shard_elements(dense_params, sh.dense_group) + shard_elements(
-            expert_params, sh.expert_group
+        sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
+            expert_params, sh.expert_group, sh.expert_pad
         )
         t["weights"] = FP32_BYTES * sharded
         t["gradients"] = FP32_BYTES * sharded
@@ -774,8 +814,8 @@ def combine(
         t["weights"] = BF16_BYTES * all_params
         t["gradients"] = FP32_BYTES * all_params
         if sh.distributed_optimizer:
-            sharded = shard_elements(dense_params, sh.dense_group) + shard_elements(
-                expert_params, sh.expert_group
+            sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
+                expert_params, sh.expert_group, sh.expert_pad
             )
             t["optimizer"] = ADAM_STATE_BYTES * sharded
         else:
@@ -792,13 +832,12 @@ def combine(
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
     t["logits_loss"] = c.inflight_output * au.output + c.has_output * au.logits_transient
-    t["recompute_working_set"] = max(
-        [d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups], default=0
+    t["recompute_working_set"] = vmax(
+        [d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups]
     )
     if ov.backward_working_set:
-        t["backward_working_set"] = max(c.has_dense * au.dense_layer, c.has_moe * au.moe_layer)
-    has_layers = int(c.dense_layers + c.moe_layers + c.mtp_layers > 0)
-    t["cp_buffers"] = has_layers * au.cp_buffers
+        t["backward_working_set"] = vmax([c.has_dense * au.dense_layer, c.has_moe * au.moe_layer])
+    t["cp_buffers"] = c.has_layers * au.cp_buffers
     t["pipeline_buffers"] = au.pipeline_buffers
     t["runtime_context"] = ov.runtime_context_bytes
     t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group

@@ -362,6 +362,17 @@ def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
     return PipelineSplit.EMBEDDING_LOSS
 
 
+def derived_dp(world: int, tp: int, pp: int, cp: int) -> int:
+    """dp as :func:`resolve_config` derives it: ``world // (tp pp cp)``, at least 1."""
+    return max(1, world // (tp * pp * cp))
+
+
+def derived_ga(global_batch_size: int, mbs: int, dp: int) -> int:
+    """ga (micro-batches per step) as :func:`resolve_config` derives it: ``gbs // (mbs dp)``,
+    at least 1."""
+    return max(1, global_batch_size // (mbs * dp))
+
+
 def resolve_config(
     cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 ) -> ParallelConfig:
@@ -374,8 +385,8 @@ def resolve_config(
     identities hold exactly (``tp*pp*cp*dp == world``, ``mbs*ga*dp == gbs``) is checked by the
     solver's rules, which name the values and the legal alternatives.
     """
-    dp = cfg.dp if cfg.dp is not None else max(1, cluster.world_size // (cfg.tp * cfg.pp * cfg.cp))
-    ga = cfg.ga if cfg.ga is not None else max(1, training.global_batch_size // (cfg.mbs * dp))
+    dp = cfg.dp if cfg.dp is not None else derived_dp(cluster.world_size, cfg.tp, cfg.pp, cfg.cp)
+    ga = cfg.ga if cfg.ga is not None else derived_ga(training.global_batch_size, cfg.mbs, dp)
     fp8 = cfg.fp8_recipe
     if fp8 is None and training.precision is Precision.FP8:
         fp8 = default_fp8_recipe(cluster.gpu)

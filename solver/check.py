@@ -3,11 +3,13 @@ is asked) the projection. Library side of ``tune-cp check``; the CLI only render
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oracle.memory import MemoryOverheads, MemoryReport
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, resolve_config
+from solver.constraints import HardConstraint, as_constraints
 from solver.rules import (
     DEFAULT_MEMORY_MARGIN,
     STRUCTURAL,
@@ -55,8 +57,10 @@ def check_configuration(
     overheads: MemoryOverheads | None = None,
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
     allow_cross_scale_up: bool = False,
+    constraints: Sequence[HardConstraint | str] = (),
 ) -> CheckOutcome:
-    """Resolve ``cfg``, run every rule family, and compute memory when the layout exists."""
+    """Resolve ``cfg``, run every legality family (and ``extra`` with ``constraints``), and
+    compute memory when the layout exists."""
     resolved = resolve_config(cfg, model, cluster, training)
     ctx = RuleContext(
         model=model,
@@ -66,12 +70,14 @@ def check_configuration(
         overheads=overheads or MemoryOverheads(),
         memory_margin=memory_margin,
         allow_cross_scale_up=allow_cross_scale_up,
+        constraints=as_constraints(constraints),
     )
     violations = check(ctx, STRUCTURAL + ("batch",))
     memory = None
     if not violations:
         memory = ctx.memory
         violations = violations + check(ctx, ("hbm",))
+    violations = violations + check(ctx, ("extra",))
     return CheckOutcome(ctx, tuple(violations), memory)
 
 

@@ -27,8 +27,15 @@ recompute                full: 1..layers-per-chunk layers; selective modules tha
 precision                FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4
 dispatcher               the DeepEP ``flex`` dispatcher needs an MoE model with ep > 1
 batch                    gbs = mbs x ga x dp
+extra                    the user's or the agent's extra hard constraints (``solver/constraints``)
+recompute_dominance      search only: of full block-recompute configurations that differ only in
+                         K (layers per virtual stage), keep the smallest K that fits; more
+                         recomputation costs time and only saves memory
 hbm                      the most loaded stage fits in HBM x (1 - margin)
 =======================  =====================================================================
+
+:data:`FAMILY_AXES` names the search axes (``solver/space.AXES``) each family reads; the
+removal counts of a search (``solver/attribution.py``) rely on it and a test checks it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from oracle.memory import TERM_GROUPS, MemoryOverheads, MemoryReport, memory_report
 from oracle.specs import (
@@ -46,9 +54,13 @@ from oracle.specs import (
     ParallelConfig,
     PipelineSplit,
     Recompute,
+    RecomputeMethod,
     Schedule,
     TrainingSpec,
 )
+
+if TYPE_CHECKING:
+    from solver.constraints import HardConstraint
 
 #: Default ``--memory-margin``: the share of HBM kept free for what the model does not know
 #: (allocator behaviour of a specific framework build, stray buffers). The named overhead terms
@@ -77,10 +89,19 @@ class RuleContext:
     overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     allow_cross_scale_up: bool = False
+    #: extra hard constraints (family ``extra``)
+    constraints: tuple[HardConstraint, ...] = ()
+    #: the K values a search tries for full block recompute (family ``recompute_dominance``);
+    #: empty: the family does not apply (``tune-cp check``)
+    full_recompute_layers: tuple[int, ...] = ()
 
     @cached_property
     def memory(self) -> MemoryReport:
         return memory_report(self.model, self.cluster, self.training, self.cfg, self.overheads)
+
+    @property
+    def limit_bytes(self) -> int:
+        return hbm_limit_bytes(self.cluster.gpu.hbm_bytes, self.memory_margin)
 
     @property
     def world(self) -> int:
@@ -392,6 +413,38 @@ def batch(ctx: RuleContext) -> list[Violation]:
     return []
 
 
+def extra(ctx: RuleContext) -> list[Violation]:
+    """The extra hard constraints, each evaluated on the resolved configuration."""
+    from solver.constraints import axis_values
+
+    env = axis_values(ctx.cfg)
+    out = []
+    for con in ctx.constraints:
+        if not con.holds(env):
+            out.append(Violation("extra", f"constraint '{con.expr}' does not hold: "
+                                 f"{con.describe(env)}", con.axes))
+    return out
+
+
+def recompute_dominance(ctx: RuleContext) -> list[Violation]:
+    """Search only: full block recompute of K layers per virtual stage is dominated when a
+    smaller K of the search's domain (``ctx.full_recompute_layers``) already fits."""
+    c = ctx.cfg
+    if (c.recompute is not Recompute.FULL or c.recompute_method is not RecomputeMethod.BLOCK
+            or c.recompute_layers is None):
+        return []
+    limit = ctx.limit_bytes
+    for k in sorted(x for x in ctx.full_recompute_layers if x < c.recompute_layers):
+        smaller = c.model_copy(update={"recompute_layers": k})
+        peak = memory_report(ctx.model, ctx.cluster, ctx.training, smaller, ctx.overheads)
+        if peak.peak_bytes <= limit:
+            return [Violation("recompute_dominance", f"full recompute of {c.recompute_layers} "
+                              f"layers per virtual stage is dominated: {k} already fits "
+                              f"({gib(peak.peak_bytes)} of {gib(limit)}); more recomputation only "
+                              f"costs time", ("recompute_layers",))]
+    return []
+
+
 GROUP_HINTS = {
     "model_state": "shard the model state further (more pp, ep or tp, the distributed optimizer "
                    "or FSDP) or add nodes",
@@ -400,7 +453,7 @@ GROUP_HINTS = {
 }
 def hbm(ctx: RuleContext) -> list[Violation]:
     mem = ctx.memory
-    limit = hbm_limit_bytes(mem.hbm_bytes, ctx.memory_margin)
+    limit = ctx.limit_bytes
     if mem.peak_bytes <= limit:
         return []
     group = mem.dominant_group
@@ -414,6 +467,7 @@ def hbm(ctx: RuleContext) -> list[Violation]:
 
 
 #: Families in check order. ``batch`` and ``hbm`` need the earlier ones to hold to be meaningful.
+#: The order is also the order of the sequential removal counts of a search.
 RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "world_size": world_size,
     "tensor_parallel": tensor_parallel,
@@ -429,21 +483,55 @@ RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "precision": precision,
     "dispatcher": dispatcher,
     "batch": batch,
+    "extra": extra,
+    "recompute_dominance": recompute_dominance,
     "hbm": hbm,
 }
-STRUCTURAL = tuple(r for r in RULES if r not in ("batch", "hbm"))
+#: Families that depend on the layout only (checked before ``batch``, ``extra`` and ``hbm``).
+STRUCTURAL = tuple(RULES)[: tuple(RULES).index("batch")]
+#: Families a search applies that are preferences, not legality: ``tune-cp check`` skips them.
+SEARCH_ONLY = ("recompute_dominance",)
+#: What makes a configuration legal.
+LEGALITY = tuple(r for r in RULES if r not in SEARCH_ONLY)
+
+#: Search axes (``solver/space.AXES``) each family reads, besides the model, cluster and training
+#: spec. dp and ga are derived from tp, pp, cp (and mbs). ``extra`` reads the axes its
+#: constraints name; ``recompute_dominance`` and ``hbm`` read every axis.
+ALL_AXES: tuple[str, ...] = (
+    "tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule", "fp8_recipe",
+    "dispatcher", "optimizer", "recompute",
+)
+FAMILY_AXES: dict[str, tuple[str, ...]] = {
+    "world_size": ("tp", "pp", "cp"),
+    "tensor_parallel": ("tp",),
+    "scale_up": ("tp", "etp"),
+    "expert_layout": ("pp", "ep", "etp"),
+    "expert_tensor_parallel": ("etp",),
+    "sequence_parallel": ("tp",),
+    "sequence_length": ("tp", "cp"),
+    "pipeline_split": ("pp", "vpp", "pipeline_split"),
+    "virtual_pipeline": ("tp", "pp", "cp", "vpp", "mbs", "schedule"),
+    "schedule": ("pp", "vpp", "schedule", "recompute"),
+    "recompute": ("pp", "vpp", "pipeline_split", "recompute", "fp8_recipe"),
+    "precision": ("fp8_recipe",),
+    "dispatcher": ("ep", "dispatcher"),
+    "batch": ("tp", "pp", "cp", "mbs"),
+    "extra": (),  # the axes the constraints name (see solver.constraints.HardConstraint.axes)
+    "recompute_dominance": ALL_AXES,
+    "hbm": ALL_AXES,
+}
 
 
 def check(ctx: RuleContext, families: Iterable[str] | None = None) -> list[Violation]:
-    """All violations of the given families (default all). ``hbm`` is evaluated only when every
-    structural family and ``batch`` hold: memory of a configuration that cannot exist is not
+    """All violations of the given families (default: :data:`LEGALITY`). ``hbm`` is evaluated
+    only when every earlier family holds: memory of a configuration that cannot exist is not
     meaningful. ``batch`` is skipped when the world size does not decompose."""
-    wanted = list(RULES) if families is None else [f for f in RULES if f in set(families)]
+    wanted = list(LEGALITY) if families is None else [f for f in RULES if f in set(families)]
     out: list[Violation] = []
     for name in wanted:
         if name == "batch" and any(v.rule == "world_size" for v in out):
             continue
-        if name == "hbm" and out:
+        if name in ("hbm", "recompute_dominance") and out:
             continue
         out.extend(RULES[name](ctx))
     if ctx.cfg.etp_ == ctx.cfg.tp and any("tp" in v.axes for v in out):

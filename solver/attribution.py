@@ -1,0 +1,151 @@
+"""How many raw candidates each rule family removed: sequential attribution.
+
+Definition. The raw candidates are the product of the space's domains (``SearchSpace.size``).
+Each candidate that is not feasible is charged to the *first* family, in ``RULES`` order, that
+it breaks; families switched off charge nothing. So ``sum(removed) + feasible == space size``.
+
+Computation, cheap and exact:
+
+* families up to ``extra`` (everything but ``recompute_dominance`` and ``hbm``) are counted by a
+  memoised walk over the axes (:func:`walk`): each family is evaluated with the Python rule of
+  ``solver/rules.py`` once per distinct value of the axes it reads (``FAMILY_AXES``), and whole
+  sub-products are charged at once;
+* ``recompute_dominance`` charges, for each kept full block-recompute configuration with K
+  layers, the K' > K of the domain that the pipeline geometry allows (those fit too and are
+  dominated: memory never rises with K, see ``docs/solver.md``);
+* ``hbm`` is charged the rest: candidates that pass every earlier family minus the feasible ones
+  minus the dominated ones.
+
+``solver/reference.py`` computes the same numbers literally (one candidate at a time); a test
+requires equality.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from solver.problem import Problem
+from solver.rules import FAMILY_AXES, RULES, layers_per_chunk
+from solver.space import AXES
+
+#: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
+#: optimizer (read only by memory) last.
+WALK_ORDER: tuple[str, ...] = (
+    "tp", "etp", "pp", "cp", "ep", "vpp", "pipeline_split", "schedule", "mbs", "fp8_recipe",
+    "dispatcher", "recompute", "optimizer",
+)
+assert sorted(WALK_ORDER) == sorted(AXES)
+#: Families counted after the walk (they read memory).
+MEMORY_FAMILIES = ("recompute_dominance", "hbm")
+
+
+def family_axes(problem: Problem, family: str) -> tuple[str, ...]:
+    if family == "extra":
+        return tuple(sorted({a for c in problem.constraints for a in c.axes}))
+    return FAMILY_AXES[family]
+
+
+def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
+    """Sequential first-failing counts of ``families`` (none may read memory) over the raw
+    candidates, plus ``"pass"``: the candidates that break none of them."""
+    sp = problem.space
+    fams = [f for f in RULES if f in families]
+    assert not set(fams) & set(MEMORY_FAMILIES)
+    axes = [frozenset(family_axes(problem, f)) for f in fams]
+    pos = {a: i for i, a in enumerate(WALK_ORDER)}
+    # depth at which every axis of family j is bound
+    ready = [max((pos[a] + 1 for a in ax), default=0) for ax in axes]
+    n_axes = len(WALK_ORDER)
+    base = {a: getattr(sp, a)[0] for a in AXES if a != "etp"}
+    verdicts: dict[tuple[int, tuple[Any, ...]], bool] = {}
+
+    def domain(axis: str, assign: dict[str, Any]) -> Sequence[Any]:
+        return sp.etp_values(assign["tp"]) if axis == "etp" else getattr(sp, axis)
+
+    def verdict(j: int, assign: dict[str, Any]) -> bool:
+        proj = tuple(assign[a] for a in sorted(axes[j]))
+        key = (j, proj)
+        if key not in verdicts:
+            cand = dict(base)
+            cand.update(assign)
+            cand.setdefault("etp", sp.etp_values(cand["tp"])[0])
+            ctx = problem.context(problem.resolve(cand))
+            verdicts[key] = not RULES[fams[j]](ctx)
+        return verdicts[key]
+
+    def size(d: int, assign: dict[str, Any]) -> int:
+        n = 1
+        for a in WALK_ORDER[d:]:
+            n *= len(domain(a, assign))
+        return n
+
+    memo: dict[tuple[Any, ...], Counter[str]] = {}
+
+    def rec(d: int, ptr: int, assign: dict[str, Any]) -> Counter[str]:
+        while ptr < len(fams) and ready[ptr] <= d:
+            if not verdict(ptr, assign):
+                return Counter({fams[ptr]: size(d, assign)})
+            ptr += 1
+        if ptr == len(fams):
+            return Counter({"pass": size(d, assign)})
+        state: list[Any] = [d, ptr]
+        for j in range(ptr, len(fams)):
+            if ready[j] <= d:
+                state.append(verdict(j, assign))  # blocked behind an earlier family
+            else:
+                state.append(tuple(assign.get(a) for a in sorted(axes[j])))
+        if d <= pos["etp"]:
+            state.append(assign.get("tp"))  # the etp domain depends on tp
+        key = tuple(state)
+        if key in memo:
+            return memo[key]
+        out: Counter[str] = Counter()
+        axis = WALK_ORDER[d]
+        for value in domain(axis, assign):
+            assign[axis] = value
+            out.update(rec(d + 1, ptr, assign))
+        del assign[axis]
+        memo[key] = out
+        return out
+
+    result = rec(0, 0, {})
+    assert sum(result.values()) == sp.size() or n_axes == 0
+    return result
+
+
+def dominated_count(problem: Problem, kept: Iterable[Any]) -> int:
+    """Full block-recompute candidates with more layers than a kept one, that the pipeline
+    geometry allows: each fits (memory never rises with K) and is dominated."""
+    ks = problem.space.full_layers
+    total = 0
+    for f in kept:
+        cfg = f.config
+        rc = f.candidate["recompute"]
+        if not rc.is_full_block:
+            continue
+        per = layers_per_chunk(problem.model, cfg)
+        lo = bisect.bisect_right(ks, rc.layers)
+        hi = bisect.bisect_right(ks, per)
+        total += max(0, hi - lo)
+    return total
+
+
+def attribute(problem: Problem, families: Sequence[str], feasible: Sequence[Any],
+              walker: Callable[[Problem, Sequence[str]], Counter[str]] = walk) -> dict[str, int]:
+    """``removed`` per family (see the module docstring) given the feasible configurations."""
+    early = [f for f in families if f not in MEMORY_FAMILIES]
+    counts = walker(problem, early)
+    passing = counts.pop("pass", 0)
+    removed = {f: 0 for f in RULES}
+    removed.update(counts)
+    if "hbm" not in families:
+        # without hbm whatever the walk passes and is not feasible was dominated
+        removed["recompute_dominance"] = passing - len(feasible)
+        return removed
+    dominated = dominated_count(problem, feasible) if "recompute_dominance" in families else 0
+    removed["recompute_dominance"] = dominated
+    removed["hbm"] = passing - dominated - len(feasible)
+    return removed

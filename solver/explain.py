@@ -1,0 +1,301 @@
+"""Why a search space has no feasible configuration, and the nearest fix in the user's terms.
+
+:func:`explain_infeasible`:
+
+1. **Conflicting families.** The model is solved with every family literal (and one literal per
+   extra constraint) as a CP-SAT *assumption* (OR-Tools ``assumptions_sample_sat.py``);
+   ``SufficientAssumptionsForInfeasibility`` gives a conflicting subset, shrunk to a minimal one
+   by dropping each assumption that is not needed (deletion, one solve per family).
+2. **How far memory is.** When ``hbm`` is in the conflict, the same model minus ``hbm``
+   minimises the most loaded stage's bytes: the least memory any legal layout of the space needs.
+3. **Nearest fixes.** The smallest node count of the same GPU that has a feasible
+   configuration (same model, batch and options; linear scan up to ``max_nodes``), and each
+   single relaxation that makes the space feasible: full or selective recompute, FSDP, micro-batch
+   1, an axis the user fixed left free, memory margin 0, an extra constraint dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from oracle.specs import ClusterSpec, GIB, Recompute
+from solver.feasible import solver_parameters
+from solver.model import LegalityModel
+from solver.problem import Problem
+from solver.rules import RULES, SEARCH_ONLY
+from solver.space import (
+    AXES,
+    OptimizerChoice,
+    RecomputeOption,
+    SearchSpace,
+    default_space,
+    max_layers_per_chunk,
+    selective_options,
+)
+from solver.symbolic import Sym
+
+#: What a family means, for explanations.
+FAMILY_WORDS: dict[str, str] = {
+    "world_size": "the world size (tp x pp x cp x dp = GPUs)",
+    "tensor_parallel": "tensor-parallel shapes",
+    "scale_up": "the scale-up domain",
+    "expert_layout": "the expert layout",
+    "expert_tensor_parallel": "expert tensor parallelism",
+    "sequence_parallel": "sequence parallelism",
+    "sequence_length": "the sequence length",
+    "pipeline_split": "the pipeline layer split",
+    "virtual_pipeline": "the interleaved schedule",
+    "schedule": "the pipeline schedule",
+    "recompute": "the recompute options",
+    "precision": "the precision",
+    "dispatcher": "the MoE dispatcher",
+    "batch": "the global batch (gbs = mbs x ga x dp)",
+    "extra": "the extra constraints",
+    "recompute_dominance": "recompute dominance",
+    "hbm": "memory (HBM)",
+}
+#: Families whose verdict may change with the node count: only then are node counts scanned.
+NODE_BOUND = frozenset({"hbm", "world_size", "batch", "expert_layout", "scale_up"})
+#: Largest multiple of the user's node count the node scan tries.
+MAX_NODE_FACTOR = 64
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why nothing is feasible. ``conflict``: a minimal set of conflicting families (extra
+    constraints appear as ``extra: <expr>``); ``min_peak_bytes``: the least memory a legal
+    layout needs (when memory is in the conflict); ``min_nodes``: the smallest node count with a
+    feasible configuration (None if none up to the scan's limit); ``relaxations``: the single
+    changes that make this cluster feasible."""
+
+    feasible: bool
+    conflict: tuple[str, ...] = ()
+    min_peak_bytes: int | None = None
+    min_peak_config: str | None = None
+    limit_bytes: int = 0
+    min_nodes: int | None = None
+    nodes_scanned: tuple[int, int] = (0, 0)
+    relaxations: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+    setting: str = ""
+    gpu: str = ""
+
+    def text(self) -> str:
+        """The explanation as sentences."""
+        if self.feasible:
+            return "the space has feasible configurations"
+        words = ", ".join(c if c.startswith("extra:") else f"{FAMILY_WORDS[c]} [{c}]"
+                          for c in self.conflict)
+        out = [f"no configuration of {self.setting} is legal and fits; conflicting rules: {words}"]
+        if self.min_peak_bytes is not None:
+            out.append(f"memory: the least any legal layout needs is "
+                       f"{self.min_peak_bytes / GIB:.1f} GiB per GPU ({self.min_peak_config}), "
+                       f"above the limit of {self.limit_bytes / GIB:.1f} GiB")
+        fixes = []
+        if self.min_nodes is not None:
+            fixes.append(f"needs at least {self.min_nodes} nodes of {self.gpu} at this batch")
+        elif self.nodes_scanned[1]:
+            fixes.append(f"no node count from {self.nodes_scanned[0]} to "
+                         f"{self.nodes_scanned[1]} fits at this batch")
+        fixes += self.relaxations
+        if fixes:
+            out.append("fix: " + ", or ".join(fixes))
+        return "; ".join(out)
+
+
+def _assumption_model(problem: Problem, families: Iterable[str]) -> tuple[LegalityModel, dict]:
+    """The model with one literal per family (per constraint for ``extra``), for assumptions."""
+    lm = LegalityModel(problem, families)
+    lits = dict(lm.lit)
+    if "extra" in lits and problem.constraints:
+        # one literal per constraint, so the conflict names the constraint; the family literal
+        # is left free (not assumed), which switches the family's own implication off
+        del lits["extra"]
+        for con, ok in zip(problem.constraints, lm.extra_ok, strict=True):
+            lit = lm.cp.NewBoolVar(f"extra: {con.expr}")
+            if isinstance(ok, int):
+                if not ok:
+                    lm.cp.AddBoolOr([lit.Not()])
+            else:
+                lm.cp.AddImplication(lit, lm.ar.literal(ok))
+            lits[f"extra: {con.expr}"] = lit
+    return lm, lits
+
+
+def _solve(lm: LegalityModel, assumptions: list, time_limit_s: float) -> int:
+    lm.cp.ClearAssumptions()
+    lm.cp.AddAssumptions(assumptions)
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    return solver.Solve(lm.cp)
+
+
+def conflicting_families(problem: Problem, families: Iterable[str] | None = None,
+                         time_limit_s: float = 30.0) -> tuple[str, ...] | None:
+    """A minimal set of conflicting families, or None when the space is feasible."""
+    fams = tuple(f for f in RULES if f in set(families or RULES) and f not in SEARCH_ONLY)
+    lm, lits = _assumption_model(problem, fams)
+    names = list(lits)
+    lm.cp.ClearAssumptions()
+    lm.cp.AddAssumptions([lits[n] for n in names])
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    status = solver.Solve(lm.cp)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    if status != cp_model.INFEASIBLE:
+        raise RuntimeError(f"CP-SAT could not decide feasibility ({solver.StatusName(status)})")
+    index = {lits[n].Index(): n for n in names}
+    core = [index[i] for i in solver.SufficientAssumptionsForInfeasibility()]
+    # deletion: drop every assumption the conflict does not need, legality rules first so the
+    # conflict keeps what the user can change (memory, extra constraints) when possible
+    order = sorted(core, key=lambda n: (n == "hbm" or n.startswith("extra"), names.index(n)))
+    for n in order:
+        trial = [lits[x] for x in core if x != n]
+        if _solve(lm, trial, time_limit_s) == cp_model.INFEASIBLE:
+            core.remove(n)
+    return tuple(sorted(core, key=names.index))
+
+
+def least_memory(problem: Problem, families: Iterable[str] | None = None,
+                 time_limit_s: float = 30.0) -> tuple[int, str] | None:
+    """The least peak bytes of any configuration passing every family but ``hbm`` (and the
+    search-only ones), with that configuration's label; None if there is none."""
+    fams = [f for f in RULES if f in set(families or RULES)
+            and f not in ("hbm", *SEARCH_ONLY)] + ["hbm"]
+    lm = LegalityModel(problem, fams)
+    for f, lit in lm.lit.items():
+        lm.cp.Add(lit == (0 if f == "hbm" else 1))
+    mem = lm.memory
+    if len(mem.scenarios) != 1:
+        return None
+    (s,) = mem.scenarios
+    totals = [t[s] for t in mem.totals]
+    hi = max(t if isinstance(t, int) else t.hi for t in totals)
+    peak = lm.cp.NewIntVar(0, hi, "peak")
+    lm.cp.AddMaxEquality(peak, [t if isinstance(t, int) else t.expr for t in totals])
+    lm.cp.Minimize(peak)
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    status = solver.Solve(lm.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    values = {k: solver.Value(v.expr) for k, v in lm.axis.items() if isinstance(v, Sym)}
+    cfg = problem.resolve(lm.candidate(values))
+    rc = lm.candidate(values)["recompute"]
+    return solver.Value(peak), f"{cfg.label()} mbs {cfg.mbs} recompute {rc.label()}"
+
+
+def feasible(problem: Problem, families: Iterable[str] | None = None,
+             time_limit_s: float = 30.0) -> bool:
+    """Whether the space has at least one feasible configuration (one CP-SAT solve)."""
+    fams = [f for f in RULES if f in set(families or RULES) and f not in SEARCH_ONLY]
+    lm = LegalityModel(problem, fams)
+    for lit in lm.lit.values():
+        lm.cp.Add(lit == 1)
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    status = solver.Solve(lm.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
+        raise RuntimeError(f"CP-SAT could not decide feasibility ({solver.StatusName(status)})")
+    return status != cp_model.INFEASIBLE
+
+
+SpaceFor = Callable[[ClusterSpec], SearchSpace]
+
+
+def relaxations(problem: Problem, families: Iterable[str] | None = None,
+                default: SearchSpace | None = None) -> list[str]:
+    """Single changes, in the user's terms, that make ``problem`` feasible on its cluster."""
+    sp, model, training = problem.space, problem.model, problem.training
+    default = default or default_space(model, problem.cluster, training,
+                                       allow_cross_scale_up=problem.allow_cross_scale_up)
+    trials: list[tuple[str, Problem]] = []
+    rc = list(sp.recompute)
+    if not any(o.kind is Recompute.FULL for o in rc):
+        k_max = max_layers_per_chunk(model, sp.pp, sp.vpp)
+        full = [RecomputeOption(kind=Recompute.FULL, layers=k) for k in range(1, k_max + 1)]
+        trials.append(("full recompute", problem.replace(
+            space=sp.model_copy(update={"recompute": tuple(rc + full)}))))
+    sel = [o for o in selective_options(model, training) if o not in rc]
+    if sel:
+        trials.append(("selective recompute", problem.replace(
+            space=sp.model_copy(update={"recompute": tuple(rc + sel)}))))
+    if OptimizerChoice.FSDP not in sp.optimizer:
+        trials.append(("FSDP", problem.replace(
+            space=sp.model_copy(update={"optimizer": (*sp.optimizer, OptimizerChoice.FSDP)}))))
+    if 1 not in sp.mbs:
+        trials.append(("micro-batch size 1", problem.replace(
+            space=sp.model_copy(update={"mbs": (1, *sp.mbs)}))))
+    for axis in AXES:
+        if axis in ("recompute", "optimizer", "mbs"):
+            continue
+        mine, theirs = getattr(sp, axis), getattr(default, axis)
+        if len(mine) == 1 and len(theirs) > 1:
+            update = {axis: theirs}
+            if axis == "etp":
+                update["etp_policy"] = default.etp_policy
+            trials.append((f"{axis.replace('_', ' ')} left free", problem.replace(
+                space=sp.model_copy(update=update))))
+    if problem.memory_margin > 0:
+        trials.append(("--memory-margin 0", problem.replace(memory_margin=0.0)))
+    for con in problem.constraints:
+        trials.append((f"without constraint '{con.expr}'", problem.replace(
+            constraints=tuple(c for c in problem.constraints if c is not con))))
+    return [label for label, p in trials if feasible(p, families)]
+
+
+def min_nodes(problem: Problem, families: Iterable[str] | None = None,
+              space_for: SpaceFor | None = None, max_nodes: int | None = None,
+              ) -> tuple[int | None, tuple[int, int]]:
+    """The smallest node count above the problem's with a feasible configuration (same GPU,
+    model, batch, options), scanning up to ``max_nodes``; and the range scanned."""
+    cl = problem.cluster
+    space_for = space_for or (lambda c: default_space(
+        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up))
+    top = max_nodes or min(cl.num_nodes * MAX_NODE_FACTOR, 4096)
+    for n in range(cl.num_nodes + 1, top + 1):
+        cluster = cl.model_copy(update={"num_nodes": n})
+        p = problem.replace(cluster=cluster, space=space_for(cluster))
+        if feasible(p, families):
+            return n, (cl.num_nodes + 1, n)
+    return None, (cl.num_nodes + 1, top)
+
+
+def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, *,
+                       space_for: SpaceFor | None = None, max_nodes: int | None = None,
+                       ) -> Explanation:
+    """Explain an empty feasible set (see the module docstring). ``space_for`` rebuilds the
+    space for another cluster (default: :func:`~solver.space.default_space`)."""
+    t0 = time.perf_counter()
+    cl = problem.cluster
+    setting = (f"{problem.model.name} on {cl.num_nodes} x {cl.gpus_per_node} {cl.gpu.name} "
+               f"(seq {problem.training.seq_len}, gbs {problem.training.global_batch_size})")
+    core = conflicting_families(problem, families)
+    t1 = time.perf_counter()
+    if core is None:
+        return Explanation(feasible=True, setting=setting)
+    least = least_memory(problem, families) if "hbm" in core else None
+    t2 = time.perf_counter()
+    n, scanned = None, (0, 0)
+    if set(core) & NODE_BOUND:
+        n, scanned = min_nodes(problem, families, space_for, max_nodes)
+    t3 = time.perf_counter()
+    relax = relaxations(problem, families)
+    t4 = time.perf_counter()
+    return Explanation(
+        feasible=False, conflict=core,
+        min_peak_bytes=least[0] if least else None, min_peak_config=least[1] if least else None,
+        limit_bytes=problem.limit_bytes, min_nodes=n, nodes_scanned=scanned,
+        relaxations=tuple(relax), setting=setting, gpu=cl.gpu.name,
+        timings={"conflict": t1 - t0, "least_memory": t2 - t1, "nodes": t3 - t2,
+                 "relaxations": t4 - t3, "total": t4 - t0},
+    )

@@ -1,0 +1,195 @@
+"""Enumerate the feasible set of a search space with CP-SAT.
+
+:func:`enumerate_feasible` is the entry point of the search (``tune-cp``'s search command and
+the tuning agent): every configuration of the space that passes every enabled rule family, in a
+deterministic order (the space's domain order, axis by axis in ``solver.space.AXES`` order), each
+resolved and with its exact peak bytes (``oracle.memory.memory_report``'s ``peak_bytes``), plus
+how many raw candidates each family removed (``solver/attribution.py``) and the time taken.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from oracle.memory import MemoryOverheads
+from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
+from solver.constraints import Direction, HardConstraint, SoftObjective, as_constraints, compile_expr
+from solver.model import LegalityModel
+from solver.problem import Problem
+from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
+from solver.space import AXES, SearchSpace, default_space
+from solver.symbolic import Sym
+
+#: Families a search applies unless told otherwise: all of them.
+DEFAULT_FAMILIES: tuple[str, ...] = tuple(RULES)
+
+
+@dataclass(frozen=True)
+class FeasibleConfig:
+    """One feasible configuration: resolved, with the most loaded stage's bytes."""
+
+    config: ParallelConfig
+    peak_bytes: int
+    candidate: Mapping[str, Any] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Enumeration:
+    """The feasible set of a space.
+
+    ``removed[f]``: raw candidates (of ``space_size``) whose first failing family, in ``RULES``
+    order, is ``f`` (families switched off remove nothing); ``space_size - sum(removed) ==
+    len(configs)``. ``timings`` (seconds): ``build`` (tables and model), ``solve`` (enumeration
+    and decoding), ``attribution`` (removal counts), ``total``.
+    """
+
+    problem: Problem
+    configs: tuple[FeasibleConfig, ...]
+    space_size: int
+    removed: dict[str, int]
+    families: tuple[str, ...]
+    timings: dict[str, float]
+    method: str = "cp-sat"
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    @property
+    def empty(self) -> bool:
+        return not self.configs
+
+
+def sort_key(space: SearchSpace, candidate: Mapping[str, Any]) -> tuple[int, ...]:
+    """Position of a candidate in the space's order (axis by axis, domain order)."""
+    out = []
+    for name in AXES:
+        dom = space.etp_all_values if name == "etp" else getattr(space, name)
+        out.append(dom.index(candidate[name]))
+    return tuple(out)
+
+
+class _Collector(cp_model.CpSolverSolutionCallback):
+    def __init__(self, lm: LegalityModel) -> None:
+        super().__init__()
+        self.names = [k for k, v in lm.axis.items() if isinstance(v, Sym)]
+        self.vars = [lm.ar.as_var(lm.axis[k]) for k in self.names]
+        self.mem = lm.memory if ("hbm" in lm.families) else None
+        self.rows: list[tuple[tuple[int, ...], int]] = []
+
+    def on_solution_callback(self) -> None:
+        vals = tuple(self.Value(v) for v in self.vars)
+        peak = self.mem.peak(lambda x: self.Value(x.expr)) if self.mem else -1
+        self.rows.append((vals, peak))
+
+
+def solver_parameters(solver: cp_model.CpSolver, time_limit_s: float | None = None) -> None:
+    """One worker, fixed search on the axes, light presolve (it cannot remove solutions)."""
+    prm = solver.parameters
+    prm.num_workers = 1
+    prm.search_branching = cp_model.FIXED_SEARCH
+    prm.cp_model_probing_level = 0
+    prm.symmetry_level = 0
+    prm.linearization_level = 0
+    if time_limit_s is not None:
+        prm.max_time_in_seconds = time_limit_s
+
+
+def enumerate_problem(problem: Problem, families: Iterable[str] | None = None,
+                      *, count_removed: bool = True) -> Enumeration:
+    """:func:`enumerate_feasible` on a prepared :class:`Problem`."""
+    t0 = time.perf_counter()
+    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    lm = LegalityModel(problem, fams)
+    for lit in lm.lit.values():
+        lm.cp.Add(lit == 1)
+    lm.add_search_strategy()
+    t1 = time.perf_counter()
+    solver = cp_model.CpSolver()
+    solver_parameters(solver)
+    solver.parameters.enumerate_all_solutions = True
+    col = _Collector(lm)
+    status = solver.Solve(lm.cp, col)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
+        raise RuntimeError(f"CP-SAT enumeration ended with {solver.StatusName(status)}")
+    configs = []
+    for vals, peak in col.rows:
+        cand = lm.candidate(dict(zip(col.names, vals, strict=True)))
+        configs.append(FeasibleConfig(problem.resolve(cand), peak, cand))
+    configs.sort(key=lambda f: sort_key(problem.space, f.candidate))
+    t2 = time.perf_counter()
+    removed: dict[str, int] = {}
+    if count_removed:
+        from solver.attribution import attribute
+
+        removed = attribute(problem, fams, configs)
+    t3 = time.perf_counter()
+    return Enumeration(
+        problem=problem, configs=tuple(configs), space_size=problem.space.size(), removed=removed,
+        families=fams,
+        timings={"build": t1 - t0, "solve": t2 - t1, "attribution": t3 - t2, "total": t3 - t0},
+    )
+
+
+def enumerate_feasible(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    space: SearchSpace | None = None,
+    *,
+    constraints: Sequence[HardConstraint | str] = (),
+    overheads: MemoryOverheads | None = None,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    allow_cross_scale_up: bool = False,
+    families: Iterable[str] | None = None,
+    count_removed: bool = True,
+) -> Enumeration:
+    """Every configuration of ``space`` (default: :func:`~solver.space.default_space`) that
+    passes every family of ``families`` (default: all, including ``extra`` with
+    ``constraints`` and ``recompute_dominance``), in a deterministic order.
+
+    ``constraints`` (text such as ``"ep * etp <= 8"`` or :class:`HardConstraint`) only narrow
+    the set. Pass ``families=[f for f in RULES if f != "recompute_dominance"]`` to keep every K
+    of full recompute that fits.
+    """
+    if space is None:
+        space = default_space(model, cluster, training, allow_cross_scale_up=allow_cross_scale_up)
+    problem = Problem(model=model, cluster=cluster, training=training, space=space,
+                      overheads=overheads or MemoryOverheads(), memory_margin=memory_margin,
+                      allow_cross_scale_up=allow_cross_scale_up,
+                      constraints=as_constraints(constraints))
+    return enumerate_problem(problem, families, count_removed=count_removed)
+
+
+def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],
+                  families: Iterable[str] | None = None,
+                  time_limit_s: float = 60.0) -> FeasibleConfig | None:
+    """The feasible configuration that minimises the weighted soft objectives (each compiled
+    to CP-SAT; :func:`solver.constraints.score` is the same number in Python), without
+    enumerating the set; None when nothing is feasible. Ties go to CP-SAT's choice."""
+    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    lm = LegalityModel(problem, fams)
+    for lit in lm.lit.values():
+        lm.cp.Add(lit == 1)
+    terms = []
+    for o in objectives:
+        v = compile_expr(o.tree, lm.names, lm.ar)
+        sign = 1 if o.direction is Direction.MINIMIZE else -1
+        terms.append(sign * o.weight * v)
+    total = sum(terms)
+    if not isinstance(total, int):
+        lm.cp.Minimize(total.expr)
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    status = solver.Solve(lm.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    values = {k: solver.Value(v.expr) for k, v in lm.axis.items() if isinstance(v, Sym)}
+    cand = lm.candidate(values)
+    peak = lm.memory.peak(lambda x: solver.Value(x.expr)) if "hbm" in fams else -1
+    return FeasibleConfig(problem.resolve(cand), peak, cand)

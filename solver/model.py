@@ -1,0 +1,652 @@
+"""The CP-SAT legality model: every rule family of ``solver/rules.py`` over the free axes.
+
+Variables (one per axis of the :class:`~solver.space.SearchSpace`; one-value domains are
+constants): tp, pp, cp, vpp, ep, etp, mbs, and indices into the domains of pipeline_split,
+schedule, fp8_recipe, dispatcher, optimizer and recompute. Derived values are *functions* of
+them, defined by tables built with the same functions ``resolve_config`` uses: dp, ga, the
+resolved pipeline split, schedule, FP8 recipe and sequence parallelism, the attributes of the
+recompute option.
+
+Families: ``ENCODERS`` has one function per family of ``solver.rules.RULES`` (same names). Each
+returns a 0/1 value ``ok`` that is *determined* by the axes (true iff the family holds), and the
+model adds ``lit[family] => ok`` with one Boolean literal per family. Enumeration fixes the
+literals; explanations pass them as assumptions (``solver/explain.py``). Because ``ok`` and every
+auxiliary variable are functions of the axes, each configuration is one solution.
+
+Memory (families ``hbm`` and ``recompute_dominance``) is the oracle's own arithmetic: the layer-2
+units of ``oracle/memory.py`` (``param_units``, ``activation_units``, ``sharding``) and the
+layer-1 stage counts are tabulated over their small key domains with the oracle's functions;
+:func:`oracle.memory.combine` is then *called* on :class:`~solver.symbolic.Sym` expressions, so
+the model holds exactly the oracle's ``+``, ``*``, ``vmax``, ceiling and floor divisions.
+See ``docs/solver.md`` for each encoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
+from itertools import product
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from oracle import memory as M
+from oracle.specs import (
+    Dispatcher,
+    Fp8Recipe,
+    ParallelConfig,
+    PipelineSplit,
+    PositionEmbedding,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    derived_dp,
+    derived_ga,
+    resolve_config,
+)
+from solver.constraints import compile_expr
+from solver.problem import Problem
+from solver.rules import FP8_ARCHITECTURES_MX, RULES, layers_per_chunk, split_slots, tp_shape_ok
+from solver.space import OptimizerChoice, RecomputeOption
+from solver.symbolic import Arith, Sym, Value
+
+#: Geometry code of a recompute option: 0 without full recompute, else
+#: ``(method index + 1) * CODE_STRIDE + min(K, largest chunk)`` (K beyond the largest virtual
+#: stage recomputes the same layers).
+CODE_STRIDE = 1 << 20
+SPLITS: tuple[PipelineSplit, ...] = tuple(PipelineSplit)
+SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
+FP8: tuple[Fp8Recipe | None, ...] = (None, *Fp8Recipe)
+KINDS: tuple[Recompute, ...] = tuple(Recompute)
+METHODS: tuple[RecomputeMethod, ...] = tuple(RecomputeMethod)
+
+
+class LegalityModel:
+    """The CP-SAT model of one :class:`~solver.problem.Problem`.
+
+    ``families`` selects the families to build (default: all of ``RULES``); a family left out
+    is simply absent (enumeration without it), which keeps solutions unique. ``lit[f]`` is the
+    literal of family ``f``; ``ok[f]`` its determined truth value.
+    """
+
+    def __init__(self, problem: Problem, families: Iterable[str] | None = None) -> None:
+        self.p = problem
+        wanted = set(RULES if families is None else families)
+        unknown = wanted - set(RULES)
+        if unknown:
+            raise ValueError(f"unknown families {sorted(unknown)}; choose from {list(RULES)}")
+        self.families = tuple(f for f in RULES if f in wanted)
+        self.cp = cp_model.CpModel()
+        self.ar = Arith(self.cp)
+        self._axes()
+        self._derived()
+        self.ok: dict[str, Value] = {}
+        self.lit: dict[str, Any] = {}
+        for name in self.families:
+            self.ok[name] = ENCODERS[name](self)
+            lit = self.cp.NewBoolVar(name)
+            self.lit[name] = lit
+            ok = self.ok[name]
+            if isinstance(ok, int):
+                if not ok:
+                    self.cp.AddBoolOr([lit.Not()])
+            else:
+                self.cp.AddImplication(lit, self.ar.literal(ok))
+
+    # -------------------------------------------------------------------- axes
+
+    def _axes(self) -> None:
+        sp, ar = self.p.space, self.ar
+        self.tp = ar.var(sp.tp, "tp")
+        self.pp = ar.var(sp.pp, "pp")
+        self.cp_ = ar.var(sp.cp, "cp")
+        self.vpp = ar.var(sp.vpp, "vpp")
+        self.ep = ar.var(sp.ep, "ep")
+        self.etp = ar.var(sp.etp_all_values, "etp")
+        self.etp_pairs = [(t, e) for t in sp.tp for e in sp.etp_values(t)]
+        ar.allow([self.tp, self.etp], self.etp_pairs)  # the etp policy (the space, not a rule)
+        self.mbs = ar.var(sp.mbs, "mbs")
+        self.split_i = ar.var(range(len(sp.pipeline_split)), "split_i")
+        self.sched_i = ar.var(range(len(sp.schedule)), "sched_i")
+        self.fp8_i = ar.var(range(len(sp.fp8_recipe)), "fp8_i")
+        self.disp_i = ar.var(range(len(sp.dispatcher)), "disp_i")
+        self.opt_i = ar.var(range(len(sp.optimizer)), "opt_i")
+        self.rc = ar.var(range(len(sp.recompute)), "rc")
+        #: the decision variables, in the order of ``solver.space.AXES``
+        self.axis: dict[str, Value] = {
+            "tp": self.tp, "pp": self.pp, "cp": self.cp_, "vpp": self.vpp, "ep": self.ep,
+            "etp": self.etp, "mbs": self.mbs, "pipeline_split": self.split_i,
+            "schedule": self.sched_i, "fp8_recipe": self.fp8_i, "dispatcher": self.disp_i,
+            "optimizer": self.opt_i, "recompute": self.rc,
+        }
+
+    def _resolved(self, **fields: Any) -> ParallelConfig:
+        """``resolve_config`` of a configuration with the given fields (others default)."""
+        return resolve_config(ParallelConfig(**fields), self.p.model, self.p.cluster,
+                              self.p.training)
+
+    def _derived(self) -> None:
+        sp, ar, p = self.p.space, self.ar, self.p
+        world, gbs = p.cluster.world_size, p.training.global_batch_size
+        self.dp = ar.lookup([self.tp, self.pp, self.cp_],
+                            lambda t, pp_, c: (derived_dp(world, t, pp_, c),), "dp")[0]
+        self.ga = ar.lookup([self.mbs, self.dp], lambda b, d: (derived_ga(gbs, b, d),), "ga")[0]
+        self.split = ar.lookup(
+            [self.split_i, self.pp, self.vpp],
+            lambda i, pp_, v: (SPLITS.index(self._resolved(
+                pp=pp_, vpp=v, pipeline_split=sp.pipeline_split[i]).pipeline_split),),
+            "split")[0]
+        self.sched = ar.lookup(
+            [self.sched_i, self.vpp],
+            lambda i, v: (SCHEDULES.index(self._resolved(vpp=v, schedule=sp.schedule[i]).schedule),),
+            "sched")[0]
+        self.fp8 = ar.lookup(
+            [self.fp8_i],
+            lambda i: (FP8.index(self._resolved(fp8_recipe=sp.fp8_recipe[i]).fp8_recipe),),
+            "fp8")[0]
+        self.sp = ar.lookup([self.tp], lambda t: (int(self._resolved(tp=t).sp),), "sp")[0]
+        opts = sp.recompute
+        self.rc_kind = ar.element(self.rc, [KINDS.index(o.kind) for o in opts], "rc_kind")
+        block = sp.full_layers
+        self.is_full_block = ar.element(self.rc, [int(o.is_full_block) for o in opts], "fb")
+        self.is_kmin = ar.element(
+            self.rc, [int(o.is_full_block and o.layers == block[0]) for o in opts], "kmin")
+        modsets = sorted({o.modules for o in opts if o.kind is Recompute.SELECTIVE})
+        self.modsets: list[tuple[str, ...]] = [(), *modsets]
+        self.modset = ar.element(
+            self.rc, [self.modsets.index(o.modules if o.kind is Recompute.SELECTIVE else ())
+                      for o in opts], "modset")
+        #: the values constraints may name (solver.constraints.NAMES)
+        self.names: dict[str, Value] = {
+            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp_, "ep": self.ep,
+            "etp": self.etp, "dp": self.dp, "mbs": self.mbs, "ga": self.ga,
+        }
+
+    @cached_property
+    def layers_per_chunk(self) -> Value:
+        """Decoder layers of the largest virtual stage (``solver.rules.layers_per_chunk``)."""
+        return self.ar.lookup(
+            [self.pp, self.vpp, self.split],
+            lambda p, v, s: (layers_per_chunk(self.p.model, self._resolved(
+                pp=p, vpp=v, pipeline_split=SPLITS[s])),), "lpc")[0]
+
+    # ------------------------------------------------------------------ memory
+
+    @cached_property
+    def memory(self) -> MemoryEncoding:
+        return MemoryEncoding(self)
+
+    # --------------------------------------------------------------- decisions
+
+    def decision_vars(self) -> list[Any]:
+        """The decision variables in branching order (constants left out)."""
+        return [self.ar.as_var(v) for v in self.axis.values() if isinstance(v, Sym)]
+
+    def add_search_strategy(self) -> None:
+        """Branch on the axes in :data:`solver.space.AXES` order, smallest value first; the
+        recompute option last, splitting its range in halves (options are listed with K
+        increasing, so memory bounds prune whole ranges of K)."""
+        head = [self.ar.as_var(v) for k, v in self.axis.items()
+                if isinstance(v, Sym) and k != "recompute"]
+        if head:
+            self.cp.AddDecisionStrategy(head, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
+        if isinstance(self.rc, Sym):
+            self.cp.AddDecisionStrategy([self.ar.as_var(self.rc)], cp_model.CHOOSE_FIRST,
+                                        cp_model.SELECT_LOWER_HALF)
+
+    def candidate(self, values: dict[str, int]) -> dict[str, Any]:
+        """The candidate (axis name -> domain value) of decision-variable values."""
+        sp = self.p.space
+        out: dict[str, Any] = {}
+        for name, v in self.axis.items():
+            raw = values[name] if isinstance(v, Sym) else v
+            if name in ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"):
+                out[name] = raw
+            else:
+                out[name] = getattr(sp, name)[raw]
+        return out
+
+
+# =========================================================================== families
+
+
+def enc_world_size(m: LegalityModel) -> Value:
+    """tp x pp x cp divides the world (then dp = world / (tp pp cp) exactly)."""
+    w = m.p.cluster.world_size
+    return m.ar.predicate([m.tp, m.pp, m.cp_], lambda t, p, c: w % (t * p * c) == 0, "world")
+
+
+def enc_tensor_parallel(m: LegalityModel) -> Value:
+    """tp divides the heads, KV heads (or is a multiple), dense and shared FFN widths."""
+    return m.ar.predicate([m.tp], lambda t: tp_shape_ok(m.p.model, t), "tp_shape")
+
+
+def enc_scale_up(m: LegalityModel) -> Value:
+    """tp and etp at most the scale-up domain."""
+    if m.p.allow_cross_scale_up:
+        return 1
+    lim = m.p.cluster.scale_up_gpus
+    return m.ar.predicate([m.tp, m.etp], lambda t, e: t <= lim and e <= lim, "scale_up")
+
+
+def enc_expert_layout(m: LegalityModel) -> Value:
+    """MoE: ep divides the experts and pp x ep x etp the world; dense: ep = 1."""
+    model, w = m.p.model, m.p.cluster.world_size
+    if not model.is_moe:
+        return m.ar.predicate([m.ep], lambda e: e == 1, "ep_dense")
+    return m.ar.predicate(
+        [m.pp, m.ep, m.etp],
+        lambda p, e, et: model.num_experts % e == 0 and w % (p * e * et) == 0, "expert_layout")
+
+
+def enc_expert_tensor_parallel(m: LegalityModel) -> Value:
+    """MoE: etp divides the expert FFN width; biased experts need etp = 1."""
+    model = m.p.model
+    if not model.is_moe:
+        return 1
+    return m.ar.predicate(
+        [m.etp], lambda e: model.expert_ffn_hidden_size % e == 0 and (not model.mlp_bias or e == 1),
+        "etp_shape")
+
+
+def enc_sequence_parallel(m: LegalityModel) -> Value:
+    """MoE with tp > 1 needs sequence parallelism."""
+    if not m.p.model.is_moe:
+        return 1
+    return m.ar.predicate([m.tp, m.sp], lambda t, s: t == 1 or s == 1, "moe_sp")
+
+
+def enc_sequence_length(m: LegalityModel) -> Value:
+    """seq divisible by 2 cp (cp > 1), seq / cp by tp (sequence parallel); learned positions
+    cover seq."""
+    s, model = m.p.training.seq_len, m.p.model
+    if (model.max_position_embeddings and model.position_embedding is PositionEmbedding.LEARNED
+            and s > model.max_position_embeddings):
+        return 0
+
+    def ok(t: int, c: int, sp_: int) -> bool:
+        if c > 1 and s % (2 * c):
+            return False
+        return not (sp_ and t > 1 and (s // c) % t)
+
+    return m.ar.predicate([m.tp, m.cp_, m.sp], ok, "seq_len")
+
+
+def split_ok(m: LegalityModel, pp: int, vpp: int, split: int) -> bool:
+    """pp x vpp divides the layer slots of the split and is at most the layer count."""
+    slots = split_slots(m.p.model, SPLITS[split])
+    return slots % (pp * vpp) == 0 and pp * vpp <= m.p.model.num_layers
+
+
+def enc_pipeline_split(m: LegalityModel) -> Value:
+    return m.ar.predicate([m.pp, m.vpp, m.split],
+                          lambda p, v, s: split_ok(m, p, v, s), "pipeline_split")
+
+
+def enc_virtual_pipeline(m: LegalityModel) -> Value:
+    """vpp > 1 needs pp > 1 and the interleaved schedule, which needs vpp > 1 and a micro-batch
+    count (ga) that is a positive multiple of pp; 1f1b needs vpp = 1."""
+    inter, f1b = SCHEDULES.index(Schedule.INTERLEAVED), SCHEDULES.index(Schedule.ONE_F_ONE_B)
+
+    def ok(p: int, v: int, s: int, ga: int) -> bool:
+        if v > 1 and p == 1:
+            return False
+        if s == inter and v == 1 or s == f1b and v > 1:
+            return False
+        return not (s == inter and p > 1 and (ga < p or ga % p))
+
+    return m.ar.predicate([m.pp, m.vpp, m.sched, m.ga], ok, "virtual_pipeline")
+
+
+def enc_schedule(m: LegalityModel) -> Value:
+    """Zero-bubble: no recomputation, pp > 1, vpp in {1, 2}, untied embeddings."""
+    zb, none = SCHEDULES.index(Schedule.ZERO_BUBBLE), KINDS.index(Recompute.NONE)
+    tied = m.p.model.tied_embeddings
+
+    def ok(s: int, kind: int, p: int, v: int) -> bool:
+        return s != zb or (kind == none and p > 1 and v in (1, 2) and not tied)
+
+    return m.ar.predicate([m.sched, m.rc_kind, m.pp, m.vpp], ok, "schedule")
+
+
+def enc_recompute(m: LegalityModel) -> Value:
+    """Full: K within the layers of one virtual stage (uniform needs K >= 1); selective modules
+    the model has, and none the delayed FP8 recipe cannot recompute."""
+    model, opts = m.p.model, m.p.space.recompute
+    lpc = m.layers_per_chunk
+
+    def k_ok(r: int, per: int) -> bool:
+        o = opts[r]
+        if o.kind is not Recompute.FULL or o.layers is None:
+            return True
+        return o.layers <= per and not (o.layers == 0 and o.method is RecomputeMethod.UNIFORM)
+
+    needs = {"mla_up_proj": model.mla is not None, "moe": model.is_moe,
+             "moe_act": model.is_moe, "shared_experts": model.num_shared_experts > 0}
+
+    def mod_ok(r: int, f: int) -> bool:
+        o = opts[r]
+        if o.kind is not Recompute.SELECTIVE:
+            return True
+        mods = set(o.modules)
+        if any(not needs[x] for x in mods if x in needs):
+            return False
+        return not (FP8[f] is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"})
+
+    return m.ar.all_of([m.ar.predicate([m.rc, lpc], k_ok, "rc_k"),
+                        m.ar.predicate([m.rc, m.fp8], mod_ok, "rc_mod")], "recompute")
+
+
+def enc_precision(m: LegalityModel) -> Value:
+    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4."""
+    gpu = m.p.cluster.gpu
+
+    def ok(f: int) -> bool:
+        r = FP8[f]
+        if r is None:
+            return True
+        if gpu.peak_fp8_flops is None:
+            return False
+        return r is not Fp8Recipe.MXFP8 or gpu.architecture in FP8_ARCHITECTURES_MX
+
+    return m.ar.predicate([m.fp8], ok, "precision")
+
+
+def enc_dispatcher(m: LegalityModel) -> Value:
+    """The flex (DeepEP) dispatcher needs an MoE model with ep > 1."""
+    ds, moe = m.p.space.dispatcher, m.p.model.is_moe
+    return m.ar.predicate([m.disp_i, m.ep],
+                          lambda d, e: ds[d] is not Dispatcher.FLEX or (moe and e > 1), "disp")
+
+
+def enc_batch(m: LegalityModel) -> Value:
+    """mbs x dp divides the global batch (then ga = gbs / (mbs dp) exactly)."""
+    gbs = m.p.training.global_batch_size
+    return m.ar.predicate([m.mbs, m.dp], lambda b, d: gbs % (b * d) == 0, "batch")
+
+
+def enc_extra(m: LegalityModel) -> Value:
+    """Every extra hard constraint, compiled from its syntax tree (``m.extra_ok``: one 0/1 value
+    per constraint, for explanations)."""
+    m.extra_ok = [compile_expr(c.tree, m.names, m.ar) for c in m.p.constraints]
+    return m.ar.all_of(m.extra_ok, "extra")
+
+
+def enc_recompute_dominance(m: LegalityModel) -> Value:
+    """Not full block recompute, or the smallest K of the domain, or the next smaller K of the
+    domain does not fit (then no smaller K fits: memory never rises with K; docs/solver.md)."""
+    mem = m.memory
+    return m.ar.any_of([m.ar.negate(m.is_full_block), m.is_kmin, m.ar.negate(mem.fits_prev)],
+                       "dominance")
+
+
+def enc_hbm(m: LegalityModel) -> Value:
+    """Every stage of the most loaded kind fits in HBM x (1 - margin)."""
+    return m.memory.fits
+
+
+ENCODERS: dict[str, Callable[[LegalityModel], Value]] = {
+    "world_size": enc_world_size,
+    "tensor_parallel": enc_tensor_parallel,
+    "scale_up": enc_scale_up,
+    "expert_layout": enc_expert_layout,
+    "expert_tensor_parallel": enc_expert_tensor_parallel,
+    "sequence_parallel": enc_sequence_parallel,
+    "sequence_length": enc_sequence_length,
+    "pipeline_split": enc_pipeline_split,
+    "virtual_pipeline": enc_virtual_pipeline,
+    "schedule": enc_schedule,
+    "recompute": enc_recompute,
+    "precision": enc_precision,
+    "dispatcher": enc_dispatcher,
+    "batch": enc_batch,
+    "extra": enc_extra,
+    "recompute_dominance": enc_recompute_dominance,
+    "hbm": enc_hbm,
+}
+
+
+# ============================================================================ memory
+
+
+def _fields(obj: Any) -> tuple[int, ...]:
+    return tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+
+
+def _dominated(a: M.StageCounts, b: M.StageCounts) -> bool:
+    """Every coefficient of ``a`` is at most ``b``'s and each of ``a``'s recompute groups is
+    covered by one of ``b``'s: ``combine`` is monotone, so ``a``'s total is at most ``b``'s."""
+    return all(x <= y for x, y in zip(a.as_vector(), b.as_vector(), strict=True)) and all(
+        any(g[0] <= h[0] and g[1] <= h[1] for h in b.recompute_groups) for g in a.recompute_groups)
+
+
+def prune_stages(stages: Sequence[M.StageCounts]) -> list[M.StageCounts]:
+    """The stages that may be the most loaded one: drop those another stage dominates."""
+    uniq: dict[tuple, M.StageCounts] = {}
+    for s in stages:
+        uniq.setdefault((s.as_vector(), s.recompute_groups), s)
+    vals = list(uniq.values())
+    return [a for i, a in enumerate(vals)
+            if not any(j != i and _dominated(a, b) for j, b in enumerate(vals))]
+
+
+class MemoryEncoding:
+    """The memory of every candidate stage, built from the oracle's tables and ``combine``.
+
+    * param units: ``param_units(model, tp, pp, ep, etp)`` over (tp, pp, ep, etp);
+    * activation units: ``activation_units`` over (mbs, tp, cp, etp, FP8 recipe, selective
+      modules, pp);
+    * sharding: ``sharding`` over (tp, pp, cp, ep, etp, FP8 recipe, optimizer, dispatcher); its
+      flags (FSDP, distributed optimizer, DeepEP buffers) select a *scenario*: ``combine`` runs
+      once per scenario present, with the flags as Python constants;
+    * geometry: ``stage_counts`` per (pp, vpp, split, min(ga, saturation), recompute code), the
+      stages no other stage dominates, padded to the same number of slots; the recompute code
+      of the next smaller K gives the geometry ``recompute_dominance`` needs.
+    """
+
+    def __init__(self, m: LegalityModel) -> None:
+        self.m = m
+        p, ar = m.p, m.ar
+        self.limit = p.limit_bytes
+        self._units()
+        self._geometry()
+        self.totals, self.fits = self._fits("row")
+        if "recompute_dominance" in m.families:
+            _, self.fits_prev = self._fits("prev")
+
+    # ------------------------------------------------------------ layer 2
+
+    def _units(self) -> None:
+        m, p, ar, sp = self.m, self.m.p, self.m.ar, self.m.p.space
+        model, training, ov = p.model, p.training, p.overheads
+        pairs = m.etp_pairs
+        pu_cols = ar.lookup(
+            [m.tp, m.pp, m.ep, m.etp],
+            lambda t, pp_, e, et: _fields(M.param_units(model, t, pp_, e, et)), "pu",
+            tuples=[(t, pp_, e, et) for (t, et) in pairs for pp_ in sp.pp for e in sp.ep])
+        self.pu = M.ParamUnits(*pu_cols)
+
+        fp8_dom = sorted({FP8.index(m._resolved(fp8_recipe=f).fp8_recipe) for f in sp.fp8_recipe})
+
+        def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
+            mods = m.modsets[ms]
+            cfg = m._resolved(
+                tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8[f],
+                recompute=Recompute.SELECTIVE if mods else Recompute.NONE,
+                **({"recompute_modules": mods} if mods else {}))
+            return _fields(M.activation_units(model, training, cfg, ov))
+
+        modset_dom = sorted(set(_domain(m.modset)))
+        au_cols = ar.lookup(
+            [m.mbs, m.tp, m.cp_, m.etp, m.fp8, m.modset, m.pp], act, "au",
+            tuples=[(b, t, c, et, f, ms, pp_) for b in sp.mbs for (t, et) in pairs for c in sp.cp
+                    for f in fp8_dom for ms in modset_dom for pp_ in sp.pp])
+        self.au = M.ActivationUnits(*au_cols)
+
+        scen: dict[tuple[bool, bool, bool], int] = {}
+        cluster = p.cluster
+        numeric = [f.name for f in dataclasses.fields(M.Sharding)
+                   if f.name not in ("distributed_optimizer", "fsdp", "dispatcher_buffers")]
+
+        def shard(t: int, pp_: int, c: int, e: int, et: int, f: int, o: int,
+                  d: int) -> tuple[int, ...]:
+            opt = sp.optimizer[o]
+            cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
+                              distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
+                              fsdp=opt is OptimizerChoice.FSDP, dispatcher=sp.dispatcher[d])
+            sh = M.sharding(model, cluster, cfg)
+            flags = (sh.distributed_optimizer, sh.fsdp, sh.dispatcher_buffers)
+            return (*(getattr(sh, n) for n in numeric), scen.setdefault(flags, len(scen)))
+
+        cols = ar.lookup(
+            [m.tp, m.pp, m.cp_, m.ep, m.etp, m.fp8, m.opt_i, m.disp_i], shard, "sh",
+            tuples=[(t, pp_, c, e, et, f, o, d) for (t, et) in pairs for pp_ in sp.pp
+                    for c in sp.cp for e in sp.ep for f in fp8_dom
+                    for o in range(len(sp.optimizer)) for d in range(len(sp.dispatcher))])
+        self.sh_numeric = dict(zip(numeric, cols[:-1], strict=True))
+        self.scenario = cols[-1]
+        self.scenarios = {v: k for k, v in scen.items()}
+
+    def sharding(self, scenario: int) -> M.Sharding:
+        do, fsdp, disp = self.scenarios[scenario]
+        return M.Sharding(**self.sh_numeric, distributed_optimizer=do, fsdp=fsdp,
+                          dispatcher_buffers=disp)
+
+    # ------------------------------------------------------------ layer 1
+
+    def _geometry(self) -> None:
+        m, p, ar, sp = self.m, self.m.p, self.m.ar, self.m.p.space
+        model = p.model
+        covered = ar.predicate([m.pp, m.vpp, m.split], lambda a, b, c: split_ok(m, a, b, c),
+                               "covered")
+        self.covered = covered
+
+        def chunk_max(pp_: int, v: int, s: int) -> int:
+            if not split_ok(m, pp_, v, s):
+                return 0
+            chunks = M.pipeline_chunks(model.num_layers, model.num_mtp_layers, pp_, v, SPLITS[s])
+            return max(len(ch.layers) for st in chunks for ch in st)
+
+        cmax = ar.lookup([m.pp, m.vpp, m.split], lambda a, b, c: (chunk_max(a, b, c),), "cmax")[0]
+        opts = sp.recompute
+        block = sp.full_layers
+
+        def code(o: RecomputeOption, cm: int) -> int:
+            if o.kind is not Recompute.FULL:
+                return 0
+            assert o.layers is not None
+            return (METHODS.index(o.method) + 1) * CODE_STRIDE + min(o.layers, cm)
+
+        def prev(o: RecomputeOption) -> RecomputeOption:
+            if not o.is_full_block or o.layers == block[0]:
+                return o
+            k = max(x for x in block if x < o.layers)  # type: ignore[operator]
+            return o.model_copy(update={"layers": k})
+
+        codes = ar.lookup([m.rc, cmax], lambda r, cm: (code(opts[r], cm), code(prev(opts[r]), cm)),
+                          "code")
+        sat = ar.lookup([m.pp, m.vpp], lambda a, b: (M.inflight_saturation(a, b),), "sat")[0]
+        mcap = ar.lookup([m.ga, sat], lambda g, st: (min(g, st),), "mcap")[0]
+        # uncovered geometries (the split is illegal) share one row: their key is (pp, vpp,
+        # split, 0, 0) whatever the micro-batches and recompute
+        w_mcap = covered * mcap
+        w_code, w_prev = covered * codes[0], covered * codes[1]
+
+        stage_lists: dict[tuple[int, ...], list[M.StageCounts]] = {}
+        world, gbs = p.cluster.world_size, p.training.global_batch_size
+        all_codes = sorted(set(_domain(codes[0])) | set(_domain(codes[1])))
+        for pp_, v, s in product(sp.pp, sp.vpp, sorted(set(_domain(m.split)))):
+            if not split_ok(m, pp_, v, s):
+                stage_lists[(pp_, v, s, 0, 0)] = []  # no geometry: hbm does not hold
+                continue
+            cm = chunk_max(pp_, v, s)
+            sat_v = M.inflight_saturation(pp_, v)
+            ga_reach = {derived_ga(gbs, b, derived_dp(world, t, pp_, c))
+                        for t in sp.tp for c in sp.cp for b in sp.mbs}
+            for mc in sorted({min(g, sat_v) for g in ga_reach}):
+                for cd in all_codes:
+                    if cd and cd % CODE_STRIDE > cm:
+                        continue
+                    stage_lists[(pp_, v, s, mc, cd)] = self._stage_counts(
+                        pp_, v, SPLITS[s], mc, cd)
+        self.n_rows = len({tuple((st.as_vector(), st.recompute_groups) for st in sl)
+                           for sl in stage_lists.values()})
+        self.n_slots = max(len(sl) for sl in stage_lists.values())
+        self.n_groups = max((len(st.recompute_groups) for sl in stage_lists.values() for st in sl),
+                            default=0)
+        width = len(dataclasses.fields(M.StageCounts)) - 2  # all but stage and recompute_groups
+        zero = M.StageCounts(0, *([0] * width), recompute_groups=())
+
+        def flat(*key: int) -> tuple[int, ...]:
+            sl = stage_lists[key]
+            out: list[int] = []
+            for j in range(self.n_slots):
+                st = sl[min(j, len(sl) - 1)] if sl else zero
+                out += st.as_vector()
+                for g in range(self.n_groups):
+                    out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0, 0)
+            return tuple(out)
+
+        self.slots: dict[str, list[M.StageCounts]] = {}
+        for which, cd in (("row", w_code), ("prev", w_prev)):
+            if which == "prev" and "recompute_dominance" not in m.families:
+                continue
+            cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, cd], flat, f"geo_{which}",
+                             tuples=list(stage_lists))
+            per = width + 2 * self.n_groups
+            slots = []
+            for j in range(self.n_slots):
+                c = cols[j * per:(j + 1) * per]
+                groups = tuple((c[width + 2 * g], c[width + 2 * g + 1])
+                               for g in range(self.n_groups))
+                slots.append(M.StageCounts(j, *c[:width], recompute_groups=groups))
+            self.slots[which] = slots
+
+    def _stage_counts(self, pp: int, vpp: int, split: PipelineSplit, mcap: int,
+                      cd: int) -> list[M.StageCounts]:
+        kind = Recompute.FULL if cd else Recompute.NONE
+        extra: dict[str, Any] = {}
+        if cd:
+            extra = {"recompute_method": METHODS[cd // CODE_STRIDE - 1],
+                     "recompute_layers": cd % CODE_STRIDE}
+        cfg = ParallelConfig(pp=pp, vpp=vpp, pipeline_split=split, ga=mcap, dp=1,
+                             recompute=kind, **extra)
+        return prune_stages(M.stage_counts(self.m.p.model, cfg))
+
+    # ------------------------------------------------------------ layer 3
+
+    def _fits(self, which: str) -> tuple[list[dict[int, Value]], Value]:
+        """Per slot, the total bytes under each sharding scenario; and whether all fit."""
+        m, ar = self.m, self.m.ar
+        ov = m.p.overheads
+        totals: list[dict[int, Value]] = []
+        slot_ok = []
+        for c in self.slots[which]:
+            per_scen: dict[int, Value] = {}
+            fits_in = []
+            for s in self.scenarios:
+                terms = M.combine(c, self.pu, self.au, self.sharding(s), ov)
+                total = sum(terms.values())
+                per_scen[s] = total
+                le = ar.le(total, self.limit, "fits")
+                if len(self.scenarios) == 1:
+                    fits_in.append(le)
+                else:
+                    fits_in.append(ar.all_of([ar.predicate([self.scenario], lambda x, s=s: x == s,
+                                                           "scen"), le], "fits_s"))
+            totals.append(per_scen)
+            slot_ok.append(ar.any_of(fits_in, "fits_any"))
+        return totals, ar.all_of([self.covered, *slot_ok], "fits_all")
+
+    def peak(self, value: Callable[[Any], int]) -> int:
+        """The most loaded stage's bytes of a solution (``value`` reads a solver value)."""
+        s = value(self.scenario) if isinstance(self.scenario, Sym) else self.scenario
+        return max(value(t[s]) if isinstance(t[s], Sym) else t[s] for t in self.totals)
+
+
+def _domain(x: Value) -> list[int]:
+    from solver.symbolic import domain_of
+
+    return domain_of(x)
+

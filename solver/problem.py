@@ -1,0 +1,52 @@
+"""One search problem: what is trained, where, the space searched, and the rule settings.
+
+Shared by the CP-SAT model (``solver/model.py``), the plain Python loop
+(``solver/reference.py``), the removal counts (``solver/attribution.py``) and the explanations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from oracle.memory import MemoryOverheads
+from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, resolve_config
+from solver.constraints import HardConstraint
+from solver.rules import DEFAULT_MEMORY_MARGIN, RuleContext, hbm_limit_bytes
+from solver.space import SearchSpace, candidate_config
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The inputs of a search. ``constraints`` feed the ``extra`` family."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    space: SearchSpace
+    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    allow_cross_scale_up: bool = False
+    constraints: tuple[HardConstraint, ...] = ()
+
+    @property
+    def limit_bytes(self) -> int:
+        return hbm_limit_bytes(self.cluster.gpu.hbm_bytes, self.memory_margin)
+
+    def resolve(self, candidate: Mapping[str, Any]) -> ParallelConfig:
+        """The resolved configuration of one candidate (a dict of axis values)."""
+        return resolve_config(candidate_config(candidate), self.model, self.cluster,
+                              self.training)
+
+    def context(self, cfg: ParallelConfig) -> RuleContext:
+        """The rule context of a resolved configuration, with this problem's settings."""
+        return RuleContext(
+            model=self.model, cluster=self.cluster, training=self.training, cfg=cfg,
+            overheads=self.overheads, memory_margin=self.memory_margin,
+            allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
+            full_recompute_layers=self.space.full_layers,
+        )
+
+    def replace(self, **changes: Any) -> Problem:
+        return Problem(**({f: getattr(self, f) for f in self.__dataclass_fields__} | changes))

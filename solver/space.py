@@ -1,0 +1,336 @@
+"""The search space as data: the domain of every axis the solver may choose.
+
+A :class:`SearchSpace` lists, per axis, the values a search may pick; an axis the user fixes is a
+one-value domain. The raw candidate space is the product of the domains (with the expert-TP
+policy tying etp to tp); :mod:`solver.model` and :mod:`solver.reference` enumerate the legal
+subset of exactly this product, and ``removed`` counts are over it.
+
+:func:`default_space` builds the space a search starts from (see ``docs/solver.md``):
+
+* tp, pp and cp over the divisors of the world size; tp within the scale-up domain unless
+  crossing it is allowed; pp at most the layer count; cp where the sequence splits in 2 cp;
+* vpp over the values some pipeline size and the layer count allow (1 always);
+* ep over the divisors of the expert count (1 for a dense model); etp from a policy: {1, tp}
+  (default), the same as tp, or every divisor of the expert FFN width within the scale-up domain;
+* mbs in {1, 2, 4, 8} up to the global batch;
+* recomputation: none; selective with a few useful module sets per model (``moe_act`` for MoE,
+  ``mla_up_proj`` for MLA, ``core_attn`` only without flash attention); full recompute of the
+  first K layers of every virtual stage (``block``), K = 1 .. the largest virtual stage;
+* distributed optimizer on, dispatcher alltoall, schedule from vpp (zero-bubble when asked),
+  precision from the training spec (every FP8 recipe when asked), pipeline split automatic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from enum import StrEnum
+from itertools import product
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    Spec,
+    TrainingSpec,
+    default_fp8_recipe,
+)
+from solver.rules import divisors, split_slots
+
+#: Micro-batch sizes a default search tries (capped by the global batch).
+DEFAULT_MBS: tuple[int, ...] = (1, 2, 4, 8)
+
+
+class EtpPolicy(StrEnum):
+    """How the expert-tensor-parallel size relates to tp.
+
+    ``same``: etp = tp (Megatron's default when ``--expert-tensor-parallel-size`` is unset);
+    ``one_or_tp``: etp in {1, tp} (the two layouts Megatron-Core recipes use); ``all``: any value
+    of the ``etp`` domain.
+    """
+
+    SAME = "same"
+    ONE_OR_TP = "one_or_tp"
+    ALL = "all"
+
+
+class OptimizerChoice(StrEnum):
+    """Optimizer-state sharding: the distributed optimizer (ZeRO-1), replicated, or FSDP."""
+
+    DISTRIBUTED = "distributed"
+    REPLICATED = "replicated"
+    FSDP = "fsdp"
+
+
+class RecomputeOption(Spec):
+    """One activation-recomputation choice: none, selective with ``modules``, or full with
+    ``method`` and ``layers`` (K layers per virtual stage)."""
+
+    kind: Recompute = Recompute.NONE
+    method: RecomputeMethod = RecomputeMethod.BLOCK
+    layers: int | None = Field(default=None, ge=0, le=100_000)
+    modules: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> RecomputeOption:
+        if self.kind is Recompute.FULL and self.layers is None:
+            raise ValueError("a full-recompute option needs layers (K per virtual stage)")
+        if self.kind is Recompute.SELECTIVE and not self.modules:
+            raise ValueError("a selective-recompute option needs modules")
+        if self.kind is not Recompute.FULL and self.layers is not None:
+            raise ValueError(f"layers only apply to full recompute, not {self.kind.value}")
+        if self.kind is not Recompute.SELECTIVE and self.modules:
+            raise ValueError(f"modules only apply to selective recompute, not {self.kind.value}")
+        return self
+
+    @property
+    def is_full_block(self) -> bool:
+        return self.kind is Recompute.FULL and self.method is RecomputeMethod.BLOCK
+
+    def config_fields(self) -> dict[str, Any]:
+        """The :class:`ParallelConfig` fields of this option."""
+        out: dict[str, Any] = {"recompute": self.kind}
+        if self.kind is Recompute.FULL:
+            out |= {"recompute_method": self.method, "recompute_layers": self.layers}
+        if self.kind is Recompute.SELECTIVE:
+            out["recompute_modules"] = self.modules
+        return out
+
+    def label(self) -> str:
+        if self.kind is Recompute.FULL:
+            return f"full {self.method.value} {self.layers}"
+        if self.kind is Recompute.SELECTIVE:
+            return f"selective {'+'.join(self.modules)}"
+        return "none"
+
+
+NO_RECOMPUTE = RecomputeOption()
+
+#: Axis names of a space, in the order the solver branches on them and candidates are listed.
+AXES: tuple[str, ...] = (
+    "tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule", "fp8_recipe",
+    "dispatcher", "optimizer", "recompute",
+)
+
+
+def _positive_sorted(name: str, values: tuple[int, ...]) -> tuple[int, ...]:
+    if not values:
+        raise ValueError(f"{name}: the domain is empty")
+    if any(v < 1 for v in values):
+        raise ValueError(f"{name}: values must be positive, got {list(values)}")
+    return tuple(sorted(set(values)))
+
+
+class SearchSpace(Spec):
+    """The domain of every axis. Values are listed in the order solutions are reported."""
+
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    vpp: tuple[int, ...] = (1,)
+    cp: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] = (1,)
+    etp: tuple[int, ...] = Field(default=(1,), description="etp values for policy 'all'")
+    etp_policy: EtpPolicy = EtpPolicy.ONE_OR_TP
+    mbs: tuple[int, ...] = (1,)
+    recompute: tuple[RecomputeOption, ...] = (NO_RECOMPUTE,)
+    optimizer: tuple[OptimizerChoice, ...] = (OptimizerChoice.DISTRIBUTED,)
+    dispatcher: tuple[Dispatcher, ...] = (Dispatcher.ALLTOALL,)
+    schedule: tuple[Schedule | None, ...] = Field(
+        default=(None,), description="None: interleaved when vpp > 1, else 1f1b")
+    fp8_recipe: tuple[Fp8Recipe | None, ...] = Field(default=(None,), description="None: BF16")
+    pipeline_split: tuple[PipelineSplit | None, ...] = Field(
+        default=(None,), description="None: even when the layers divide, else embedding_loss")
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSpace:
+        for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+            values = getattr(self, name)
+            if tuple(values) != _positive_sorted(name, values):
+                raise ValueError(f"{name}: list distinct values in increasing order, got "
+                                 f"{list(values)}")
+        for name in ("recompute", "optimizer", "dispatcher", "schedule", "fp8_recipe",
+                     "pipeline_split"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"{name}: the domain must be non-empty without repeats")
+        return self
+
+    # ------------------------------------------------------------------ views
+
+    def etp_values(self, tp: int) -> tuple[int, ...]:
+        """The etp domain once tp is chosen."""
+        if self.etp_policy is EtpPolicy.SAME:
+            return (tp,)
+        if self.etp_policy is EtpPolicy.ONE_OR_TP:
+            return (1, tp) if tp > 1 else (1,)
+        return self.etp
+
+    @property
+    def etp_all_values(self) -> tuple[int, ...]:
+        return tuple(sorted({e for t in self.tp for e in self.etp_values(t)}))
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        """The K values of the full block-recompute options, increasing."""
+        return tuple(sorted({r.layers for r in self.recompute if r.is_full_block}))  # type: ignore[misc]
+
+    def size(self) -> int:
+        """Number of raw candidates (the product of the domains, etp per the policy)."""
+        per_tp = sum(len(self.etp_values(t)) for t in self.tp)
+        n = per_tp
+        for name in AXES:
+            if name not in ("tp", "etp"):
+                n *= len(getattr(self, name))
+        return n
+
+    def candidates(self) -> Iterator[dict[str, Any]]:
+        """Every raw candidate as a dict of axis values, in :data:`AXES` order."""
+        rest = [getattr(self, a) for a in AXES[6:]]
+        for tp, pp, cp, vpp, ep in product(self.tp, self.pp, self.cp, self.vpp, self.ep):
+            for etp in self.etp_values(tp):
+                for tail in product(*rest):
+                    yield dict(zip(AXES, (tp, pp, cp, vpp, ep, etp, *tail), strict=True))
+
+    def with_domains(self, **domains: Any) -> SearchSpace:
+        """A copy with the given axes' domains replaced (``with_domains(tp=(1, 2))``)."""
+        unknown = sorted(set(domains) - set(type(self).model_fields))
+        if unknown:
+            raise ConfigError(f"unknown field(s) {unknown}; choose from "
+                              f"{', '.join(type(self).model_fields)}")
+        return SearchSpace(**(self.model_dump() | domains))
+
+    def fix(self, **axes: Any) -> SearchSpace:
+        """A copy with the given axes fixed to one value each (``fix(tp=1, pp=4)``)."""
+        update: dict[str, Any] = {}
+        for name, value in axes.items():
+            if name not in AXES:
+                raise ConfigError(f"unknown axis {name!r}; choose from {', '.join(AXES)}")
+            update[name] = (value,)
+            if name == "etp":
+                update["etp_policy"] = EtpPolicy.ALL
+        return SearchSpace(**(self.model_dump() | update))
+
+
+def candidate_config(c: Mapping[str, Any]) -> ParallelConfig:
+    """The (unresolved) configuration of one candidate."""
+    opt = c["optimizer"]
+    rc: RecomputeOption = c["recompute"]
+    return ParallelConfig(
+        tp=c["tp"], pp=c["pp"], vpp=c["vpp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
+        mbs=c["mbs"], distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
+        fsdp=opt is OptimizerChoice.FSDP, dispatcher=c["dispatcher"], schedule=c["schedule"],
+        fp8_recipe=c["fp8_recipe"], pipeline_split=c["pipeline_split"], **rc.config_fields(),
+    )
+
+
+# ------------------------------------------------------------------------- default space
+
+
+def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],
+                         vpp_values: tuple[int, ...]) -> int:
+    """Decoder layers of the largest virtual stage over the pp x vpp domain (at least 1)."""
+    best = 1
+    for pp, vpp in product(pp_values, vpp_values):
+        for split in PipelineSplit:
+            slots = split_slots(model, split)
+            best = max(best, min(-(-slots // (pp * vpp)), model.num_layers))
+    return best
+
+
+def vpp_domain(model: ModelSpec, pp_values: tuple[int, ...]) -> tuple[int, ...]:
+    """1, and every vpp > 1 some pp > 1 of the domain splits the layers for (even or
+    embedding_loss split): pp x vpp divides the layer slots and is at most the layer count."""
+    out = {1}
+    for split in PipelineSplit:
+        slots = split_slots(model, split)
+        for pp in pp_values:
+            if pp == 1:
+                continue
+            out |= {v for v in range(2, model.num_layers // pp + 1) if slots % (pp * v) == 0}
+    return tuple(sorted(out))
+
+
+def selective_options(model: ModelSpec, training: TrainingSpec) -> list[RecomputeOption]:
+    """Selective-recompute module sets worth trying: each useful module alone, and all of them
+    together when there are several. ``core_attn`` only matters without flash attention (flash
+    attention already recomputes the scores); ``moe_act`` drops the largest MoE activation;
+    ``mla_up_proj`` the MLA up-projections."""
+    useful = []
+    if not training.flash_attention:
+        useful.append("core_attn")
+    if model.mla is not None:
+        useful.append("mla_up_proj")
+    if model.is_moe:
+        useful.append("moe_act")
+    sets = [(m,) for m in useful]
+    if len(useful) > 1:
+        sets.append(tuple(useful))
+    return [RecomputeOption(kind=Recompute.SELECTIVE, modules=s) for s in sets]
+
+
+def default_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    *,
+    fixed: Mapping[str, Any] | None = None,
+    allow_cross_scale_up: bool = False,
+    etp_policy: EtpPolicy | None = None,
+    mbs: tuple[int, ...] = DEFAULT_MBS,
+    full_recompute_layers: tuple[int, ...] | None = None,
+    uniform_recompute: bool = False,
+    zero_bubble: bool = False,
+    fp8_recipes: bool = False,
+    optimizers: tuple[OptimizerChoice, ...] = (OptimizerChoice.DISTRIBUTED,),
+    dispatchers: tuple[Dispatcher, ...] = (Dispatcher.ALLTOALL,),
+    pipeline_splits: tuple[PipelineSplit | None, ...] = (None,),
+) -> SearchSpace:
+    """The space a search starts from (module docstring); ``fixed`` pins axes to one value.
+
+    ``etp_policy`` defaults to ``one_or_tp`` for MoE models (``same`` for dense ones, where etp
+    means nothing). ``full_recompute_layers`` overrides K (default 1 .. the largest virtual
+    stage); ``uniform_recompute`` adds the uniform method for the same K values; ``fp8_recipes``
+    tries every FP8 recipe when the training precision is FP8.
+    """
+    world = cluster.world_size
+    limit = world if allow_cross_scale_up else cluster.scale_up_gpus
+    tp = tuple(t for t in divisors(world) if t <= limit)
+    pp = tuple(p for p in divisors(world) if p <= model.num_layers)
+    seq = training.seq_len
+    cp = tuple(c for c in divisors(world) if c == 1 or seq % (2 * c) == 0)
+    ep = tuple(divisors(model.num_experts)) if model.is_moe else (1,)
+    policy = etp_policy or (EtpPolicy.ONE_OR_TP if model.is_moe else EtpPolicy.SAME)
+    etp_all = tuple(e for e in divisors(model.expert_ffn_hidden_size or 1) if e <= limit)
+    gbs = training.global_batch_size
+    mbs_dom = tuple(b for b in mbs if b <= gbs) or (1,)
+    vpp = vpp_domain(model, pp)
+    k_max = max_layers_per_chunk(model, pp, vpp)
+    ks = full_recompute_layers or tuple(range(1, k_max + 1))
+    methods = [RecomputeMethod.BLOCK] + ([RecomputeMethod.UNIFORM] if uniform_recompute else [])
+    recompute = (
+        [NO_RECOMPUTE]
+        + selective_options(model, training)
+        + [RecomputeOption(kind=Recompute.FULL, method=m, layers=k) for m in methods for k in ks]
+    )
+    if training.precision is Precision.FP8:
+        fp8: tuple[Fp8Recipe | None, ...] = (
+            tuple(Fp8Recipe) if fp8_recipes else (default_fp8_recipe(cluster.gpu),))
+    else:
+        fp8 = (None,)
+    space = SearchSpace(
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp_all or (1,), etp_policy=policy,
+        mbs=mbs_dom, recompute=tuple(recompute), optimizer=optimizers, dispatcher=dispatchers,
+        schedule=(None, Schedule.ZERO_BUBBLE) if zero_bubble else (None,), fp8_recipe=fp8,
+        pipeline_split=pipeline_splits,
+    )
+    return space.fix(**fixed) if fixed else space

@@ -1,0 +1,453 @@
+"""Integer arithmetic on CP-SAT expressions, so the oracle's own functions run inside the model.
+
+:class:`Sym` wraps a CP-SAT linear expression with exact bounds. ``+``, ``-`` and ``*`` by an
+integer stay linear; ``*`` of two expressions, ``//`` and :func:`oracle.memory.vmax` create one
+variable each, defined by ``AddMultiplicationEquality`` / ``AddDivisionEquality`` /
+``AddMaxEquality``. Every variable created here is a *function* of its operands (never free), so
+solution enumeration never repeats a configuration. Floor division keeps Python's semantics on
+sign-definite operands (CP-SAT truncates toward zero), which covers ``-(-a // b)`` ceiling
+division. Comparisons with integers return a Python bool when the bounds decide them (``is_moe``
+in :func:`oracle.memory.combine`) and raise otherwise. Values that the bounds pin to one number
+are plain ``int``, so constant parts of a formula fold away.
+
+:meth:`Arith.lookup` tabulates any function of a few small-domain variables (units per
+(tp, ep, etp), stage coefficients per pipeline geometry): one ``AddAllowedAssignments`` defines a
+row index, one ``AddElement`` per output column defines its value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from itertools import product
+from typing import Any, Union
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+Value = Union[int, "Sym"]
+#: Value sets are tracked through + and * while their product stays this small.
+MAX_TRACKED_VALUES = 1 << 14
+
+
+class Arith:
+    """A CP-SAT model plus the bookkeeping of :class:`Sym` expressions."""
+
+    def __init__(self, model: cp_model.CpModel) -> None:
+        self.model = model
+        self._count = 0
+
+    def name(self, stem: str) -> str:
+        self._count += 1
+        return f"{stem}#{self._count}"
+
+    # ------------------------------------------------------------------ variables
+
+    def var(self, values: Iterable[int], stem: str) -> Value:
+        """A variable over ``values`` (an ``int`` if there is only one)."""
+        vals = sorted(set(values))
+        if len(vals) == 1:
+            return vals[0]
+        v = self.model.NewIntVarFromDomain(cp_model.Domain.FromValues(vals), self.name(stem))
+        return Sym(self, v, vals[0], vals[-1], tuple(vals))
+
+    def bool(self, stem: str) -> Sym:
+        v = self.model.NewBoolVar(self.name(stem))
+        return Sym(self, v, 0, 1, (0, 1))
+
+    def as_var(self, x: Value, stem: str = "aux") -> cp_model.IntVar | int:
+        """A CP-SAT variable (or int) equal to ``x``."""
+        if isinstance(x, int):
+            return x
+        if isinstance(x.expr, cp_model.IntVar):
+            return x.expr
+        v = self.model.NewIntVar(x.lo, x.hi, self.name(stem))
+        self.model.Add(v == x.expr)
+        x.expr = v
+        return v
+
+    def literal(self, x: Value) -> Any:
+        """A Boolean literal for a 0/1 value (constants become fixed literals)."""
+        if isinstance(x, int):
+            assert x in (0, 1)
+            return self.model.NewConstant(x)
+        assert 0 <= x.lo and x.hi <= 1, "not a 0/1 value"
+        if isinstance(x.expr, cp_model.IntVar | cp_model.NotBooleanVariable):
+            return x.expr
+        return self.as_var(x, "lit")
+
+    # ------------------------------------------------------------------ tables
+
+    def lookup(
+        self,
+        keys: Sequence[Value],
+        fn: Callable[..., Sequence[int]],
+        stem: str,
+        tuples: Iterable[tuple[int, ...]] | None = None,
+    ) -> tuple[Value, ...]:
+        """Columns of ``fn(*key)`` for the key the variables ``keys`` take.
+
+        ``fn`` is called once per key tuple: the product of the keys' domains, or ``tuples``
+        (which must cover every combination the keys can take together). Each output column is
+        then tabulated over the smallest set of keys it depends on (found on the computed rows,
+        so exact), columns with the same key set share one table: small tables propagate fast.
+        """
+        if tuples is None:
+            tuples = product(*[domain_of(k) for k in keys])
+        consts = {i: k for i, k in enumerate(keys) if isinstance(k, int)}
+        rows = [(key, tuple(fn(*key))) for key in tuples
+                if all(key[i] == v for i, v in consts.items())]
+        if not rows:
+            raise ValueError(f"{stem}: no key tuple matches the constant keys")
+        live = [i for i, k in enumerate(keys) if not isinstance(k, int)]
+        n_out = len(rows[0][1])
+        out: list[Value] = [0] * n_out
+        groups: dict[tuple[int, ...], list[int]] = {}
+        deps = _Dependencies(np.array([k for k, _ in rows], dtype=np.int64).reshape(len(rows), -1),
+                             np.array([o for _, o in rows], dtype=np.int64).reshape(len(rows), -1))
+        constant = deps.functional(())
+        for c in range(n_out):
+            if constant[c]:
+                out[c] = rows[0][1][c]
+                continue
+            subset = tuple(live)
+            for i in live:
+                trial = tuple(x for x in subset if x != i)
+                if deps.functional(trial)[c]:
+                    subset = trial
+            groups.setdefault(subset, []).append(c)
+        if not groups:
+            self.allow(keys, [k for k, _ in rows])
+        for subset, cols in groups.items():
+            proj: dict[tuple[int, ...], tuple[int, ...]] = {}
+            for k, o in rows:
+                proj.setdefault(tuple(k[i] for i in subset), tuple(o[c] for c in cols))
+            distinct = {o: j for j, o in enumerate(dict.fromkeys(proj.values()))}
+            assignments = [(*k, distinct[o]) for k, o in proj.items()]
+            vals = self.table([keys[i] for i in subset], assignments, list(distinct), stem)
+            for c, v in zip(cols, vals, strict=True):
+                out[c] = v
+        return tuple(out)
+
+    def table(
+        self,
+        keys: Sequence[Value],
+        assignments: Sequence[tuple[int, ...]],
+        outputs: Sequence[Sequence[int]],
+        stem: str,
+    ) -> tuple[Value, ...]:
+        """Columns of ``outputs[row]`` where ``(*keys, row)`` is one of ``assignments``."""
+        n_cols = len(outputs[0])
+        if len(outputs) == 1:
+            self.allow(keys, [a[:-1] for a in assignments])
+            return tuple(outputs[0])
+        row = self.var(range(len(outputs)), f"{stem}_row")
+        self.allow([*keys, row], assignments)
+        return tuple(self.element(row, [o[c] for o in outputs], f"{stem}{c}")
+                     for c in range(n_cols))
+
+    def allow(self, keys: Sequence[Value], tuples: Iterable[tuple[int, ...]]) -> None:
+        """Restrict ``keys`` to ``tuples`` (constant keys filter the tuples; nothing is added
+        when every combination of the live keys' domains is allowed)."""
+        live = [i for i, k in enumerate(keys) if not isinstance(k, int)]
+        consts = {i: k for i, k in enumerate(keys) if isinstance(k, int)}
+        allowed = {tuple(t[i] for i in live) for t in tuples
+                   if all(t[i] == v for i, v in consts.items())}
+        if not allowed:
+            self.model.AddBoolOr([])  # nothing allowed: infeasible
+            return
+        if not live:
+            return
+        doms = [domain_of(keys[i]) for i in live]
+        size = 1
+        for d in doms:
+            size *= len(d)
+        if size == len(allowed) and allowed == set(product(*doms)):
+            return
+        self.model.AddAllowedAssignments([self.as_var(keys[i]) for i in live], sorted(allowed))
+
+    def element(self, index: Value, values: Sequence[int], stem: str) -> Value:
+        """``values[index]``."""
+        if isinstance(index, int):
+            return values[index]
+        if len(set(values)) == 1:
+            return values[0]
+        out = self.var(values, stem)
+        assert isinstance(out, Sym)
+        self.model.AddElement(self.as_var(index), list(values), self.as_var(out))
+        return out
+
+    def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str) -> Value:
+        """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant)."""
+        (ok,) = self.lookup(keys, lambda *k: (int(bool(fn(*k))),), stem)
+        return ok
+
+    # ------------------------------------------------------------------ logic
+
+    def all_of(self, items: Sequence[Value], stem: str) -> Value:
+        """1 iff every 0/1 item is 1."""
+        live = [x for x in items if not isinstance(x, int)]
+        if any(isinstance(x, int) and x == 0 for x in items):
+            return 0
+        if not live:
+            return 1
+        if len(live) == 1:
+            return live[0]
+        b = self.bool(stem)
+        lits = [self.literal(x) for x in live]
+        self.model.AddBoolAnd(lits).OnlyEnforceIf(b.expr)
+        self.model.AddBoolOr([lit.Not() for lit in lits]).OnlyEnforceIf(b.expr.Not())
+        return b
+
+    def any_of(self, items: Sequence[Value], stem: str) -> Value:
+        """1 iff some 0/1 item is 1."""
+        return self.negate(self.all_of([self.negate(x) for x in items], stem))
+
+    def negate(self, x: Value) -> Value:
+        """1 - x for a 0/1 value."""
+        if isinstance(x, int):
+            return 1 - x
+        return Sym(self, self.literal(x).Not(), 0, 1, (0, 1))
+
+    def le(self, x: Value, bound: int, stem: str) -> Value:
+        """1 iff ``x <= bound`` (reified both ways, so the result is determined)."""
+        if isinstance(x, int):
+            return int(x <= bound)
+        if x.hi <= bound:
+            return 1
+        if x.lo > bound:
+            return 0
+        b = self.bool(stem)
+        self.model.Add(x.expr <= bound).OnlyEnforceIf(b.expr)
+        self.model.Add(x.expr >= bound + 1).OnlyEnforceIf(b.expr.Not())
+        return b
+
+    def in_set(self, x: Value, values: Iterable[int], stem: str) -> Value:
+        """1 iff ``x`` is one of ``values``."""
+        vals = sorted(set(values))
+        if isinstance(x, int):
+            return int(x in vals)
+        dom = cp_model.Domain.FromValues(vals)
+        if x.lo == x.hi:
+            return int(x.lo in vals)
+        b = self.bool(stem)
+        self.model.AddLinearExpressionInDomain(x.expr, dom).OnlyEnforceIf(b.expr)
+        self.model.AddLinearExpressionInDomain(x.expr, dom.complement()).OnlyEnforceIf(b.expr.Not())
+        return b
+
+
+class _Dependencies:
+    """Which output columns are functions of which key subsets (vectorised with numpy)."""
+
+    def __init__(self, keys: np.ndarray, outs: np.ndarray) -> None:
+        self.keys, self.outs = keys, outs
+        self._memo: dict[tuple[int, ...], np.ndarray] = {}
+
+    def functional(self, subset: tuple[int, ...]) -> np.ndarray:
+        """Per output column: is it a function of the key columns ``subset``?"""
+        if subset not in self._memo:
+            n = len(self.keys)
+            if subset:
+                _, inv = np.unique(self.keys[:, list(subset)], axis=0, return_inverse=True)
+                inv = inv.reshape(-1)
+            else:
+                inv = np.zeros(n, dtype=np.int64)
+            first = np.empty(inv.max() + 1, dtype=np.int64)
+            first[inv[::-1]] = np.arange(n)[::-1]
+            self._memo[subset] = np.all(self.outs == self.outs[first[inv]], axis=0)
+        return self._memo[subset]
+
+
+def domain_of(x: Value) -> list[int]:
+    """The values a key can take (its exact value set when known, else its bounds' range)."""
+    if isinstance(x, int):
+        return [x]
+    if x.values is not None:
+        return list(x.values)
+    return list(range(x.lo, x.hi + 1))
+
+
+class Sym:
+    """A CP-SAT expression with exact integer bounds (see the module docstring)."""
+
+    __slots__ = ("ar", "expr", "lo", "hi", "values")
+
+    def __init__(self, ar: Arith, expr: Any, lo: int, hi: int,
+                 values: tuple[int, ...] | None = None) -> None:
+        assert lo <= hi
+        self.ar, self.expr, self.lo, self.hi, self.values = ar, expr, lo, hi, values
+
+    def __repr__(self) -> str:
+        return f"Sym[{self.lo}..{self.hi}]"
+
+    @staticmethod
+    def _make(ar: Arith, expr: Any, lo: int, hi: int,
+              values: Iterable[int] | None = None) -> Value:
+        if lo == hi:
+            return lo
+        return Sym(ar, expr, lo, hi, None if values is None else tuple(sorted(set(values))))
+
+    def _combine_values(self, other: Sym, op: Callable[[int, int], int]) -> list[int] | None:
+        """The exact value set of ``self op other`` when both are small known sets."""
+        if self.values is None or other.values is None:
+            return None
+        if len(self.values) * len(other.values) > MAX_TRACKED_VALUES:
+            return None
+        return [op(a, b) for a in self.values for b in other.values]
+
+    # -------------------------------------------------------------- linear
+
+    def __add__(self, other: Value) -> Value:
+        if isinstance(other, int):
+            if not other:
+                return self
+            vals = None if self.values is None else [v + other for v in self.values]
+            return self._make(self.ar, self.expr + other, self.lo + other, self.hi + other, vals)
+        if isinstance(other, Sym):
+            return self._make(self.ar, self.expr + other.expr, self.lo + other.lo,
+                              self.hi + other.hi, self._combine_values(other, lambda a, b: a + b))
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Value:
+        vals = None if self.values is None else [-v for v in self.values]
+        return self._make(self.ar, -self.expr, -self.hi, -self.lo, vals)
+
+    def __sub__(self, other: Value) -> Value:
+        return self + (-other)
+
+    def __rsub__(self, other: int) -> Value:
+        return (-self) + other
+
+    def __mul__(self, other: Value) -> Value:
+        if isinstance(other, int):
+            if other == 0:
+                return 0
+            lo, hi = sorted((self.lo * other, self.hi * other))
+            vals = None if self.values is None else [v * other for v in self.values]
+            return self._make(self.ar, self.expr * other, lo, hi, vals)
+        if isinstance(other, Sym):
+            corners = [a * b for a in (self.lo, self.hi) for b in (other.lo, other.hi)]
+            lo, hi = min(corners), max(corners)
+            if lo == hi:
+                return lo
+            ar = self.ar
+            p = ar.model.NewIntVar(lo, hi, ar.name("prod"))
+            ar.model.AddMultiplicationEquality(p, [ar.as_var(self), ar.as_var(other)])
+            vals = self._combine_values(other, lambda a, b: a * b)
+            return Sym(ar, p, lo, hi, None if vals is None else tuple(sorted(set(vals))))
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    # -------------------------------------------------------------- division
+
+    def __floordiv__(self, other: Value) -> Value:
+        """Python floor division by a positive divisor."""
+        if isinstance(other, int | Sym):
+            d_lo = other if isinstance(other, int) else other.lo
+            if d_lo < 1:
+                raise ValueError("floor division by a value that may be < 1")
+            if self.lo >= 0:
+                return _div_nonneg(self, other)
+            if self.hi <= 0:
+                # floor(x / d) = -ceil(-x / d) = -((-x + d - 1) // d) with -x + d - 1 >= 0
+                q = _div_nonneg(-self + other - 1, other)
+                return -q
+            return _floor_div_linear(self, other)
+        return NotImplemented
+
+    def __rfloordiv__(self, other: int) -> Value:
+        if self.lo < 1:
+            raise ValueError("floor division by a value that may be < 1")
+        return _div_nonneg(other, self) if other >= 0 else -_div_nonneg(-other + self - 1, self)
+
+    # -------------------------------------------------------------- comparisons
+
+    def _decide(self, op: str, other: Any) -> bool:
+        if not isinstance(other, int):
+            raise TypeError(f"cannot compare a solver expression with {type(other).__name__}")
+        # an order comparison with a constant is decided when both bounds agree
+        at_lo, at_hi = _OPS[op](self.lo, other), _OPS[op](self.hi, other)
+        if at_lo == at_hi:
+            return at_lo
+        raise TypeError(f"solver expression in [{self.lo}, {self.hi}] {op} {other} is not "
+                        "decided by its bounds")
+
+    def __lt__(self, other: Any) -> bool:
+        return self._decide("<", other)
+
+    def __le__(self, other: Any) -> bool:
+        return self._decide("<=", other)
+
+    def __gt__(self, other: Any) -> bool:
+        return self._decide(">", other)
+
+    def __ge__(self, other: Any) -> bool:
+        return self._decide(">=", other)
+
+    def __bool__(self) -> bool:
+        raise TypeError("a solver expression has no truth value; use Arith.predicate / le")
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -------------------------------------------------------------- max
+
+    @staticmethod
+    def __vmax__(items: Sequence[Value]) -> Value:
+        """``max(items, default=0)`` (the hook :func:`oracle.memory.vmax` calls)."""
+        lo = max((x if isinstance(x, int) else x.lo) for x in items)
+        # drop items that can never be the maximum
+        keep = [x for x in items if (x if isinstance(x, int) else x.hi) >= lo]
+        his = [(x if isinstance(x, int) else x.hi) for x in keep]
+        hi = max(his)
+        if lo == hi:
+            return lo
+        syms = [x for x in keep if isinstance(x, Sym)]
+        if len(keep) == 1:
+            return keep[0]
+        ar = syms[0].ar
+        m = ar.model.NewIntVar(lo, hi, ar.name("max"))
+        ar.model.AddMaxEquality(m, [x if isinstance(x, int) else x.expr for x in keep])
+        return Sym(ar, m, lo, hi)
+
+
+_OPS: dict[str, Callable[[int, int], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+}
+
+
+def _floor_div_linear(num: Sym, den: Value) -> Value:
+    """``num // den`` (Python floor) for a numerator whose bounds straddle 0 (interval bounds of
+    a difference, although the value itself may never be negative): ``q`` with
+    ``den q <= num <= den q + den - 1``, which has exactly one solution."""
+    ar = num.ar
+    d_lo, d_hi = (den, den) if isinstance(den, int) else (den.lo, den.hi)
+    corners = [num.lo // d for d in (d_lo, d_hi)] + [num.hi // d for d in (d_lo, d_hi)]
+    lo, hi = min(corners), max(corners)
+    q = ar.model.NewIntVar(lo, hi, ar.name("fdiv"))
+    qs = Sym(ar, q, lo, hi)
+    prod = qs * den
+    prod_expr = prod if isinstance(prod, int) else prod.expr
+    den_expr = den if isinstance(den, int) else den.expr
+    ar.model.Add(prod_expr <= num.expr)
+    ar.model.Add(num.expr <= prod_expr + den_expr - 1)
+    return qs
+
+
+def _div_nonneg(num: Value, den: Value) -> Value:
+    """``num // den`` for ``num >= 0`` and ``den >= 1`` (truncation equals floor here)."""
+    if isinstance(num, int) and isinstance(den, int):
+        return num // den
+    n_lo, n_hi = (num, num) if isinstance(num, int) else (num.lo, num.hi)
+    d_lo, d_hi = (den, den) if isinstance(den, int) else (den.lo, den.hi)
+    assert n_lo >= 0 and d_lo >= 1
+    lo, hi = n_lo // d_hi, n_hi // d_lo
+    if lo == hi:
+        return lo
+    ar = (num if isinstance(num, Sym) else den).ar  # type: ignore[union-attr]
+    q = ar.model.NewIntVar(lo, hi, ar.name("div"))
+    ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
+    return Sym(ar, q, lo, hi)
+

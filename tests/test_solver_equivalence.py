@@ -1,0 +1,134 @@
+"""CP-SAT and the plain Python loop enumerate the same space with the same rules and memory
+functions: identical feasible sets, identical peak bytes, identical removal counts.
+
+Spaces are kept small (a few thousand raw candidates) so the Python loop stays fast, but each
+case exercises what the model must get exactly right: dense and MoE models, DeepSeek-V3 (MLA,
+MTP, leading dense layers, shared experts, an uneven embedding_loss split), interleaved
+schedules, fewer micro-batches than pipeline stages, FSDP, FP8 recipes, zero-bubble, tied
+embeddings without flash attention, families switched off, extra constraints.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from oracle.catalog import load_gpu, load_model
+from oracle.memory import memory_report
+from oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    PipelineSplit,
+    Precision,
+    TrainingSpec,
+)
+from solver.constraints import as_constraints
+from solver.feasible import enumerate_problem
+from solver.problem import Problem
+from solver.reference import reference_enumerate
+from solver.rules import RULES
+from solver.space import EtpPolicy, OptimizerChoice, default_space
+
+TINY_GPT = ModelSpec(
+    name="tiny-gpt", family="gpt3", num_layers=6, hidden_size=512, ffn_hidden_size=2048,
+    num_attention_heads=8, num_kv_heads=8, head_dim=64, vocab_size=5000, tied_embeddings=True,
+    norm="layernorm", gated_mlp=False, qkv_bias=True, attn_out_bias=True, mlp_bias=True,
+    position_embedding="learned", max_position_embeddings=2048, attention_dropout=0.1,
+    hidden_dropout=0.1,
+)
+
+
+def problem(model: str | ModelSpec, gpu: str, nodes: int, seq: int, gbs: int, *,
+            precision: str = "bf16", flash: bool = True, constraints: tuple[str, ...] = (),
+            hbm_gib: float | None = None, fix: dict | None = None, domains: dict | None = None,
+            **space) -> Problem:
+    m = load_model(model) if isinstance(model, str) else model
+    g = load_gpu(gpu)
+    if hbm_gib is not None:
+        g = g.model_copy(update={"hbm_bytes": int(hbm_gib * 2**30)})
+    cl = ClusterSpec(gpu=g, num_nodes=nodes, gpus_per_node=g.gpus_per_node)
+    tr = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=Precision(precision),
+                      flash_attention=flash)
+    sp = default_space(m, cl, tr, fixed=fix, **space)
+    if domains:
+        sp = sp.with_domains(**domains)
+    return Problem(model=m, cluster=cl, training=tr, space=sp,
+                   constraints=as_constraints(constraints))
+
+
+CASES = {
+    # dense; interleaved schedules; gbs 32 gives 1-4 micro-batches (fewer than pp)
+    "llama3-8b": lambda: problem("llama3-8b", "h100", 1, 8192, 32, mbs=(1, 2),
+                                 full_recompute_layers=(1, 2, 3, 8)),
+    # MoE: experts, expert-data-parallel sharding, etp in {1, tp}, moe_act selective recompute
+    "mixtral-8x7b": lambda: problem("mixtral-8x7b", "h100", 2, 4096, 64, mbs=(1, 2),
+                                    full_recompute_layers=(1, 2, 4)),
+    # DeepSeek-V3: MLA, MTP, 3 dense layers, shared experts; 61 layers only split unevenly
+    # (embedding_loss); 4 to 16 micro-batches over 8 or 16 stages; even split offered, refused
+    "deepseek-v3": lambda: problem(
+        "deepseek-v3", "h200", 32, 4096, 128, full_recompute_layers=(1, 2, 4),
+        pipeline_splits=(None, PipelineSplit.EVEN),
+        fix={"cp": 1, "mbs": 1}, etp_policy=EtpPolicy.ONE_OR_TP,
+        domains={"tp": (1, 2), "pp": (8, 16), "vpp": (1, 2), "ep": (16, 32, 64)}),
+    # FP8 recipes (mxfp8 refused on Hopper), FSDP / replicated / distributed optimizer,
+    # zero-bubble schedule (refuses recomputation)
+    "llama3-8b-fp8-fsdp": lambda: problem(
+        "llama3-8b", "h100", 1, 4096, 16, precision="fp8", fp8_recipes=True, zero_bubble=True,
+        optimizers=tuple(OptimizerChoice), full_recompute_layers=(1, 4),
+        fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)}),
+    # tied embeddings (zero-bubble refuses them), LayerNorm, learned positions, dropout,
+    # no flash attention (core_attn selective recompute), uniform recompute; a small HBM so
+    # memory bites
+    "tiny-gpt": lambda: problem(TINY_GPT, "a100", 1, 1024, 16, flash=False, zero_bubble=True,
+                                uniform_recompute=True, mbs=(1, 2, 4), hbm_gib=2.2),
+}
+
+
+def assert_same(p: Problem, families=None) -> None:
+    a = enumerate_problem(p, families)
+    b = reference_enumerate(p, families)
+    assert [(f.candidate, f.peak_bytes) for f in a.configs] == \
+        [(f.candidate, f.peak_bytes) for f in b.configs]
+    assert a.removed == b.removed
+    assert sum(a.removed.values()) + len(a) == p.space.size()
+    for f in a.configs:
+        assert f.config == b.configs[a.configs.index(f)].config
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_cpsat_equals_python_loop(name):
+    p = CASES[name]()
+    a = enumerate_problem(p)
+    b = reference_enumerate(p)
+    assert len(a) > 0, "the case should have feasible configurations"
+    assert sum(a.removed.values()) > 0 and a.removed["hbm"] > 0
+    assert [(f.candidate, f.peak_bytes) for f in a.configs] == \
+        [(f.candidate, f.peak_bytes) for f in b.configs]
+    assert [f.config for f in a.configs] == [f.config for f in b.configs]
+    assert a.removed == b.removed
+    assert sum(a.removed.values()) + len(a) == p.space.size()
+
+
+def test_peak_bytes_are_memory_report():
+    p = CASES["deepseek-v3"]()
+    e = enumerate_problem(p, count_removed=False)
+    for f in e.configs[:: max(1, len(e) // 25)]:
+        rep = memory_report(p.model, p.cluster, p.training, f.config, p.overheads)
+        assert rep.peak_bytes == f.peak_bytes
+
+
+def test_families_switched_off_match_too():
+    """Without recompute_dominance every fitting K stays; without scale_up tp may cross the node
+    (tp 16 on 8-GPU nodes); without pipeline_split uneven even-splits are enumerated."""
+    p = CASES["llama3-8b"]()
+    no_dom = [f for f in RULES if f != "recompute_dominance"]
+    assert_same(p, no_dom)
+    big = problem("mixtral-8x7b", "h100", 2, 4096, 64, allow_cross_scale_up=True,
+                  fix={"mbs": 1, "cp": 1}, full_recompute_layers=(1, 2))
+    assert 16 in big.space.tp
+    assert_same(big, [f for f in RULES if f != "scale_up"])
+
+
+def test_constraints_match_too():
+    p = CASES["mixtral-8x7b"]().replace(constraints=as_constraints(
+        ["ep * etp <= 4", "pp in {1, 2} or vpp == 1", "dp >= 2"]))
+    assert_same(p)
