@@ -148,12 +148,26 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         lower=1e-7, upper=1e-2,
     ),
     ConstantDef(
-        "kernel_overhead_s", "positive", 4e-6, 0.7, True,
-        "host/launch overhead per kernel that the GPU does not hide (Python dispatch, launch "
-        "gaps, MoE device-to-host syncs), counted per kernel of each layer",
-        "prior (order of magnitude): a few microseconds of launch and dispatch per kernel; "
-        "hidden whenever the GPU work of the layer takes longer",
+        "kernel_overhead_s", "positive", 10e-6, 0.7, False,
+        "host time to issue one operation of a layer (Python and framework dispatch, kernel "
+        "launch), counted per operation of each layer (oracle.projection.KERNELS_PER_LAYER: "
+        "a MoE layer issues a fixed set plus four per local expert); a layer takes the smooth "
+        "maximum of its host and GPU times, so it binds only where the GPU work per layer is "
+        "small (fine-grained MoE at small micro-batches)",
+        "prior (order of magnitude): ~10 us of eager PyTorch dispatch and launch per operation; "
+        "shared (a property of the framework and host CPU, not of the GPU architecture)",
         lower=1e-8, upper=1e-3,
+    ),
+    ConstantDef(
+        "power_clock_exponent", "fraction", 0.4, 0.5, False,
+        "exponent gamma of the power-limited sustained clock: within an architecture a part "
+        "with U compute units (SMs / CUs) and board power P sustains a dense tensor rate "
+        "~ U^(1-gamma) P^gamma, relative to the architecture's reference part (a100, h100, b200, "
+        "mi300x, mi355x); GEMMs, attention and the softmax units run at that rate, memory and "
+        "links do not",
+        "prior: dynamic power ~ U f V^2 with V rising with f gives P ~ U f^3, i.e. gamma = 1/3; "
+        "with leakage and a voltage floor gamma lies between 1/3 and 1 (0.4, order of "
+        "magnitude); TDP and unit counts in gpus.json with their sources",
     ),
     ConstantDef(
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
@@ -170,8 +184,11 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ),
     ConstantDef(
         "pp_comm_overlap", "fraction", 0.5, 0.6, False,
-        "fraction of pipeline send/receive time hidden (Megatron overlaps p2p by default)",
-        "prior: Megatron-LM overlap_p2p_comm (default on for interleaved schedules)",
+        "fraction of one virtual-stage chunk's compute (forward or backward) that can hide that "
+        "chunk's activation send/receive in the interleaved schedule; the 1F1B schedule exposes "
+        "its transfers fully",
+        "prior: half; Megatron-LM overlap_p2p_comm (default on for interleaved schedules) runs "
+        "the transfer beside the next chunk's compute",
     ),
     ConstantDef(
         "dp_comm_overlap", "fraction", 0.8, 0.6, False,
@@ -183,6 +200,12 @@ CONSTANTS: tuple[ConstantDef, ...] = (
 )
 
 CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
+#: The part of each architecture whose catalog peak the kernel-efficiency constants refer to;
+#: other parts of the architecture sustain a rate scaled by their compute units and board power
+#: (``power_clock_exponent``; :func:`oracle.projection.sustained_rate`).
+POWER_REFERENCE_GPU: dict[str, str] = {
+    "ampere": "a100", "hopper": "h100", "blackwell": "b200", "cdna3": "mi300x", "cdna4": "mi355x",
+}
 BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
 
 #: Software stacks whose kernels differ from the reference (Megatron-Core with Transformer
