@@ -170,6 +170,16 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "magnitude); TDP and unit counts in gpus.json with their sources",
     ),
     ConstantDef(
+        "step_overhead_s", "positive", 0.05, 1.0, False,
+        "fixed time per training step beyond the modelled GPU work: host work the GPUs wait "
+        "for once per step (gradient-norm and clipping reductions, loss averaging and the "
+        "logging synchronisation, optimizer kernel launches over the parameter buckets, the "
+        "next batch)",
+        "prior (order of magnitude): tens of milliseconds of per-iteration host work in "
+        "Megatron/PyTorch training loops; wide (sigma 1 in log space)",
+        lower=1e-4, upper=10.0,
+    ),
+    ConstantDef(
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
         "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
         "reduce-scatter (Transformer Engine userbuffers, torchtitan async TP; 0 = none)",

@@ -75,10 +75,13 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   micro-batch*, overlapped the same way.
 * **Optimizer**: Adam with fp32 master weights reads and writes
   :data:`OPTIMIZER_BYTES_PER_PARAM` bytes per local parameter at HBM speed.
+* **Step overhead**: ``step_overhead_s`` once per step (host work the GPU waits for: gradient
+  norm and clipping, loss averaging and logging synchronisation, optimizer launches, the
+  data batch); it matters for short steps (few micro-batches).
 
 Breakdown (:data:`BREAKDOWN`): seconds per step that add up to ``step_time_s``: the components
 of the slowest stage times the number of micro-batches, then the bubble, the exposed DP
-traffic and the optimizer step of the stage that finishes last.
+traffic and the optimizer step of the stage that finishes last, and the fixed step overhead.
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ BREAKDOWN: tuple[str, ...] = (
     "pipeline_bubble",  # fill and drain of the pipeline schedule
     "dp_comm",  # exposed data-parallel / FSDP collectives
     "optimizer",  # optimizer step
+    "step_overhead",  # fixed host work per step (grad norm, loss logging sync, launches)
 )
 
 # ------------------------------------------------------------------------------ GEMM slots
@@ -1066,6 +1070,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     out["pipeline_bubble"] = bubble
     out["dp_comm"] = out["dp_comm"] + dp_step[rows, last]
     out["optimizer"] = opt[rows, last]
+    out["step_overhead"] = np.broadcast_to(np.asarray(c["step_overhead_s"], dtype=np.float64),
+                                           m.shape).copy()
     out = {key: out[key] for key in BREAKDOWN}
     total = np.zeros_like(m)
     for key in BREAKDOWN:
