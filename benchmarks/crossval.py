@@ -54,14 +54,21 @@ class CrossValidation:
         return np.abs(self.projected / self.measured - 1)
 
 
+def assign_folds(rows: list[RunRow], folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Fold of every row: the distinct configurations (:func:`config_key`), sorted, shuffled with
+    ``random.Random(seed)`` and dealt round-robin, so all rows of one configuration share a
+    fold."""
+    keys = sorted({config_key(r) for r in rows})
+    random.Random(seed).shuffle(keys)
+    fold_of = {k: i % folds for i, k in enumerate(keys)}
+    return np.array([fold_of[config_key(r)] for r in rows])
+
+
 def grouped_cv(rows: list[RunRow], folds: int = 5, seed: int = 0) -> CrossValidation:
     """Out-of-fold projections of every representable measured row (see module docstring).
     Configurations are shuffled with ``random.Random(seed)`` and dealt round-robin to folds."""
     rows = [r for r in scored_rows(rows) if r.representable]
-    keys = sorted({config_key(r) for r in rows})
-    random.Random(seed).shuffle(keys)
-    fold_of = {k: i % folds for i, k in enumerate(keys)}
-    fold = np.array([fold_of[config_key(r)] for r in rows])
+    fold = assign_folds(rows, folds, seed)
     projected = np.zeros(len(rows))
     for f in range(folds):
         train = [r for r, g in zip(rows, fold, strict=True) if g != f]

@@ -763,6 +763,17 @@ def sustained_rate(peak_ratio: Any, units_ratio: Any, tdp_ratio: Any, gamma: Any
             * np.asarray(tdp_ratio) ** g)
 
 
+def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any) -> np.ndarray:
+    """Host time to issue one layer's forward and backward (backward: twice the forward's
+    operations): ``3 x (attention + mlp [+ moe + moe_per_local_expert x local experts]) x
+    kernel_overhead_s`` with the counts of :data:`KERNELS_PER_LAYER`."""
+    ops = KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
+    if moe:
+        ops = ops + KERNELS_PER_LAYER["moe"] + KERNELS_PER_LAYER["moe_per_local_expert"] * \
+            np.asarray(local_experts, dtype=np.float64)
+    return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
+
+
 def host_exposed(host: Any, gpu: Any, p: float = HOST_GPU_OVERLAP_P) -> np.ndarray:
     """Host time a layer exposes beyond its GPU time: ``(host^p + gpu^p)^(1/p) - gpu``."""
     h, g = np.asarray(host, dtype=np.float64), np.asarray(gpu, dtype=np.float64)
@@ -899,10 +910,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
-    host_dense = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]) * kern
-    host_moe = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
-                    + KERNELS_PER_LAYER["moe"]
-                    + KERNELS_PER_LAYER["moe_per_local_expert"] * w["local_experts"]) * kern
+    host_dense = layer_host_time(False, 0.0, kern)
+    host_moe = layer_host_time(True, w["local_experts"], kern)
 
     # ---- TP
     t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)

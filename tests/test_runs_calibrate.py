@@ -136,3 +136,25 @@ def test_calibrate_rejects_a_file_without_runs(tmp_path: Path) -> None:
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match="lacks column"):
         calibrate(bad)
+
+
+def test_crossval_keeps_each_configuration_in_one_fold() -> None:
+    """benchmarks/crossval.py deals configurations, not rows, to folds: the repeats of one
+    configuration across releases never sit on both sides of a split."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_cp_crossval", RUNS.parent / "crossval.py")
+    assert spec is not None and spec.loader is not None
+    cv = importlib.util.module_from_spec(spec)
+    sys.modules["tune_cp_crossval"] = cv
+    spec.loader.exec_module(cv)
+    rows = [r for r in read_runs(RUNS) if r.representable and r.measured_tokens_per_s_per_gpu]
+    fold = cv.assign_folds(rows, 5, 0)
+    by_key: dict = {}
+    for r, f in zip(rows, fold, strict=True):
+        by_key.setdefault(cv.config_key(r), set()).add(int(f))
+    assert all(len(fs) == 1 for fs in by_key.values())
+    assert any(len([r for r in rows if cv.config_key(r) == k]) > 3 for k in by_key)
+    assert sorted(set(fold.tolist())) == [0, 1, 2, 3, 4]
