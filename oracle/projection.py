@@ -38,11 +38,12 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   backward moves twice the forward bytes.
 * **Host overhead**: the host issues :data:`KERNELS_PER_LAYER` operations per layer (forward;
   backward twice as many; a MoE layer adds a fixed set plus four per local expert) at
-  ``kernel_overhead_s`` each. The host runs ahead of the GPU, but a dropless MoE layer
-  synchronises host and device once (token counts), so the comparison is per layer: a layer
-  takes the smooth maximum ``(host^p + gpu^p)^(1/p)`` (:data:`HOST_GPU_OVERLAP_P`) of its host
-  and GPU times, and the excess over the GPU time is ``kernel_overhead``. Small micro-batches
-  of fine-grained MoE models (many local experts, little work per expert) become host-bound.
+  ``kernel_overhead_s`` each. The host runs ahead of the GPU: a dense layer exposes only host
+  time beyond its GPU time. A dropless MoE layer synchronises host and device once (token
+  counts), so the host cannot run ahead across it: the layer takes the smooth maximum
+  ``(host^p + gpu^p)^(1/p)`` (:data:`HOST_GPU_OVERLAP_P`) of its host and GPU times. The excess
+  over the GPU time is ``kernel_overhead``. Small micro-batches of fine-grained MoE models
+  (many local experts, little work per expert) become host-bound.
 * **Collectives** (ring): ``alpha (1 + log2 n) + (n - 1)/n x S / (link x link_eff)`` for an
   all-gather or reduce-scatter of a tensor of S bytes (all-reduce = two); all-to-all:
   ``alpha (1 + log2 n) + max(intra bytes / scale-up, inter bytes / NIC)``. Rank order
@@ -1008,14 +1009,15 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     bucket["recompute"] = (
         nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
     )
-    # the host runs ahead of the GPU; a dropless MoE layer syncs host and device once, so the
-    # comparison is per layer: smooth maximum of host and GPU time, the excess is exposed
+    # the host runs ahead of the GPU: a dense layer exposes only host time beyond its GPU time;
+    # a dropless MoE layer synchronises host and device once (token counts), so the host cannot
+    # run ahead across it: smooth maximum of its host and GPU time, the excess is exposed
     gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
         + comm_mlp_b + rc_dense
     gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
         + comm_moe_b + rc_moe
     bucket["kernel_overhead"] = (
-        nd * col(host_exposed(host_dense, gpu_dense))
+        nd * col(np.maximum(0.0, host_dense - gpu_dense))
         + nm * col(host_exposed(host_moe, gpu_moe) * w["has_moe"])
     )
     bucket["tp_comm"] = (
