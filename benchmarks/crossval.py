@@ -136,8 +136,8 @@ def summary_line(cv: CrossValidation) -> str:
 def report(cv: CrossValidation) -> str:
     ape, logerr = cv.ape, np.log(cv.projected / cv.measured)
     nfold = int(cv.fold.max()) + 1
-    lines = [f"== Grouped {nfold}-fold cross-validation (folds by configuration: model, GPU, "
-             "nodes, tp/pp/vpp/cp/ep, mbs, precision) =="]
+    lines = [(f"== Grouped {nfold}-fold cross-validation (folds by configuration: model, GPU, "
+              "nodes, tp/pp/vpp/cp/ep, mbs, precision) ==")]
     frows = []
     for f in range(nfold):
         idx = cv.fold == f
@@ -152,8 +152,8 @@ def report(cv: CrossValidation) -> str:
         ["pooled rows", "MAPE", "median APE", "within 10%", "within 15%", "fold MAPE range"],
         [[str(len(ape)), _pct(float(ape.mean())), _pct(float(np.median(ape))),
           _pct(float((ape <= 0.10).mean())), _pct(float((ape <= 0.15).mean())),
-          f"{min(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}-"
-          f"{max(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}%"]]))
+          (f"{min(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}-"
+           f"{max(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}%")]]))
     lines.append("")
 
     def grouped(title: str, key) -> None:

@@ -57,7 +57,8 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "gemm_efficiency_bf16", "fraction", 0.75, 0.6, True,
         "fraction of the dense BF16 peak a large, well-shaped GEMM sustains in training "
-        "(cuBLAS / hipBLASLt / TE; clocks under load included)",
+        "(cuBLAS / hipBLASLt / TE) on the architecture's reference part; other parts of the "
+        "architecture run at their sustained rate relative to it (power_clock_exponent)",
         "priors (order of magnitude; the fit sets the value): large BF16 GEMMs commonly reach "
         "~85% of peak on A100, ~75% on H100, ~70% on B200, ~50-60% on MI300X/MI355X "
         "(vendor GEMM benchmarks and MLPerf-era reports)",
@@ -66,7 +67,8 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ),
     ConstantDef(
         "gemm_efficiency_fp8", "fraction", 0.65, 0.6, True,
-        "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included)",
+        "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included), on the "
+        "reference part as for BF16",
         "priors (order of magnitude): FP8 GEMMs reach a somewhat lower fraction of their "
         "doubled peak than BF16 (~65% on Hopper/Blackwell), lower on CDNA",
         priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
@@ -236,8 +238,9 @@ SOFTWARE_FACTORS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "gemm_factor", "positive", 1.0, 0.3, False,
         "GEMM and element-wise efficiency of the stack relative to Megatron/TE (torch.compile "
-        "or eager kernels, FSDP2 mixed-precision casts, the GPU variant and power limit the stack "
-        "published on: torchtitan's H100s are a 500 W, HBM2e variant)",
+        "or eager kernels, FSDP2 mixed-precision casts, the GPU variant the stack published on: "
+        "torchtitan's H100s are an HBM2e variant; their stated 500 W limit enters as the GPU's "
+        "tdp_w, not here)",
         "prior 1: no difference assumed until runs show one",
         lower=0.2, upper=2.0,
     ),

@@ -161,9 +161,10 @@ def test_crossval_keeps_each_configuration_in_one_fold() -> None:
 
 
 def test_power_limit_in_the_gpu_column_sets_tdp() -> None:
-    kw = dict(row_id="9", source_id="TORCHTITAN", framework="torchtitan", model="Llama 3 8B",
-              num_gpus="8", gpus_per_node="8", seq_len="8192", micro_batch_size="2", tp="1",
-              pp="1", precision="BF16", tokens_per_sec_per_gpu="6000")
+    kw = {"row_id": "9", "source_id": "TORCHTITAN", "framework": "torchtitan",
+          "model": "Llama 3 8B", "num_gpus": "8", "gpus_per_node": "8", "seq_len": "8192",
+          "micro_batch_size": "2", "tp": "1", "pp": "1", "precision": "BF16",
+          "tokens_per_sec_per_gpu": "6000"}
     r = parse_row(row(gpu_type="H100 96GB HBM2e SXM-variant, 500W limit (Grand Teton)", **kw))
     assert r.representable and r.cluster and r.cluster.gpu.name == "h100"
     assert r.cluster.gpu.tdp_w == 500
