@@ -4,10 +4,12 @@ Projects every row of a runs CSV (default ../shared/calibration/published_runs.c
 measured tokens/s/GPU and prints, as plain-text tables: overall, per-source and per-GPU mean
 absolute percentage error (MAPE) of tokens/s/GPU; the ten worst rows with their breakdown;
 Spearman rank correlation within groups of the same model and hardware; a leave-one-source-out
-table (calibrate without a source, score that source); the unrepresentable rows with reasons.
+table (calibrate without a source, score that source); the grouped 5-fold cross-validation of
+``benchmarks/crossval.py`` (the best estimate of the error on runs the constants were not
+fitted on); the unrepresentable rows with reasons.
 
     PYTHONPATH=. python benchmarks/accuracy.py [--runs FILE.csv] [--calibration FILE.json]
-                                               [--no-loso]
+                                               [--no-loso] [--no-cv]
 """
 
 from __future__ import annotations
@@ -26,6 +28,22 @@ from oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E
 from oracle.constants import load_calibration  # noqa: E402
 from oracle.projection import BREAKDOWN, timing  # noqa: E402
 from oracle.runs import RunRow, read_runs, scored_rows  # noqa: E402
+
+
+def _crossval_module():
+    """``benchmarks/crossval.py`` loaded by path (``benchmarks/`` itself is not put on the path:
+    its ``oracle.py`` would shadow the package)."""
+    import importlib.util
+
+    name = "tune_cp_crossval"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("crossval.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 #: A verbatim copy of ../shared/calibration/published_runs.csv (the published runs the shipped
 #: constants are fitted on), kept in the repository so tests and CI need nothing outside it.
@@ -77,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=str(DEFAULT_RUNS))
     ap.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
+    ap.add_argument("--no-cv", action="store_true", help="skip the grouped cross-validation")
     args = ap.parse_args(argv)
 
     all_rows = read_runs(args.runs)
@@ -189,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         if all_ape:
             print(f"pooled held-out MAPE: {pct(float(np.mean(all_ape)))} over "
                   f"{len(all_ape)} rows")
+        print()
+
+    if not args.no_cv:
+        cvm = _crossval_module()
+        print(cvm.report(cvm.grouped_cv(all_rows)))
         print()
 
     print(f"== Unrepresentable rows with a measurement: {len(unrep)} of "

@@ -73,6 +73,17 @@ class PreparedRows:
     weight: np.ndarray
 
 
+def configuration_key(r: RunRow) -> tuple:
+    """What makes two rows the same configuration (a repeat across software releases): model,
+    GPU, cluster shape, layout, micro-batch, sequence length, global batch, precision and FP8
+    recipe, recompute, software stack."""
+    c, t, cl = r.cfg, r.training, r.cluster
+    assert c is not None and t is not None and cl is not None and r.model is not None
+    return (r.model.name, cl.gpu.name, cl.num_nodes, cl.gpus_per_node, c.tp, c.pp, c.vpp, c.cp,
+            c.ep, c.etp_, c.mbs, t.seq_len, t.global_batch_size, str(t.precision),
+            str(c.fp8_recipe), str(c.recompute), r.software)
+
+
 def prepare(rows: Iterable[RunRow]) -> PreparedRows:
     """Work arrays of every representable row with a measurement."""
     rows = [r for r in rows if r.representable and r.measured_tokens_per_s_per_gpu]
@@ -82,8 +93,7 @@ def prepare(rows: Iterable[RunRow]) -> PreparedRows:
     for r in rows:
         assert r.model and r.cluster and r.training and r.cfg
         works.append(build_work(r.model, r.cluster, r.training, ConfigBatch.from_configs([r.cfg])))
-    keys = [(r.source_id, r.group, r.cfg.label() if r.cfg else "", r.training.precision
-             if r.training else "") for r in rows]
+    keys = [configuration_key(r) for r in rows]
     dup = Counter(keys)
     return PreparedRows(
         rows=rows,

@@ -57,7 +57,8 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "gemm_efficiency_bf16", "fraction", 0.75, 0.6, True,
         "fraction of the dense BF16 peak a large, well-shaped GEMM sustains in training "
-        "(cuBLAS / hipBLASLt / TE; clocks under load included)",
+        "(cuBLAS / hipBLASLt / TE) on the architecture's reference part; other parts of the "
+        "architecture run at their sustained rate relative to it (power_clock_exponent)",
         "priors (order of magnitude; the fit sets the value): large BF16 GEMMs commonly reach "
         "~85% of peak on A100, ~75% on H100, ~70% on B200, ~50-60% on MI300X/MI355X "
         "(vendor GEMM benchmarks and MLPerf-era reports)",
@@ -66,7 +67,8 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ),
     ConstantDef(
         "gemm_efficiency_fp8", "fraction", 0.65, 0.6, True,
-        "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included)",
+        "fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling included), on the "
+        "reference part as for BF16",
         "priors (order of magnitude): FP8 GEMMs reach a somewhat lower fraction of their "
         "doubled peak than BF16 (~65% on Hopper/Blackwell), lower on CDNA",
         priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
@@ -148,12 +150,36 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         lower=1e-7, upper=1e-2,
     ),
     ConstantDef(
-        "kernel_overhead_s", "positive", 4e-6, 0.7, True,
-        "host/launch overhead per kernel that the GPU does not hide (Python dispatch, launch "
-        "gaps, MoE device-to-host syncs), counted per kernel of each layer",
-        "prior (order of magnitude): a few microseconds of launch and dispatch per kernel; "
-        "hidden whenever the GPU work of the layer takes longer",
+        "kernel_overhead_s", "positive", 10e-6, 0.7, False,
+        "host time to issue one operation of a layer (Python and framework dispatch, kernel "
+        "launch), counted per operation of each layer (oracle.projection.KERNELS_PER_LAYER: "
+        "a MoE layer issues a fixed set plus four per local expert); a layer takes the smooth "
+        "maximum of its host and GPU times, so it binds only where the GPU work per layer is "
+        "small (fine-grained MoE at small micro-batches)",
+        "prior (order of magnitude): ~10 us of eager PyTorch dispatch and launch per operation; "
+        "shared (a property of the framework and host CPU, not of the GPU architecture)",
         lower=1e-8, upper=1e-3,
+    ),
+    ConstantDef(
+        "power_clock_exponent", "fraction", 0.4, 0.5, False,
+        "exponent gamma of the power-limited sustained clock: within an architecture a part "
+        "with U compute units (SMs / CUs) and board power P sustains a dense tensor rate "
+        "~ U^(1-gamma) P^gamma, relative to the architecture's reference part (a100, h100, b200, "
+        "mi300x, mi355x); GEMMs, attention and the softmax units run at that rate, memory and "
+        "links do not",
+        "prior: dynamic power ~ U f V^2 with V rising with f gives P ~ U f^3, i.e. gamma = 1/3; "
+        "with leakage and a voltage floor gamma lies between 1/3 and 1 (0.4, order of "
+        "magnitude); TDP and unit counts in gpus.json with their sources",
+    ),
+    ConstantDef(
+        "step_overhead_s", "positive", 0.05, 1.0, False,
+        "fixed time per training step beyond the modelled GPU work: host work the GPUs wait "
+        "for once per step (gradient-norm and clipping reductions, loss averaging and the "
+        "logging synchronisation, optimizer kernel launches over the parameter buckets, the "
+        "next batch)",
+        "prior (order of magnitude): tens of milliseconds of per-iteration host work in "
+        "Megatron/PyTorch training loops; wide (sigma 1 in log space)",
+        lower=1e-4, upper=10.0,
     ),
     ConstantDef(
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
@@ -170,8 +196,11 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ),
     ConstantDef(
         "pp_comm_overlap", "fraction", 0.5, 0.6, False,
-        "fraction of pipeline send/receive time hidden (Megatron overlaps p2p by default)",
-        "prior: Megatron-LM overlap_p2p_comm (default on for interleaved schedules)",
+        "fraction of one virtual-stage chunk's compute (forward or backward) that can hide that "
+        "chunk's activation send/receive in the interleaved schedule; the 1F1B schedule exposes "
+        "its transfers fully",
+        "prior: half; Megatron-LM overlap_p2p_comm (default on for interleaved schedules) runs "
+        "the transfer beside the next chunk's compute",
     ),
     ConstantDef(
         "dp_comm_overlap", "fraction", 0.8, 0.6, False,
@@ -183,6 +212,12 @@ CONSTANTS: tuple[ConstantDef, ...] = (
 )
 
 CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
+#: The part of each architecture whose catalog peak the kernel-efficiency constants refer to;
+#: other parts of the architecture sustain a rate scaled by their compute units and board power
+#: (``power_clock_exponent``; :func:`oracle.projection.sustained_rate`).
+POWER_REFERENCE_GPU: dict[str, str] = {
+    "ampere": "a100", "hopper": "h100", "blackwell": "b200", "cdna3": "mi300x", "cdna4": "mi355x",
+}
 BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
 
 #: Software stacks whose kernels differ from the reference (Megatron-Core with Transformer
@@ -203,8 +238,9 @@ SOFTWARE_FACTORS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "gemm_factor", "positive", 1.0, 0.3, False,
         "GEMM and element-wise efficiency of the stack relative to Megatron/TE (torch.compile "
-        "or eager kernels, FSDP2 mixed-precision casts, the GPU variant and power limit the stack "
-        "published on: torchtitan's H100s are a 500 W, HBM2e variant)",
+        "or eager kernels, FSDP2 mixed-precision casts, the GPU variant the stack published on: "
+        "torchtitan's H100s are an HBM2e variant; their stated 500 W limit enters as the GPU's "
+        "tdp_w, not here)",
         "prior 1: no difference assumed until runs show one",
         lower=0.2, upper=2.0,
     ),

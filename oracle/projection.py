@@ -36,7 +36,14 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
 * **Element-wise** (norms, rope, residual adds, SwiGLU/GELU, router softmax, MoE permute and
   unpermute, cross-entropy, embedding): bytes read + written / (HBM x ``hbm_efficiency``);
   backward moves twice the forward bytes.
-* **Kernel overhead**: ``kernel_overhead_s`` per kernel (:data:`KERNELS_PER_LAYER`).
+* **Host overhead**: the host issues :data:`KERNELS_PER_LAYER` operations per layer (forward;
+  backward twice as many; a MoE layer adds a fixed set plus four per local expert) at
+  ``kernel_overhead_s`` each. The host runs ahead of the GPU: a dense layer exposes only host
+  time beyond its GPU time. A dropless MoE layer synchronises host and device once (token
+  counts), so the host cannot run ahead across it: the layer takes the smooth maximum
+  ``(host^p + gpu^p)^(1/p)`` (:data:`HOST_GPU_OVERLAP_P`) of its host and GPU times. The excess
+  over the GPU time is ``kernel_overhead``. Small micro-batches of fine-grained MoE models
+  (many local experts, little work per expert) become host-bound.
 * **Collectives** (ring): ``alpha (1 + log2 n) + (n - 1)/n x S / (link x link_eff)`` for an
   all-gather or reduce-scatter of a tensor of S bytes (all-reduce = two); all-to-all:
   ``alpha (1 + log2 n) + max(intra bytes / scale-up, inter bytes / NIC)``. Rank order
@@ -52,9 +59,11 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ETP all-gather / reduce-scatter; ``allgather`` dispatcher gathers ``T_sp h`` over tp x ep;
   ``flex`` (DeepEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
   node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``.
-* **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way; exposed
-  ``(1 - pp_comm_overlap)`` in the interleaved schedule (Megatron ``overlap_p2p_comm``), fully
-  exposed in 1F1B.
+* **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way (``t_send`` each).
+  In the interleaved schedule Megatron overlaps each transfer with the next chunk's compute
+  (``overlap_p2p_comm``): per virtual stage and direction only ``max(0, t_send -
+  pp_comm_overlap x chunk time)`` is exposed (chunk time: the stage's forward or backward
+  divided by vpp); the 1F1B schedule sends and receives on the critical path (fully exposed).
 * **Pipeline**: with ``t_s`` the per-micro-batch time of stage s (forward + backward +
   recompute + exposed comm) and m micro-batches, ``m max_s t_s + bubble_factor x (sum_s t_s -
   max_s t_s) / vpp``: for equal stages this is Narayanan et al.'s ``(m + (p - 1)/vpp) t``
@@ -67,10 +76,13 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   micro-batch*, overlapped the same way.
 * **Optimizer**: Adam with fp32 master weights reads and writes
   :data:`OPTIMIZER_BYTES_PER_PARAM` bytes per local parameter at HBM speed.
+* **Step overhead**: ``step_overhead_s`` once per step (host work the GPU waits for: gradient
+  norm and clipping, loss averaging and logging synchronisation, optimizer launches, the
+  data batch); it matters for short steps (few micro-batches).
 
 Breakdown (:data:`BREAKDOWN`): seconds per step that add up to ``step_time_s``: the components
 of the slowest stage times the number of micro-batches, then the bubble, the exposed DP
-traffic and the optimizer step of the stage that finishes last.
+traffic and the optimizer step of the stage that finishes last, and the fixed step overhead.
 """
 
 from __future__ import annotations
@@ -87,6 +99,7 @@ from oracle import flops as F
 from oracle import params as P
 from oracle.constants import (
     CONSTANT_NAMES,
+    POWER_REFERENCE_GPU,
     REFERENCE_SOFTWARE,
     CalibrationTable,
     load_calibration,
@@ -97,6 +110,7 @@ from oracle.specs import (
     ConfigError,
     Dispatcher,
     Fp8Recipe,
+    GpuSpec,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -122,12 +136,20 @@ CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "
 OPERAND_BYTES = {0: 2.0, 1: 1.0, 2: 0.5625}  # bf16, fp8, nvfp4 (4 bit + 1 scale byte per 16)
 #: Flash-attention backward FLOPs over forward (5 matmuls over 2; Dao 2023, FlashAttention-2).
 ATTENTION_BWD_FLOPS_RATIO = 2.5
-#: Kernels per forward pass of one layer part (backward launches twice as many):
-#: attention: 2 norms/residual, QKV, rope, attention, output projection, residual (+ MLA norms);
-#: MLP: fc1, activation, fc2, norm, residual; MoE (beyond the MLP's norm/residual): router GEMM,
-#: softmax/top-k, aux loss, permute, 2 all-to-all, sort, 2 grouped GEMMs, activation, unsort,
-#: unpermute, the dropless token-count device-to-host sync.
-KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 15.0}
+#: Host operations (Python-dispatched kernels and collectives) per forward pass of one layer part;
+#: the backward issues twice as many. attention: norm, QKV, rope, attention, output projection,
+#: residual, bias/dropout; mlp: norm, fc1, activation, fc2, residual; moe (on top of the mlp
+#: entry's norm/residual/activation), order-of-magnitude count of Megatron-Core's dropless MoE
+#: layer: router GEMM, softmax/top-k, load-balancing and z losses (a dozen small ops), token
+#: counts and their device-to-host copy, the count exchange, permutation index ops, two token
+#: all-to-alls, unpermute, probability scaling, ~40; moe_per_local_expert: the grouped expert
+#: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
+#: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
+KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
+#: Exponent of the smooth maximum of a layer's host and GPU times, ``(h^p + g^p)^(1/p)``: the
+#: larger one sets the pace; when they are close the per-layer synchronisation of dropless MoE
+#: costs part of both (equal times give 2^(1/4) = 1.19 x). p = 4 is an assumption, not fitted.
+HOST_GPU_OVERLAP_P = 4.0
 #: Zero-bubble (ZB-H1) keeps ~1/3 of the 1F1B bubble (Qi et al. 2023, "Zero Bubble Pipeline
 #: Parallelism"); DualPipe is represented by the same factor.
 ZERO_BUBBLE_FACTOR = 1.0 / 3.0
@@ -149,6 +171,7 @@ BREAKDOWN: tuple[str, ...] = (
     "pipeline_bubble",  # fill and drain of the pipeline schedule
     "dp_comm",  # exposed data-parallel / FSDP collectives
     "optimizer",  # optimizer step
+    "step_overhead",  # fixed host work per step (grad norm, loss logging sync, launches)
 )
 
 # ------------------------------------------------------------------------------ GEMM slots
@@ -521,6 +544,9 @@ def build_work(
     # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
     w["attn_exp_per_flop"] = np.full(n, 1.0 / (2.0 * 2.0 * d_attn))
     w["sfu_exp_per_s"] = np.full(n, gpu.sfu_exp_per_s or 0.0)
+    # sustained tensor rate relative to the architecture's reference part (power-limited clock)
+    pw = power_ratios(gpu)
+    w["pw_peak"], w["pw_units"], w["pw_tdp"] = (np.full(n, x) for x in pw)
 
     # --- element-wise bytes per micro-batch (forward; backward moves twice as much)
     qk_norm = T * rope_width * 4 if model.qk_norm else 0.0
@@ -662,6 +688,7 @@ def build_work(
     for mod, bit in MODULE_BITS.items():
         w[f"rc_{mod}"] = (sel & ((b.recompute_modules & bit) > 0)).astype(f64)
     w["has_moe"] = np.full(n, 1.0 if model.is_moe else 0.0)
+    w["local_experts"] = np.ceil(E / ep) if model.is_moe else np.zeros(n)
     return w
 
 
@@ -703,6 +730,70 @@ def _collective(bytes_: Any, n: Any, bw: Any, alpha: Any) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
     t = alpha * (1 + np.log2(np.maximum(n, 1))) + (n - 1) / np.maximum(n, 1) * bytes_ / bw
     return np.where(n > 1, t, 0.0)
+
+
+@lru_cache(maxsize=64)
+def power_ratios(gpu: GpuSpec) -> tuple[float, float, float]:
+    """``(reference peak / peak, units / reference units, TDP / reference TDP)`` of a GPU against
+    its architecture's reference part (:data:`oracle.constants.POWER_REFERENCE_GPU`); all 1 when
+    the GPU or the reference lacks ``tdp_w`` or ``compute_units`` (nothing is modelled)."""
+    ref_name = POWER_REFERENCE_GPU.get(gpu.architecture)
+    if ref_name is None or gpu.tdp_w is None or gpu.compute_units is None:
+        return (1.0, 1.0, 1.0)
+    from oracle.catalog import load_gpu
+
+    ref = load_gpu(ref_name)
+    if ref.tdp_w is None or ref.compute_units is None:
+        return (1.0, 1.0, 1.0)
+    return (ref.peak_bf16_flops / gpu.peak_bf16_flops, gpu.compute_units / ref.compute_units,
+            gpu.tdp_w / ref.tdp_w)
+
+
+def sustained_rate(peak_ratio: Any, units_ratio: Any, tdp_ratio: Any, gamma: Any) -> np.ndarray:
+    """Sustained dense tensor rate of a GPU over its catalog peak, within its architecture.
+
+    Training GEMMs and attention run at a power-limited clock: with per-unit dynamic power
+    growing as ``f^(1/gamma)``, a part with U compute units and board power P sustains
+    ``rate ~ U^(1 - gamma) P^gamma``. Relative to the architecture's reference part (whose catalog
+    peak the efficiency constants refer to) the rate is ``ref_peak x (U / U_ref)^(1 - gamma) x
+    (P / P_ref)^gamma``; divided by the part's own catalog peak this is the factor returned (1
+    for the reference part). Worked example, gamma = 0.5: GB300 (160 SMs, 1400 W, 2.5 PFLOP/s
+    BF16) against B200 (148 SMs, 1000 W, 2.25): 0.9 x 1.0398 x 1.1832 = 1.107."""
+    g = np.asarray(gamma, dtype=np.float64)
+    return (np.asarray(peak_ratio, dtype=np.float64) * np.asarray(units_ratio) ** (1.0 - g)
+            * np.asarray(tdp_ratio) ** g)
+
+
+def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any) -> np.ndarray:
+    """Host time to issue one layer's forward and backward (backward: twice the forward's
+    operations): ``3 x (attention + mlp [+ moe + moe_per_local_expert x local experts]) x
+    kernel_overhead_s`` with the counts of :data:`KERNELS_PER_LAYER`."""
+    ops = KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
+    if moe:
+        ops = ops + KERNELS_PER_LAYER["moe"] + KERNELS_PER_LAYER["moe_per_local_expert"] * \
+            np.asarray(local_experts, dtype=np.float64)
+    return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
+
+
+def host_exposed(host: Any, gpu: Any, p: float = HOST_GPU_OVERLAP_P) -> np.ndarray:
+    """Host time a layer exposes beyond its GPU time: ``(host^p + gpu^p)^(1/p) - gpu``."""
+    h, g = np.asarray(host, dtype=np.float64), np.asarray(gpu, dtype=np.float64)
+    return (h**p + g**p) ** (1.0 / p) - g
+
+
+def pipeline_p2p(
+    t_send: Any, sends: Any, vpp: Any, fwd: Any, bwd: Any, overlap: Any
+) -> np.ndarray:
+    """Exposed pipeline send/receive time of one micro-batch on one stage.
+
+    ``t_send``: one activation transfer; ``sends``: transfers per micro-batch and stage (2 vpp,
+    0 without pipeline parallelism); ``fwd``/``bwd``: the stage's forward / backward time of the
+    micro-batch. Interleaved schedule (vpp > 1): each of the vpp transfers per direction hides
+    behind ``overlap`` x one chunk's compute (``fwd / vpp`` or ``bwd / vpp``); 1F1B: every
+    transfer is on the critical path."""
+    t, v = np.asarray(t_send, dtype=np.float64), np.asarray(vpp, dtype=np.float64)
+    inter = v * (np.maximum(0.0, t - overlap * fwd / v) + np.maximum(0.0, t - overlap * bwd / v))
+    return np.where(np.asarray(sends) > 0, np.where(v > 1, inter, np.asarray(sends) * t), 0.0)
 
 
 def pipeline_time(
@@ -757,6 +848,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     nic_bw = w["nic_bw"] * c["nic_efficiency"]
     alpha = c["collective_latency_s"]
     kern = c["kernel_overhead_s"]
+    peak_bf16 = w["peak_bf16"]
+    rate = sustained_rate(w["pw_peak"], w["pw_units"], w["pw_tdp"], c["power_clock_exponent"])
 
     def link(intra: np.ndarray) -> np.ndarray:
         """Point-to-point / all-to-all bandwidth per GPU."""
@@ -775,7 +868,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     eff = eff * _g(Ms, half) * _g(Ns, half) * _g(Ks, half)
     eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
         ..., None], eff)
-    peak = np.where(low, w["peak_low"][:, None], w["peak_bf16"][:, None])
+    peak = np.where(low, w["peak_low"][:, None], peak_bf16[:, None]) * rate[:, None]
     t_compute = 2.0 * Ms * Ns * Ks * cnt / (peak * eff)
     opb = np.where(low, w["operand_bytes"][:, None], BF16)
     t_memory = cnt * ((Ms * Ks + Ks * Ns) * opb + Ms * Ns * BF16) / hbm[:, None]
@@ -800,12 +893,12 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     dfac = (w["attn_head_dim"] / (w["attn_head_dim"] + hd)) / (128.0 / (128.0 + hd))
     a_eff = c["attention_efficiency"] * dfac
     hh = np.asarray(c["gemm_half_dim"])
-    sfu = np.where(w["sfu_exp_per_s"] > 0, w["sfu_exp_per_s"], np.inf)
+    sfu = np.where(w["sfu_exp_per_s"] > 0, w["sfu_exp_per_s"] * rate, np.inf)
     core_f = np.zeros_like(w["peak_bf16"])
     core_b = np.zeros_like(w["peak_bf16"])
     for part in ("full", "slide"):
         eff_ctx = _g(w[f"attn_ctx_{part}"], hh)
-        t_mm = w[f"attn_flops_{part}"] / (w["peak_bf16"] * a_eff * eff_ctx)
+        t_mm = w[f"attn_flops_{part}"] / (peak_bf16 * rate * a_eff * eff_ctx)
         # softmax exponentials on the special-function units overlap the matmuls (FA3/FA4)
         t_exp = w[f"attn_flops_{part}"] * w["attn_exp_per_flop"] / (
             sfu * c["attention_efficiency"] * eff_ctx)
@@ -818,9 +911,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
-    host_dense = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]) * kern
-    host_moe = 3 * (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
-                    + KERNELS_PER_LAYER["moe"]) * kern
+    host_dense = layer_host_time(False, 0.0, kern)
+    host_moe = layer_host_time(True, w["local_experts"], kern)
 
     # ---- TP
     t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
@@ -888,13 +980,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     emb_f, emb_b = ew_emb_f + tp_out_f, ew_emb_b + tp_out_b
     mtp_fb = 3 * g_mtp
 
-    # ---- pipeline p2p (exposed) per micro-batch per stage
-    # Megatron overlaps p2p with compute in the interleaved schedule (overlap_p2p_comm); the
-    # non-interleaved 1F1B schedule sends and receives on the critical path
-    overlap_pp = np.where(w["vpp"] > 1, c["pp_comm_overlap"], 0.0)
-    pp_t = w["pp_sends"] * np.where(
-        w["pp_bytes"] > 0, alpha + w["pp_bytes"] / link(w["pp_intra"]), 0.0
-    ) * (1 - overlap_pp)
+    # ---- pipeline p2p: one activation transfer per chunk boundary and direction
+    t_send = np.where(w["pp_bytes"] > 0, alpha + w["pp_bytes"] / link(w["pp_intra"]), 0.0)
 
     # ---- per-stage buckets for one micro-batch: (n, P)
     nd, nm = w["st_dense"], w["st_moe"]
@@ -922,15 +1009,16 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     bucket["recompute"] = (
         nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
     )
-    # the host runs ahead of the GPU: only launch time beyond a layer's GPU time is exposed
-    # (a dropless MoE layer syncs host and device once, so the comparison is per layer)
+    # the host runs ahead of the GPU: a dense layer exposes only host time beyond its GPU time;
+    # a dropless MoE layer synchronises host and device once (token counts), so the host cannot
+    # run ahead across it: smooth maximum of its host and GPU time, the excess is exposed
     gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
         + comm_mlp_b + rc_dense
     gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
         + comm_moe_b + rc_moe
     bucket["kernel_overhead"] = (
         nd * col(np.maximum(0.0, host_dense - gpu_dense))
-        + nm * col(np.maximum(0.0, host_moe - gpu_moe) * w["has_moe"])
+        + nm * col(host_exposed(host_moe, gpu_moe) * w["has_moe"])
     )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
@@ -938,7 +1026,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     )
     bucket["cp_comm"] = nl * col(cp_f + cp_b)
     bucket["ep_comm"] = nm * col(ep_f + ep_b)
-    bucket["pp_p2p"] = valid * col(pp_t)
+    bucket["pp_p2p"] = np.zeros_like(valid)  # below, once the chunk times are known
 
     # forward / backward split of a stage's micro-batch (DP overlap windows)
     fwd_s = (
@@ -958,7 +1046,10 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
                                                                      alpha_c)
     ov_dp = col(c["dp_comm_overlap"])
     stage_mb = sum(bucket.values())
-    bwd_s = stage_mb - fwd_s - bucket["pp_p2p"]
+    bwd_s = stage_mb - fwd_s
+    bucket["pp_p2p"] = valid * pipeline_p2p(col(t_send), col(w["pp_sends"]), col(w["vpp"]),
+                                            fwd_s, bwd_s, col(c["pp_comm_overlap"]))
+    stage_mb = stage_mb + bucket["pp_p2p"]
     fsdp = col(w["fsdp"])
     dist = col(w["dist_opt"])
     fsdp_mb = fsdp * (
@@ -990,6 +1081,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     out["pipeline_bubble"] = bubble
     out["dp_comm"] = out["dp_comm"] + dp_step[rows, last]
     out["optimizer"] = opt[rows, last]
+    out["step_overhead"] = np.broadcast_to(np.asarray(c["step_overhead_s"], dtype=np.float64),
+                                           m.shape).copy()
     out = {key: out[key] for key in BREAKDOWN}
     total = np.zeros_like(m)
     for key in BREAKDOWN:

@@ -15,7 +15,9 @@ Rules (each documented where it is applied):
   catalog's flag, else the family (llama, mistral, mixtral, qwen, deepseek, gpt-oss gated; gpt,
   mpt not), else gated unless ``ffn == 4 h``.
 * **GPU**: catalog name or alias, or the catalog name the GPU column starts with
-  (``H100 96GB HBM2e SXM-variant`` -> ``h100``).
+  (``H100 96GB HBM2e SXM-variant`` -> ``h100``); a power limit stated in the column
+  (``500W limit``) replaces the catalog's ``tdp_w`` (it sets the sustained tensor rate,
+  :func:`oracle.projection.sustained_rate`).
 * **Parallel layout**: tp, pp, vpp, cp, ep, etp, mbs from the columns (``n/a`` = 1; etp blank =
   tp, except 1 for Megatron-Bridge MoE rows, whose recipes set it); dp is always world / (tp pp cp) (the CSV's dp column is sometimes world / (tp pp ep)).
   FSDP when the ``fsdp`` column is > 0; the distributed optimizer unless the optimizer column
@@ -324,6 +326,11 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         out.reason = f"GPU {row.get('gpu_type')!r} not in the catalog"
         return
     gpu: GpuSpec = load_gpu(gname)
+    watts = re.search(r"(\d{3,4})\s*W\b", row.get("gpu_type", ""))
+    if watts and gpu.tdp_w is not None and float(watts.group(1)) != gpu.tdp_w:
+        # a power limit stated with the GPU (torchtitan's 500 W H100s) sets the sustained rate
+        gpu = gpu.model_copy(update={"tdp_w": float(watts.group(1))})
+        out.notes.append(f"power limit {watts.group(1)} W from the GPU column")
     world = _int(row.get("num_gpus", ""))
     if not world:
         out.reason = "num_gpus missing"

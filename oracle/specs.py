@@ -248,6 +248,15 @@ class GpuSpec(Spec):
     scale_up_domain_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs on one scale-up fabric")
     nic_bytes_per_s: float = Field(gt=0, le=1e14, description="scale-out bandwidth per GPU")
     gpus_per_node: int = Field(default=8, ge=1, le=1024, description="usual node size")
+    tdp_w: float | None = Field(
+        default=None, gt=0, le=1e5,
+        description="board power limit (W); with compute_units it scales the sustained tensor "
+        "rate within an architecture (oracle.projection); None: not modelled",
+    )
+    compute_units: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="streaming multiprocessors (NVIDIA) or "
+        "compute units (AMD); None: not modelled",
+    )
     architecture: str = Field(default="", description="hopper, blackwell, cdna3, ... (FP8 recipes)")
     source: str = ""
     notes: str = ""

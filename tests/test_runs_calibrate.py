@@ -136,3 +136,43 @@ def test_calibrate_rejects_a_file_without_runs(tmp_path: Path) -> None:
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match="lacks column"):
         calibrate(bad)
+
+
+def test_crossval_keeps_each_configuration_in_one_fold() -> None:
+    """benchmarks/crossval.py deals configurations, not rows, to folds: the repeats of one
+    configuration across releases never sit on both sides of a split."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_cp_crossval", RUNS.parent / "crossval.py")
+    assert spec is not None and spec.loader is not None
+    cv = importlib.util.module_from_spec(spec)
+    sys.modules["tune_cp_crossval"] = cv
+    spec.loader.exec_module(cv)
+    rows = [r for r in read_runs(RUNS) if r.representable and r.measured_tokens_per_s_per_gpu]
+    fold = cv.assign_folds(rows, 5, 0)
+    by_key: dict = {}
+    for r, f in zip(rows, fold, strict=True):
+        by_key.setdefault(cv.config_key(r), set()).add(int(f))
+    assert all(len(fs) == 1 for fs in by_key.values())
+    assert any(len([r for r in rows if cv.config_key(r) == k]) > 3 for k in by_key)
+    assert sorted(set(fold.tolist())) == [0, 1, 2, 3, 4]
+
+
+def test_power_limit_in_the_gpu_column_sets_tdp() -> None:
+    kw = {"row_id": "9", "source_id": "TORCHTITAN", "framework": "torchtitan",
+          "model": "Llama 3 8B", "num_gpus": "8", "gpus_per_node": "8", "seq_len": "8192",
+          "micro_batch_size": "2", "tp": "1", "pp": "1", "precision": "BF16",
+          "tokens_per_sec_per_gpu": "6000"}
+    r = parse_row(row(gpu_type="H100 96GB HBM2e SXM-variant, 500W limit (Grand Teton)", **kw))
+    assert r.representable and r.cluster and r.cluster.gpu.name == "h100"
+    assert r.cluster.gpu.tdp_w == 500
+    plain = parse_row(row(gpu_type="H100-SXM-80GB", **kw))
+    assert plain.cluster and plain.cluster.gpu.tdp_w == 700
+    # 500 W of 700 W: the tensor rate falls by (5/7)^gamma
+    a = project(r.model, r.cluster, r.training, r.cfg)
+    b = project(plain.model, plain.cluster, plain.training, plain.cfg)
+    gamma = load_calibration().constants("hopper")["power_clock_exponent"]
+    assert a.breakdown["mlp_gemm"] / b.breakdown["mlp_gemm"] == pytest.approx(
+        (7 / 5) ** gamma, rel=1e-9)

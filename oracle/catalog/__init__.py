@@ -51,6 +51,8 @@ class GpuEntry(Spec):
     scale_up_domain_gpus: int = Field(ge=1, le=1 << 20)
     nic_gb_per_s: float = Field(gt=0, le=1e5)
     gpus_per_node: int = Field(default=8, ge=1, le=1024, description="usual node size")
+    tdp_w: float | None = Field(default=None, gt=0, le=1e5)
+    compute_units: int | None = Field(default=None, ge=1, le=1 << 20)
     source: str = ""
     notes: str = ""
 
@@ -70,6 +72,8 @@ class GpuEntry(Spec):
             scale_up_domain_gpus=self.scale_up_domain_gpus,
             nic_bytes_per_s=self.nic_gb_per_s * 1e9,
             gpus_per_node=self.gpus_per_node,
+            tdp_w=self.tdp_w,
+            compute_units=self.compute_units,
             source=self.source,
             notes=self.notes,
         )

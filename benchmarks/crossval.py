@@ -1,0 +1,196 @@
+"""Grouped k-fold cross-validation of the calibrated time model on published runs.
+
+The best estimate of the error on runs the constants were not fitted on: the representable rows
+with a measured tokens/s/GPU are split into folds by *configuration* (same model, GPU, node
+count, layout tp/pp/vpp/cp/ep, micro-batch and precision), so the repeats of one configuration
+across software releases never sit on both sides of a split; each fold is projected with
+constants calibrated (:func:`oracle.calibrate.fit`, the shipped method) on the other folds.
+
+Prints, as plain-text tables: every fold (rows, configurations, MAPE, median), the pooled
+out-of-fold MAPE, median and within-10% / within-15% shares, per source and per GPU, and the
+within-group Spearman rank correlation of the out-of-fold projections.
+
+    PYTHONPATH=. python benchmarks/crossval.py [--runs FILE.csv] [--folds 5] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
+from oracle.runs import RunRow, read_runs, scored_rows  # noqa: E402
+
+DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
+
+
+def config_key(r: RunRow) -> tuple:
+    """Rows with this key are one configuration (possibly published in several releases)."""
+    c = r.cfg
+    assert c is not None and r.model is not None and r.cluster is not None and r.training
+    return (r.model.name, r.cluster.gpu.name, r.cluster.num_nodes, c.tp, c.pp, c.vpp, c.cp,
+            c.ep, c.mbs, str(r.training.precision))
+
+
+@dataclass
+class CrossValidation:
+    rows: list[RunRow]
+    measured: np.ndarray
+    projected: np.ndarray  # out-of-fold projection of every row
+    fold: np.ndarray  # fold of every row
+
+    @property
+    def ape(self) -> np.ndarray:
+        return np.abs(self.projected / self.measured - 1)
+
+
+def assign_folds(rows: list[RunRow], folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Fold of every row: the distinct configurations (:func:`config_key`), sorted, shuffled with
+    ``random.Random(seed)`` and dealt round-robin, so all rows of one configuration share a
+    fold."""
+    keys = sorted({config_key(r) for r in rows})
+    random.Random(seed).shuffle(keys)
+    fold_of = {k: i % folds for i, k in enumerate(keys)}
+    return np.array([fold_of[config_key(r)] for r in rows])
+
+
+def grouped_cv(rows: list[RunRow], folds: int = 5, seed: int = 0) -> CrossValidation:
+    """Out-of-fold projections of every representable measured row (see module docstring).
+    Configurations are shuffled with ``random.Random(seed)`` and dealt round-robin to folds."""
+    rows = [r for r in scored_rows(rows) if r.representable]
+    fold = assign_folds(rows, folds, seed)
+    projected = np.zeros(len(rows))
+    for f in range(folds):
+        train = [r for r, g in zip(rows, fold, strict=True) if g != f]
+        test_idx = np.flatnonzero(fold == f)
+        layout, theta, _ = fit(prepare(train))
+        table = table_from_fit(layout, theta, {}, f"fold {f}")
+        pt = prepare([rows[i] for i in test_idx])
+        projected[test_idx] = predict(pt, table_constants(table, pt.archs, pt.software))
+    measured = np.array([r.measured_tokens_per_s_per_gpu for r in rows], dtype=float)
+    return CrossValidation(rows, measured, projected, fold)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    def ranks(x: np.ndarray) -> np.ndarray:
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):
+            idx = x == v
+            if idx.sum() > 1:
+                r[idx] = r[idx].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def group_spearman(rows: list[RunRow], projected: np.ndarray,
+                   measured: np.ndarray) -> list[tuple[tuple[str, str], int, float]]:
+    """Spearman of projected vs measured within each (model, GPU) group of >= 3 rows with at
+    least two distinct measurements and two distinct configurations."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[r.group].append(i)
+    out = []
+    for g, idx in sorted(groups.items()):
+        a = np.array(idx)
+        if len(a) < 3 or len(np.unique(measured[a])) < 2:
+            continue
+        out.append((g, len(a), _spearman(projected[a], measured[a])))
+    return out
+
+
+def summary_line(cv: CrossValidation) -> str:
+    ape = cv.ape
+    return (f"grouped {int(cv.fold.max()) + 1}-fold CV: MAPE {_pct(float(ape.mean()))}, median "
+            f"{_pct(float(np.median(ape)))}, within 10% {_pct(float((ape <= 0.10).mean()))}, "
+            f"within 15% {_pct(float((ape <= 0.15).mean()))} over {len(ape)} rows")
+
+
+def report(cv: CrossValidation) -> str:
+    ape, logerr = cv.ape, np.log(cv.projected / cv.measured)
+    nfold = int(cv.fold.max()) + 1
+    lines = [(f"== Grouped {nfold}-fold cross-validation (folds by configuration: model, GPU, "
+              "nodes, tp/pp/vpp/cp/ep, mbs, precision) ==")]
+    frows = []
+    for f in range(nfold):
+        idx = cv.fold == f
+        confs = len({config_key(r) for r, m in zip(cv.rows, idx, strict=True) if m})
+        frows.append([str(f), str(int(idx.sum())), str(confs), _pct(float(ape[idx].mean())),
+                      _pct(float(np.median(ape[idx]))),
+                      f"{100 * float(logerr[idx].mean()):+.1f}%"])
+    lines.append(_table(["fold", "rows", "configurations", "MAPE", "median",
+                         "bias (mean log err)"], frows))
+    lines.append("")
+    lines.append(_table(
+        ["pooled rows", "MAPE", "median APE", "within 10%", "within 15%", "fold MAPE range"],
+        [[str(len(ape)), _pct(float(ape.mean())), _pct(float(np.median(ape))),
+          _pct(float((ape <= 0.10).mean())), _pct(float((ape <= 0.15).mean())),
+          (f"{min(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}-"
+           f"{max(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}%")]]))
+    lines.append("")
+
+    def grouped(title: str, key) -> None:
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(cv.rows):
+            groups[key(r)].append(i)
+        out = []
+        for k, idx in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            a = np.array(idx)
+            out.append([k, str(len(a)), _pct(float(ape[a].mean())),
+                        _pct(float(np.median(ape[a]))),
+                        f"{100 * float(logerr[a].mean()):+.1f}%"])
+        lines.append(_table([title, "rows", "CV MAPE", "CV median", "bias (mean log err)"], out))
+        lines.append("")
+
+    grouped("source", lambda r: r.source_id)
+    grouped("gpu", lambda r: r.gpu_name)
+    sp = group_spearman(cv.rows, cv.projected, cv.measured)
+    vals = [rho for _, _, rho in sp if rho == rho]
+    lines.append(
+        f"within-group Spearman of the out-of-fold projections: mean {np.mean(vals):+.2f} over "
+        f"{len(vals)} groups (same model and GPU, >= 3 rows, >= 2 configurations)")
+    lines.append(summary_line(cv))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    cv = grouped_cv(read_runs(args.runs), args.folds, args.seed)
+    print(f"runs file: {args.runs}")
+    print(report(cv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
