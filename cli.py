@@ -223,7 +223,9 @@ def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
 def load_specs(
     model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | None,
     seq_len: int | None, gbs: int | None, precision: str,
+    defaults: list[str] | None = None,
 ) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
+    """Specs from the common flags; every default taken is appended to ``defaults``."""
     model = load_model(model_name)
     gpu = load_gpu(gpu_name)
     cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=nodes,
@@ -234,6 +236,18 @@ def load_specs(
         global_batch_size=gbs or model.default_global_batch_size,
         precision=precision,
     )
+    if defaults is not None:
+        entry = model_entries().get(model.name)
+        why = f": {entry.default_source}" if entry and entry.default_source else ""
+        if gpus_per_node is None:
+            defaults.append(f"--gpus-per-node {cluster.gpus_per_node} (usual {gpu.name} node)")
+        if seq_len is None and gbs is None:
+            defaults.append(f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
+                            f"({model.name} defaults{why})")
+        elif seq_len is None:
+            defaults.append(f"--seq-len {training.seq_len} ({model.name} default{why})")
+        elif gbs is None:
+            defaults.append(f"--gbs {training.global_batch_size} ({model.name} default{why})")
     return model, cluster, training
 
 
@@ -458,6 +472,132 @@ def gpus_cmd(as_json: bool) -> None:
                    f"{fp8:>8} {e.hbm_tb_per_s:>9g} {e.scale_up_gb_per_s:>13g} "
                    f"{e.scale_up_domain_gpus:>6} {e.nic_gb_per_s:>8g} {e.gpus_per_node:>8}")
     click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
+
+
+BASELINE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
+                 "recompute_layers", "recompute_modules", "sequence_parallel",
+                 "distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8_recipe",
+                 "pipeline_split")
+
+
+def parse_baseline(text: str) -> ParallelConfig:
+    """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration."""
+    values: dict[str, Any] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in BASELINE_KEYS:
+            fail(f"--baseline {item!r}: expected KEY=VALUE with KEY in {', '.join(BASELINE_KEYS)}")
+        raw = raw.strip()
+        if key == "recompute_modules":
+            values[key] = tuple(m for m in raw.split("+") if m)
+        elif raw.lower() in ("true", "false"):
+            values[key] = raw.lower() == "true"
+        elif raw.lower() in ("none", "null") and key in ("recompute_layers", "schedule",
+                                                        "fp8_recipe", "pipeline_split", "etp"):
+            values[key] = None
+        else:
+            values[key] = raw
+    return build("--baseline", ParallelConfig, **values)
+
+
+@main.command("search")
+@cluster_options
+@click.option("--top", "top_k", type=click.IntRange(1, 1000), default=10, show_default=True,
+              help="How many configurations to list.")
+@click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
+              help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable).")
+@click.option("--prefer", "preferences", multiple=True, metavar="COND[:WEIGHT]",
+              help="Soft objective: a condition and the share of throughput it is worth "
+                   "(default 0.1, at most 0.5), e.g. 'ep*etp<=8:0.2' (repeatable).")
+@click.option("--goal", default="", help="Your goal in words, for the LLM planner (--lm).")
+@click.option("--baseline", "baseline_text", default=None, metavar="KEY=VALUE,...",
+              help="Your configuration, e.g. 'tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,"
+                   "recompute_layers=1'  [default: a published reference for this model, GPU "
+                   "and node count, else a stated default]")
+@click.option("--allow-fp8", is_flag=True, help="Let the seed phase try FP8 recipes.")
+@click.option("--all-recompute-levels", is_flag=True,
+              help="Keep every full-recompute depth that fits, not only the shallowest.")
+@click.option("--lm", "lm_model", default=None, metavar="PROVIDER/MODEL",
+              help="LLM for the planner phase through DSPy, e.g. openai/gpt-4o-mini; key from "
+                   "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]")
+@click.option("--lm-base-url", default=None, metavar="URL",
+              help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. http://127.0.0.1:8000/v1")
+@click.option("--lm-rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Planner rounds (one LM call each).")
+@click.option("--lm-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="Seconds one LM call may take.")
+@click.option("--lm-budget", type=click.FloatRange(1, 86400), default=180.0, show_default=True,
+              help="Seconds the whole LLM phase may take.")
+@click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
+              help="Write every evaluated candidate as JSON lines.")
+@overhead_options
+@calibration_option
+@click.pass_context
+def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
+               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
+               as_json: bool, top_k: int, constraints: Sequence[str], preferences: Sequence[str],
+               goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
+               lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
+               lm_budget: float, trials_out: str | None, memory_margin: float,
+               overheads: Sequence[str], allow_cross_scale_up: bool,
+               calibration: str | None) -> None:
+    """Search the fastest legal configuration (the default command).
+
+    \b
+    tune-cp --model mixtral-8x22b --nodes 4
+    tune-cp --model llama3-70b --gpu h100 --nodes 8 --constraint 'cp==1' --top 5 --json
+    """
+    from agent.llm import LlmBudget, make_lm
+    from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
+    from solver.constraints import as_constraints
+
+    defaults: list[str] = []
+    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--gpu {gpu_name} (default)")
+    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
+                                          gbs, precision, defaults)
+    lm = None
+    if lm_model:
+        if "/" not in lm_model:
+            fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
+                 f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
+        lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout)
+    opts = SearchOptions(
+        top_k=top_k, constraints=as_constraints(constraints),
+        preferences=tuple(Preference.parse(p) for p in preferences),
+        baseline=parse_baseline(baseline_text) if baseline_text else None,
+        allow_fp8=allow_fp8, overheads=parse_overheads(overheads), memory_margin=memory_margin,
+        allow_cross_scale_up=allow_cross_scale_up, calibration=calibration, goal=goal,
+        lm=lm, lm_name=lm_model,
+        budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
+                         call_timeout_s=lm_timeout),
+        keep_all_recompute_levels=all_recompute_levels,
+    )
+    try:
+        result = search(model, cluster, training, opts)
+    except NoFeasibleConfiguration as e:
+        if as_json:
+            emit_json({"best": None, "top": [], "feasible_count": 0,
+                       "explanation": str(e), "defaults": defaults})
+        else:
+            click.echo(f"search: {describe_setting(model, cluster, training)}")
+            click.echo(f"no feasible configuration: {e}")
+        sys.exit(EXIT_ILLEGAL)
+    result.defaults[:0] = defaults
+    if trials_out:
+        with open(trials_out, "w") as fh:
+            for t in result.trials:
+                fh.write(json.dumps(t.to_json()) + "\n")
+    from agent.report import render_search, search_json
+
+    if as_json:
+        emit_json(search_json(result))
+    else:
+        for line in render_search(result):
+            click.echo(line)
 
 
 @main.command("calibrate")

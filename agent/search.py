@@ -46,7 +46,7 @@ from solver.check import config_json
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
 from solver.space import SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -101,6 +101,14 @@ class SearchOptions:
     lm_name: str | None = None
     budget: LlmBudget = field(default_factory=LlmBudget)
     space: SearchSpace | None = None
+    keep_all_recompute_levels: bool = False
+
+    @property
+    def families(self) -> tuple[str, ...] | None:
+        """Rule families of the enumeration (None: all, dominance of recompute levels included)."""
+        if not self.keep_all_recompute_levels:
+            return None
+        return tuple(f for f in RULES if f != "recompute_dominance")
 
 
 @dataclass
@@ -246,13 +254,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                         allow_cross_scale_up=opts.allow_cross_scale_up)
     enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
                               overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up)
+                              allow_cross_scale_up=opts.allow_cross_scale_up,
+                              families=opts.families)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
-        raise NoFeasibleConfiguration(explain_infeasible(
-            model, cluster, training, space, constraints=opts.constraints,
-            overheads=opts.overheads, memory_margin=opts.memory_margin,
-            allow_cross_scale_up=opts.allow_cross_scale_up))
+        raise NoFeasibleConfiguration(explain_infeasible(enum.problem))
     t1 = time.perf_counter()
     prefs = list(opts.preferences)
     ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration)
@@ -319,7 +325,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 class NoFeasibleConfiguration(Exception):
-    """Nothing in the space is legal; ``str(e)`` is the explanation."""
+    """Nothing in the space is legal; ``explanation`` says why and what would fit."""
+
+    def __init__(self, explanation: Any) -> None:
+        super().__init__(explanation.text())
+        self.explanation = explanation
 
 
 def _projector(calibration: str | None):
@@ -449,7 +459,8 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
         enum = enumerate_feasible(model, cluster, training, sub,
                                   constraints=tuple(opts.constraints) + tuple(hard),
                                   overheads=opts.overheads, memory_margin=opts.memory_margin,
-                                  allow_cross_scale_up=opts.allow_cross_scale_up)
+                                  allow_cross_scale_up=opts.allow_cross_scale_up,
+                                  families=opts.families, count_removed=False)
     except (ConfigError, ValueError) as e:
         return f"rejected: {e}"
     configs = [fc.config for fc in enum.configs]

@@ -1,0 +1,195 @@
+"""The search report: the same facts as text (``render_search``) and as JSON (``search_json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.evaluate import Trial
+from agent.search import SearchResult
+from oracle.memory import TERMS
+from oracle.specs import GIB, ParallelConfig, Recompute
+from solver.check import config_json, memory_json
+
+# ------------------------------------------------------------------------------ JSON
+
+
+def trial_json(t: Trial) -> dict[str, Any]:
+    """A candidate with the configuration keys of ``check --json``, its projection and memory."""
+    out = config_json(t.config, t.outcome.ctx.training)
+    out["projection"] = t.projection.model_dump() if t.projection else None
+    out["memory"] = memory_json(t.outcome.memory, t.outcome.limit_bytes,
+                                t.outcome.ctx.memory_margin)
+    out["legal"] = t.legal
+    out["violations"] = [{"rule": v.rule, "message": v.message} for v in t.outcome.violations]
+    return out
+
+
+def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
+    cfg = r.ranked.configs[i]
+    row = config_json(cfg, r.training)
+    s = r.ranked.scores
+    row["projection"] = {
+        "step_time_s": float(s["step_time_s"][i]),
+        "tokens_per_s_per_gpu": float(s["tokens_per_s_per_gpu"][i]),
+        "model_tflops_per_gpu": float(s["model_tflops_per_gpu"][i]),
+        "mfu": float(s["mfu"][i]),
+        "breakdown": {k: float(s[k][i]) for k in _breakdown_keys(s)},
+    }
+    row["memory"] = {"peak_bytes": int(r.ranked.peak_bytes[i]),
+                     "hbm_bytes": r.cluster.gpu.hbm_bytes,
+                     "limit_bytes": r.best.outcome.limit_bytes}
+    row["score"] = float(r.ranked.adjusted[i])
+    return row
+
+
+def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
+    from oracle.projection import BREAKDOWN
+
+    return [k for k in BREAKDOWN if k in scores]
+
+
+def search_json(r: SearchResult) -> dict[str, Any]:
+    top = [ranked_row(r, int(i)) for i in r.ranked.order[: r.options.top_k]]
+    enum = r.enumeration
+    return {
+        "model": r.model.name,
+        "cluster": {"gpu": r.cluster.gpu.name, "num_nodes": r.cluster.num_nodes,
+                    "gpus_per_node": r.cluster.gpus_per_node, "world_size": r.cluster.world_size},
+        "training": r.training.model_dump(mode="json"),
+        "defaults": r.defaults,
+        "best": trial_json(r.best) | {"phase": r.best_phase},
+        "top": top,
+        "baseline": trial_json(r.baseline) if r.baseline is not None else None,
+        "baseline_source": r.baseline_source,
+        "speedup_vs_baseline": r.speedup,
+        "feasible_count": len(enum.configs),
+        "candidates": enum.space_size,
+        "removed_by_rule": {k: v for k, v in enum.removed.items() if v},
+        "regret": r.regret,
+        "exhaustive_best": trial_json(r.exhaustive_best),
+        "seed_best": trial_json(r.seed.best) if r.seed else None,
+        "attribution": [s.to_json() for s in r.attribution],
+        "seed_moves": [
+            {"change": mv.label, "axis": mv.axis, "legal": t.legal,
+             "tokens_per_s_per_gpu": t.throughput if t.legal else None,
+             "violations": [v.rule for v in t.outcome.violations]}
+            for mv, t in (r.seed.moves if r.seed else ())
+        ],
+        "constraints": [c.expr for c in r.options.constraints],
+        "preferences": r.preference_costs,
+        "llm": r.llm.to_json(),
+        "timings": r.timings | {f"enumerate_{k}": v for k, v in enum.timings.items()},
+    }
+
+
+# ------------------------------------------------------------------------------ text
+
+
+def recompute_label(c: ParallelConfig) -> str:
+    if c.recompute is Recompute.FULL:
+        n = "all" if c.recompute_layers is None else str(c.recompute_layers)
+        return f"full {n}" + ("" if c.recompute_method.value == "block" else " unif")
+    if c.recompute is Recompute.SELECTIVE:
+        return "sel " + "+".join(c.recompute_modules)
+    return "none"
+
+
+def short_layout(c: ParallelConfig) -> str:
+    s = f"TP{c.tp} PP{c.pp}"
+    if c.vpp > 1:
+        s += f" VPP{c.vpp}"
+    if c.cp > 1:
+        s += f" CP{c.cp}"
+    if c.ep > 1 or c.etp_ != c.tp:
+        s += f" EP{c.ep} ETP{c.etp_}"
+    return s + f" DP{c.dp}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def render_search(r: SearchResult) -> list[str]:
+    m, cl, tr = r.model, r.cluster, r.training
+    out = [f"search: {m.name} on {cl.num_nodes} x {cl.gpus_per_node} {cl.gpu.name} "
+           f"({cl.world_size} GPUs), seq {tr.seq_len}, gbs {tr.global_batch_size}, "
+           f"{tr.precision.value}"]
+    if r.defaults:
+        out.append("defaults: " + "; ".join(r.defaults))
+    enum = r.enumeration
+    removed = ", ".join(f"{k} {v:,}" for k, v in enum.removed.items() if v)
+    out.append(f"feasible: {len(enum.configs):,} of {enum.space_size:,} candidates "
+               f"(CP-SAT, {enum.timings.get('total', 0):.1f} s; removed by {removed})")
+    if r.options.constraints:
+        out.append("constraints: " + ", ".join(c.expr for c in r.options.constraints))
+    out.append("")
+    b = r.best
+    if r.baseline is not None:
+        base = r.baseline
+        state = (f"{base.throughput:,.0f} tokens/s/GPU" if base.legal else
+                 f"illegal: [{base.outcome.violations[0].rule}] {base.outcome.violations[0].message}")
+        out.append(f"baseline: {short_layout(base.config)}, mbs {base.config.mbs}, recompute "
+                   f"{recompute_label(base.config)}: {state}")
+        out.append(f"  ({r.baseline_source.split(' (')[0]}; --json has the source)")
+    gain = f" ({pct(r.speedup - 1)} over the baseline)" if r.speedup else ""
+    peak = b.outcome.memory.peak_bytes if b.outcome.memory else 0
+    out.append(f"best: {short_layout(b.config)}, mbs {b.config.mbs}, ga {b.config.ga}, recompute "
+               f"{recompute_label(b.config)}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
+               f"{100 * b.projection.mfu:.1f}%, step {b.projection.step_time_s:.2f} s, peak "
+               f"{peak / GIB:.1f} of {b.outcome.limit_bytes / GIB:.1f} GiB")
+    seed_best = r.seed.best if r.seed else None
+    found = {"exhaustive": "the exhaustive ranking of the feasible set",
+             "seed": "the seed phase (single-axis moves, combined)",
+             "llm": "the LLM phase"}[r.best_phase]
+    regret = f"; the agent's best is {100 * r.regret:.1f}% below the oracle's optimum" if r.regret is not None else ""
+    out.append(f"  found by {found}{regret}")
+    if seed_best is not None and seed_best.legal and r.best_phase != "seed":
+        out.append(f"  seed phase reached {seed_best.throughput:,.0f} tokens/s/GPU with "
+                   f"{', '.join(s.move for s in r.seed.steps) or 'no improving move'}")
+    if r.attribution:
+        out.append("  gain by change (path from the baseline):")
+        for s in r.attribution:
+            out.append(f"    {s.move:56} {pct(s.gain):>8}  ({s.before:,.0f} -> {s.after:,.0f})")
+    for p in r.preference_costs:
+        cost = p["cost"]
+        out.append(f"  preference {p['condition']} (weight {p['weight']:g}, {p['origin']}): costs "
+                   f"{100 * cost:.1f}% of the best projected throughput" if cost is not None else "")
+    out.append(f"LLM phase: {r.llm.status}" + (f" ({r.llm.reason})" if r.llm.reason else ""))
+    for w in r.llm.warnings:
+        if w != r.llm.reason:
+            out.append(f"  warning: {w}")
+    out.append("")
+    out.append(f"top {min(r.options.top_k, len(r.ranked.order))} of {len(enum.configs):,}:")
+    head = (f"{'#':>3}  {'layout':28} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
+            f"{'HBM':>5} {'tok/s/GPU':>10} {'MFU':>6} {'step s':>7}")
+    out.append(head)
+    s = r.ranked.scores
+    hbm = cl.gpu.hbm_bytes / GIB
+    for rank, i in enumerate(r.ranked.order[: r.options.top_k], 1):
+        c = r.ranked.configs[int(i)]
+        out.append(f"{rank:>3}  {short_layout(c):28} {c.mbs:>3} {c.ga:>4} {recompute_label(c):10} "
+                   f"{r.ranked.peak_bytes[int(i)] / GIB:>9.1f} {hbm:>5.0f} "
+                   f"{s['tokens_per_s_per_gpu'][int(i)]:>10,.0f} {100 * s['mfu'][int(i)]:>5.1f}% "
+                   f"{s['step_time_s'][int(i)]:>7.2f}")
+    out.append("")
+    out.extend(render_best_memory(b))
+    return out
+
+
+def render_best_memory(t: Trial) -> list[str]:
+    mem = t.outcome.memory
+    if mem is None:
+        return []
+    peak = mem.peak
+    lines = [f"memory of the best, most loaded stage {mem.peak_stage} of {len(mem.stages)} "
+             f"(GiB): " + ", ".join(f"{k} {peak.terms[k] / GIB:.1f}" for k in TERMS
+                                    if peak.terms[k] >= GIB // 100)]
+    lines.append(f"  total {peak.total_bytes / GIB:.1f} GiB of {mem.hbm_bytes / GIB:.0f} GiB HBM "
+                 f"(limit {t.outcome.limit_bytes / GIB:.1f} GiB); `tune-cp check` with this "
+                 f"configuration prints every stage")
+    if t.projection is not None:
+        p = t.projection
+        parts = sorted(((v, k) for k, v in p.breakdown.items() if v > 0), reverse=True)[:5]
+        lines.append("where the step goes: " + ", ".join(
+            f"{k} {100 * v / p.step_time_s:.0f}%" for v, k in parts))
+    return lines
