@@ -39,7 +39,9 @@ from oracle.specs import (
     ConfigError,
     ModelSpec,
     ParallelConfig,
+    DEFAULT_SELECTIVE_MODULES,
     Recompute,
+    RecomputeMethod,
     TrainingSpec,
 )
 from solver.check import config_json
@@ -178,17 +180,25 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 
 
 def default_baseline(ranked: Ranked) -> ParallelConfig:
-    """The stated default when no baseline is given or known: the feasible configuration a
-    practitioner tries first — least recomputation, then the smallest pipeline, tensor and context
-    parallel sizes, the largest expert parallelism, the smallest micro-batch."""
-    level = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
-
+    """The stated default when no baseline is given or known: the conservative configuration a
+    practitioner launches first — the feasible layout with micro-batch 1, no context parallelism
+    and no virtual stages that uses the fewest model-parallel GPUs (tp x pp, smaller pp first, the
+    largest expert parallelism), with full recomputation of every layer (the least memory that
+    layout can use, so it stays legal); without such a layout, the feasible configuration with the
+    least recomputation and the fewest model-parallel GPUs."""
     def key(i: int) -> tuple:
         c = ranked.configs[i]
-        return (level[c.recompute], c.recompute_layers or 0, c.pp, c.tp, c.cp, -c.ep, c.mbs,
-                c.vpp, i)
+        return (c.tp * c.pp * c.cp, c.pp, c.tp, -c.ep, c.etp_, c.mbs, c.vpp, i)
 
-    return ranked.configs[min(range(len(ranked.configs)), key=key)]
+    plain = [i for i, c in enumerate(ranked.configs) if c.mbs == 1 and c.cp == 1 and c.vpp == 1]
+    if plain:
+        c = ranked.configs[min(plain, key=key)]
+        return c.model_copy(update={"recompute": Recompute.FULL, "recompute_layers": None,
+                                    "recompute_method": RecomputeMethod.BLOCK,
+                                    "recompute_modules": DEFAULT_SELECTIVE_MODULES})
+    level = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+    return ranked.configs[min(range(len(ranked.configs)),
+                              key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
 def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -> list[Step]:
@@ -278,8 +288,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             baseline_cfg, source = ref.parallel_config(), f"published reference: {ref.name} ({ref.source})"
         else:
             baseline_cfg = default_baseline(ranked)
-            source = ("stated default: least recomputation, then the smallest pp, tp and cp, the "
-                      "largest ep and the smallest micro-batch that fit")
+            source = ("stated default: the feasible layout with the fewest model-parallel GPUs "
+                      "(mbs 1, no cp, no virtual stages, the largest ep), full recompute of every "
+                      "layer")
             if ref is not None:
                 source += (f" (the published reference {ref.name} is for seq {ref.seq_len}, "
                            f"gbs {ref.global_batch_size}, {ref.precision.value})")

@@ -121,8 +121,8 @@ def axis_moves(ev: Evaluator, cfg: ParallelConfig, allow_fp8: bool) -> Iterator[
 
 
 def recompute_moves(ev: Evaluator, cfg: ParallelConfig) -> Iterator[Move]:
-    """Recompute levers: off, selective variants, full with one layer more or fewer per virtual
-    stage, full on every layer."""
+    """Recompute levers: off, selective variants, full with fewer layers per virtual stage (one,
+    a quarter, half, one fewer) or one more, full on every layer."""
     m = ev.model
     if cfg.recompute is not Recompute.NONE:
         yield Move("recompute", f"recompute {cfg.recompute.value}->none",
@@ -135,8 +135,8 @@ def recompute_moves(ev: Evaluator, cfg: ParallelConfig) -> Iterator[Move]:
     per = layers_per_chunk(m, cfg)
     if cfg.recompute is Recompute.FULL and cfg.recompute_method is RecomputeMethod.BLOCK:
         k = per if cfg.recompute_layers is None else cfg.recompute_layers
-        for nk in (k - 1, k + 1):
-            if 1 <= nk <= per:
+        for nk in sorted({1, k // 4, k // 2, k - 1, k + 1}):
+            if 1 <= nk <= per and nk != k:
                 yield Move("recompute", f"full recompute layers {k}->{nk}",
                            {"recompute_layers": nk})
     if not (cfg.recompute is Recompute.FULL and cfg.recompute_layers in (None, per)):
@@ -204,24 +204,35 @@ def _repair_candidates(ev: Evaluator, cfg: ParallelConfig) -> Iterator[ParallelC
                 yield o
 
 
-def seed_phase(ev: Evaluator, baseline: ParallelConfig, allow_fp8: bool = False) -> SeedResult:
+def seed_phase(ev: Evaluator, baseline: ParallelConfig, allow_fp8: bool = False,
+               max_rounds: int = 4) -> SeedResult:
+    """Rounds of single-axis sweeps: sweep every axis from the current configuration, combine the
+    improving moves greedily (largest gain first, one move per axis, each kept only if the
+    combination stays legal and faster), and sweep again from the result until a round finds
+    nothing better or ``max_rounds`` is reached."""
     base = ev.evaluate(baseline, "baseline", "baseline")
-    start = base.config
+    current = base
     moves: list[tuple[Move, Trial]] = []
-    for move in axis_moves(ev, start, allow_fp8):
-        moves.append((move, try_move(ev, start, move, "seed")))
-    improving = sorted(
-        ((mv, t) for mv, t in moves if t.legal and t.throughput > base.throughput),
-        key=lambda mt: (-mt[1].throughput, mt[0].label),
-    )
-    current, steps = base, []
-    used_axes: set[str] = set()
-    for mv, _ in improving:
-        if mv.axis in used_axes:
-            continue
-        cand = try_move(ev, current.config, mv, "seed-combine")
-        if cand.legal and cand.throughput > current.throughput:
-            steps.append(Step(mv.label, "seed", current.throughput, cand.throughput))
-            current = cand
-            used_axes.add(mv.axis)
+    steps: list[Step] = []
+    for rnd in range(1, max_rounds + 1):
+        phase = "seed" if rnd == 1 else f"seed round {rnd}"
+        start = current
+        round_moves = [(mv, try_move(ev, start.config, mv, phase))
+                       for mv in axis_moves(ev, start.config, allow_fp8)]
+        moves.extend(round_moves)
+        improving = sorted(
+            ((mv, t) for mv, t in round_moves if t.legal and t.throughput > start.throughput),
+            key=lambda mt: (-mt[1].throughput, mt[0].label),
+        )
+        used_axes: set[str] = set()
+        for mv, t in improving:
+            if mv.axis in used_axes:
+                continue
+            cand = t if current is start else try_move(ev, current.config, mv, phase + " combine")
+            if cand.legal and cand.throughput > current.throughput:
+                steps.append(Step(mv.label, phase, current.throughput, cand.throughput))
+                current = cand
+                used_axes.add(mv.axis)
+        if current is start:
+            break
     return SeedResult(base, tuple(moves), current, tuple(steps))
