@@ -88,7 +88,10 @@ class _Collector(cp_model.CpSolverSolutionCallback):
 
 
 def solver_parameters(solver: cp_model.CpSolver, time_limit_s: float | None = None) -> None:
-    """One worker, fixed search on the axes, light presolve (it cannot remove solutions)."""
+    """One worker, fixed search on the axes (``LegalityModel.add_search_strategy``), light
+    presolve (probing, symmetry and the LP relaxation cost more than they save here). Presolve
+    must keep every solution while enumerating; ``Arith.le`` avoids the one OR-Tools 9.15 rule
+    that did not (see its docstring)."""
     prm = solver.parameters
     prm.num_workers = 1
     prm.search_branching = cp_model.FIXED_SEARCH

@@ -63,6 +63,7 @@ def test_python_evaluation_and_description():
 def test_cpsat_compilation_equals_python():
     """Each constraint compiled to CP-SAT takes the value Python computes, on every config."""
     p = CASES["mixtral-8x7b"]()
+    p = p.replace(space=p.space.with_domains(recompute=p.space.recompute[:1]))
     lm = LegalityModel(p, ["world_size", "batch"])
     vals = [compile_expr(HardConstraint.of(t).tree, lm.names, lm.ar) for t in GOOD]
     names = [lm.names[n] for n in NAMES]
@@ -85,7 +86,7 @@ def test_cpsat_compilation_equals_python():
     s.parameters.num_workers = 1
     col = Col()
     s.Solve(lm.cp, col)
-    assert len(col.rows) > 1000
+    assert len(col.rows) > 300
     for env, got in random.Random(1).sample(col.rows, 300):
         assert got == [int(HardConstraint.of(t).holds(env)) for t in GOOD], env
 
