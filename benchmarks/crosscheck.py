@@ -18,14 +18,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from oracle.catalog import load_gpu, load_model, model_entries  # noqa: E402
-from oracle.specs import ClusterSpec, Precision, TrainingSpec  # noqa: E402
-from solver.constraints import as_constraints  # noqa: E402
-from solver.feasible import enumerate_problem  # noqa: E402
-from solver.problem import Problem  # noqa: E402
-from solver.reference import reference_enumerate  # noqa: E402
-from solver.rules import RULES  # noqa: E402
-from solver.space import AXES, OptimizerChoice, default_space  # noqa: E402
+from oracle.catalog import load_gpu, load_model, model_entries
+from oracle.specs import ClusterSpec, Precision, TrainingSpec
+from solver.constraints import as_constraints
+from solver.feasible import enumerate_problem
+from solver.problem import Problem
+from solver.reference import reference_enumerate
+from solver.rules import RULES
+from solver.space import AXES, OptimizerChoice, default_space
 
 GPUS = ("h100", "h200", "b200", "mi300x", "mi355x", "a100")
 CONSTRAINTS = ("ep * etp <= 8", "cp == 1", "pp in {2, 4}", "tp <= 4", "dp >= 2",

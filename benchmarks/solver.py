@@ -19,12 +19,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from oracle.catalog import load_gpu, load_model  # noqa: E402
-from oracle.specs import ClusterSpec, TrainingSpec  # noqa: E402
-from solver.feasible import enumerate_problem  # noqa: E402
-from solver.problem import Problem  # noqa: E402
-from solver.reference import reference_enumerate  # noqa: E402
-from solver.space import default_space  # noqa: E402
+from oracle.catalog import load_gpu, load_model
+from oracle.specs import ClusterSpec, TrainingSpec
+from solver.feasible import enumerate_problem
+from solver.problem import Problem
+from solver.reference import reference_enumerate
+from solver.space import default_space
 
 CASES: tuple[tuple[str, str, int], ...] = (
     ("mixtral-8x22b", "mi355x", 4),

@@ -24,11 +24,11 @@ requires equality.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from solver.problem import Problem
 from oracle.specs import Recompute
+from solver.problem import Problem
 from solver.rules import FAMILY_AXES, RULES
 from solver.space import AXES
 

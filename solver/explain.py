@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from oracle.specs import ClusterSpec, GIB, Recompute
+from oracle.specs import GIB, ClusterSpec, Recompute
 from solver.feasible import solver_parameters
 from solver.model import LegalityModel
 from solver.problem import Problem

@@ -18,7 +18,13 @@ from ortools.sat.python import cp_model
 
 from oracle.memory import MemoryOverheads
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
-from solver.constraints import Direction, HardConstraint, SoftObjective, as_constraints, compile_expr
+from solver.constraints import (
+    Direction,
+    HardConstraint,
+    SoftObjective,
+    as_constraints,
+    compile_expr,
+)
 from solver.model import LegalityModel
 from solver.problem import Problem
 from solver.rules import DEFAULT_MEMORY_MARGIN, RULES

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from itertools import product
 from typing import Any
 
@@ -47,7 +47,13 @@ from oracle.specs import (
 )
 from solver.constraints import compile_expr
 from solver.problem import Problem
-from solver.rules import FP8_ARCHITECTURES_MX, RULES, layers_per_chunk, split_slots, tp_shape_ok
+from solver.rules import (
+    FP8_ARCHITECTURES_MX,
+    RULES,
+    layers_per_chunk,
+    split_slots,
+    tp_shape_ok,
+)
 from solver.space import OptimizerChoice, RecomputeOption
 from solver.symbolic import Arith, Sym, Value
 
@@ -446,13 +452,17 @@ class MemoryEncoding:
       flags (FSDP, distributed optimizer, DeepEP buffers) select a *scenario*: ``combine`` runs
       once per scenario present, with the flags as Python constants;
     * geometry: ``stage_counts`` per (pp, vpp, split, min(ga, saturation), recompute code), the
-      stages no other stage dominates, padded to the same number of slots; the recompute code
-      of the next smaller K gives the geometry ``recompute_dominance`` needs.
+      stages no other stage dominates, padded to the same number of slots.
+
+    ``combine`` runs on the option's geometry (``fits``, ``totals``: family ``hbm``), and for
+    ``recompute_dominance`` on the next smaller K's geometry (``fits_prev``) and, when no
+    recomputation is an option beside others, on the no-recompute geometry and units
+    (``fits_none``).
     """
 
     def __init__(self, m: LegalityModel) -> None:
         self.m = m
-        p, ar = m.p, m.ar
+        p = m.p
         self.limit = p.limit_bytes
         self.dominance = "recompute_dominance" in m.families
         #: no recomputation is an option beside others: it dominates them when it fits
@@ -479,7 +489,7 @@ class MemoryEncoding:
 
         fp8_dom = sorted({FP8.index(m._resolved(fp8_recipe=f).fp8_recipe) for f in sp.fp8_recipe})
 
-        @lru_cache(maxsize=None)
+        @cache
         def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
             mods = m.modsets[ms]
             cfg = m._resolved(

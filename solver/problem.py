@@ -12,7 +12,13 @@ from functools import cached_property
 from typing import Any
 
 from oracle.memory import MemoryOverheads
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, resolve_config
+from oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    TrainingSpec,
+    resolve_config,
+)
 from solver.constraints import HardConstraint
 from solver.rules import DEFAULT_MEMORY_MARGIN, RuleContext, hbm_limit_bytes
 from solver.space import SearchSpace, candidate_config

@@ -282,7 +282,7 @@ def domain_of(x: Value) -> list[int]:
 class Sym:
     """A CP-SAT expression with exact integer bounds (see the module docstring)."""
 
-    __slots__ = ("ar", "expr", "lo", "hi", "values")
+    __slots__ = ("ar", "expr", "hi", "lo", "values")
 
     def __init__(self, ar: Arith, expr: Any, lo: int, hi: int,
                  values: tuple[int, ...] | None = None) -> None:
