@@ -10,9 +10,10 @@ Computation, cheap and exact:
   memoised walk over the axes (:func:`walk`): each family is evaluated with the Python rule of
   ``solver/rules.py`` once per distinct value of the axes it reads (``FAMILY_AXES``), and whole
   sub-products are charged at once;
-* ``recompute_dominance`` charges, for each kept full block-recompute configuration with K
-  layers, the K' > K of the domain that the pipeline geometry allows (those fit too and are
-  dominated: memory never rises with K, see ``docs/solver.md``);
+* ``recompute_dominance`` charges, for each kept configuration without recomputation, the other
+  recompute options of its layout, and for each kept full block-recompute configuration with K
+  layers, the K' > K of the domain (those fit too and are dominated: memory never rises with K,
+  see ``docs/solver.md``); in both cases only options the earlier families allow;
 * ``hbm`` is charged the rest: candidates that pass every earlier family minus the feasible ones
   minus the dominated ones.
 
@@ -22,13 +23,13 @@ requires equality.
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from oracle.specs import Recompute
 from solver.problem import Problem
-from solver.rules import FAMILY_AXES, RULES, layers_per_chunk
+from solver.rules import FAMILY_AXES, RULES
 from solver.space import AXES
 
 #: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
@@ -116,20 +117,49 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
     return result
 
 
-def dominated_count(problem: Problem, kept: Iterable[Any]) -> int:
-    """Full block-recompute candidates with more layers than a kept one, that the pipeline
-    geometry allows: each fits (memory never rises with K) and is dominated."""
-    ks = problem.space.full_layers
+def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[Any]) -> int:
+    """Candidates ``recompute_dominance`` removed, from the kept (feasible) configurations:
+
+    * where no recomputation is kept (it fits, and is an option), every other recompute option
+      of that layout that the earlier families allow;
+    * where full block recompute of K is kept, every larger K of the domain the earlier families
+      allow (each fits too: memory never rises with K).
+    """
+    sp = problem.space
+    reading = [f for f in families if f not in MEMORY_FAMILIES
+               and "recompute" in family_axes(problem, f)]
+    cache: dict[tuple[Any, ...], bool] = {}
+
+    def allowed(cand: dict[str, Any], option: Any) -> bool:
+        trial = dict(cand, recompute=option)
+        ok = True
+        for f in reading:
+            key = (f, *(trial[a] for a in family_axes(problem, f)))
+            if key not in cache:
+                cache[key] = not RULES[f](problem.context(problem.resolve(trial)))
+            ok = ok and cache[key]
+        return ok
+
+    by_none = sp.has_no_recompute and len(sp.recompute) > 1
+    axes = sorted({a for f in reading for a in family_axes(problem, f)} - {"recompute"})
+    counts: dict[tuple[Any, ...], int] = {}
     total = 0
     for f in kept:
-        cfg = f.config
         rc = f.candidate["recompute"]
-        if not rc.is_full_block:
+        if by_none and rc.kind is Recompute.NONE:
+            key: tuple[Any, ...] = ("none", *(f.candidate[a] for a in axes))
+            if key not in counts:
+                counts[key] = sum(1 for o in sp.recompute
+                                  if o.kind is not Recompute.NONE and allowed(f.candidate, o))
+        elif rc.is_full_block:
+            key = ("k", rc.method, rc.layers, *(f.candidate[a] for a in axes))
+            if key not in counts:
+                counts[key] = sum(1 for o in sp.recompute
+                                  if o.is_full_block and o.method is rc.method
+                                  and o.layers > rc.layers and allowed(f.candidate, o))
+        else:
             continue
-        per = layers_per_chunk(problem.model, cfg)
-        lo = bisect.bisect_right(ks, rc.layers)
-        hi = bisect.bisect_right(ks, per)
-        total += max(0, hi - lo)
+        total += counts[key]
     return total
 
 
@@ -145,7 +175,8 @@ def attribute(problem: Problem, families: Sequence[str], feasible: Sequence[Any]
         # without hbm whatever the walk passes and is not feasible was dominated
         removed["recompute_dominance"] = passing - len(feasible)
         return removed
-    dominated = dominated_count(problem, feasible) if "recompute_dominance" in families else 0
+    dominated = (dominated_count(problem, families, feasible)
+                 if "recompute_dominance" in families else 0)
     removed["recompute_dominance"] = dominated
     removed["hbm"] = passing - dominated - len(feasible)
     return removed

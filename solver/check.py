@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from oracle.memory import MemoryOverheads, MemoryReport
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, resolve_config
+from oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    TrainingSpec,
+    resolve_config,
+)
 from solver.constraints import HardConstraint, as_constraints
 from solver.rules import (
     DEFAULT_MEMORY_MARGIN,

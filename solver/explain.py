@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from oracle.specs import ClusterSpec, GIB, Recompute
+from oracle.specs import GIB, ClusterSpec, Recompute
 from solver.feasible import solver_parameters
 from solver.model import LegalityModel
 from solver.problem import Problem
@@ -224,17 +224,17 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
         k_max = max_layers_per_chunk(model, sp.pp, sp.vpp)
         full = [RecomputeOption(kind=Recompute.FULL, layers=k) for k in range(1, k_max + 1)]
         trials.append(("full recompute", problem.replace(
-            space=sp.model_copy(update={"recompute": tuple(rc + full)}))))
+            space=sp.with_domains(recompute=tuple(rc + full)))))
     sel = [o for o in selective_options(model, training) if o not in rc]
     if sel:
         trials.append(("selective recompute", problem.replace(
-            space=sp.model_copy(update={"recompute": tuple(rc + sel)}))))
+            space=sp.with_domains(recompute=tuple(rc + sel)))))
     if OptimizerChoice.FSDP not in sp.optimizer:
         trials.append(("FSDP", problem.replace(
-            space=sp.model_copy(update={"optimizer": (*sp.optimizer, OptimizerChoice.FSDP)}))))
+            space=sp.with_domains(optimizer=(*sp.optimizer, OptimizerChoice.FSDP)))))
     if 1 not in sp.mbs:
         trials.append(("micro-batch size 1", problem.replace(
-            space=sp.model_copy(update={"mbs": (1, *sp.mbs)}))))
+            space=sp.with_domains(mbs=(1, *sp.mbs)))))
     for axis in AXES:
         if axis in ("recompute", "optimizer", "mbs"):
             continue
@@ -244,7 +244,7 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
             if axis == "etp":
                 update["etp_policy"] = default.etp_policy
             trials.append((f"{axis.replace('_', ' ')} left free", problem.replace(
-                space=sp.model_copy(update=update))))
+                space=sp.with_domains(**update))))
     if problem.memory_margin > 0:
         trials.append(("--memory-margin 0", problem.replace(memory_margin=0.0)))
     for con in problem.constraints:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import product
 from typing import Any
 
@@ -47,7 +47,13 @@ from oracle.specs import (
 )
 from solver.constraints import compile_expr
 from solver.problem import Problem
-from solver.rules import FP8_ARCHITECTURES_MX, RULES, layers_per_chunk, split_slots, tp_shape_ok
+from solver.rules import (
+    FP8_ARCHITECTURES_MX,
+    RULES,
+    layers_per_chunk,
+    split_slots,
+    tp_shape_ok,
+)
 from solver.space import OptimizerChoice, RecomputeOption
 from solver.symbolic import Arith, Sym, Value
 
@@ -148,6 +154,7 @@ class LegalityModel:
         self.sp = ar.lookup([self.tp], lambda t: (int(self._resolved(tp=t).sp),), "sp")[0]
         opts = sp.recompute
         self.rc_kind = ar.element(self.rc, [KINDS.index(o.kind) for o in opts], "rc_kind")
+        self.is_none = ar.element(self.rc, [int(o.kind is Recompute.NONE) for o in opts], "none")
         block = sp.full_layers
         self.is_full_block = ar.element(self.rc, [int(o.is_full_block) for o in opts], "fb")
         self.is_kmin = ar.element(
@@ -374,11 +381,15 @@ def enc_extra(m: LegalityModel) -> Value:
 
 
 def enc_recompute_dominance(m: LegalityModel) -> Value:
-    """Not full block recompute, or the smallest K of the domain, or the next smaller K of the
-    domain does not fit (then no smaller K fits: memory never rises with K; docs/solver.md)."""
-    mem = m.memory
-    return m.ar.any_of([m.ar.negate(m.is_full_block), m.is_kmin, m.ar.negate(mem.fits_prev)],
-                       "dominance")
+    """No recomputation; or no recomputation does not fit (when it is an option), and: not full
+    block recompute, or the smallest K of the domain, or the next smaller K of the domain does
+    not fit (then no smaller K fits: memory never rises with K; docs/solver.md)."""
+    mem, ar = m.memory, m.ar
+    k_ok = ar.any_of([ar.negate(m.is_full_block), m.is_kmin, ar.negate(mem.fits_prev)], "dom_k")
+    if not mem.by_none:
+        return k_ok
+    return ar.any_of([m.is_none, ar.all_of([ar.negate(mem.fits_none), k_ok], "dom_rc")],
+                     "dominance")
 
 
 def enc_hbm(m: LegalityModel) -> Value:
@@ -441,19 +452,28 @@ class MemoryEncoding:
       flags (FSDP, distributed optimizer, DeepEP buffers) select a *scenario*: ``combine`` runs
       once per scenario present, with the flags as Python constants;
     * geometry: ``stage_counts`` per (pp, vpp, split, min(ga, saturation), recompute code), the
-      stages no other stage dominates, padded to the same number of slots; the recompute code
-      of the next smaller K gives the geometry ``recompute_dominance`` needs.
+      stages no other stage dominates, padded to the same number of slots.
+
+    ``combine`` runs on the option's geometry (``fits``, ``totals``: family ``hbm``), and for
+    ``recompute_dominance`` on the next smaller K's geometry (``fits_prev``) and, when no
+    recomputation is an option beside others, on the no-recompute geometry and units
+    (``fits_none``).
     """
 
     def __init__(self, m: LegalityModel) -> None:
         self.m = m
-        p, ar = m.p, m.ar
+        p = m.p
         self.limit = p.limit_bytes
+        self.dominance = "recompute_dominance" in m.families
+        #: no recomputation is an option beside others: it dominates them when it fits
+        self.by_none = self.dominance and p.space.has_no_recompute and len(p.space.recompute) > 1
         self._units()
         self._geometry()
-        self.totals, self.fits = self._fits("row")
-        if "recompute_dominance" in m.families:
-            _, self.fits_prev = self._fits("prev")
+        self.totals, self.fits = self._fits("row", self.au)
+        if self.dominance:
+            _, self.fits_prev = self._fits("prev", self.au)
+        if self.by_none:
+            _, self.fits_none = self._fits("none", self.au_none)
 
     # ------------------------------------------------------------ layer 2
 
@@ -469,6 +489,7 @@ class MemoryEncoding:
 
         fp8_dom = sorted({FP8.index(m._resolved(fp8_recipe=f).fp8_recipe) for f in sp.fp8_recipe})
 
+        @cache
         def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
             mods = m.modsets[ms]
             cfg = m._resolved(
@@ -477,12 +498,17 @@ class MemoryEncoding:
                 **({"recompute_modules": mods} if mods else {}))
             return _fields(M.activation_units(model, training, cfg, ov))
 
-        modset_dom = sorted(set(_domain(m.modset)))
-        au_cols = ar.lookup(
-            [m.mbs, m.tp, m.cp_, m.etp, m.fp8, m.modset, m.pp], act, "au",
-            tuples=[(b, t, c, et, f, ms, pp_) for b in sp.mbs for (t, et) in pairs for c in sp.cp
-                    for f in fp8_dom for ms in modset_dom for pp_ in sp.pp])
-        self.au = M.ActivationUnits(*au_cols)
+        def units(modset: Value) -> M.ActivationUnits:
+            cols = ar.lookup(
+                [m.mbs, m.tp, m.cp_, m.etp, m.fp8, modset, m.pp], act, "au",
+                tuples=[(b, t, c, et, f, ms, pp_) for b in sp.mbs for (t, et) in pairs
+                        for c in sp.cp for f in fp8_dom for ms in _domain(modset)
+                        for pp_ in sp.pp])
+            return M.ActivationUnits(*cols)
+
+        self.au = units(m.modset)
+        if self.by_none:
+            self.au_none = units(0)  # no selective modules
 
         scen: dict[tuple[bool, bool, bool], int] = {}
         cluster = p.cluster
@@ -518,12 +544,16 @@ class MemoryEncoding:
     def _geometry(self) -> None:
         m, p, ar, sp = self.m, self.m.p, self.m.ar, self.m.p.space
         model = p.model
-        covered = ar.predicate([m.pp, m.vpp, m.split], lambda a, b, c: split_ok(m, a, b, c),
-                               "covered")
+        # memory is tabulated for the geometries pipeline_split admits (for the others it is not
+        # defined, as in rules.check); with that family off, for every geometry
+        def tabulated(a: int, b: int, c: int) -> bool:
+            return "pipeline_split" not in m.families or split_ok(m, a, b, c)
+
+        covered = ar.predicate([m.pp, m.vpp, m.split], tabulated, "covered")
         self.covered = covered
 
         def chunk_max(pp_: int, v: int, s: int) -> int:
-            if not split_ok(m, pp_, v, s):
+            if not tabulated(pp_, v, s):
                 return 0
             chunks = M.pipeline_chunks(model.num_layers, model.num_mtp_layers, pp_, v, SPLITS[s])
             return max(len(ch.layers) for st in chunks for ch in st)
@@ -557,7 +587,7 @@ class MemoryEncoding:
         world, gbs = p.cluster.world_size, p.training.global_batch_size
         all_codes = sorted(set(_domain(codes[0])) | set(_domain(codes[1])))
         for pp_, v, s in product(sp.pp, sp.vpp, sorted(set(_domain(m.split)))):
-            if not split_ok(m, pp_, v, s):
+            if not tabulated(pp_, v, s):
                 stage_lists[(pp_, v, s, 0, 0)] = []  # no geometry: hbm does not hold
                 continue
             cm = chunk_max(pp_, v, s)
@@ -589,8 +619,8 @@ class MemoryEncoding:
             return tuple(out)
 
         self.slots: dict[str, list[M.StageCounts]] = {}
-        for which, cd in (("row", w_code), ("prev", w_prev)):
-            if which == "prev" and "recompute_dominance" not in m.families:
+        for which, cd in (("row", w_code), ("prev", w_prev), ("none", 0)):
+            if which == "prev" and not self.dominance or which == "none" and not self.by_none:
                 continue
             cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, cd], flat, f"geo_{which}",
                              tuples=list(stage_lists))
@@ -616,7 +646,7 @@ class MemoryEncoding:
 
     # ------------------------------------------------------------ layer 3
 
-    def _fits(self, which: str) -> tuple[list[dict[int, Value]], Value]:
+    def _fits(self, which: str, au: M.ActivationUnits) -> tuple[list[dict[int, Value]], Value]:
         """Per slot, the total bytes under each sharding scenario; and whether all fit."""
         m, ar = self.m, self.m.ar
         ov = m.p.overheads
@@ -626,7 +656,7 @@ class MemoryEncoding:
             per_scen: dict[int, Value] = {}
             fits_in = []
             for s in self.scenarios:
-                terms = M.combine(c, self.pu, self.au, self.sharding(s), ov)
+                terms = M.combine(c, self.pu, au, self.sharding(s), ov)
                 total = sum(terms.values())
                 per_scen[s] = total
                 le = ar.le(total, self.limit, "fits")

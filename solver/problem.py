@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from oracle.memory import MemoryOverheads
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, resolve_config
+from oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    TrainingSpec,
+    resolve_config,
+)
 from solver.constraints import HardConstraint
 from solver.rules import DEFAULT_MEMORY_MARGIN, RuleContext, hbm_limit_bytes
 from solver.space import SearchSpace, candidate_config
@@ -45,8 +52,13 @@ class Problem:
             model=self.model, cluster=self.cluster, training=self.training, cfg=cfg,
             overheads=self.overheads, memory_margin=self.memory_margin,
             allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
-            full_recompute_layers=self.space.full_layers,
+            full_recompute_layers=self._full_layers,
+            recompute_none_option=self.space.has_no_recompute,
         )
+
+    @cached_property
+    def _full_layers(self) -> tuple[int, ...]:
+        return self.space.full_layers
 
     def replace(self, **changes: Any) -> Problem:
         return Problem(**({f: getattr(self, f) for f in self.__dataclass_fields__} | changes))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from itertools import islice
+from typing import Any
 
 from solver.feasible import DEFAULT_FAMILIES, Enumeration, FeasibleConfig, sort_key
 from solver.problem import Problem
@@ -19,16 +19,16 @@ from solver.rules import RULES
 
 
 def reference_enumerate(problem: Problem, families: Iterable[str] | None = None, *,
-                        max_candidates: int | None = None) -> Enumeration:
-    """Enumerate ``problem``'s space with a Python loop. ``max_candidates`` stops after that many
-    raw candidates (the benchmark's cap); the result then covers only those."""
+                        candidates: Iterable[dict[str, Any]] | None = None) -> Enumeration:
+    """Enumerate ``problem``'s space with a Python loop. ``candidates`` replaces the raw product
+    (the benchmark passes a uniform sample); the result then covers only those."""
     t0 = time.perf_counter()
     wanted = set(DEFAULT_FAMILIES if families is None else families)
     fams = [f for f in RULES if f in wanted]
     removed = dict.fromkeys(RULES, 0)
     configs = []
     seen = 0
-    for cand in islice(problem.space.candidates(), max_candidates):
+    for cand in problem.space.candidates() if candidates is None else candidates:
         seen += 1
         cfg = problem.resolve(cand)
         ctx = problem.context(cfg)
@@ -38,7 +38,8 @@ def reference_enumerate(problem: Problem, families: Iterable[str] | None = None,
                 break
         else:
             configs.append(FeasibleConfig(cfg, ctx.memory.peak_bytes, cand))
-    configs.sort(key=lambda f: sort_key(problem.space, f.candidate))
+    if candidates is None:
+        configs.sort(key=lambda f: sort_key(problem.space, f.candidate))
     total = time.perf_counter() - t0
     return Enumeration(problem=problem, configs=tuple(configs), space_size=seen, removed=removed,
                        families=tuple(fams), timings={"total": total}, method="python")

@@ -28,9 +28,9 @@ precision                FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CD
 dispatcher               the DeepEP ``flex`` dispatcher needs an MoE model with ep > 1
 batch                    gbs = mbs x ga x dp
 extra                    the user's or the agent's extra hard constraints (``solver/constraints``)
-recompute_dominance      search only: of full block-recompute configurations that differ only in
-                         K (layers per virtual stage), keep the smallest K that fits; more
-                         recomputation costs time and only saves memory
+recompute_dominance      search only: recomputation costs time and only saves memory, so drop a
+                         recompute option when no recomputation fits, and of full block recompute
+                         keep the smallest K (layers per virtual stage) that fits
 hbm                      the most loaded stage fits in HBM x (1 - margin)
 =======================  =====================================================================
 
@@ -94,6 +94,9 @@ class RuleContext:
     #: the K values a search tries for full block recompute (family ``recompute_dominance``);
     #: empty: the family does not apply (``tune-cp check``)
     full_recompute_layers: tuple[int, ...] = ()
+    #: whether the search also tries no recomputation (then it dominates every recompute option
+    #: that it fits beside)
+    recompute_none_option: bool = False
 
     @cached_property
     def memory(self) -> MemoryReport:
@@ -427,13 +430,24 @@ def extra(ctx: RuleContext) -> list[Violation]:
 
 
 def recompute_dominance(ctx: RuleContext) -> list[Violation]:
-    """Search only: full block recompute of K layers per virtual stage is dominated when a
-    smaller K of the search's domain (``ctx.full_recompute_layers``) already fits."""
+    """Search only: recomputation only costs time. Any recompute option is dominated when the
+    search also tries no recomputation (``ctx.recompute_none_option``) and that fits; full block
+    recompute of K layers per virtual stage is dominated when a smaller K of the search's domain
+    (``ctx.full_recompute_layers``) fits."""
     c = ctx.cfg
+    if c.recompute is Recompute.NONE:
+        return []
+    limit = ctx.limit_bytes
+    if ctx.recompute_none_option:
+        none = c.model_copy(update={"recompute": Recompute.NONE, "recompute_layers": None})
+        peak = memory_report(ctx.model, ctx.cluster, ctx.training, none, ctx.overheads)
+        if peak.peak_bytes <= limit:
+            return [Violation("recompute_dominance", f"{c.recompute.value} recomputation is "
+                              f"dominated: no recomputation already fits ({gib(peak.peak_bytes)} "
+                              f"of {gib(limit)}); recomputation only costs time", ("recompute",))]
     if (c.recompute is not Recompute.FULL or c.recompute_method is not RecomputeMethod.BLOCK
             or c.recompute_layers is None):
         return []
-    limit = ctx.limit_bytes
     for k in sorted(x for x in ctx.full_recompute_layers if x < c.recompute_layers):
         smaller = c.model_copy(update={"recompute_layers": k})
         peak = memory_report(ctx.model, ctx.cluster, ctx.training, smaller, ctx.overheads)

@@ -22,6 +22,7 @@ subset of exactly this product, and ``removed`` counts are over it.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Mapping
 from enum import StrEnum
 from itertools import product
@@ -184,6 +185,12 @@ class SearchSpace(Spec):
         """The K values of the full block-recompute options, increasing."""
         return tuple(sorted({r.layers for r in self.recompute if r.is_full_block}))  # type: ignore[misc]
 
+    @property
+    def has_no_recompute(self) -> bool:
+        """Whether no recomputation is among the options (it then dominates the others when it
+        fits: family ``recompute_dominance``)."""
+        return any(r.kind is Recompute.NONE for r in self.recompute)
+
     def size(self) -> int:
         """Number of raw candidates (the product of the domains, etp per the policy)."""
         per_tp = sum(len(self.etp_values(t)) for t in self.tp)
@@ -200,6 +207,17 @@ class SearchSpace(Spec):
             for etp in self.etp_values(tp):
                 for tail in product(*rest):
                     yield dict(zip(AXES, (tp, pp, cp, vpp, ep, etp, *tail), strict=True))
+
+    def sample(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` raw candidates drawn uniformly (with replacement) from the product."""
+        rng = random.Random(seed)
+        weights = [len(self.etp_values(t)) for t in self.tp]
+        out = []
+        for _ in range(n):
+            tp = rng.choices(self.tp, weights)[0]
+            c = {a: rng.choice(getattr(self, a)) for a in AXES if a not in ("tp", "etp")}
+            out.append({"tp": tp, "etp": rng.choice(self.etp_values(tp)), **c})
+        return [{a: c[a] for a in AXES} for c in out]
 
     def with_domains(self, **domains: Any) -> SearchSpace:
         """A copy with the given axes' domains replaced (``with_domains(tp=(1, 2))``)."""

@@ -209,26 +209,32 @@ class Arith:
         return Sym(self, self.literal(x).Not(), 0, 1, (0, 1))
 
     def le(self, x: Value, bound: int, stem: str) -> Value:
-        """1 iff ``x <= bound`` (reified both ways, so the result is determined)."""
+        """1 iff ``x <= bound``, determined, without enforcement literals:
+        ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A half-reified linear
+        constraint would do, but OR-Tools 9.15's presolve rule "linear + amo: removed enforcement
+        literal" loses solutions of this model while enumerating
+        (``tests/test_solver_equivalence.py::test_presolve_regression``)."""
         if isinstance(x, int):
             return int(x <= bound)
         if x.hi <= bound:
             return 1
         if x.lo > bound:
             return 0
-        b = self.bool(stem)
-        self.model.Add(x.expr <= bound).OnlyEnforceIf(b.expr)
-        self.model.Add(x.expr >= bound + 1).OnlyEnforceIf(b.expr.Not())
-        return b
+        excess = M_vmax([x - bound, 0])
+        capped = -M_vmax([-excess, -1])  # min(excess, 1)
+        return 1 - capped
 
     def in_set(self, x: Value, values: Iterable[int], stem: str) -> Value:
         """1 iff ``x`` is one of ``values``."""
         vals = sorted(set(values))
         if isinstance(x, int):
             return int(x in vals)
-        dom = cp_model.Domain.FromValues(vals)
         if x.lo == x.hi:
             return int(x.lo in vals)
+        if x.values is not None:
+            # a table on x's (tracked) values: no enforced linear constraint (see ``le``)
+            return self.predicate([x], lambda v: v in vals, stem)
+        dom = cp_model.Domain.FromValues(vals)
         b = self.bool(stem)
         self.model.AddLinearExpressionInDomain(x.expr, dom).OnlyEnforceIf(b.expr)
         self.model.AddLinearExpressionInDomain(x.expr, dom.complement()).OnlyEnforceIf(b.expr.Not())
@@ -257,6 +263,13 @@ class _Dependencies:
         return self._memo[subset]
 
 
+def M_vmax(items: Sequence[Value]) -> Value:
+    """``max(items)`` on values (``Sym.__vmax__`` when one is a solver expression)."""
+    if all(isinstance(v, int) for v in items):
+        return max(items)  # type: ignore[type-var]
+    return Sym.__vmax__(items)
+
+
 def domain_of(x: Value) -> list[int]:
     """The values a key can take (its exact value set when known, else its bounds' range)."""
     if isinstance(x, int):
@@ -269,7 +282,7 @@ def domain_of(x: Value) -> list[int]:
 class Sym:
     """A CP-SAT expression with exact integer bounds (see the module docstring)."""
 
-    __slots__ = ("ar", "expr", "lo", "hi", "values")
+    __slots__ = ("ar", "expr", "hi", "lo", "values")
 
     def __init__(self, ar: Arith, expr: Any, lo: int, hi: int,
                  values: tuple[int, ...] | None = None) -> None:

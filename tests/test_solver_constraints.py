@@ -30,8 +30,8 @@ GOOD = ["ep * etp <= 8", "cp == 1", "pp in {2, 4}", "tp <= 4", "pp not in {1}",
 
 @pytest.mark.parametrize("bad,needle", [
     ("tp ** 2 < 4", "'**' is not allowed in constraint 'tp ** 2 < 4'"),
-    ("foo < 2", "unknown name 'foo' in constraint 'foo < 2'; allowed names: tp, pp, vpp, cp, "
-                "ep, etp, dp, mbs, ga"),
+    ("foo < 2", ("unknown name 'foo' in constraint 'foo < 2'; allowed names: tp, pp, vpp, cp, "
+                 "ep, etp, dp, mbs, ga")),
     ("tp", "constraint 'tp' is a number, not a condition"),
     ("tp < 1.5", "1.5 is not an integer"),
     ("tp in 3", "'3' after 'in' is not a set of integers"),
@@ -51,7 +51,7 @@ def test_bad_constraints_are_one_line_errors(bad, needle):
 
 def test_python_evaluation_and_description():
     c = HardConstraint.of("ep*etp<=8", rationale="one node of experts")
-    env = dict(tp=2, pp=4, vpp=1, cp=1, ep=8, etp=2, dp=2, mbs=1, ga=64)
+    env = {"tp": 2, "pp": 4, "vpp": 1, "cp": 1, "ep": 8, "etp": 2, "dp": 2, "mbs": 1, "ga": 64}
     assert c.holds(env) is False and c.describe(env) == "ep*etp = 16"
     assert c.axes == ("ep", "etp") and c.rationale == "one node of experts"
     assert HardConstraint.of("dp >= 2").axes == ("cp", "pp", "tp")
@@ -63,6 +63,7 @@ def test_python_evaluation_and_description():
 def test_cpsat_compilation_equals_python():
     """Each constraint compiled to CP-SAT takes the value Python computes, on every config."""
     p = CASES["mixtral-8x7b"]()
+    p = p.replace(space=p.space.with_domains(recompute=p.space.recompute[:1]))
     lm = LegalityModel(p, ["world_size", "batch"])
     vals = [compile_expr(HardConstraint.of(t).tree, lm.names, lm.ar) for t in GOOD]
     names = [lm.names[n] for n in NAMES]
@@ -85,7 +86,7 @@ def test_cpsat_compilation_equals_python():
     s.parameters.num_workers = 1
     col = Col()
     s.Solve(lm.cp, col)
-    assert len(col.rows) > 1000
+    assert len(col.rows) > 300
     for env, got in random.Random(1).sample(col.rows, 300):
         assert got == [int(HardConstraint.of(t).holds(env)) for t in GOOD], env
 

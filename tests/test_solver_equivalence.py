@@ -132,3 +132,17 @@ def test_constraints_match_too():
     p = CASES["mixtral-8x7b"]().replace(constraints=as_constraints(
         ["ep * etp <= 4", "pp in {1, 2} or vpp == 1", "dp >= 2"]))
     assert_same(p)
+
+
+def test_presolve_regression():
+    """OR-Tools 9.15's presolve rule "linear + amo: removed enforcement literal" lost every
+    solution of this subspace while enumerating (with probing off; with default probing it lost
+    a few DeepSeek-V3 ones) when ``total <= limit`` was a half-reified linear constraint; the
+    model now reifies it with maxima. Mixtral 8x22B on 4 MI355X nodes with tp, pp, cp and vpp
+    fixed to 1 has 3 feasible configurations (ep 8, mbs 1/2/4, full recompute)."""
+    p = problem("mixtral-8x22b", "mi355x", 4, 8192, 512,
+                fix={"tp": 1, "pp": 1, "cp": 1, "vpp": 1})
+    a, b = enumerate_problem(p), reference_enumerate(p)
+    assert len(a) == len(b) == 3
+    assert [(f.candidate, f.peak_bytes) for f in a.configs] == \
+        [(f.candidate, f.peak_bytes) for f in b.configs]

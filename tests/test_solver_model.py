@@ -3,7 +3,6 @@ tables' keys, and the properties its encodings rely on."""
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -150,7 +149,7 @@ def test_stage_counts_saturate_in_micro_batches():
 
 
 def test_pruned_stages_keep_the_most_loaded():
-    m, cl, tr = CASES["deepseek-v3"]().model, None, None
+    m = CASES["deepseek-v3"]().model
     for pp, vpp, k in [(8, 2, 1), (16, 1, 4), (4, 1, None)]:
         cfg = ParallelConfig(pp=pp, vpp=vpp, pipeline_split=PipelineSplit.EMBEDDING_LOSS, ga=6,
                              dp=1, recompute=Recompute.FULL if k else Recompute.NONE,
@@ -243,4 +242,4 @@ def test_every_axis_combination_of_a_tiny_space_is_accounted_for():
         sum(1 for _ in p.space.candidates())
     assert len({tuple(sorted((k, str(v)) for k, v in f.candidate.items()))
                 for f in e.configs}) == len(e)
-    assert list(itertools.islice(e.configs, 2))[0].peak_bytes > 0
+    assert all(f.peak_bytes > 0 for f in e.configs)

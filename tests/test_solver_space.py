@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from oracle.specs import ConfigError, Dispatcher, Fp8Recipe, Recompute, Schedule, TrainingSpec
+from oracle.specs import (
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    Recompute,
+    Schedule,
+    TrainingSpec,
+)
 from solver.space import (
     EtpPolicy,
     OptimizerChoice,
