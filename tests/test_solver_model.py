@@ -221,13 +221,17 @@ def test_families_can_be_left_out_and_literals_assumed():
 
 def test_mixtral_reference_layout_is_feasible_with_its_bytes():
     """AMD's 4-node Mixtral 8x22B reference (TP1 PP4 VPP2 EP8, full recompute of 1 layer) is in
-    the default feasible set, with memory_report's peak bytes."""
+    the feasible set, with memory_report's peak bytes, once recompute dominance is off (the same
+    layout without recomputation also fits, so dominance keeps only that one)."""
     from solver.feasible import enumerate_feasible
     from tests.conftest import resolved, setting
 
     m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
-    e = enumerate_feasible(m, cl, tr, constraints=["tp == 1", "pp == 4", "vpp == 2", "ep == 8",
-                                                   "etp == 1", "mbs == 1"], count_removed=False)
+    fixed = ["tp == 1", "pp == 4", "vpp == 2", "ep == 8", "etp == 1", "mbs == 1"]
+    dominated = enumerate_feasible(m, cl, tr, constraints=fixed, count_removed=False)
+    assert {f.config.recompute.value for f in dominated.configs} == {"none"}
+    e = enumerate_feasible(m, cl, tr, constraints=fixed, count_removed=False,
+                           families=[f for f in RULES if f != "recompute_dominance"])
     ref = resolved(m, cl, tr, tp=1, pp=4, vpp=2, ep=8, recompute="full", recompute_layers=1)
     match = [f for f in e.configs if f.config == ref]
     assert len(match) == 1
