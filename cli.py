@@ -533,6 +533,7 @@ def parse_baseline(text: str) -> ParallelConfig:
               help="Seconds the whole LLM phase may take.")
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
               help="Write every evaluated candidate as JSON lines.")
+@click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
 @overhead_options
 @calibration_option
 @click.pass_context
@@ -541,7 +542,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                as_json: bool, top_k: int, constraints: Sequence[str], preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
                lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
-               lm_budget: float, trials_out: str | None, memory_margin: float,
+               lm_budget: float, trials_out: str | None, timings: bool, memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
                calibration: str | None) -> None:
     """Search the fastest legal configuration (the default command).
@@ -594,9 +595,9 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     from agent.report import render_search, search_json
 
     if as_json:
-        emit_json(search_json(result))
+        emit_json(search_json(result, timings))
     else:
-        for line in render_search(result):
+        for line in render_search(result, timings):
             click.echo(line)
 
 

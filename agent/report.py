@@ -48,7 +48,9 @@ def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
     return [k for k in BREAKDOWN if k in scores]
 
 
-def search_json(r: SearchResult) -> dict[str, Any]:
+def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
+    """Everything the text report says. Deterministic for the same inputs unless ``timings``
+    adds the wall-clock seconds of each phase."""
     top = [ranked_row(r, int(i)) for i in r.ranked.order[: r.options.top_k]]
     enum = r.enumeration
     return {
@@ -78,8 +80,8 @@ def search_json(r: SearchResult) -> dict[str, Any]:
         "constraints": [c.expr for c in r.options.constraints],
         "preferences": r.preference_costs,
         "llm": r.llm.to_json(),
-        "timings": r.timings | {f"enumerate_{k}": v for k, v in enum.timings.items()},
-    }
+    } | ({"timings": r.timings | {f"enumerate_{k}": v for k, v in enum.timings.items()}}
+         if timings else {})
 
 
 # ------------------------------------------------------------------------------ text
@@ -109,7 +111,7 @@ def pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
-def render_search(r: SearchResult) -> list[str]:
+def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     m, cl, tr = r.model, r.cluster, r.training
     out = [f"search: {m.name} on {cl.num_nodes} x {cl.gpus_per_node} {cl.gpu.name} "
            f"({cl.world_size} GPUs), seq {tr.seq_len}, gbs {tr.global_batch_size}, "
@@ -118,8 +120,9 @@ def render_search(r: SearchResult) -> list[str]:
         out.append("defaults: " + "; ".join(r.defaults))
     enum = r.enumeration
     removed = ", ".join(f"{k} {v:,}" for k, v in enum.removed.items() if v)
+    took = f"{enum.timings.get('total', 0):.1f} s, " if timings else ""
     out.append(f"feasible: {len(enum.configs):,} of {enum.space_size:,} candidates "
-               f"(CP-SAT, {enum.timings.get('total', 0):.1f} s; removed by {removed})")
+               f"(CP-SAT, {took}removed by {removed})")
     if r.options.constraints:
         out.append("constraints: " + ", ".join(c.expr for c in r.options.constraints))
     out.append("")
@@ -173,6 +176,8 @@ def render_search(r: SearchResult) -> list[str]:
                    f"{s['step_time_s'][int(i)]:>7.2f}")
     out.append("")
     out.extend(render_best_memory(b))
+    if timings:
+        out.append("timings: " + ", ".join(f"{k} {v:.2f}" for k, v in r.timings.items()))
     return out
 
 

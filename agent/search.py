@@ -205,9 +205,14 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     """Explain ``target`` as a path of single changes from ``start``: at each step apply the
     change (of those left) that keeps the configuration legal and gains most; changes that are
     only legal together are applied together at the end."""
-    fields = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
-              "recompute_layers", "recompute_modules", "dispatcher", "schedule", "fp8_recipe",
-              "distributed_optimizer", "fsdp", "pipeline_split")
+    fields: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute",
+                               "recompute_method", "recompute_layers", "recompute_modules",
+                               "dispatcher", "schedule", "fp8_recipe", "distributed_optimizer",
+                               "fsdp", "pipeline_split")
+    if not ev.model.is_moe:
+        fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
+    if target.recompute is Recompute.NONE and start.config.recompute is Recompute.NONE:
+        fields = tuple(f for f in fields if not f.startswith("recompute_"))
     goal = target.model_dump()
     cur = start
     todo = [f for f in fields if getattr(cur.config, f) != goal[f]]

@@ -165,10 +165,15 @@ def selective_sets(ev: Evaluator) -> list[tuple[str, ...]]:
 
 
 def apply(cfg: ParallelConfig, update: dict[str, Any]) -> ParallelConfig:
-    """``cfg`` with ``update``; derived fields are cleared so :func:`resolve_config` redoes them."""
-    derived = {"dp": None, "ga": None, "pipeline_split": None}
-    if "vpp" in update or "schedule" not in update:
-        derived["schedule"] = None if cfg.schedule_ is not Schedule.ZERO_BUBBLE else cfg.schedule
+    """``cfg`` with ``update``. Fields :func:`resolve_config` derives are cleared so they follow
+    the change (dp, ga, pipeline split, sequence parallelism, the schedule unless zero-bubble,
+    and etp when it followed tp)."""
+    derived: dict[str, Any] = {"dp": None, "ga": None, "pipeline_split": None,
+                               "sequence_parallel": None}
+    if cfg.schedule is not Schedule.ZERO_BUBBLE:
+        derived["schedule"] = None
+    if cfg.etp is None or cfg.etp == cfg.tp:
+        derived["etp"] = None
     return ParallelConfig(**(cfg.model_dump() | derived | update))
 
 

@@ -1,0 +1,71 @@
+"""`tune-cp` (search) on the command line: JSON keys, trials file, stated defaults, constraints,
+the LLM phase against a loopback OpenAI-compatible server answering garbage, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from tests.test_llm_phase import GarbageHandler, garbage_server  # noqa: F401 (fixture)
+
+BASE = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+
+
+def test_search_json_keys_and_trials(run_json, tmp_path):
+    trials = tmp_path / "trials.jsonl"
+    code, data = run_json(*BASE, "--top", "3", "--trials-out", str(trials))
+    assert code == 0
+    assert len(data["top"]) == 3 and data["feasible_count"] >= 3
+    assert data["best"]["legal"] is True and data["best"]["projection"]["tokens_per_s_per_gpu"] > 0
+    assert data["baseline_source"].startswith("stated default")
+    assert any("--seq-len 8192 --gbs 128" in d for d in data["defaults"])
+    assert data["llm"]["status"] == "skipped"
+    assert data["speedup_vs_baseline"] == data["best"]["projection"]["tokens_per_s_per_gpu"] / \
+        data["baseline"]["projection"]["tokens_per_s_per_gpu"]
+    lines = [json.loads(x) for x in trials.read_text().splitlines()]
+    assert lines and {"phase", "config", "legal"} <= set(lines[0])
+    assert {x["phase"] for x in lines} >= {"baseline", "seed", "exhaustive"}
+
+
+def test_search_text_states_defaults_and_attribution(run_cli):
+    code, out, _ = run_cli(*BASE)
+    assert code == 0
+    assert "defaults: --gpus-per-node 8 (usual h100 node); --seq-len 8192 --gbs 128" in out
+    assert "best: TP" in out and "gain by change" in out and "top " in out
+    assert "LLM phase: skipped" in out
+
+
+def test_search_constraint_is_honoured(run_json):
+    code, data = run_json(*BASE, "--constraint", "tp == 1", "--constraint", "cp == 1")
+    assert code == 0
+    assert all(row["tp"] == 1 and row["cp"] == 1 for row in data["top"])
+    assert data["constraints"] == ["tp == 1", "cp == 1"]
+
+
+def test_search_conflicting_constraint_explains(run_cli):
+    code, out, _ = run_cli(*BASE, "--constraint", "tp == 3")
+    assert code == 1 and "no feasible configuration" in out and "tp == 3" in out
+
+
+def test_search_bad_constraint_is_one_line(run_cli):
+    code, out, err = run_cli(*BASE, "--constraint", "__import__('os')")
+    assert code == 2 and out == "" and err.count("\n") == 1
+
+
+def test_search_no_feasible_names_memory_and_nodes(run_cli):
+    code, out, _ = run_cli("--model", "llama3.1-405b", "--gpu", "h100", "--nodes", "1")
+    assert code == 1
+    assert "memory" in out and "needs at least 14 nodes of h100" in out
+
+
+def test_search_with_garbage_lm_server_completes_with_warning(run_json, garbage_server):  # noqa: F811
+    code, data = run_json(*BASE, "--lm", "openai/local-model", "--lm-base-url", garbage_server,
+                          "--lm-rounds", "1")
+    assert code == 0
+    assert GarbageHandler.requests, "the planner request never reached the loopback server"
+    assert data["llm"]["status"] == "stopped" and data["llm"]["warnings"]
+    assert data["best"]["legal"] is True
+
+
+def test_search_lm_needs_provider(run_cli):
+    code, _, err = run_cli(*BASE, "--lm", "gpt-4o")
+    assert code == 2 and "write PROVIDER/MODEL" in err

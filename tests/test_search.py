@@ -1,0 +1,164 @@
+"""The tuning agent end to end: baseline, seed phase, exhaustive ranking, attribution, regret,
+constraints, preferences, and the LLM phase with scripted (DummyLM) and failing LMs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dspy.utils import DummyLM
+
+from agent.llm import LlmBudget
+from agent.report import search_json
+from agent.search import Preference, SearchOptions, search
+from solver.check import check_configuration
+from solver.constraints import as_constraints
+from tests.conftest import setting
+from tests.test_llm_phase import SlowLM
+
+LLAMA = ("llama3-8b", "h100", 1, 8192, 128)
+
+
+@pytest.fixture(scope="module")
+def llama_result():
+    return search(*setting(*LLAMA), SearchOptions())
+
+
+def test_search_is_deterministic(llama_result):
+    again = search(*setting(*LLAMA), SearchOptions())
+    assert json.dumps(search_json(again)) == json.dumps(search_json(llama_result))
+
+
+def test_attribution_chains_from_baseline_to_best(llama_result):
+    r = llama_result
+    steps = r.attribution
+    assert steps and steps[0].before == pytest.approx(r.baseline.throughput)
+    assert steps[-1].after == pytest.approx(r.best.throughput)
+    for a, b in zip(steps, steps[1:]):
+        assert a.after == pytest.approx(b.before)
+    assert r.speedup == pytest.approx(r.best.throughput / r.baseline.throughput)
+    for s in r.seed.steps:  # each accepted seed move is a gain
+        assert s.after > s.before
+
+
+def test_exhaustive_best_is_the_top_of_the_ranking_and_regret_is_consistent(llama_result):
+    r = llama_result
+    top = int(r.ranked.order[0])
+    assert r.exhaustive_best.throughput == pytest.approx(float(r.ranked.tokens[top]))
+    assert r.best.throughput >= r.seed.best.throughput
+    assert r.regret == pytest.approx(max(0.0, 1 - r.seed.best.throughput / r.exhaustive_best.throughput))
+
+
+def test_every_listed_configuration_passes_check_with_the_same_figures(llama_result):
+    r = llama_result
+    m, cl, tr = setting(*LLAMA)
+    data = search_json(r)
+    for row in data["top"]:
+        i = next(j for j in r.ranked.order if _same(row, r.ranked.configs[int(j)]))
+        cfg = r.ranked.configs[int(i)]
+        out = check_configuration(m, cl, tr, cfg)
+        assert out.legal and out.memory.peak_bytes == row["memory"]["peak_bytes"]
+
+
+def _same(row, cfg):
+    return all(row[k] == getattr(cfg, k) for k in ("tp", "pp", "vpp", "cp", "ep", "mbs")) and \
+        row["recompute"] == cfg.recompute.value and row["recompute_layers"] == cfg.recompute_layers
+
+
+def test_constraint_contradicting_the_best_changes_the_answer(llama_result):
+    best_tp = llama_result.best.config.tp
+    other = 1 if best_tp != 1 else 2
+    r = search(*setting(*LLAMA), SearchOptions(constraints=as_constraints([f"tp == {other}"])))
+    assert r.best.config.tp == other
+    assert all(c.tp == other for c in r.ranked.configs)
+    assert r.best.throughput <= llama_result.best.throughput
+
+
+def test_preference_shapes_ranking_and_reports_its_cost(llama_result):
+    best_tp = llama_result.best.config.tp
+    pref = Preference.parse(f"tp != {best_tp}:0.5")
+    r = search(*setting(*LLAMA), SearchOptions(preferences=(pref,)))
+    assert r.best.config.tp != best_tp
+    cost = r.preference_costs[0]
+    assert 0 < cost["cost"] < 1
+    assert cost["best_tokens_per_s_per_gpu"] == pytest.approx(llama_result.best.throughput)
+
+
+def test_mixtral_4_nodes_beats_amd_reference():
+    r = search(*setting("mixtral-8x22b", "mi355x", 4, 8192, 512), SearchOptions())
+    assert r.baseline_source.startswith("published reference: AMD Primus Mixtral 8x22B")
+    base = r.baseline.config
+    assert (base.tp, base.pp, base.vpp, base.ep, base.mbs, base.recompute_layers) == (1, 4, 2, 8, 1, 1)
+    assert r.speedup > 1.0 and r.attribution
+    data = search_json(r)
+    for key in ("best", "top", "baseline", "speedup_vs_baseline", "feasible_count", "regret",
+                "attribution", "llm"):
+        assert key in data
+    for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga", "gbs", "recompute",
+                "recompute_layers", "projection", "memory"):
+        assert key in data["best"]
+    assert data["llm"]["status"] == "skipped"
+
+
+# ------------------------------------------------------------------------------ LLM phase
+
+
+def hints(**kw):
+    return {"hints": json.dumps({"hard_constraints": [], "soft_objectives": [],
+                                 "combinations": []} | kw)}
+
+
+def run_with(lm, rounds=1, **opts):
+    return search(*setting(*LLAMA), SearchOptions(lm=lm, lm_name="dummy",
+                                                  budget=LlmBudget(rounds=rounds, calls=rounds),
+                                                  **opts))
+
+
+def test_valid_hints_become_constraints_and_only_narrow(llama_result):
+    lm = DummyLM([hints(hard_constraints=[{"expr": "pp == 1", "rationale": "no bubble"}],
+                        combinations=[{"settings": {"tp": 1, "mbs": 2}, "rationale": "try"}])])
+    r = run_with(lm)
+    rnd = r.llm.rounds[0]
+    assert r.llm.status == "completed" and "constraint pp == 1" in rnd.accepted
+    assert {x["kind"] for x in rnd.results} == {"constraints", "combination"}
+    llm_trials = [t for t in r.trials if t.phase == "llm"]
+    assert llm_trials and all(t.legal for t in llm_trials)
+    feasible = {tuple(c.model_dump().values()) for c in llama_result.ranked.configs}
+    for t in llm_trials:  # inside the default space: a subset of the unconstrained feasible set
+        assert tuple(t.config.model_dump().values()) in feasible
+        assert t.config.pp == 1
+    assert r.best.throughput == pytest.approx(llama_result.best.throughput)
+
+
+def test_hostile_and_invalid_hints_are_rejected():
+    lm = DummyLM([hints(hard_constraints=[{"expr": "__import__('os').system('echo pwned')"},
+                                          {"expr": "tp ** 2 < 9"}],
+                        soft_objectives=[{"expr": "open('/etc/passwd')", "weight": 0.3}],
+                        combinations=[{"settings": {"rm -rf": 1}}])])
+    r = run_with(lm)
+    rnd = r.llm.rounds[0]
+    assert len(rnd.rejected) == 4 and not rnd.accepted and not rnd.results
+    assert r.best.legal
+
+
+def test_hints_that_empty_the_set_are_reported():
+    lm = DummyLM([hints(hard_constraints=[{"expr": "tp == 3"}])])
+    r = run_with(lm)
+    res = r.llm.rounds[0].results
+    assert res and res[0]["summary"].endswith("empty: no legal configuration satisfies it")
+    assert r.best.legal
+
+
+def test_goal_objectives_from_the_llm_shape_the_ranking(llama_result):
+    best_tp = llama_result.best.config.tp
+    lm = DummyLM([hints(soft_objectives=[{"expr": f"tp != {best_tp}", "weight": 0.5,
+                                          "rationale": "user goal"}])])
+    r = run_with(lm, goal="keep tensor parallelism off")
+    assert [p["origin"] for p in r.preference_costs] == ["llm"]
+
+
+def test_slow_lm_leaves_the_run_complete():
+    r = search(*setting(*LLAMA), SearchOptions(
+        lm=SlowLM(), lm_name="slow", budget=LlmBudget(rounds=2, calls=2, call_timeout_s=0.3)))
+    assert r.llm.status == "stopped" and r.llm.warnings
+    assert r.best.legal and r.best_phase in ("exhaustive", "seed")
