@@ -86,15 +86,19 @@ def enum_choice(enum: type) -> click.Choice:
 # --------------------------------------------------------------------------- options
 
 
-def cluster_options(f: Callable) -> Callable:
+def cluster_options(f: Callable | None = None, *, required: bool = True) -> Callable:
+    """The model/cluster/training flags. ``required=False`` (``check``): --model and --nodes may
+    come from imported launch arguments instead."""
+    if f is None:
+        return lambda g: cluster_options(g, required=required)
     for opt in reversed(
         [
-            click.option("--model", "model_name", required=True,
+            click.option("--model", "model_name", required=required,
                          help="Catalog name (see `tune-cp models`), a Hugging Face config.json, "
                               "or a tune-cp model YAML/JSON file."),
             click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
                          help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
-            click.option("--nodes", type=click.IntRange(1, 1 << 20), required=True,
+            click.option("--nodes", type=click.IntRange(1, 1 << 20), required=required,
                          help="Number of nodes."),
             click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
                          help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
@@ -370,24 +374,113 @@ def main() -> None:
     """
 
 
+EXPORTERS = ("megatron", "primus", "nemo")
+
+
+def export_option(f: Callable) -> Callable:
+    return click.option(
+        "--export", "export_fmt", type=click.Choice(EXPORTERS), default=None,
+        help="Print ready-to-paste launch settings for the configuration (megatron: Megatron-LM "
+             "arguments; primus: Primus experiment overrides; nemo: Megatron-Bridge recipe "
+             "fields) on stdout; the report goes to stderr.",
+    )(f)
+
+
+def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                cfg: ParallelConfig) -> str:
+    from oracle.frameworks import to_megatron_args, to_nemo_overrides, to_primus_overrides
+
+    fn = {"megatron": to_megatron_args, "primus": to_primus_overrides,
+          "nemo": to_nemo_overrides}[fmt]
+    return fn(model, cluster, training, cfg)
+
+
+def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None):
+    """An imported launch (or None), read with the model when --model is given."""
+    from oracle.frameworks import parse_megatron_args, parse_primus_config
+
+    if megatron_args is not None and primus_config is not None:
+        fail("give either --megatron-args or --primus-config, not both")
+    model = load_model(model_name) if model_name else None
+    if megatron_args is not None:
+        return parse_megatron_args(megatron_args, model=model)
+    if primus_config is not None:
+        return parse_primus_config(primus_config, model=model, env=os.environ)
+    return None
+
+
+CONFIG_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
+                "recompute_layers", "recompute_modules", "sequence_parallel",
+                "no_distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8_recipe",
+                "pipeline_split")
+FLAG_TO_FIELD = {"no_distributed_optimizer": "distributed_optimizer"}
+
+
 @main.command("check")
-@cluster_options
+@cluster_options(required=False)
 @config_options
 @overhead_options
 @calibration_option
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
-def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | None,
-              seq_len: int | None, gbs: int | None, precision: str, as_json: bool,
-              memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
-              calibration: str | None, constraints: Sequence[str], **config: Any) -> None:
-    """Check one configuration: legality, per-stage memory and the verdict.
+@click.option("--megatron-args", default=None, metavar="ARGS",
+              help="Check the configuration of a Megatron-LM launch: its arguments as one string "
+                   "(a torchrun line or a script's argument block; unknown arguments are listed "
+                   "and ignored). Flags given explicitly override what it sets.")
+@click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
+              help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
+                   "found, else --model).")
+@export_option
+@click.pass_context
+def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
+              gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
+              as_json: bool, memory_margin: float, overheads: Sequence[str],
+              allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
+              megatron_args: str | None, primus_config: str | None, export_fmt: str | None,
+              **config: Any) -> None:
+    """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
-                                          gbs, precision)
-    cfg = build_config(config)
+    run = import_run(megatron_args, primus_config, model_name)
+    notes: list[str] = []
+    if run is None:
+        if model_name is None or nodes is None:
+            fail(f"--{'model' if model_name is None else 'nodes'} is required (or describe the "
+                 f"run with --megatron-args / --primus-config)")
+        model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
+                                              seq_len, gbs, precision)
+        cfg = build_config(config)
+    else:
+        model = run.require_model()
+        n = nodes or run.num_nodes
+        if n is None:
+            fail(f"--nodes is required: the {run.source} do not give the node count "
+                 f"(torchrun --nnodes)")
+        gpu = load_gpu(gpu_name)
+        cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=n,
+                        gpus_per_node=gpus_per_node or run.gpus_per_node or gpu.gpus_per_node)
+        training = run.training_spec(model, cluster)
+        explicit = {k: v for k, v in (("seq_len", seq_len), ("global_batch_size", gbs)) if v}
+        if ctx.get_parameter_source("precision") is not click.core.ParameterSource.DEFAULT:
+            explicit["precision"] = precision
+        if explicit:
+            training = build("training settings", TrainingSpec,
+                             **(training.model_dump() | explicit))
+            notes.append("from the flags: " + ", ".join(f"{k}={v}" for k, v in explicit.items()))
+        overrides = {}
+        for flag in CONFIG_FLAGS:
+            if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
+                overrides[FLAG_TO_FIELD.get(flag, flag)] = (
+                    not config[flag] if flag == "no_distributed_optimizer" else config[flag])
+        if "recompute_modules" in overrides:
+            overrides["recompute_modules"] = tuple(
+                x.strip() for x in str(overrides["recompute_modules"]).split(",") if x.strip())
+        cfg = run.config if not overrides else build(
+            "configuration", ParallelConfig, **(run.config.model_dump() | overrides))
+        if overrides:
+            notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
+                                                        for k, v in overrides.items()))
     outcome = check_configuration(model, cluster, training, cfg,
                                   overheads=parse_overheads(overheads),
                                   memory_margin=memory_margin,
@@ -398,32 +491,48 @@ def check_cmd(model_name: str, gpu_name: str, nodes: int, gpus_per_node: int | N
     projection = None
     if outcome.memory is not None:  # the layout exists (it may still be out of memory)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+    exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
+                if export_fmt else None)
+    imported = None if run is None else {
+        "source": run.source, "unknown": run.unknown, "ignored": run.ignored,
+        "defaults": run.defaults, "notes": run.notes + notes}
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
                    "training": training.model_dump(mode="json"), **outcome.to_json(),
-                   "projection": projection.model_dump() if projection else None})
+                   "projection": projection.model_dump() if projection else None,
+                   "imported": imported, "export": exported})
+        sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
+    echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
+    echo(f"check: {describe_setting(model, cluster, training)}")
+    if imported is not None:
+        echo(f"imported from the {run.source}")
+        for what in ("unknown", "defaults", "notes"):
+            if imported[what]:
+                label = {"unknown": "unknown arguments (ignored)", "defaults": "defaults taken",
+                         "notes": "notes"}[what]
+                echo(f"  {label}: " + "; ".join(imported[what]))
+    echo(f"config: {describe_config(outcome.ctx.cfg)}")
+    echo()
+    if outcome.memory is not None:
+        for line in render_memory(outcome):
+            echo(line)
+        echo()
+    if projection is not None:
+        for line in render_projection(projection):
+            echo(line)
+        echo()
+    if outcome.legal:
+        mem = outcome.memory
+        echo(f"verdict: legal, fits (dominant: {mem.dominant_group.replace('_', ' ')}; "
+             f"largest term {mem.dominant_term})")
     else:
-        click.echo(f"check: {describe_setting(model, cluster, training)}")
-        click.echo(f"config: {describe_config(outcome.ctx.cfg)}")
-        click.echo("")
-        if outcome.memory is not None:
-            for line in render_memory(outcome):
-                click.echo(line)
-            click.echo("")
-        if projection is not None:
-            for line in render_projection(projection):
-                click.echo(line)
-            click.echo("")
-        if outcome.legal:
-            mem = outcome.memory
-            click.echo(f"verdict: legal, fits (dominant: {mem.dominant_group.replace('_', ' ')}; "
-                       f"largest term {mem.dominant_term})")
-        else:
-            fits = outcome.memory is not None and outcome.memory.peak_bytes <= outcome.limit_bytes
-            verdict = "out of memory" if outcome.memory is not None and not fits else "illegal"
-            click.echo(f"verdict: {verdict}")
-            for v in outcome.violations:
-                click.echo(f"  [{v.rule}] {v.message}")
+        fits = outcome.memory is not None and outcome.memory.peak_bytes <= outcome.limit_bytes
+        verdict = "out of memory" if outcome.memory is not None and not fits else "illegal"
+        echo(f"verdict: {verdict}")
+        for v in outcome.violations:
+            echo(f"  [{v.rule}] {v.message}")
+    if exported:
+        click.echo(exported)
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
 
 
@@ -534,6 +643,12 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
               help="Write every evaluated candidate as JSON lines.")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
+@click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw the feasible set (projected throughput against peak memory) to this PNG.")
+@click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
+                                                   "recompute"]), default="pp",
+              show_default=True, help="Axis that colours the --pareto points.")
+@export_option
 @overhead_options
 @calibration_option
 @click.pass_context
@@ -542,7 +657,9 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                as_json: bool, top_k: int, constraints: Sequence[str], preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
                lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
-               lm_budget: float, trials_out: str | None, timings: bool, memory_margin: float,
+               lm_budget: float, trials_out: str | None, timings: bool,
+               pareto_path: str | None, pareto_color: str, export_fmt: str | None,
+               memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
                calibration: str | None) -> None:
     """Search the fastest legal configuration (the default command).
@@ -594,11 +711,152 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                 fh.write(json.dumps(t.to_json()) + "\n")
     from agent.report import render_search, search_json
 
+    if pareto_path:
+        from agent.plots import pareto_plot
+
+        pareto_plot(result, pareto_path, pareto_color)
+    exported = (export_text(export_fmt, model, cluster, training, result.best.config)
+                if export_fmt else None)
     if as_json:
-        emit_json(search_json(result, timings))
-    else:
-        for line in render_search(result, timings):
+        data = search_json(result, timings)
+        if exported is not None:
+            data["export"] = exported
+        if pareto_path:
+            data["pareto"] = pareto_path
+        emit_json(data)
+        return
+    for line in render_search(result, timings):
+        click.echo(line, err=exported is not None)
+    if pareto_path:
+        click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+    if exported is not None:
+        click.echo(exported)
+
+
+def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
+    """``2.5`` (every GPU) or ``h100=2.5,b200=4.1`` -> price per GPU-hour by GPU name."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, raw = item.rpartition("=")
+        try:
+            price = float(raw)
+        except ValueError:
+            fail(f"--price-per-gpu-hour {item!r}: {raw!r} is not a number; write 2.5 or "
+                 f"h100=2.5,b200=4")
+        if price < 0:
+            fail(f"--price-per-gpu-hour {item!r}: a price cannot be negative")
+        if not sep:
+            out.update(dict.fromkeys(gpus, price))
+            continue
+        key = load_gpu(name).name
+        if key not in gpus:
+            fail(f"--price-per-gpu-hour {item!r}: {key} is not among --gpu ({', '.join(gpus)})")
+        out[key] = price
+    return out
+
+
+@main.command("plan")
+@click.option("--model", "model_name", required=True,
+              help="Catalog name, a Hugging Face config.json, or a tune-cp model file.")
+@click.option("--gpu", "gpu_names", default="mi355x", show_default=True,
+              help="One or several GPUs, comma separated (e.g. h100,b200,mi355x).")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="GPUs per node  [default: each GPU's usual node size]")
+@click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+              help="Sequence length  [default: the model's usual one]")
+@click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+              help="Global batch size  [default: the model's reference]")
+@click.option("--precision", type=enum_choice(Precision), default="bf16", show_default=True,
+              help="Training precision (FP8 falls back to BF16 on GPUs without FP8).")
+@click.option("--tokens", type=click.FloatRange(1, 1e18), default=None,
+              help="Tokens to train, e.g. 15e12: adds time to train, GPU-hours and cost.")
+@click.option("--price-per-gpu-hour", "prices", default=None, metavar="PRICE|GPU=PRICE,...",
+              help="Cost per GPU-hour, one for all or per GPU (h100=2.5,b200=4).")
+@click.option("--max-nodes", type=click.IntRange(1, 1 << 16), default=1024, show_default=True,
+              help="Largest node count considered.")
+@click.option("--points", type=click.IntRange(1, 16), default=6, show_default=True,
+              help="Node counts in the table: the smallest that fits, then powers of two.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw throughput and time to train against nodes to this PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@overhead_options
+@calibration_option
+def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
+             gbs: int | None, precision: str, tokens: float | None, prices: str | None,
+             max_nodes: int, points: int, plot_path: str | None, as_json: bool,
+             memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
+             calibration: str | None) -> None:
+    """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
+    configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
+    import time
+
+    from agent.plan import plan, training_for_precision
+
+    model = load_model(model_name)
+    names = [n.strip() for n in gpu_names.split(",") if n.strip()]
+    if not names:
+        fail("--gpu: name at least one GPU (see `tune-cp gpus`)")
+    gpus = [load_gpu(n) for n in names]
+    seq = seq_len or model.default_seq_len
+    batch = gbs or model.default_global_batch_size
+    price_map = parse_prices(prices, [g.name for g in gpus])
+    t0 = time.monotonic()
+
+    def progress(msg: str) -> None:
+        if time.monotonic() - t0 > 1.0:
+            click.echo(f"  planning {msg} ...", err=True)
+
+    plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
+                 training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
+                 prices=price_map, max_nodes=max_nodes, points=points,
+                 overheads=parse_overheads(overheads), memory_margin=memory_margin,
+                 calibration=calibration, progress=progress)
+    if plot_path:
+        from agent.plots import plan_plot
+
+        plan_plot(plans, plot_path, tokens)
+    if as_json:
+        emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch,
+                   "precision": precision, "tokens": tokens,
+                   "gpus": [p.to_json() for p in plans], "plot": plot_path})
+        return
+    click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
+               + (f", {tokens:.3g} tokens" if tokens else ""))
+    for p in plans:
+        click.echo("")
+        if p.min_nodes is None:
+            click.echo(f"{p.gpu}: {p.note}")
+            continue
+        click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
+                   f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} {'MFU':>6} "
+                f"{'cluster tok/s':>13}")
+        if tokens:
+            head += f" {'days':>8} {'GPU-hours':>11}"
+            if p.price_per_gpu_hour is not None:
+                head += f" {'cost':>12}"
+        click.echo(head)
+        for q in p.points:
+            if not q.feasible:
+                click.echo(f"  {q.nodes:>5} {q.gpus:>6} no feasible configuration")
+                continue
+            c = q.config
+            layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
+                      f"mbs{c['mbs']}")
+            line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
+                    f"{100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+            if tokens:
+                line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
+                if q.cost is not None:
+                    line += f" {q.cost:>12,.0f}"
             click.echo(line)
+    click.echo("")
+    click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
+               "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+    if plot_path:
+        click.echo(f"plot: {plot_path}")
 
 
 @main.command("calibrate")

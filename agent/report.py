@@ -163,14 +163,14 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
             out.append(f"  warning: {w}")
     out.append("")
     out.append(f"top {min(r.options.top_k, len(r.ranked.order))} of {len(enum.configs):,}:")
-    head = (f"{'#':>3}  {'layout':28} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
+    head = (f"{'#':>3}  {'layout':32} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
             f"{'HBM':>5} {'tok/s/GPU':>10} {'MFU':>6} {'step s':>7}")
     out.append(head)
     s = r.ranked.scores
     hbm = cl.gpu.hbm_bytes / GIB
     for rank, i in enumerate(r.ranked.order[: r.options.top_k], 1):
         c = r.ranked.configs[int(i)]
-        out.append(f"{rank:>3}  {short_layout(c):28} {c.mbs:>3} {c.ga:>4} {recompute_label(c):10} "
+        out.append(f"{rank:>3}  {short_layout(c):32} {c.mbs:>3} {c.ga:>4} {recompute_label(c):10} "
                    f"{r.ranked.peak_bytes[int(i)] / GIB:>9.1f} {hbm:>5.0f} "
                    f"{s['tokens_per_s_per_gpu'][int(i)]:>10,.0f} {100 * s['mfu'][int(i)]:>5.1f}% "
                    f"{s['step_time_s'][int(i)]:>7.2f}")
