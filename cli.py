@@ -897,6 +897,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         main.main(args=args, prog_name="tune-cp", standalone_mode=False)
     except SystemExit as e:
         return int(e.code or 0)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except click.exceptions.Abort:
         click.echo("tune-cp: aborted", err=True)
         return 130

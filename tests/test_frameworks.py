@@ -645,9 +645,9 @@ def test_realistic_primus_experiment():
         "bf16: on (Primus default, trainer_base.yaml)",
     ]
     assert run.notes == [
-        "moe_router_force_load_balancing true: routing is forced balanced (a benchmark setting); "
-        "the routing-imbalance overhead still applies (set it to 0 with --overhead "
-        "moe_routing_imbalance=0)",
+        "moe_router_force_load_balancing true: routing is forced balanced (a benchmark setting), "
+        "as tune-cp's default moe_routing_imbalance=0 assumes; for real routing set --overhead "
+        "moe_routing_imbalance=0.5",
     ]
 
 

@@ -221,8 +221,8 @@ UNMODELED: dict[str, Unmodeled] = {
         Key(Kind.FLOAT), "token dropping at an expert capacity is not modeled (dropless assumed)"),
     "moe_pad_expert_input_to_capacity": Unmodeled(BOOL, "capacity padding is not modeled"),
     "moe_router_force_load_balancing": Unmodeled(
-        BOOL, "routing is forced balanced (a benchmark setting); the routing-imbalance overhead "
-        "still applies (set it to 0 with --overhead moe_routing_imbalance=0)"),
+        BOOL, "routing is forced balanced (a benchmark setting), as tune-cp's default "
+        "moe_routing_imbalance=0 assumes; for real routing set --overhead moe_routing_imbalance=0.5"),
     "overlap_moe_expert_parallel_comm": Unmodeled(
         BOOL, "overlapping expert-parallel communication with compute is not modeled"),
     "use_precision_aware_optimizer": Unmodeled(
