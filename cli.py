@@ -35,6 +35,7 @@ from oracle.specs import (
     RecomputeMethod,
     Schedule,
     TrainingSpec,
+    validation_message,
 )
 from solver.check import CheckOutcome, check_configuration
 from solver.rules import DEFAULT_MEMORY_MARGIN
@@ -55,20 +56,12 @@ def fail(message: str) -> NoReturn:
     raise UserError(message)
 
 
-def first_validation_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"])
-    value = e.get("input")
-    shown = f" (got {value!r})" if not isinstance(value, dict | list) else ""
-    return f"{loc}: {e['msg']}{shown}"
-
-
 def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
     """Construct a spec; a validation error becomes a one-line user error naming the field."""
     try:
         return factory(**kwargs)
     except ValidationError as e:
-        fail(f"invalid {kind}: {first_validation_error(e)}")
+        fail(f"invalid {kind}: {validation_message(e)}")
 
 
 def emit_json(data: Any) -> None:

@@ -50,37 +50,8 @@ def _crossval_module():
 DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
 
 
-def ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share their mean rank)."""
-    order = np.argsort(x, kind="mergesort")
-    r = np.empty(len(x))
-    r[order] = np.arange(len(x), dtype=float)
-    for v in np.unique(x):
-        idx = x == v
-        if idx.sum() > 1:
-            r[idx] = r[idx].mean()
-    return r
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    for r in rows:
-        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-    return "\n".join(out)
-
-
-def pct(x: float) -> str:
-    return "n/a" if x != x else f"{100 * x:.1f}%"
+_cv = _crossval_module()
+ranks, spearman, table, pct = _cv.ranks, _cv.spearman, _cv.table, _cv.pct
 
 
 def project_rows(rows: list[RunRow], calib) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -81,7 +81,8 @@ def grouped_cv(rows: list[RunRow], folds: int = 5, seed: int = 0) -> CrossValida
     return CrossValidation(rows, measured, projected, fold)
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: left-aligned columns, a dashed rule under the header."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
@@ -90,20 +91,24 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    def ranks(x: np.ndarray) -> np.ndarray:
-        order = np.argsort(x, kind="mergesort")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x), dtype=float)
-        for v in np.unique(x):
-            idx = x == v
-            if idx.sum() > 1:
-                r[idx] = r[idx].mean()
-        return r
+def ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share their mean rank)."""
+    order = np.argsort(x, kind="mergesort")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):
+        idx = x == v
+        if idx.sum() > 1:
+            r[idx] = r[idx].mean()
+    return r
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (NaN when either side has no spread)."""
     ra, rb = ranks(a), ranks(b)
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
@@ -122,15 +127,15 @@ def group_spearman(rows: list[RunRow], projected: np.ndarray,
         a = np.array(idx)
         if len(a) < 3 or len(np.unique(measured[a])) < 2:
             continue
-        out.append((g, len(a), _spearman(projected[a], measured[a])))
+        out.append((g, len(a), spearman(projected[a], measured[a])))
     return out
 
 
 def summary_line(cv: CrossValidation) -> str:
     ape = cv.ape
-    return (f"grouped {int(cv.fold.max()) + 1}-fold CV: MAPE {_pct(float(ape.mean()))}, median "
-            f"{_pct(float(np.median(ape)))}, within 10% {_pct(float((ape <= 0.10).mean()))}, "
-            f"within 15% {_pct(float((ape <= 0.15).mean()))} over {len(ape)} rows")
+    return (f"grouped {int(cv.fold.max()) + 1}-fold CV: MAPE {pct(float(ape.mean()))}, median "
+            f"{pct(float(np.median(ape)))}, within 10% {pct(float((ape <= 0.10).mean()))}, "
+            f"within 15% {pct(float((ape <= 0.15).mean()))} over {len(ape)} rows")
 
 
 def report(cv: CrossValidation) -> str:
@@ -142,16 +147,16 @@ def report(cv: CrossValidation) -> str:
     for f in range(nfold):
         idx = cv.fold == f
         confs = len({config_key(r) for r, m in zip(cv.rows, idx, strict=True) if m})
-        frows.append([str(f), str(int(idx.sum())), str(confs), _pct(float(ape[idx].mean())),
-                      _pct(float(np.median(ape[idx]))),
+        frows.append([str(f), str(int(idx.sum())), str(confs), pct(float(ape[idx].mean())),
+                      pct(float(np.median(ape[idx]))),
                       f"{100 * float(logerr[idx].mean()):+.1f}%"])
-    lines.append(_table(["fold", "rows", "configurations", "MAPE", "median",
+    lines.append(table(["fold", "rows", "configurations", "MAPE", "median",
                          "bias (mean log err)"], frows))
     lines.append("")
-    lines.append(_table(
+    lines.append(table(
         ["pooled rows", "MAPE", "median APE", "within 10%", "within 15%", "fold MAPE range"],
-        [[str(len(ape)), _pct(float(ape.mean())), _pct(float(np.median(ape))),
-          _pct(float((ape <= 0.10).mean())), _pct(float((ape <= 0.15).mean())),
+        [[str(len(ape)), pct(float(ape.mean())), pct(float(np.median(ape))),
+          pct(float((ape <= 0.10).mean())), pct(float((ape <= 0.15).mean())),
           (f"{min(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}-"
            f"{max(float(ape[cv.fold == f].mean()) for f in range(nfold)) * 100:.1f}%")]]))
     lines.append("")
@@ -163,10 +168,10 @@ def report(cv: CrossValidation) -> str:
         out = []
         for k, idx in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             a = np.array(idx)
-            out.append([k, str(len(a)), _pct(float(ape[a].mean())),
-                        _pct(float(np.median(ape[a]))),
+            out.append([k, str(len(a)), pct(float(ape[a].mean())),
+                        pct(float(np.median(ape[a]))),
                         f"{100 * float(logerr[a].mean()):+.1f}%"])
-        lines.append(_table([title, "rows", "CV MAPE", "CV median", "bias (mean log err)"], out))
+        lines.append(table([title, "rows", "CV MAPE", "CV median", "bias (mean log err)"], out))
         lines.append("")
 
     grouped("source", lambda r: r.source_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
@@ -354,6 +354,16 @@ class ParallelConfig(Spec):
 
 class ConfigError(ValueError):
     """A user-facing input error; its message is one line naming the value and the fix."""
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first problem of a pydantic validation error, on one line: ``field: message (got
+    value)``."""
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"]) or "value"
+    value = e.get("input")
+    shown = f" (got {value!r})" if not isinstance(value, dict | list) else ""
+    return f"{loc}: {e['msg']}{shown}"
 
 
 def default_fp8_recipe(gpu: GpuSpec) -> Fp8Recipe:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from oracle.specs import GIB, ClusterSpec, Recompute
-from solver.feasible import solver_parameters
+from solver.feasible import single_solve_solver, solved_axes
 from solver.model import LegalityModel
 from solver.problem import Problem
 from solver.rules import RULES, SEARCH_ONLY
@@ -36,7 +36,6 @@ from solver.space import (
     max_layers_per_chunk,
     selective_options,
 )
-from solver.symbolic import Sym
 
 #: What a family means, for explanations.
 FAMILY_WORDS: dict[str, str] = {
@@ -129,9 +128,7 @@ def _assumption_model(problem: Problem, families: Iterable[str]) -> tuple[Legali
 def _solve(lm: LegalityModel, assumptions: list, time_limit_s: float) -> int:
     lm.cp.ClearAssumptions()
     lm.cp.AddAssumptions(assumptions)
-    solver = cp_model.CpSolver()
-    solver_parameters(solver, time_limit_s)
-    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    solver = single_solve_solver(time_limit_s)
     return solver.Solve(lm.cp)
 
 
@@ -143,9 +140,7 @@ def conflicting_families(problem: Problem, families: Iterable[str] | None = None
     names = list(lits)
     lm.cp.ClearAssumptions()
     lm.cp.AddAssumptions([lits[n] for n in names])
-    solver = cp_model.CpSolver()
-    solver_parameters(solver, time_limit_s)
-    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    solver = single_solve_solver(time_limit_s)
     status = solver.Solve(lm.cp)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -181,13 +176,11 @@ def least_memory(problem: Problem, families: Iterable[str] | None = None,
     peak = lm.cp.NewIntVar(0, hi, "peak")
     lm.cp.AddMaxEquality(peak, [t if isinstance(t, int) else t.expr for t in totals])
     lm.cp.Minimize(peak)
-    solver = cp_model.CpSolver()
-    solver_parameters(solver, time_limit_s)
-    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    solver = single_solve_solver(time_limit_s)
     status = solver.Solve(lm.cp)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    values = {k: solver.Value(v.expr) for k, v in lm.axis.items() if isinstance(v, Sym)}
+    values = solved_axes(solver, lm)
     cfg = problem.resolve(lm.candidate(values))
     rc = lm.candidate(values)["recompute"]
     return solver.Value(peak), f"{cfg.label()} mbs {cfg.mbs} recompute {rc.label()}"
@@ -200,9 +193,7 @@ def feasible(problem: Problem, families: Iterable[str] | None = None,
     lm = LegalityModel(problem, fams)
     for lit in lm.lit.values():
         lm.cp.Add(lit == 1)
-    solver = cp_model.CpSolver()
-    solver_parameters(solver, time_limit_s)
-    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    solver = single_solve_solver(time_limit_s)
     status = solver.Solve(lm.cp)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
         raise RuntimeError(f"CP-SAT could not decide feasibility ({solver.StatusName(status)})")

@@ -93,6 +93,20 @@ class _Collector(cp_model.CpSolverSolutionCallback):
         self.rows.append((vals, peak))
 
 
+def single_solve_solver(time_limit_s: float | None = None) -> cp_model.CpSolver:
+    """A solver for one solve (feasibility, an optimum, an assumption core): the enumeration's
+    parameters with CP-SAT's automatic search instead of the fixed axis order."""
+    solver = cp_model.CpSolver()
+    solver_parameters(solver, time_limit_s)
+    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    return solver
+
+
+def solved_axes(solver: cp_model.CpSolver, lm: LegalityModel) -> dict[str, int]:
+    """The axis values of the solver's solution."""
+    return {k: solver.Value(v.expr) for k, v in lm.axis.items() if isinstance(v, Sym)}
+
+
 def solver_parameters(solver: cp_model.CpSolver, time_limit_s: float | None = None) -> None:
     """One worker, fixed search on the axes (``LegalityModel.add_search_strategy``), light
     presolve and no SAT inprocessing: probing, symmetry, the LP relaxation and inprocessing at
@@ -198,13 +212,11 @@ def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],
     total = sum(terms)
     if not isinstance(total, int):
         lm.cp.Minimize(total.expr)
-    solver = cp_model.CpSolver()
-    solver_parameters(solver, time_limit_s)
-    solver.parameters.search_branching = cp_model.AUTOMATIC_SEARCH
+    solver = single_solve_solver(time_limit_s)
     status = solver.Solve(lm.cp)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    values = {k: solver.Value(v.expr) for k, v in lm.axis.items() if isinstance(v, Sym)}
+    values = solved_axes(solver, lm)
     cand = lm.candidate(values)
     peak = lm.memory.peak(lambda x: solver.Value(x.expr)) if "hbm" in fams else -1
     return FeasibleConfig(problem.resolve(cand), peak, cand)

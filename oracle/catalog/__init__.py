@@ -18,17 +18,18 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from oracle.specs import GIB, ConfigError, GpuSpec, MlaSpec, ModelSpec, Spec, Vendor
+from oracle.specs import (
+    GIB,
+    ConfigError,
+    GpuSpec,
+    MlaSpec,
+    ModelSpec,
+    Spec,
+    Vendor,
+    validation_message,
+)
 
 HERE = Path(__file__).parent
-
-
-def _first_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"]) or "value"
-    value = e.get("input")
-    shown = f" (got {value!r})" if not isinstance(value, dict | list) else ""
-    return f"{loc}: {e['msg']}{shown}"
 
 
 # ------------------------------------------------------------------------------------ GPUs
@@ -145,7 +146,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     try:
         return GpuEntry(**data).to_spec()
     except ValidationError as e:
-        raise ConfigError(f"GPU file {str(path)!r}: {_first_error(e)}") from e
+        raise ConfigError(f"GPU file {str(path)!r}: {validation_message(e)}") from e
     except TypeError as e:
         raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
 
@@ -188,7 +189,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         data.setdefault("name", label or "custom")
         return ModelSpec(**data)
     except ValidationError as e:
-        raise ConfigError(f"model file {str(path)!r}: {_first_error(e)}") from e
+        raise ConfigError(f"model file {str(path)!r}: {validation_message(e)}") from e
     except ConfigError as e:
         raise ConfigError(f"model file {str(path)!r}: {e}") from e
     except TypeError as e:
@@ -309,7 +310,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
     try:
         return ModelSpec(**spec)
     except ValidationError as e:
-        raise ConfigError(_first_error(e)) from e
+        raise ConfigError(validation_message(e)) from e
 
 
 def catalog_model_names() -> list[str]:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from oracle.specs import ConfigError
 
@@ -378,13 +377,6 @@ def _show(value: Any) -> str:
         return " ".join(str(v) for v in value)
     return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(
         value, bool) else str(value)
-
-
-def first_error(err: ValidationError) -> str:
-    """The first problem of a pydantic validation error, on one line."""
-    e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"]) or "value"
-    return f"{loc}: {e['msg']} (got {e.get('input')!r})"
 
 
 def fmt_value(value: Any) -> str:

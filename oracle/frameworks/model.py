@@ -20,12 +20,19 @@ from oracle.frameworks.keys import (
     FRAMEWORK_NAME,
     Flavor,
     RawArgs,
-    first_error,
     fmt_value,
     layer_pattern,
     spell,
 )
-from oracle.specs import ConfigError, MlaSpec, ModelSpec, NormKind, PositionEmbedding, Spec
+from oracle.specs import (
+    ConfigError,
+    MlaSpec,
+    ModelSpec,
+    NormKind,
+    PositionEmbedding,
+    Spec,
+    validation_message,
+)
 
 # Model-shape defaults for flags not given (same sources; Primus: language_model.yaml).
 MODEL_DEFAULTS: dict[Flavor, dict[str, Any]] = {
@@ -219,7 +226,7 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         built = ModelSpec(**spec)
     except ValidationError as e:
         raise ConfigError(f"the model described by the {source} is not valid: "
-                          f"{first_error(e)}") from e
+                          f"{validation_message(e)}") from e
     return built, "", stated + ([vocab_note] if vocab_note else [])
 
 

@@ -19,7 +19,6 @@ from oracle.frameworks.keys import (
     Fp8Format,
     RawArgs,
     find_model_file,
-    first_error,
     fmt_value,
     load_model_chain,
     read_yaml_mapping,
@@ -48,6 +47,7 @@ from oracle.specs import (
     Schedule,
     Spec,
     TrainingSpec,
+    validation_message,
 )
 
 
@@ -166,7 +166,7 @@ class ImportedRun(Spec):
                 flash_attention=self.flash_attention,
             )
         except ValidationError as e:
-            raise ConfigError(f"the {self.source}: {first_error(e)}") from e
+            raise ConfigError(f"the {self.source}: {validation_message(e)}") from e
 
 
 # ------------------------------------------------------------------------------- importers
@@ -315,7 +315,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     try:
         config = ParallelConfig(**kw)
     except ValidationError as e:
-        raise ConfigError(f"the {source} give an invalid configuration: {first_error(e)}") from e
+        raise ConfigError(f"the {source} give an invalid configuration: {validation_message(e)}") from e
     seq = raw.read("seq_length") if r.given("seq_length") else None
     gbs = raw.read("global_batch_size") if r.given("global_batch_size") else None
     if r.flavor is Flavor.PRIMUS:
