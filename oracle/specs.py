@@ -360,10 +360,11 @@ def validation_message(err: ValidationError) -> str:
     """The first problem of a pydantic validation error, on one line: ``field: message (got
     value)``."""
     e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"]) or "value"
+    loc = ".".join(str(x) for x in e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
     value = e.get("input")
     shown = f" (got {value!r})" if not isinstance(value, dict | list) else ""
-    return f"{loc}: {e['msg']}{shown}"
+    return f"{loc}: {msg}{shown}" if loc else msg
 
 
 def default_fp8_recipe(gpu: GpuSpec) -> Fp8Recipe:

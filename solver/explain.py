@@ -68,7 +68,8 @@ class Explanation:
     """Why nothing is feasible. ``conflict``: a minimal set of conflicting families (extra
     constraints appear as ``extra: <expr>``); ``min_peak_bytes``: the least memory a legal
     layout needs (when memory is in the conflict); ``min_nodes``: the smallest node count with a
-    feasible configuration (None if none up to the scan's limit); ``relaxations``: the single
+    feasible configuration (None if none up to the scan's limit); ``max_nodes``: a smaller node
+    count that fits when the cluster is too large for the batch; ``relaxations``: the single
     changes that make this cluster feasible."""
 
     feasible: bool
@@ -77,6 +78,7 @@ class Explanation:
     min_peak_config: str | None = None
     limit_bytes: int = 0
     min_nodes: int | None = None
+    max_nodes: int | None = None
     nodes_scanned: tuple[int, int] = (0, 0)
     relaxations: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
@@ -97,6 +99,9 @@ class Explanation:
         fixes = []
         if self.min_nodes is not None:
             fixes.append(f"needs at least {self.min_nodes} nodes of {self.gpu} at this batch")
+        elif self.max_nodes is not None:
+            fixes.append(f"fewer nodes fit this global batch, e.g. {self.max_nodes} nodes of "
+                         f"{self.gpu}, or a larger --gbs")
         elif self.nodes_scanned[1]:
             fixes.append(f"no node count from {self.nodes_scanned[0]} to "
                          f"{self.nodes_scanned[1]} fits at this batch")
@@ -261,6 +266,25 @@ def min_nodes(problem: Problem, families: Iterable[str] | None = None,
     return None, (cl.num_nodes + 1, top)
 
 
+def max_nodes_below(problem: Problem, families: Iterable[str] | None = None,
+                    space_for: SpaceFor | None = None) -> int | None:
+    """A smaller node count that fits when the cluster is too large for the batch: the largest
+    feasible one among the powers of two and the divisors of the global batch below the
+    problem's node count (feasibility is not monotone in the node count — divisibility — so this
+    is an example, not a bound)."""
+    cl = problem.cluster
+    space_for = space_for or (lambda c: default_space(
+        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up))
+    gbs = problem.training.global_batch_size
+    candidates = {1 << k for k in range(cl.num_nodes.bit_length())}
+    candidates |= {d for d in range(1, gbs + 1) if gbs % d == 0}
+    for n in sorted((c for c in candidates if c < cl.num_nodes), reverse=True):
+        cluster = cl.model_copy(update={"num_nodes": n})
+        if feasible(problem.replace(cluster=cluster, space=space_for(cluster)), families):
+            return n
+    return None
+
+
 def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, *,
                        space_for: SpaceFor | None = None, max_nodes: int | None = None,
                        ) -> Explanation:
@@ -276,8 +300,10 @@ def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, 
         return Explanation(feasible=True, setting=setting)
     least = least_memory(problem, families) if "hbm" in core else None
     t2 = time.perf_counter()
-    n, scanned = None, (0, 0)
-    if set(core) & NODE_BOUND:
+    n, n_max, scanned = None, None, (0, 0)
+    if "batch" in core and "hbm" not in core and problem.cluster.num_nodes > 1:
+        n_max = max_nodes_below(problem, families, space_for)
+    elif set(core) & NODE_BOUND:
         n, scanned = min_nodes(problem, families, space_for, max_nodes)
     t3 = time.perf_counter()
     relax = relaxations(problem, families)
@@ -285,7 +311,7 @@ def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, 
     return Explanation(
         feasible=False, conflict=core,
         min_peak_bytes=least[0] if least else None, min_peak_config=least[1] if least else None,
-        limit_bytes=problem.limit_bytes, min_nodes=n, nodes_scanned=scanned,
+        limit_bytes=problem.limit_bytes, min_nodes=n, max_nodes=n_max, nodes_scanned=scanned,
         relaxations=tuple(relax), setting=setting, gpu=cl.gpu.name,
         timings={"conflict": t1 - t0, "least_memory": t2 - t1, "nodes": t3 - t2,
                  "relaxations": t4 - t3, "total": t4 - t0},
