@@ -24,11 +24,13 @@ See ``docs/solver.md`` for each encoding.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache, cached_property
+from functools import cached_property
 from itertools import product
 from typing import Any
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from oracle import memory as M
@@ -68,6 +70,50 @@ KINDS: tuple[Recompute, ...] = tuple(Recompute)
 METHODS: tuple[RecomputeMethod, ...] = tuple(RecomputeMethod)
 
 
+class OracleCache:
+    """The oracle evaluations a model tabulates, memoised for every model of the same
+    (model, cluster, training, overheads): the slices of one enumeration share the geometry
+    (stage counts per (pp, vpp, split, micro-batches, recompute code)), and repeated
+    enumerations (the search explores sub-spaces) share everything. Keys are axis values,
+    never domain positions, so any space may use it."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.model, self.cluster, self.training = problem.model, problem.cluster, problem.training
+        self.overheads = problem.overheads
+        self._resolved: dict[tuple[tuple[str, Any], ...], ParallelConfig] = {}
+        self.act: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.shard: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.pu: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.stages: dict[tuple[Any, ...], list[M.StageCounts]] = {}
+
+    def resolved(self, **fields: Any) -> ParallelConfig:
+        """``resolve_config`` of a configuration with the given fields (others default)."""
+        key = tuple(sorted(fields.items(), key=lambda kv: kv[0]))
+        cfg = self._resolved.get(key)
+        if cfg is None:
+            cfg = resolve_config(ParallelConfig(**fields), self.model, self.cluster, self.training)
+            self._resolved[key] = cfg
+        return cfg
+
+
+#: Caches of the latest problems (least recently used first).
+_CACHES: OrderedDict[tuple[Any, ...], OracleCache] = OrderedDict()
+CACHE_PROBLEMS = 4
+
+
+def oracle_cache(problem: Problem) -> OracleCache:
+    """The :class:`OracleCache` of ``problem``'s model, cluster, training and overheads."""
+    key = (problem.model, problem.cluster, problem.training, problem.overheads)
+    cache = _CACHES.get(key)
+    if cache is None:
+        cache = _CACHES[key] = OracleCache(problem)
+        while len(_CACHES) > CACHE_PROBLEMS:
+            _CACHES.popitem(last=False)
+    else:
+        _CACHES.move_to_end(key)
+    return cache
+
+
 class LegalityModel:
     """The CP-SAT model of one :class:`~solver.problem.Problem`.
 
@@ -83,6 +129,7 @@ class LegalityModel:
         if unknown:
             raise ValueError(f"unknown families {sorted(unknown)}; choose from {list(RULES)}")
         self.families = tuple(f for f in RULES if f in wanted)
+        self.cache = oracle_cache(problem)
         self.cp = cp_model.CpModel()
         self.ar = Arith(self.cp)
         self._axes()
@@ -129,8 +176,7 @@ class LegalityModel:
 
     def _resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
-        return resolve_config(ParallelConfig(**fields), self.p.model, self.p.cluster,
-                              self.p.training)
+        return self.cache.resolved(**fields)
 
     def _derived(self) -> None:
         sp, ar, p = self.p.space, self.ar, self.p
@@ -438,8 +484,21 @@ def prune_stages(stages: Sequence[M.StageCounts]) -> list[M.StageCounts]:
     for s in stages:
         uniq.setdefault((s.as_vector(), s.recompute_groups), s)
     vals = list(uniq.values())
+    if len(vals) <= 8:
+        return [a for i, a in enumerate(vals)
+                if not any(j != i and _dominated(a, b) for j, b in enumerate(vals))]
+    # the coefficient comparisons of every pair at once; groups only where those hold
+    vec = np.array([k[0] for k in uniq], dtype=np.int64)
+    below = np.all(vec[:, None, :] <= vec[None, :, :], axis=2)
+    np.fill_diagonal(below, False)
     return [a for i, a in enumerate(vals)
-            if not any(j != i and _dominated(a, b) for j, b in enumerate(vals))]
+            if not any(_covered(a, vals[j]) for j in np.flatnonzero(below[i]))]
+
+
+def _covered(a: M.StageCounts, b: M.StageCounts) -> bool:
+    """Each of ``a``'s recompute groups is covered by one of ``b``'s."""
+    return all(any(g[0] <= h[0] and g[1] <= h[1] for h in b.recompute_groups)
+               for g in a.recompute_groups)
 
 
 class MemoryEncoding:
@@ -481,22 +540,33 @@ class MemoryEncoding:
         m, p, ar, sp = self.m, self.m.p, self.m.ar, self.m.p.space
         model, training, ov = p.model, p.training, p.overheads
         pairs = m.etp_pairs
+        memo = m.cache
+
+        def pu(t: int, pp_: int, e: int, et: int) -> tuple[int, ...]:
+            key = (t, pp_, e, et)
+            out = memo.pu.get(key)
+            if out is None:
+                out = memo.pu[key] = _fields(M.param_units(model, t, pp_, e, et))
+            return out
+
         pu_cols = ar.lookup(
-            [m.tp, m.pp, m.ep, m.etp],
-            lambda t, pp_, e, et: _fields(M.param_units(model, t, pp_, e, et)), "pu",
+            [m.tp, m.pp, m.ep, m.etp], pu, "pu",
             tuples=[(t, pp_, e, et) for (t, et) in pairs for pp_ in sp.pp for e in sp.ep])
         self.pu = M.ParamUnits(*pu_cols)
 
         fp8_dom = sorted({FP8.index(m._resolved(fp8_recipe=f).fp8_recipe) for f in sp.fp8_recipe})
 
-        @cache
         def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
             mods = m.modsets[ms]
-            cfg = m._resolved(
-                tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8[f],
-                recompute=Recompute.SELECTIVE if mods else Recompute.NONE,
-                **({"recompute_modules": mods} if mods else {}))
-            return _fields(M.activation_units(model, training, cfg, ov))
+            key = (b, t, c, et, f, mods, pp_)
+            out = memo.act.get(key)
+            if out is None:
+                cfg = m._resolved(
+                    tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8[f],
+                    recompute=Recompute.SELECTIVE if mods else Recompute.NONE,
+                    **({"recompute_modules": mods} if mods else {}))
+                out = memo.act[key] = _fields(M.activation_units(model, training, cfg, ov))
+            return out
 
         def units(modset: Value) -> M.ActivationUnits:
             cols = ar.lookup(
@@ -517,13 +587,18 @@ class MemoryEncoding:
 
         def shard(t: int, pp_: int, c: int, e: int, et: int, f: int, o: int,
                   d: int) -> tuple[int, ...]:
-            opt = sp.optimizer[o]
-            cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
-                              distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
-                              fsdp=opt is OptimizerChoice.FSDP, dispatcher=sp.dispatcher[d])
-            sh = M.sharding(model, cluster, cfg)
-            flags = (sh.distributed_optimizer, sh.fsdp, sh.dispatcher_buffers)
-            return (*(getattr(sh, n) for n in numeric), scen.setdefault(flags, len(scen)))
+            opt, disp = sp.optimizer[o], sp.dispatcher[d]
+            key = (t, pp_, c, e, et, f, opt, disp)
+            out = memo.shard.get(key)
+            if out is None:
+                cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
+                                  distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
+                                  fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp)
+                sh = M.sharding(model, cluster, cfg)
+                out = memo.shard[key] = (
+                    *(getattr(sh, n) for n in numeric),
+                    (sh.distributed_optimizer, sh.fsdp, sh.dispatcher_buffers))
+            return (*out[:-1], scen.setdefault(out[-1], len(scen)))
 
         cols = ar.lookup(
             [m.tp, m.pp, m.cp_, m.ep, m.etp, m.fp8, m.opt_i, m.disp_i], shard, "sh",
@@ -562,20 +637,24 @@ class MemoryEncoding:
         opts = sp.recompute
         block = sp.full_layers
 
-        def code(o: RecomputeOption, cm: int) -> int:
+        below = dict(zip(block[1:], block[:-1], strict=False))  # the next smaller K
+
+        def layers(o: RecomputeOption) -> tuple[int, int, int]:
+            """(code base, K, the previous option's K): the previous option is the next smaller
+            K of the domain for full block recompute (but the smallest), else the option."""
             if o.kind is not Recompute.FULL:
-                return 0
+                return 0, 0, 0
             assert o.layers is not None
-            return (METHODS.index(o.method) + 1) * CODE_STRIDE + min(o.layers, cm)
+            base = (METHODS.index(o.method) + 1) * CODE_STRIDE
+            return base, o.layers, below.get(o.layers, o.layers) if o.is_full_block else o.layers
 
-        def prev(o: RecomputeOption) -> RecomputeOption:
-            if not o.is_full_block or o.layers == block[0]:
-                return o
-            k = max(x for x in block if x < o.layers)  # type: ignore[operator]
-            return o.model_copy(update={"layers": k})
+        per_option = [layers(o) for o in opts]
 
-        codes = ar.lookup([m.rc, cmax], lambda r, cm: (code(opts[r], cm), code(prev(opts[r]), cm)),
-                          "code")
+        def code(r: int, cm: int) -> tuple[int, int]:
+            base, k, k_prev = per_option[r]
+            return (base + min(k, cm), base + min(k_prev, cm)) if base else (0, 0)
+
+        codes = ar.lookup([m.rc, cmax], code, "code")
         sat = ar.lookup([m.pp, m.vpp], lambda a, b: (M.inflight_saturation(a, b),), "sat")[0]
         mcap = ar.lookup([m.ga, sat], lambda g, st: (min(g, st),), "mcap")[0]
         # uncovered geometries (the split is illegal) share one row: their key is (pp, vpp,
@@ -598,8 +677,11 @@ class MemoryEncoding:
                 for cd in all_codes:
                     if cd and cd % CODE_STRIDE > cm:
                         continue
-                    stage_lists[(pp_, v, s, mc, cd)] = self._stage_counts(
-                        pp_, v, SPLITS[s], mc, cd)
+                    key = (pp_, v, s, mc, cd)
+                    sl = m.cache.stages.get(key)
+                    if sl is None:
+                        sl = m.cache.stages[key] = self._stage_counts(pp_, v, SPLITS[s], mc, cd)
+                    stage_lists[key] = sl
         self.n_rows = len({tuple((st.as_vector(), st.recompute_groups) for st in sl)
                            for sl in stage_lists.values()})
         self.n_slots = max(len(sl) for sl in stage_lists.values())
