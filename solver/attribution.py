@@ -66,16 +66,22 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
     def domain(axis: str, assign: dict[str, Any]) -> Sequence[Any]:
         return sp.etp_values(assign["tp"]) if axis == "etp" else getattr(sp, axis)
 
-    def verdict(j: int, assign: dict[str, Any]) -> bool:
-        proj = tuple(assign[a] for a in sorted(axes[j]))
-        key = (j, proj)
-        if key not in verdicts:
-            cand = dict(base)
-            cand.update(assign)
-            cand.setdefault("etp", sp.etp_values(cand["tp"])[0])
-            ctx = problem.context(problem.resolve(cand))
-            verdicts[key] = not RULES[fams[j]](ctx)
-        return verdicts[key]
+    sorted_axes = [tuple(sorted(ax)) for ax in axes]
+
+    def verdict(j: int, assign: dict[str, Any], node: list[Any]) -> bool:
+        """Family j's verdict; ``node`` holds the rule context of this walk node, made once
+        for all the families evaluated there."""
+        key = (j, tuple([assign[a] for a in sorted_axes[j]]))
+        v = verdicts.get(key)
+        if v is None:
+            ctx = node[0]
+            if ctx is None:
+                cand = dict(base)
+                cand.update(assign)
+                cand.setdefault("etp", sp.etp_values(cand["tp"])[0])
+                ctx = node[0] = problem.context(problem.resolve(cand))
+            v = verdicts[key] = not RULES[fams[j]](ctx)
+        return v
 
     def size(d: int, assign: dict[str, Any]) -> int:
         n = 1
@@ -86,8 +92,9 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
     memo: dict[tuple[Any, ...], Counter[str]] = {}
 
     def rec(d: int, ptr: int, assign: dict[str, Any]) -> Counter[str]:
+        node: list[Any] = [None]
         while ptr < len(fams) and ready[ptr] <= d:
-            if not verdict(ptr, assign):
+            if not verdict(ptr, assign, node):
                 return Counter({fams[ptr]: size(d, assign)})
             ptr += 1
         if ptr == len(fams):
@@ -95,9 +102,9 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
         state: list[Any] = [d, ptr]
         for j in range(ptr, len(fams)):
             if ready[j] <= d:
-                state.append(verdict(j, assign))  # blocked behind an earlier family
+                state.append(verdict(j, assign, node))  # blocked behind an earlier family
             else:
-                state.append(tuple(assign.get(a) for a in sorted(axes[j])))
+                state.append(tuple([assign.get(a) for a in sorted_axes[j]]))
         if d <= pos["etp"]:
             state.append(assign.get("tp"))  # the etp domain depends on tp
         key = tuple(state)
@@ -163,11 +170,19 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
     return total
 
 
+def attribution_walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
+    """The part of :func:`attribute` that needs no feasible configuration (the walk over the
+    families that do not read memory): parallel enumeration runs it beside the slices."""
+    return walk(problem, [f for f in families if f not in MEMORY_FAMILIES])
+
+
 def attribute(problem: Problem, families: Sequence[str], feasible: Sequence[Any],
-              walker: Callable[[Problem, Sequence[str]], Counter[str]] = walk) -> dict[str, int]:
-    """``removed`` per family (see the module docstring) given the feasible configurations."""
+              walker: Callable[[Problem, Sequence[str]], Counter[str]] = walk,
+              walked: Counter[str] | None = None) -> dict[str, int]:
+    """``removed`` per family (see the module docstring) given the feasible configurations
+    (``walked``: :func:`attribution_walk`'s result when already computed)."""
     early = [f for f in families if f not in MEMORY_FAMILIES]
-    counts = walker(problem, early)
+    counts = Counter(walked) if walked is not None else walker(problem, early)
     passing = counts.pop("pass", 0)
     removed = {f: 0 for f in RULES}
     removed.update(counts)
