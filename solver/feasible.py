@@ -9,6 +9,7 @@ how many raw candidates each family removed (``solver/attribution.py``) and the 
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,12 +151,21 @@ def enumeration_parameters(solver: cp_model.CpSolver) -> None:
 
 
 #: Axes enumeration slices the space on by default: one CP-SAT model per combination of their
-#: values (docs/solver.md, "Speed").
+#: values (docs/solver.md, "Speed"): pp, and tp too when experts multiply the layouts of each
+#: (tp, pp) (:func:`default_slice_axes`).
 SLICE_AXES: tuple[str, ...] = ("tp", "pp")
 #: Axes a space may be sliced on (fixing one of them keeps every other domain as it is).
 SLICEABLE: tuple[str, ...] = ("tp", "pp", "cp", "vpp", "ep", "mbs")
 #: Axes whose raw solver value is the value itself (the others are domain indices).
 NUMERIC_AXES = frozenset(("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"))
+
+
+def default_slice_axes(space: SearchSpace) -> tuple[str, ...]:
+    """The axes :func:`enumerate_problem` slices on by default: (tp, pp) when the space has more
+    than one ep value (MoE: many feasible configurations per (tp, pp), each cheaper to report
+    from a small model), else pp only (dense: few feasible configurations; more slices cost
+    more to build than they save)."""
+    return SLICE_AXES if len(space.ep) > 1 else ("pp",)
 
 
 def plan_slices(space: SearchSpace, axes: Sequence[str] = SLICE_AXES) -> list[dict[str, int]]:
@@ -213,15 +223,28 @@ def decode(space: SearchSpace, raw: Sequence[int]) -> dict[str, Any]:
 
 def enumerate_problem(problem: Problem, families: Iterable[str] | None = None,
                       *, count_removed: bool = True, workers: int = 1,
-                      slice_axes: Sequence[str] = SLICE_AXES) -> Enumeration:
+                      slice_axes: Sequence[str] | None = None) -> Enumeration:
     """:func:`enumerate_feasible` on a prepared :class:`Problem`.
 
-    The space is cut into slices (:func:`plan_slices` on ``slice_axes``; ``()``: one model of
-    the whole space), each enumerated by its own CP-SAT model; ``workers`` > 1 enumerates the
-    slices in that many processes. The result does not depend on either: the union of the
-    slices' solutions, in the space's order."""
+    The space is cut into slices (:func:`plan_slices` on ``slice_axes``, default
+    :func:`default_slice_axes`; ``()``: one model of the whole space), each enumerated by its
+    own CP-SAT model; ``workers`` > 1 enumerates the slices in that many processes. The result
+    does not depend on either: the union of the slices' solutions, in the space's order."""
+    gc_was_on = gc.isenabled()
+    gc.disable()  # many small acyclic objects (tables, rows): collections only cost time here
+    try:
+        return _enumerate(problem, families, count_removed, workers, slice_axes)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: bool,
+               workers: int, slice_axes: Sequence[str] | None) -> Enumeration:
     t0 = time.perf_counter()
     fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    if slice_axes is None:
+        slice_axes = default_slice_axes(problem.space)
     parts = plan_slices(problem.space, slice_axes) or [{}]
     results: list[SliceResult] = []
     walked = None
@@ -279,6 +302,8 @@ def enumerate_feasible(
     allow_cross_scale_up: bool = False,
     families: Iterable[str] | None = None,
     count_removed: bool = True,
+    workers: int = 1,
+    slice_axes: Sequence[str] | None = None,
 ) -> Enumeration:
     """Every configuration of ``space`` (default: :func:`~solver.space.default_space`) that
     passes every family of ``families`` (default: all, including ``extra`` with
@@ -286,7 +311,9 @@ def enumerate_feasible(
 
     ``constraints`` (text such as ``"ep * etp <= 8"`` or :class:`HardConstraint`) only narrow
     the set. Pass ``families=[f for f in RULES if f != "recompute_dominance"]`` to keep every K
-    of full recompute that fits.
+    of full recompute that fits. ``workers`` > 1 enumerates the slices of the space in that many
+    processes (same result; ``os.cpu_count()`` uses every core); ``slice_axes``: see
+    :func:`enumerate_problem`.
     """
     if space is None:
         space = default_space(model, cluster, training, allow_cross_scale_up=allow_cross_scale_up)
@@ -294,7 +321,8 @@ def enumerate_feasible(
                       overheads=overheads or MemoryOverheads(), memory_margin=memory_margin,
                       allow_cross_scale_up=allow_cross_scale_up,
                       constraints=as_constraints(constraints))
-    return enumerate_problem(problem, families, count_removed=count_removed)
+    return enumerate_problem(problem, families, count_removed=count_removed, workers=workers,
+                             slice_axes=slice_axes)
 
 
 def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],
