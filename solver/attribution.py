@@ -29,7 +29,7 @@ from typing import Any
 
 from oracle.specs import Recompute
 from solver.problem import Problem
-from solver.rules import FAMILY_AXES, RULES
+from solver.rules import FAMILY_AXES, RULES, RuleContext
 from solver.space import AXES
 
 #: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
@@ -41,6 +41,17 @@ WALK_ORDER: tuple[str, ...] = (
 assert sorted(WALK_ORDER) == sorted(AXES)
 #: Families counted after the walk (they read memory).
 MEMORY_FAMILIES = ("recompute_dominance", "hbm")
+#: Axes whose walk nodes derive their rule context from the parent's (``Problem.vary``).
+VARY_AXES = frozenset(("recompute", "mbs"))
+
+
+class _Node:
+    """A node of the walk: the axis assigned last, and the rule context once made."""
+
+    __slots__ = ("axis", "ctx", "parent")
+
+    def __init__(self, parent: _Node | None, axis: str) -> None:
+        self.parent, self.axis, self.ctx = parent, axis, None
 
 
 def family_axes(problem: Problem, family: str) -> tuple[str, ...]:
@@ -68,19 +79,33 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
 
     sorted_axes = [tuple(sorted(ax)) for ax in axes]
 
-    def verdict(j: int, assign: dict[str, Any], node: list[Any]) -> bool:
-        """Family j's verdict; ``node`` holds the rule context of this walk node, made once
-        for all the families evaluated there."""
-        key = (j, tuple([assign[a] for a in sorted_axes[j]]))
-        v = verdicts.get(key)
-        if v is None:
-            ctx = node[0]
-            if ctx is None:
+    def context(node: _Node, assign: dict[str, Any]) -> RuleContext:
+        """The rule context of a walk node (unassigned axes at their first value), made once
+        per node; where only recompute or mbs differs from the parent node, derived from the
+        parent's (``Problem.vary``)."""
+        if node.ctx is None:
+            par = node.parent
+            if node.axis in VARY_AXES and par is not None:
+                if par.ctx is None:
+                    value = assign.pop(node.axis)
+                    context(par, assign)
+                    assign[node.axis] = value
+                assert par.ctx is not None
+                node.ctx = problem.context(problem.vary(par.ctx.cfg, node.axis,
+                                                        assign[node.axis]))
+            else:
                 cand = dict(base)
                 cand.update(assign)
                 cand.setdefault("etp", sp.etp_values(cand["tp"])[0])
-                ctx = node[0] = problem.context(problem.resolve(cand))
-            v = verdicts[key] = not RULES[fams[j]](ctx)
+                node.ctx = problem.context(problem.resolve(cand))
+        return node.ctx
+
+    def verdict(j: int, assign: dict[str, Any], node: _Node) -> bool:
+        """Family j's verdict (memoised on the axes it reads)."""
+        key = (j, tuple([assign[a] for a in sorted_axes[j]]))
+        v = verdicts.get(key)
+        if v is None:
+            v = verdicts[key] = not RULES[fams[j]](context(node, assign))
         return v
 
     def size(d: int, assign: dict[str, Any]) -> int:
@@ -89,18 +114,18 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
             n *= len(domain(a, assign))
         return n
 
-    memo: dict[tuple[Any, ...], Counter[str]] = {}
+    memo: dict[tuple[Any, ...], dict[str, int]] = {}
+    n_fams = len(fams)
 
-    def rec(d: int, ptr: int, assign: dict[str, Any]) -> Counter[str]:
-        node: list[Any] = [None]
-        while ptr < len(fams) and ready[ptr] <= d:
+    def rec(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
+        while ptr < n_fams and ready[ptr] <= d:
             if not verdict(ptr, assign, node):
-                return Counter({fams[ptr]: size(d, assign)})
+                return {fams[ptr]: size(d, assign)}
             ptr += 1
-        if ptr == len(fams):
-            return Counter({"pass": size(d, assign)})
+        if ptr == n_fams:
+            return {"pass": size(d, assign)}
         state: list[Any] = [d, ptr]
-        for j in range(ptr, len(fams)):
+        for j in range(ptr, n_fams):
             if ready[j] <= d:
                 state.append(verdict(j, assign, node))  # blocked behind an earlier family
             else:
@@ -108,18 +133,20 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
         if d <= pos["etp"]:
             state.append(assign.get("tp"))  # the etp domain depends on tp
         key = tuple(state)
-        if key in memo:
-            return memo[key]
-        out: Counter[str] = Counter()
+        got = memo.get(key)
+        if got is not None:
+            return got
+        out: dict[str, int] = {}
         axis = WALK_ORDER[d]
         for value in domain(axis, assign):
             assign[axis] = value
-            out.update(rec(d + 1, ptr, assign))
+            for k, n in rec(d + 1, ptr, assign, _Node(node, axis)).items():
+                out[k] = out.get(k, 0) + n
         del assign[axis]
         memo[key] = out
         return out
 
-    result = rec(0, 0, {})
+    result = Counter(rec(0, 0, {}, _Node(None, "")))
     assert sum(result.values()) == sp.size() or n_axes == 0
     return result
 
@@ -137,15 +164,19 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
                and "recompute" in family_axes(problem, f)]
     cache: dict[tuple[Any, ...], bool] = {}
 
-    def allowed(cand: dict[str, Any], option: Any) -> bool:
-        trial = dict(cand, recompute=option)
-        ok = True
+    def allowed(kept: Any, option: Any) -> bool:
+        trial = dict(kept.candidate, recompute=option)
+        ctx = None
         for f in reading:
             key = (f, *(trial[a] for a in family_axes(problem, f)))
-            if key not in cache:
-                cache[key] = not RULES[f](problem.context(problem.resolve(trial)))
-            ok = ok and cache[key]
-        return ok
+            v = cache.get(key)
+            if v is None:
+                if ctx is None:
+                    ctx = problem.context(problem.vary(kept.config, "recompute", option))
+                v = cache[key] = not RULES[f](ctx)
+            if not v:
+                return False
+        return True
 
     by_none = sp.has_no_recompute and len(sp.recompute) > 1
     axes = sorted({a for f in reading for a in family_axes(problem, f)} - {"recompute"})
@@ -157,13 +188,13 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
             key: tuple[Any, ...] = ("none", *(f.candidate[a] for a in axes))
             if key not in counts:
                 counts[key] = sum(1 for o in sp.recompute
-                                  if o.kind is not Recompute.NONE and allowed(f.candidate, o))
+                                  if o.kind is not Recompute.NONE and allowed(f, o))
         elif rc.is_full_block:
             key = ("k", rc.method, rc.layers, *(f.candidate[a] for a in axes))
             if key not in counts:
                 counts[key] = sum(1 for o in sp.recompute
                                   if o.is_full_block and o.method is rc.method
-                                  and o.layers > rc.layers and allowed(f.candidate, o))
+                                  and o.layers > rc.layers and allowed(f, o))
         else:
             continue
         total += counts[key]

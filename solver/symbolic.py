@@ -154,6 +154,25 @@ class Arith:
         return tuple(self.element(row, [o[c] for o in outputs], f"{stem}{c}")
                      for c in range(n_cols))
 
+    def element(self, index: Value, values: Sequence[int], stem: str) -> Value:
+        """``values[index]``: an affine expression of ``index`` when the values are (a 0/1
+        predicate always is), else a variable defined by ``AddElement``."""
+        if isinstance(index, int):
+            return values[index]
+        if len(set(values)) == 1:
+            return values[0]
+        dom = domain_of(index)
+        step = (values[dom[1]] - values[dom[0]]) // (dom[1] - dom[0])
+        base = values[dom[0]] - step * dom[0]
+        if step and all(values[i] == base + step * i for i in dom):
+            if dom == [0, 1] and step == -1 and base == 1:
+                return self.negate(index)  # 1 - index: the negated literal
+            return index * step + base
+        out = self.var([values[i] for i in dom], stem)
+        assert isinstance(out, Sym)
+        self.model.AddElement(self.as_var(index), list(values), self.as_var(out))
+        return out
+
     def allow(self, keys: Sequence[Value], tuples: Iterable[tuple[int, ...]]) -> None:
         """Restrict ``keys`` to ``tuples`` (constant keys filter the tuples; nothing is added
         when every combination of the live keys' domains is allowed)."""
@@ -176,17 +195,6 @@ class Arith:
         if size == len(allowed) and allowed == set(product(*doms)):
             return
         self.model.AddAllowedAssignments([self.as_var(keys[i]) for i in live], sorted(allowed))
-
-    def element(self, index: Value, values: Sequence[int], stem: str) -> Value:
-        """``values[index]``."""
-        if isinstance(index, int):
-            return values[index]
-        if len(set(values)) == 1:
-            return values[0]
-        out = self.var(values, stem)
-        assert isinstance(out, Sym)
-        self.model.AddElement(self.as_var(index), list(values), self.as_var(out))
-        return out
 
     def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str) -> Value:
         """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant)."""
@@ -222,10 +230,13 @@ class Arith:
 
     def le(self, x: Value, bound: int, stem: str) -> Value:
         """1 iff ``x <= bound``, determined, without enforcement literals:
-        ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A half-reified linear
-        constraint would do, but OR-Tools 9.15's presolve rule "linear + amo: removed enforcement
-        literal" loses solutions of this model while enumerating
-        (``tests/test_solver_equivalence.py::test_presolve_regression``)."""
+        ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A reified linear constraint
+        would do, but OR-Tools 9.15 mishandles it here both ways: with presolve, the rule
+        "linear + amo: removed enforcement literal" loses solutions of this model while
+        enumerating (``tests/test_solver_equivalence.py::test_presolve_regression``); without
+        presolve (enumeration), the pair ``b => x <= bound``, ``not b => x >= bound + 1`` with
+        byte-sized coefficients makes satisfiable models infeasible
+        (``tests/test_solver_slices.py::test_no_presolve_reified_pair``)."""
         if isinstance(x, int):
             return int(x <= bound)
         if x.hi <= bound:
