@@ -210,9 +210,20 @@ def solve_slice(problem: Problem, families: Sequence[str],
     return SliceResult(dict(fixed), col.rows, t1 - t0, time.perf_counter() - t1)
 
 
-def _solve_slices(job: tuple[Problem, tuple[str, ...], list[dict[str, int]]]) -> list[SliceResult]:
-    problem, families, parts = job
-    return [solve_slice(problem, families, f) for f in parts]
+#: The problem and families of the enumeration a worker process serves (set before the fork,
+#: or by the pool initializer where processes are spawned).
+_JOB: tuple[Problem, tuple[str, ...]] | None = None
+
+
+def _init_worker(job: tuple[Problem, tuple[str, ...]]) -> None:
+    global _JOB
+    _JOB = job
+    gc.disable()
+
+
+def _solve_in_worker(fixed: dict[str, int]) -> SliceResult:
+    assert _JOB is not None
+    return solve_slice(_JOB[0], _JOB[1], fixed)
 
 
 def decode(space: SearchSpace, raw: Sequence[int]) -> dict[str, Any]:
@@ -254,14 +265,13 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
         from solver.attribution import attribution_walk
 
         n = min(workers, len(parts))
-        jobs = [(problem, fams, parts[i::n]) for i in range(n)]
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        with ctx.Pool(n) as pool:
-            pending = pool.map_async(_solve_slices, jobs)
+        # one task per slice, handed out as processes free up (slices differ a lot in cost)
+        with ctx.Pool(n, initializer=_init_worker, initargs=((problem, fams),)) as pool:
+            pending = pool.map_async(_solve_in_worker, parts, chunksize=1)
             if count_removed:  # the walk needs no configuration: overlap it with the slices
                 walked = attribution_walk(problem, fams)
-            for chunk in pending.get():
-                results += chunk
+            results = pending.get()
     else:
         for f in parts:
             results.append(solve_slice(problem, fams, f))
