@@ -168,7 +168,7 @@ def default_slice_axes(space: SearchSpace) -> tuple[str, ...]:
     return SLICE_AXES if len(space.ep) > 1 else ("pp",)
 
 
-def plan_slices(space: SearchSpace, axes: Sequence[str] = SLICE_AXES) -> list[dict[str, int]]:
+def plan_slices(space: SearchSpace, axes: Sequence[str] = SLICE_AXES) -> list[dict[str, Any]]:
     """The slices of ``space``: every combination of values of ``axes`` (those with more than
     one value), in the space's order. Their union is the space; they are disjoint."""
     bad = sorted(set(axes) - set(SLICEABLE))
@@ -183,14 +183,14 @@ def plan_slices(space: SearchSpace, axes: Sequence[str] = SLICE_AXES) -> list[di
 class SliceResult:
     """What one slice model gives: ``rows`` of (raw axis values in ``AXES`` order, peak)."""
 
-    fixed: dict[str, int]
+    fixed: dict[str, Any]
     rows: list[tuple[tuple[int, ...], int]]
     build_s: float
     solve_s: float
 
 
 def solve_slice(problem: Problem, families: Sequence[str],
-                fixed: Mapping[str, int]) -> SliceResult:
+                fixed: Mapping[str, Any]) -> SliceResult:
     """Enumerate the slice of ``problem``'s space where the axes of ``fixed`` take those values:
     a :class:`LegalityModel` of the sub-space (every family, the same memory tables restricted
     to the slice, constants folded), every literal true."""
@@ -221,7 +221,7 @@ def _init_worker(job: tuple[Problem, tuple[str, ...]]) -> None:
     gc.disable()
 
 
-def _solve_in_worker(fixed: dict[str, int]) -> SliceResult:
+def _solve_in_worker(fixed: dict[str, Any]) -> SliceResult:
     assert _JOB is not None
     return solve_slice(_JOB[0], _JOB[1], fixed)
 

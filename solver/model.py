@@ -430,8 +430,13 @@ def enc_recompute_dominance(m: LegalityModel) -> Value:
     """No recomputation; or no recomputation does not fit (when it is an option), and: not full
     block recompute, or the smallest K of the domain, or the next smaller K of the domain does
     not fit (then no smaller K fits: memory never rises with K; docs/solver.md)."""
-    mem, ar = m.memory, m.ar
-    k_ok = ar.any_of([ar.negate(m.is_full_block), m.is_kmin, ar.negate(mem.fits_prev)], "dom_k")
+    ar = m.ar
+    mem = m.memory
+    # the next smaller K's memory only where an option is full block above the smallest K
+    opts, block = m.p.space.recompute, m.p.space.full_layers
+    k_open = any(o.is_full_block and o.layers != block[0] for o in opts)
+    k_ok = 1 if not k_open else ar.any_of(
+        [ar.negate(m.is_full_block), m.is_kmin, ar.negate(mem.fits_prev)], "dom_k")
     if not mem.by_none:
         return k_ok
     return ar.any_of([m.is_none, ar.all_of([ar.negate(mem.fits_none), k_ok], "dom_rc")],
@@ -529,10 +534,22 @@ class MemoryEncoding:
         self._units()
         self._geometry()
         self.totals, self.fits = self._fits("row", self.au)
-        if self.dominance:
-            _, self.fits_prev = self._fits("prev", self.au)
-        if self.by_none:
-            _, self.fits_none = self._fits("none", self.au_none)
+
+    @cached_property
+    def fits_prev(self) -> Value:
+        """Whether the next smaller K's geometry fits (built when the dominance needs it)."""
+        assert self.dominance
+        return self._fits("prev", self.au)[1]
+
+    @cached_property
+    def fits_none(self) -> Value:
+        """Whether no recomputation fits (built when the dominance needs it)."""
+        assert self.by_none
+        return self._fits("none", self.au_none)[1]
+
+    @cached_property
+    def au_none(self) -> M.ActivationUnits:
+        return self._activation_units(0)  # no selective modules
 
     # ------------------------------------------------------------ layer 2
 
@@ -576,9 +593,8 @@ class MemoryEncoding:
                         for pp_ in sp.pp])
             return M.ActivationUnits(*cols)
 
+        self._activation_units = units
         self.au = units(m.modset)
-        if self.by_none:
-            self.au_none = units(0)  # no selective modules
 
         scen: dict[tuple[bool, bool, bool], int] = {}
         cluster = p.cluster
@@ -664,7 +680,8 @@ class MemoryEncoding:
 
         stage_lists: dict[tuple[int, ...], list[M.StageCounts]] = {}
         world, gbs = p.cluster.world_size, p.training.global_batch_size
-        all_codes = sorted(set(_domain(codes[0])) | set(_domain(codes[1])))
+        all_codes = sorted(set(_domain(codes[0])) | set(_domain(codes[1]))
+                           | ({0} if self.by_none else set()))
         for pp_, v, s in product(sp.pp, sp.vpp, sorted(set(_domain(m.split)))):
             if not tabulated(pp_, v, s):
                 stage_lists[(pp_, v, s, 0, 0)] = []  # no geometry: hbm does not hold
@@ -700,12 +717,11 @@ class MemoryEncoding:
                     out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0, 0)
             return tuple(out)
 
-        self.slots: dict[str, list[M.StageCounts]] = {}
-        for which, cd in (("row", w_code), ("prev", w_prev), ("none", 0)):
-            if which == "prev" and not self.dominance or which == "none" and not self.by_none:
-                continue
-            cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, cd], flat, f"geo_{which}",
-                             tuples=list(stage_lists))
+        codes_of = {"row": w_code, "prev": w_prev, "none": 0}
+
+        def geometry_slots(which: str) -> list[M.StageCounts]:
+            cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, codes_of[which]], flat,
+                             f"geo_{which}", tuples=list(stage_lists))
             per = width + 2 * self.n_groups
             slots = []
             for j in range(self.n_slots):
@@ -713,7 +729,11 @@ class MemoryEncoding:
                 groups = tuple((c[width + 2 * g], c[width + 2 * g + 1])
                                for g in range(self.n_groups))
                 slots.append(M.StageCounts(j, *c[:width], recompute_groups=groups))
-            self.slots[which] = slots
+            return slots
+
+        self._geometry_slots = geometry_slots
+        #: per geometry ("row", "prev", "none"): the stage counts of each slot, once built
+        self.slots: dict[str, list[M.StageCounts]] = {}
 
     def _stage_counts(self, pp: int, vpp: int, split: PipelineSplit, mcap: int,
                       cd: int) -> list[M.StageCounts]:
@@ -734,6 +754,8 @@ class MemoryEncoding:
         ov = m.p.overheads
         totals: list[dict[int, Value]] = []
         slot_ok = []
+        if which not in self.slots:
+            self.slots[which] = self._geometry_slots(which)
         for c in self.slots[which]:
             per_scen: dict[int, Value] = {}
             fits_in = []

@@ -159,9 +159,9 @@ class Arith:
         predicate always is), else a variable defined by ``AddElement``."""
         if isinstance(index, int):
             return values[index]
-        if len(set(values)) == 1:
-            return values[0]
         dom = domain_of(index)
+        if len({values[i] for i in dom}) == 1:
+            return values[dom[0]]
         step = (values[dom[1]] - values[dom[0]]) // (dom[1] - dom[0])
         base = values[dom[0]] - step * dom[0]
         if step and all(values[i] == base + step * i for i in dom):
