@@ -116,6 +116,20 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
 
     memo: dict[tuple[Any, ...], dict[str, int]] = {}
     n_fams = len(fams)
+    plans: dict[tuple[int, int], tuple[list[int], tuple[str, ...]]] = {}
+
+    def plan(d: int, ptr: int) -> tuple[list[int], tuple[str, ...]]:
+        """The pending families already decidable at depth d (blocked behind an earlier one),
+        and the axes the others read: with d and ptr, their verdicts and those axes' values
+        determine the rest of the walk."""
+        got = plans.get((d, ptr))
+        if got is None:
+            blocked = [j for j in range(ptr, n_fams) if ready[j] <= d]
+            reads = {a for j in range(ptr, n_fams) if ready[j] > d for a in axes[j]}
+            if d <= pos["etp"]:
+                reads.add("tp")  # the etp domain depends on tp
+            got = plans[(d, ptr)] = (blocked, tuple(sorted(reads)))
+        return got
 
     def rec(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
         while ptr < n_fams and ready[ptr] <= d:
@@ -124,15 +138,9 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
             ptr += 1
         if ptr == n_fams:
             return {"pass": size(d, assign)}
-        state: list[Any] = [d, ptr]
-        for j in range(ptr, n_fams):
-            if ready[j] <= d:
-                state.append(verdict(j, assign, node))  # blocked behind an earlier family
-            else:
-                state.append(tuple([assign.get(a) for a in sorted_axes[j]]))
-        if d <= pos["etp"]:
-            state.append(assign.get("tp"))  # the etp domain depends on tp
-        key = tuple(state)
+        blocked, reads = plan(d, ptr)
+        key = (d, ptr, tuple([verdict(j, assign, node) for j in blocked]),
+               tuple([assign.get(a) for a in reads]))
         got = memo.get(key)
         if got is not None:
             return got

@@ -57,7 +57,7 @@ class Problem:
             overheads=self.overheads, memory_margin=self.memory_margin,
             allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
             full_recompute_layers=self._full_layers,
-            recompute_none_option=self.space.has_no_recompute,
+            recompute_none_option=self._none_option,
         )
 
     def vary(self, cfg: ParallelConfig, axis: str, value: Any) -> ParallelConfig:
@@ -77,6 +77,10 @@ class Problem:
     @cached_property
     def _full_layers(self) -> tuple[int, ...]:
         return self.space.full_layers
+
+    @cached_property
+    def _none_option(self) -> bool:
+        return self.space.has_no_recompute
 
     def replace(self, **changes: Any) -> Problem:
         return Problem(**({f: getattr(self, f) for f in self.__dataclass_fields__} | changes))
