@@ -309,7 +309,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     top = int(ranked.order[0])
     exhaustive = ev.evaluate(ranked.configs[top], "exhaustive", "best of the feasible set")
     # the LLM phase
-    llm = LlmReport(status="skipped", reason="no --lm given: seed phase and exhaustive ranking only")
+    reason = "no --lm given: seed phase and exhaustive ranking only"
+    if opts.goal:
+        reason += ("; the --goal text needs the LLM planner to become objectives (without one, "
+                   "write them as --prefer conditions)")
+    llm = LlmReport(status="skipped", reason=reason)
     llm_best: Trial | None = None
     if opts.lm is not None:
         t3 = time.perf_counter()
