@@ -131,7 +131,16 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 #: read bf16 (2) + write the row-wise and column-wise low-precision copies (1 + 1 for FP8);
 #: current/tensorwise scaling and NVFP4 add an amax pass over the input (+2).
 CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0,
-                          "nvfp4": 6.0}
+                          "nvfp4": 6.0, "rowwise": 10.0}
+#: torchao's row-wise ("axiswise") FP8 recipe (``RunTraits.fp8_rowwise``) scales every GEMM
+#: operand along the reduction axis of the GEMM it feeds, and an operand feeds two GEMMs with
+#: different reduction axes (the input: forward over K and weight gradient over tokens; the
+#: output gradient: data gradient over N and weight gradient over tokens), so each operand is
+#: quantised twice from bf16 (amax pass 2 + cast read 2 + write 1, twice = 10 bytes per element);
+#: its GEMMs (CUTLASS row-wise kernel) run at ``block_scaled_gemm_efficiency`` like the other
+#: finer-than-tensor scalings, and its tensor-parallel all-gathers stay in bf16.
+#: Bytes of an FP8 all-gather relative to the bf16 one (1 byte per element instead of 2).
+TP_FP8_ALLGATHER_FRACTION = 0.5
 #: Bytes per element of a GEMM operand read from HBM (memory-bound floor of a GEMM).
 OPERAND_BYTES = {0: 2.0, 1: 1.0, 2: 0.5625}  # bf16, fp8, nvfp4 (4 bit + 1 scale byte per 16)
 #: Flash-attention backward FLOPs over forward (5 matmuls over 2; Dao 2023, FlashAttention-2).
@@ -211,6 +220,28 @@ _CODE_SPLIT = {v: k for k, v in SPLIT_CODE.items()}
 # ============================================================================ config batch
 
 
+@dataclass(frozen=True)
+class RunTraits:
+    """How a run executes beyond its parallel layout and precision: framework settings that
+    change the time of the same configuration. The defaults are Megatron-Core with Transformer
+    Engine as Megatron-Bridge / NeMo recipes configure it (what the search plans for);
+    :mod:`oracle.runs` reads other values from a published row's columns.
+
+    ``tp_comm_overlap``: tensor-parallel collectives can hide behind the layer's GEMMs
+    (Transformer Engine userbuffers, ``--tp-comm-overlap``, torchtitan async TP); False for plain
+    Megatron-LM without the flag and torchtitan's vanilla TP, whose all-gather and
+    reduce-scatter run between the GEMMs.
+    ``fp8_rowwise``: the FP8 recipe is torchao's row-wise scaling (see
+    :data:`CAST_BYTES_PER_ELEMENT`); ignored without FP8.
+    """
+
+    tp_comm_overlap: bool = True
+    fp8_rowwise: bool = False
+
+
+DEFAULT_TRAITS = RunTraits()
+
+
 @dataclass
 class ConfigBatch:
     """Many resolved configurations of one (model, cluster, training) as integer arrays.
@@ -219,7 +250,8 @@ class ConfigBatch:
     1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
     :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
     1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss; ``fp8`` -1 none /
-    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8.
+    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
+    :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
     """
 
     tp: np.ndarray
@@ -242,13 +274,24 @@ class ConfigBatch:
     schedule: np.ndarray
     split: np.ndarray
     fp8: np.ndarray
+    tp_overlap: np.ndarray | None = None
+    fp8_rowwise: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
 
     @classmethod
-    def from_configs(cls, configs: Sequence[ParallelConfig]) -> ConfigBatch:
-        """From configurations already resolved by :func:`oracle.specs.resolve_config`."""
+    def from_configs(
+        cls,
+        configs: Sequence[ParallelConfig],
+        traits: RunTraits | Sequence[RunTraits] | None = None,
+    ) -> ConfigBatch:
+        """From configurations already resolved by :func:`oracle.specs.resolve_config`;
+        ``traits``: one :class:`RunTraits` for all, one per configuration, or None (defaults)."""
+        if traits is None or isinstance(traits, RunTraits):
+            traits = [traits or DEFAULT_TRAITS] * len(configs)
+        if len(traits) != len(configs):
+            raise ConfigError("from_configs(): give one RunTraits per configuration")
         for c in configs:
             if c.dp is None or c.ga is None or c.pipeline_split is None:
                 raise ConfigError("resolve_config() the configuration before projecting it")
@@ -273,6 +316,8 @@ class ConfigBatch:
             schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
             split=arr(lambda c: SPLIT_CODE[c.pipeline_split]),
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
+            tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
+            fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
         )
 
     @classmethod
@@ -299,12 +344,15 @@ class ConfigBatch:
         schedule: Any = None,
         fp8: Any = None,
         sp: Any = None,
+        tp_comm_overlap: Any = True,
+        fp8_rowwise: Any = False,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
         interleaved when vpp > 1, FP8 recipe from the training precision, pipeline split
         ``even`` when the layers divide over pp x vpp. Recompute layers only count under full
-        recompute (``-1`` = all)."""
+        recompute (``-1`` = all). ``tp_comm_overlap`` / ``fp8_rowwise``: :class:`RunTraits`
+        fields (scalars or arrays)."""
         tp_ = np.asarray(tp, dtype=np.int64)
         arrays = np.broadcast_arrays(
             tp_, np.asarray(pp), np.asarray(vpp), np.asarray(cp), np.asarray(ep),
@@ -334,6 +382,14 @@ class ConfigBatch:
             recompute_modules=b(recompute_modules), distributed_optimizer=b(
                 distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
             schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
+            tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
+        )
+
+    def traits(self, i: int) -> RunTraits:
+        """The :class:`RunTraits` of configuration ``i``."""
+        return RunTraits(
+            tp_comm_overlap=True if self.tp_overlap is None else bool(self.tp_overlap[i]),
+            fp8_rowwise=False if self.fp8_rowwise is None else bool(self.fp8_rowwise[i]),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -499,6 +555,7 @@ def build_work(
     w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
 
     # --- precision: 0 bf16, 1 fp8, 2 fp4
+    rowwise = (b.fp8 >= 0) & (False if b.fp8_rowwise is None else b.fp8_rowwise)
     if training.precision is Precision.FP4:
         if gpu.peak_fp4_flops is None:
             raise ConfigError(
@@ -512,13 +569,15 @@ def build_work(
         cast_by_code = np.array([CAST_BYTES_PER_ELEMENT[x] for x in
                                  ("delayed", "tensorwise", "blockwise", "mxfp8")] + [0.0])
         cast = cast_by_code[np.where(b.fp8 >= 0, b.fp8, 4)]
+        cast = np.where(rowwise, CAST_BYTES_PER_ELEMENT["rowwise"], cast)
         if gpu.peak_fp8_flops is None and np.any(prec == 1):
             raise ConfigError(
                 f"precision fp8 needs a GPU with FP8 tensor cores; {gpu.name} has none; "
                 f"choose precision bf16"
             )
     w["prec"] = prec
-    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3)).astype(f64)  # blockwise, MXFP8
+    # blockwise, MXFP8 and torchao row-wise scaling: finer than per-tensor scales
+    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3) | rowwise).astype(f64)
     w["peak_bf16"] = np.full(n, gpu.peak_bf16_flops)
     w["peak_low"] = np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
                                      gpu.peak_fp4_flops or 1.0]).astype(f64)
@@ -578,9 +637,16 @@ def build_work(
     w["tp_n"] = tp
     w["tp_intra"] = _link(cluster, b.tp)
     w["tp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp)
-    w["tp_fwd_per_block"] = has_tp * 2.0  # AG + RS, or one all-reduce (= 2)
-    w["tp_bwd_per_block"] = has_tp * (sp * 3.0 + (1 - sp) * 2.0)  # + input re-gather with SP
+    # with sequence parallelism an FP8 recipe quantises the layer input before gathering it
+    # (Transformer Engine: current scaling reduces the amax over the TP group first, MXFP8 /
+    # blockwise gather the scaled data; torchtitan's float8 tensor-parallel styles): the forward
+    # all-gather and the backward re-gather move 1 byte per element instead of 2; reduce-scatters
+    # and the gradient all-gather stay bf16. torchao row-wise scaling and NVFP4 gather bf16.
+    ag = np.where((prec == 1) & ~rowwise, TP_FP8_ALLGATHER_FRACTION, 1.0)
+    w["tp_fwd_per_block"] = has_tp * (sp * (ag + 1.0) + (1 - sp) * 2.0)  # AG + RS, or one AR (= 2)
+    w["tp_bwd_per_block"] = has_tp * (sp * (2.0 + ag) + (1 - sp) * 2.0)  # + input re-gather (SP)
     w["tp_shared_blocks"] = np.full(n, 1.0 if fs else 0.0)
+    w["tp_overlap"] = np.ones(n) if b.tp_overlap is None else b.tp_overlap.astype(f64)
 
     # --- context parallel ring (p2p, K and V of the local chunk per step)
     w["cp_bytes"] = T * kv_width * BF16
@@ -916,7 +982,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
 
     # ---- TP
     t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
-    ov_tp = c["tp_comm_overlap"]
+    ov_tp = c["tp_comm_overlap"] * w["tp_overlap"]
     tp_attn_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_attn)
     tp_attn_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_attn)
     tp_mlp_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mlp)
@@ -1192,18 +1258,20 @@ def project(
     cfg: ParallelConfig,
     calib: CalibrationTable | str | None = None,
     software: str = REFERENCE_SOFTWARE,
+    traits: RunTraits | None = None,
 ) -> Projection:
     """Projection of one configuration resolved by :func:`oracle.specs.resolve_config`.
 
     ``calib``: a :class:`~oracle.constants.CalibrationTable`, a path to a calibration JSON
     (``tune-cp calibrate --out``), or None for the shipped ``oracle/catalog/calibration.json``.
     ``software``: ``megatron`` (Megatron-LM / Bridge / NeMo / Primus, the default),
-    ``torchtitan`` or ``llm-foundry``.
+    ``torchtitan`` or ``llm-foundry``. ``traits``: :class:`RunTraits` (None: the Megatron-Bridge
+    defaults).
     """
     table = _calib(calib)
     if cfg.pipeline_split is None or cfg.dp is None or cfg.ga is None:
         raise ConfigError("resolve_config() the configuration before projecting it")
-    batch = ConfigBatch.from_configs([cfg])
+    batch = ConfigBatch.from_configs([cfg], traits)
     res = score_configs(model, cluster, training, batch, table, software)
     return Projection(
         step_time_s=float(res["step_time_s"][0]),
@@ -1226,7 +1294,9 @@ def work_fields() -> list[str]:
 __all__ = [
     "BREAKDOWN",
     "ConfigBatch",
+    "DEFAULT_TRAITS",
     "Projection",
+    "RunTraits",
     "auto_pipeline_split",
     "build_work",
     "concat_work",
