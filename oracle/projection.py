@@ -41,7 +41,8 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``kernel_overhead_s`` each. The host runs ahead of the GPU: a dense layer exposes only host
   time beyond its GPU time. A dropless MoE layer synchronises host and device once (token
   counts), so the host cannot run ahead across it: the layer takes the smooth maximum
-  ``(host^p + gpu^p)^(1/p)`` (:data:`HOST_GPU_OVERLAP_P`) of its host and GPU times. The excess
+  ``(host^p + gpu^p)^(1/p)`` (p = ``host_gpu_overlap_exponent``, fitted) of its host and GPU
+  times. The excess
   over the GPU time is ``kernel_overhead``. Small micro-batches of fine-grained MoE models
   (many local experts, little work per expert) become host-bound.
 * **Collectives** (ring): ``alpha (1 + log2 n) + (n - 1)/n x S / (link x link_eff)`` for an
@@ -155,10 +156,6 @@ ATTENTION_BWD_FLOPS_RATIO = 2.5
 #: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
 #: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
 KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
-#: Exponent of the smooth maximum of a layer's host and GPU times, ``(h^p + g^p)^(1/p)``: the
-#: larger one sets the pace; when they are close the per-layer synchronisation of dropless MoE
-#: costs part of both (equal times give 2^(1/4) = 1.19 x). p = 4 is an assumption, not fitted.
-HOST_GPU_OVERLAP_P = 4.0
 #: Zero-bubble (ZB-H1) keeps ~1/3 of the 1F1B bubble (Qi et al. 2023, "Zero Bubble Pipeline
 #: Parallelism"); DualPipe is represented by the same factor.
 ZERO_BUBBLE_FACTOR = 1.0 / 3.0
@@ -841,9 +838,12 @@ def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any) -> np
     return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
 
 
-def host_exposed(host: Any, gpu: Any, p: float = HOST_GPU_OVERLAP_P) -> np.ndarray:
-    """Host time a layer exposes beyond its GPU time: ``(host^p + gpu^p)^(1/p) - gpu``."""
+def host_exposed(host: Any, gpu: Any, p: Any) -> np.ndarray:
+    """Host time a layer exposes beyond its GPU time: ``(host^p + gpu^p)^(1/p) - gpu``, the
+    smooth maximum of the two with exponent ``p`` (``host_gpu_overlap_exponent``) minus the GPU
+    time. Worked example (p = 2): host 3 ms, GPU 4 ms -> (9 + 16)^(1/2) - 4 = 1 ms."""
     h, g = np.asarray(host, dtype=np.float64), np.asarray(gpu, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
     return (h**p + g**p) ** (1.0 / p) - g
 
 
@@ -1084,7 +1084,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         + comm_moe_b + rc_moe
     bucket["kernel_overhead"] = (
         nd * col(np.maximum(0.0, host_dense - gpu_dense))
-        + nm * col(host_exposed(host_moe, gpu_moe) * w["has_moe"])
+        + nm * col(host_exposed(host_moe, gpu_moe, c["host_gpu_overlap_exponent"]) * w["has_moe"])
     )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)

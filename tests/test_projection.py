@@ -247,14 +247,17 @@ def test_layer_host_time_hand_worked() -> None:
 def test_host_exposed_is_a_smooth_maximum() -> None:
     from oracle.projection import host_exposed
 
-    # (3^4 + 4^4)^(1/4) - 4 = 337^(1/4) - 4 = 0.284572
-    assert host_exposed(3.0, 4.0) == pytest.approx(337 ** 0.25 - 4, rel=1e-12)
-    assert host_exposed(3.0, 4.0) == pytest.approx(0.284572, abs=1e-6)
-    # equal host and GPU time: the layer takes 2^(1/4) x as long
-    assert host_exposed(1.0, 1.0) == pytest.approx(2 ** 0.25 - 1)
+    # p = 2: (3^2 + 4^2)^(1/2) - 4 = 5 - 4 = 1
+    assert host_exposed(3.0, 4.0, 2.0) == pytest.approx(1.0, rel=1e-12)
+    # p = 4: (3^4 + 4^4)^(1/4) - 4 = 337^(1/4) - 4 = 0.284572
+    assert host_exposed(3.0, 4.0, 4.0) == pytest.approx(0.284572, abs=1e-6)
+    # the neutral prior p = 1.71: equal host and GPU times expose half of either
+    assert host_exposed(1.0, 1.0, 1.71) == pytest.approx(0.5, abs=2e-3)
+    # p = 1 is no overlap at all: the sum
+    assert host_exposed(3.0, 4.0, 1.0) == pytest.approx(3.0)
     # a host far behind the GPU is hidden; one far ahead is almost fully exposed
-    assert host_exposed(1e-3, 1.0) < 1e-12
-    assert host_exposed(10.0, 1.0) == pytest.approx(9.0, rel=1e-3)
+    assert host_exposed(1e-3, 1.0, 2.0) < 1e-6
+    assert host_exposed(10.0, 1.0, 2.0) == pytest.approx(9.05, abs=1e-3)
 
 
 def test_pipeline_p2p_hand_worked() -> None:
@@ -303,8 +306,10 @@ def test_small_micro_batch_fine_grained_moe_is_host_bound() -> None:
     m, c, t = setup("qwen3-30b-a3b", "b200", 1, 4096, 512, "fp8")
     small, big = run(m, c, t, ep=8, mbs=1), run(m, c, t, ep=8, mbs=4)
     assert small.tokens_per_s_per_gpu < 0.5 * big.tokens_per_s_per_gpu
-    assert small.breakdown["kernel_overhead"] > 0.4 * small.step_time_s
-    assert big.breakdown["kernel_overhead"] < 0.25 * big.step_time_s
+    small_share = small.breakdown["kernel_overhead"] / small.step_time_s
+    big_share = big.breakdown["kernel_overhead"] / big.step_time_s
+    assert small_share > 0.4
+    assert big_share < 0.6 * small_share
 
 
 def test_interleaved_pipeline_hides_p2p_that_1f1b_exposes() -> None:
