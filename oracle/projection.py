@@ -1293,8 +1293,8 @@ def work_fields() -> list[str]:
 
 __all__ = [
     "BREAKDOWN",
-    "ConfigBatch",
     "DEFAULT_TRAITS",
+    "ConfigBatch",
     "Projection",
     "RunTraits",
     "auto_pipeline_split",

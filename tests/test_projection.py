@@ -14,10 +14,10 @@ from oracle.constants import load_calibration
 from oracle.projection import (
     BREAKDOWN,
     CAST_BYTES_PER_ELEMENT,
-    S,
     ZERO_BUBBLE_FACTOR,
     ConfigBatch,
     RunTraits,
+    S,
     build_work,
     pipeline_time,
     project,

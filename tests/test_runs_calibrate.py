@@ -19,7 +19,14 @@ from oracle.runs import (
     row_recompute,
     row_traits,
 )
-from oracle.specs import ConfigError, Dispatcher, Fp8Recipe, Precision, Recompute, RecomputeMethod
+from oracle.specs import (
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+)
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 
