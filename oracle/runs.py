@@ -41,7 +41,10 @@ Rules (each documented where it is applied):
   GPT-OSS, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200, B300 and
   H100, which set ``moe_token_dispatcher_type="alltoall"``
   (``scripts/performance/configs/{deepseek,qwen,gpt_oss}/*_workload_base_configs.py``);
-  :data:`BRIDGE_ALLTOALL_MOE`. Other frameworks: the all-to-all dispatcher (Megatron's default).
+  :data:`BRIDGE_ALLTOALL_MOE`. A row whose settings name DeepEP, HybridEP, the flex dispatcher or
+  DualPipe (DeepSeek-V3's own run: node-limited routing, tokens sent once per node over IB and
+  forwarded over NVLink) uses the flex dispatcher; other frameworks the all-to-all dispatcher
+  (Megatron's default).
 * **Recompute**: ``full`` -> full (``recompute_num_layers N`` and ``method block|uniform`` when
   given, else every layer); ``selective modules [..]`` -> those modules; torchtitan's per-op
   selective AC (recomputes every second matmul) -> selective ``mlp`` (the module closest to half
@@ -329,7 +332,12 @@ def row_traits(row: dict[str, str], software: str) -> RunTraits:
 
 def row_dispatcher(row: dict[str, str], model: ModelSpec, gpu_name: str) -> Dispatcher:
     """MoE token dispatcher of a row (see the module docstring)."""
-    if not model.is_moe or "megatron-bridge" not in row.get("framework", "").lower():
+    if not model.is_moe:
+        return Dispatcher.ALLTOALL
+    settings = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
+    if any(k in settings for k in ("deepep", "hybridep", "flex dispatcher", "dualpipe")):
+        return Dispatcher.FLEX
+    if "megatron-bridge" not in row.get("framework", "").lower():
         return Dispatcher.ALLTOALL
     if gpu_name in BRIDGE_ALLTOALL_MOE.get(model.name, ()):
         return Dispatcher.ALLTOALL
