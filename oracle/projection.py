@@ -632,6 +632,7 @@ def build_work(
     sp = b.sp.astype(f64)
     w["tp_bytes"] = T * h * BF16
     w["tp_n"] = tp
+    w["tp_has"] = has_tp
     w["tp_intra"] = _link(cluster, b.tp)
     w["tp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp)
     # with sequence parallelism an FP8 recipe quantises the layer input before gathering it
@@ -991,8 +992,10 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
                          - ov_tp * g_sh)
     tp_sh_b = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_bwd_per_block"] * t_tp
                          - ov_tp * 2 * g_sh)
-    tp_out_f = 0.5 * w["tp_fwd_per_block"] * t_tp  # gather before the logits (SP) / embedding
-    tp_out_b = 0.5 * w["tp_fwd_per_block"] * t_tp
+    # one bf16 collective of T h each way before the logits (SP gather) / after the embedding
+    # (the output layer and the embedding stay bf16 under FP8 recipes)
+    tp_out_f = w["tp_has"] * t_tp
+    tp_out_b = w["tp_has"] * t_tp
 
     # ---- CP
     cp_bw = link(w["cp_intra"])
