@@ -220,6 +220,21 @@ def test_tp_comm_without_overlap_is_every_collective_hand_worked() -> None:
     assert on.step_time_s < off.step_time_s
 
 
+def test_flex_dispatcher_sends_one_copy_per_node_hand_worked() -> None:
+    # DeepSeek-V3 (h 7168, top-8 of 256) at EP64 on H100 nodes of 8: a rank dispatches T k h
+    # bf16 token copies; all-to-all sends the 56/64 of them bound for the other 7 nodes over the
+    # NIC; flex (DeepEP / HybridEP, as the Megatron-Bridge recipes run it) sends each token once
+    # per destination node: (N - 1)(1 - (1 - 1/N)^k) = 7 (1 - (7/8)^8) = 4.5947 copies
+    m, c, t = setup("deepseek-v3", "h100", 16, 4096, 1024, "fp8")
+    T, h = 4096.0, 7168.0
+    w = {d: build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, ep=64, pp=2, dispatcher=d))
+         for d in (0, 2)}
+    assert w[0]["ep_inter_bytes"][0] == pytest.approx(T * 8 * h * 2 * 56 / 64)
+    assert w[2]["ep_inter_bytes"][0] == pytest.approx(T * h * 2 * 7 * (1 - (7 / 8) ** 8))
+    assert 7 * (1 - (7 / 8) ** 8) == pytest.approx(4.5947, abs=1e-4)
+    assert w[2]["ep_intra_bytes"][0] == w[0]["ep_intra_bytes"][0]
+
+
 def test_rowwise_fp8_casts_hand_worked() -> None:
     # Llama 3 8B MLP fc1 at tp 1, mbs 1, seq 8192, 8 micro-batches: M = 8192, K = 4096,
     # N = 2 x 14336. Forward cast bytes = (M K + K N / ga) x bytes per element: 6 for
