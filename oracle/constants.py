@@ -196,7 +196,9 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
         "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
-        "reduce-scatter (Transformer Engine userbuffers, torchtitan async TP; 0 = none)",
+        "reduce-scatter in runs that overlap TP communication (Transformer Engine userbuffers, "
+        "torchtitan async TP; oracle.projection.RunTraits.tp_comm_overlap); runs without it "
+        "expose all of it",
         "prior: half; Transformer Engine TP-comm overlap and async TP hide most of it, "
         "plain Megatron/torchtitan TP hides none",
     ),

@@ -27,7 +27,8 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``block_scaled_gemm_efficiency`` of a per-tensor FP8 GEMM. Low precision (FP8 recipes, NVFP4) applies to the
   transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
   FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward) is element-wise
-  work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element.
+  work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element (torchao row-wise scaling,
+  ``RunTraits.fp8_rowwise``: 10).
 * **Core attention** (flash): forward FLOPs from :mod:`oracle.flops` (causal), backward 2.5 x
   forward (FlashAttention-2 recomputes the scores: 5 matmuls vs 2; Dao 2023), at
   ``attention_efficiency`` x head-dim factor x ``g(context)``; never faster than the GPU's
@@ -52,13 +53,16 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``st x n <= scale-up domain``, else its traffic crosses the NIC.
 * **TP/SP**: per layer forward, all-gather + reduce-scatter of ``T h`` bf16 around attention and
   around the MLP (one all-reduce each without SP); backward adds the re-gather of the input for
-  the weight gradient; exposed ``max(0, comm - tp_comm_overlap x GEMM time)``.
+  the weight gradient; under an FP8 recipe with SP the input is quantised before it is gathered
+  (the forward all-gather and backward re-gather move half the bytes,
+  :data:`TP_FP8_ALLGATHER_FRACTION`); exposed ``max(0, comm - tp_comm_overlap x GEMM time)``
+  where the run overlaps TP communication (:class:`RunTraits`), all of it otherwise.
 * **CP** (ring p2p): ``cp - 1`` exchanges of the local K and V per layer (backward: K, V, dK,
   dV), each overlapping one ``1/cp`` block of attention: exposed ``(cp - 1) max(0, step -
   attention / cp)``.
 * **EP**: dispatch and combine all-to-all of ``T_sp k h`` bf16 (forward and backward), plus the
   ETP all-gather / reduce-scatter; ``allgather`` dispatcher gathers ``T_sp h`` over tp x ep;
-  ``flex`` (DeepEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
+  ``flex`` (DeepEP, HybridEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
   node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``.
 * **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way (``t_send`` each).
   In the interleaved schedule Megatron overlaps each transfer with the next chunk's compute
