@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from agent.baseline import Reference, find_reference, reference_training_matches
-from agent.evaluate import Evaluator, Trial, config_key
+from agent.evaluate import Evaluator, Trial
 from agent.llm import (
     COMBINATION_AXES,
     MAX_ITEMS,
@@ -33,23 +33,25 @@ from agent.llm import (
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
 from oracle.memory import MemoryOverheads
-from oracle.projection import BREAKDOWN, ConfigBatch, score_configs
+from oracle.projection import ConfigBatch, score_configs
 from oracle.specs import (
+    DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
     ConfigError,
+    Dispatcher,
+    Fp8Recipe,
     ModelSpec,
     ParallelConfig,
-    DEFAULT_SELECTIVE_MODULES,
     Recompute,
     RecomputeMethod,
+    Schedule,
     TrainingSpec,
 )
-from solver.check import config_json
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
 from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
-from solver.space import SearchSpace, default_space
+from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
 
@@ -307,7 +309,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     top = int(ranked.order[0])
     exhaustive = ev.evaluate(ranked.configs[top], "exhaustive", "best of the feasible set")
     # the LLM phase
-    llm = LlmReport(status="skipped", reason="no --lm given: seed phase and exhaustive ranking only")
+    reason = "no --lm given: seed phase and exhaustive ranking only"
+    if opts.goal:
+        reason += ("; the --goal text needs the LLM planner to become objectives (without one, "
+                   "write them as --prefer conditions)")
+    llm = LlmReport(status="skipped", reason=reason)
     llm_best: Trial | None = None
     if opts.lm is not None:
         t3 = time.perf_counter()
@@ -464,25 +470,59 @@ def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive
     return report, llm_best
 
 
+def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSpace, bool]:
+    """``space`` with the axes a combination sets pinned to its values (possibly outside the
+    default domains), and whether recompute was pinned (then dominance of recompute levels must
+    not drop the pinned option). Raises ConfigError / ValueError for values that do not parse."""
+    rc_keys = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
+    axis_fix = {k: v for k, v in settings.items()
+                if k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
+    out = space.fix(**axis_fix) if axis_fix else space
+    domains: dict[str, Any] = {}
+    if "dispatcher" in settings:
+        domains["dispatcher"] = (Dispatcher(settings["dispatcher"]),)
+    if "schedule" in settings:
+        domains["schedule"] = (Schedule(settings["schedule"]),)
+    if "fp8_recipe" in settings:
+        v = settings["fp8_recipe"]
+        domains["fp8_recipe"] = (None if v in (None, "none", "") else Fp8Recipe(v),)
+    if "distributed_optimizer" in settings:
+        domains["optimizer"] = (OptimizerChoice.DISTRIBUTED if settings["distributed_optimizer"]
+                                else OptimizerChoice.REPLICATED,)
+    pinned_rc = any(k in settings for k in rc_keys)
+    if pinned_rc:
+        kind = Recompute(settings.get("recompute", "full" if "recompute_layers" in settings
+                                      else "none"))
+        opt = RecomputeOption(
+            kind=kind,
+            method=RecomputeMethod(settings.get("recompute_method", "block")),
+            layers=settings.get("recompute_layers") if kind is Recompute.FULL else None,
+            modules=tuple(settings.get("recompute_modules") or ("core_attn",))
+            if kind is Recompute.SELECTIVE else (),
+        )
+        domains["recompute"] = (opt,)
+    if domains:
+        out = out.with_domains(**domains)
+    return out, pinned_rc
+
+
 def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, prefs):
-    """Best configuration of the feasible set narrowed by ``hard`` and ``settings`` (fixed axis
-    values, possibly outside the default space); every candidate passes every rule."""
-    cfg_fields = {"recompute", "recompute_method", "recompute_layers", "dispatcher", "schedule",
-                  "fp8_recipe", "distributed_optimizer"}
-    axis_fix = {k: v for k, v in settings.items() if k not in cfg_fields}
+    """Best configuration of the feasible set narrowed by ``hard`` and ``settings`` (pinned
+    axis values, possibly outside the default space): CP-SAT enumerates it with every rule, the
+    oracle ranks it."""
     try:
-        sub = space.fix(**axis_fix) if axis_fix else space
-        enum = enumerate_feasible(model, cluster, training, sub,
-                                  constraints=tuple(opts.constraints) + tuple(hard),
-                                  overheads=opts.overheads, memory_margin=opts.memory_margin,
-                                  allow_cross_scale_up=opts.allow_cross_scale_up,
-                                  families=opts.families, count_removed=False)
-    except (ConfigError, ValueError) as e:
-        return f"rejected: {e}"
+        sub, pinned_rc = pin_settings(space, settings)
+    except (ConfigError, ValueError, TypeError) as e:
+        return f"rejected: {' '.join(str(e).split())[:200]}"
+    families = opts.families
+    if pinned_rc:
+        families = tuple(f for f in (families or RULES) if f != "recompute_dominance")
+    enum = enumerate_feasible(model, cluster, training, sub,
+                              constraints=tuple(opts.constraints) + tuple(hard),
+                              overheads=opts.overheads, memory_margin=opts.memory_margin,
+                              allow_cross_scale_up=opts.allow_cross_scale_up,
+                              families=families, count_removed=False)
     configs = [fc.config for fc in enum.configs]
-    extra = {k: v for k, v in settings.items() if k in cfg_fields}
-    if extra:
-        configs = [c for c in configs if all(_same(getattr(c, k), v) for k, v in extra.items())]
     if not configs:
         return "empty: no legal configuration satisfies it"
     scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
@@ -492,30 +532,4 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
     return ev.evaluate(best, "llm", f"llm {settings or 'constraints'}")
 
 
-def _same(a: Any, b: Any) -> bool:
-    return (a.value if hasattr(a, "value") else a) == b
-
-
-# ------------------------------------------------------------------------------- output
-
-
-def trial_json(t: Trial, hbm_limit: int | None = None) -> dict[str, Any]:
-    from solver.check import memory_json
-
-    out = config_json(t.config, t.outcome.ctx.training)
-    out["projection"] = t.projection.model_dump() if t.projection else None
-    out["memory"] = memory_json(t.outcome.memory, t.outcome.limit_bytes,
-                                t.outcome.ctx.memory_margin)
-    out["legal"] = t.legal
-    return out
-
-
-__all__ = [
-    "BREAKDOWN",
-    "NoFeasibleConfiguration",
-    "Preference",
-    "SearchOptions",
-    "SearchResult",
-    "config_key",
-    "search",
-]
+__all__ = ["NoFeasibleConfiguration", "Preference", "SearchOptions", "SearchResult", "search"]

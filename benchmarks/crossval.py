@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first on the path: run as a script, sys.path[0] is benchmarks/, whose oracle.py would shadow
+# the oracle package
+sys.path.insert(0, str(ROOT))
 
 from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
 from oracle.runs import RunRow, read_runs, scored_rows  # noqa: E402

@@ -92,7 +92,8 @@ def prepare(rows: Iterable[RunRow]) -> PreparedRows:
     works = []
     for r in rows:
         assert r.model and r.cluster and r.training and r.cfg
-        works.append(build_work(r.model, r.cluster, r.training, ConfigBatch.from_configs([r.cfg])))
+        works.append(build_work(r.model, r.cluster, r.training,
+                                ConfigBatch.from_configs([r.cfg], r.traits)))
     keys = [configuration_key(r) for r in rows]
     dup = Counter(keys)
     return PreparedRows(

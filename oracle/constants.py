@@ -161,6 +161,18 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         lower=1e-8, upper=1e-3,
     ),
     ConstantDef(
+        "host_gpu_overlap_exponent", "positive", 1.71, 0.5, False,
+        "exponent p of the smooth maximum (host^p + gpu^p)^(1/p) that combines a dropless MoE "
+        "layer's host time with its GPU time: the layer synchronises host and device once per "
+        "forward (token counts), so host and GPU overlap only within the segments between "
+        "synchronisations; p -> infinity is full overlap (the larger time alone), p = 1 none "
+        "(their sum)",
+        "prior: the neutral midpoint: equal host and GPU times expose half of either "
+        "(2^(1/p) = 1.5, p = 1.71); wide (sigma 0.5 in log space). It replaces the earlier "
+        "fixed assumption p = 4, which grouped cross-validation rejected (docs/projection.md)",
+        lower=1.0, upper=16.0,
+    ),
+    ConstantDef(
         "power_clock_exponent", "fraction", 0.4, 0.5, False,
         "exponent gamma of the power-limited sustained clock: within an architecture a part "
         "with U compute units (SMs / CUs) and board power P sustains a dense tensor rate "
@@ -184,7 +196,9 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
         "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
-        "reduce-scatter (Transformer Engine userbuffers, torchtitan async TP; 0 = none)",
+        "reduce-scatter in runs that overlap TP communication (Transformer Engine userbuffers, "
+        "torchtitan async TP; oracle.projection.RunTraits.tp_comm_overlap); runs without it "
+        "expose all of it",
         "prior: half; Transformer Engine TP-comm overlap and async TP hide most of it, "
         "plain Megatron/torchtitan TP hides none",
     ),

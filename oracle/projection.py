@@ -27,7 +27,8 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``block_scaled_gemm_efficiency`` of a per-tensor FP8 GEMM. Low precision (FP8 recipes, NVFP4) applies to the
   transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
   FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward) is element-wise
-  work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element.
+  work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element (torchao row-wise scaling,
+  ``RunTraits.fp8_rowwise``: 10).
 * **Core attention** (flash): forward FLOPs from :mod:`oracle.flops` (causal), backward 2.5 x
   forward (FlashAttention-2 recomputes the scores: 5 matmuls vs 2; Dao 2023), at
   ``attention_efficiency`` x head-dim factor x ``g(context)``; never faster than the GPU's
@@ -41,7 +42,8 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``kernel_overhead_s`` each. The host runs ahead of the GPU: a dense layer exposes only host
   time beyond its GPU time. A dropless MoE layer synchronises host and device once (token
   counts), so the host cannot run ahead across it: the layer takes the smooth maximum
-  ``(host^p + gpu^p)^(1/p)`` (:data:`HOST_GPU_OVERLAP_P`) of its host and GPU times. The excess
+  ``(host^p + gpu^p)^(1/p)`` (p = ``host_gpu_overlap_exponent``, fitted) of its host and GPU
+  times. The excess
   over the GPU time is ``kernel_overhead``. Small micro-batches of fine-grained MoE models
   (many local experts, little work per expert) become host-bound.
 * **Collectives** (ring): ``alpha (1 + log2 n) + (n - 1)/n x S / (link x link_eff)`` for an
@@ -51,13 +53,16 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   ``st x n <= scale-up domain``, else its traffic crosses the NIC.
 * **TP/SP**: per layer forward, all-gather + reduce-scatter of ``T h`` bf16 around attention and
   around the MLP (one all-reduce each without SP); backward adds the re-gather of the input for
-  the weight gradient; exposed ``max(0, comm - tp_comm_overlap x GEMM time)``.
+  the weight gradient; under an FP8 recipe with SP the input is quantised before it is gathered
+  (the forward all-gather and backward re-gather move half the bytes,
+  :data:`TP_FP8_ALLGATHER_FRACTION`); exposed ``max(0, comm - tp_comm_overlap x GEMM time)``
+  where the run overlaps TP communication (:class:`RunTraits`), all of it otherwise.
 * **CP** (ring p2p): ``cp - 1`` exchanges of the local K and V per layer (backward: K, V, dK,
   dV), each overlapping one ``1/cp`` block of attention: exposed ``(cp - 1) max(0, step -
   attention / cp)``.
 * **EP**: dispatch and combine all-to-all of ``T_sp k h`` bf16 (forward and backward), plus the
   ETP all-gather / reduce-scatter; ``allgather`` dispatcher gathers ``T_sp h`` over tp x ep;
-  ``flex`` (DeepEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
+  ``flex`` (DeepEP, HybridEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
   node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``.
 * **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way (``t_send`` each).
   In the interleaved schedule Megatron overlaps each transfer with the next chunk's compute
@@ -131,7 +136,16 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 #: read bf16 (2) + write the row-wise and column-wise low-precision copies (1 + 1 for FP8);
 #: current/tensorwise scaling and NVFP4 add an amax pass over the input (+2).
 CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0,
-                          "nvfp4": 6.0}
+                          "nvfp4": 6.0, "rowwise": 10.0}
+#: torchao's row-wise ("axiswise") FP8 recipe (``RunTraits.fp8_rowwise``) scales every GEMM
+#: operand along the reduction axis of the GEMM it feeds, and an operand feeds two GEMMs with
+#: different reduction axes (the input: forward over K and weight gradient over tokens; the
+#: output gradient: data gradient over N and weight gradient over tokens), so each operand is
+#: quantised twice from bf16 (amax pass 2 + cast read 2 + write 1, twice = 10 bytes per element);
+#: its GEMMs (CUTLASS row-wise kernel) run at ``block_scaled_gemm_efficiency`` like the other
+#: finer-than-tensor scalings, and its tensor-parallel all-gathers stay in bf16.
+#: Bytes of an FP8 all-gather relative to the bf16 one (1 byte per element instead of 2).
+TP_FP8_ALLGATHER_FRACTION = 0.5
 #: Bytes per element of a GEMM operand read from HBM (memory-bound floor of a GEMM).
 OPERAND_BYTES = {0: 2.0, 1: 1.0, 2: 0.5625}  # bf16, fp8, nvfp4 (4 bit + 1 scale byte per 16)
 #: Flash-attention backward FLOPs over forward (5 matmuls over 2; Dao 2023, FlashAttention-2).
@@ -146,10 +160,6 @@ ATTENTION_BWD_FLOPS_RATIO = 2.5
 #: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
 #: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
 KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
-#: Exponent of the smooth maximum of a layer's host and GPU times, ``(h^p + g^p)^(1/p)``: the
-#: larger one sets the pace; when they are close the per-layer synchronisation of dropless MoE
-#: costs part of both (equal times give 2^(1/4) = 1.19 x). p = 4 is an assumption, not fitted.
-HOST_GPU_OVERLAP_P = 4.0
 #: Zero-bubble (ZB-H1) keeps ~1/3 of the 1F1B bubble (Qi et al. 2023, "Zero Bubble Pipeline
 #: Parallelism"); DualPipe is represented by the same factor.
 ZERO_BUBBLE_FACTOR = 1.0 / 3.0
@@ -211,6 +221,28 @@ _CODE_SPLIT = {v: k for k, v in SPLIT_CODE.items()}
 # ============================================================================ config batch
 
 
+@dataclass(frozen=True)
+class RunTraits:
+    """How a run executes beyond its parallel layout and precision: framework settings that
+    change the time of the same configuration. The defaults are Megatron-Core with Transformer
+    Engine as Megatron-Bridge / NeMo recipes configure it (what the search plans for);
+    :mod:`oracle.runs` reads other values from a published row's columns.
+
+    ``tp_comm_overlap``: tensor-parallel collectives can hide behind the layer's GEMMs
+    (Transformer Engine userbuffers, ``--tp-comm-overlap``, torchtitan async TP); False for plain
+    Megatron-LM without the flag and torchtitan's vanilla TP, whose all-gather and
+    reduce-scatter run between the GEMMs.
+    ``fp8_rowwise``: the FP8 recipe is torchao's row-wise scaling (see
+    :data:`CAST_BYTES_PER_ELEMENT`); ignored without FP8.
+    """
+
+    tp_comm_overlap: bool = True
+    fp8_rowwise: bool = False
+
+
+DEFAULT_TRAITS = RunTraits()
+
+
 @dataclass
 class ConfigBatch:
     """Many resolved configurations of one (model, cluster, training) as integer arrays.
@@ -219,7 +251,8 @@ class ConfigBatch:
     1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
     :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
     1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss; ``fp8`` -1 none /
-    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8.
+    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
+    :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
     """
 
     tp: np.ndarray
@@ -242,13 +275,24 @@ class ConfigBatch:
     schedule: np.ndarray
     split: np.ndarray
     fp8: np.ndarray
+    tp_overlap: np.ndarray | None = None
+    fp8_rowwise: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
 
     @classmethod
-    def from_configs(cls, configs: Sequence[ParallelConfig]) -> ConfigBatch:
-        """From configurations already resolved by :func:`oracle.specs.resolve_config`."""
+    def from_configs(
+        cls,
+        configs: Sequence[ParallelConfig],
+        traits: RunTraits | Sequence[RunTraits] | None = None,
+    ) -> ConfigBatch:
+        """From configurations already resolved by :func:`oracle.specs.resolve_config`;
+        ``traits``: one :class:`RunTraits` for all, one per configuration, or None (defaults)."""
+        if traits is None or isinstance(traits, RunTraits):
+            traits = [traits or DEFAULT_TRAITS] * len(configs)
+        if len(traits) != len(configs):
+            raise ConfigError("from_configs(): give one RunTraits per configuration")
         for c in configs:
             if c.dp is None or c.ga is None or c.pipeline_split is None:
                 raise ConfigError("resolve_config() the configuration before projecting it")
@@ -273,6 +317,8 @@ class ConfigBatch:
             schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
             split=arr(lambda c: SPLIT_CODE[c.pipeline_split]),
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
+            tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
+            fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
         )
 
     @classmethod
@@ -299,12 +345,15 @@ class ConfigBatch:
         schedule: Any = None,
         fp8: Any = None,
         sp: Any = None,
+        tp_comm_overlap: Any = True,
+        fp8_rowwise: Any = False,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
         interleaved when vpp > 1, FP8 recipe from the training precision, pipeline split
         ``even`` when the layers divide over pp x vpp. Recompute layers only count under full
-        recompute (``-1`` = all)."""
+        recompute (``-1`` = all). ``tp_comm_overlap`` / ``fp8_rowwise``: :class:`RunTraits`
+        fields (scalars or arrays)."""
         tp_ = np.asarray(tp, dtype=np.int64)
         arrays = np.broadcast_arrays(
             tp_, np.asarray(pp), np.asarray(vpp), np.asarray(cp), np.asarray(ep),
@@ -334,6 +383,14 @@ class ConfigBatch:
             recompute_modules=b(recompute_modules), distributed_optimizer=b(
                 distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
             schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
+            tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
+        )
+
+    def traits(self, i: int) -> RunTraits:
+        """The :class:`RunTraits` of configuration ``i``."""
+        return RunTraits(
+            tp_comm_overlap=True if self.tp_overlap is None else bool(self.tp_overlap[i]),
+            fp8_rowwise=False if self.fp8_rowwise is None else bool(self.fp8_rowwise[i]),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -499,6 +556,7 @@ def build_work(
     w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
 
     # --- precision: 0 bf16, 1 fp8, 2 fp4
+    rowwise = (b.fp8 >= 0) & (False if b.fp8_rowwise is None else b.fp8_rowwise)
     if training.precision is Precision.FP4:
         if gpu.peak_fp4_flops is None:
             raise ConfigError(
@@ -512,13 +570,15 @@ def build_work(
         cast_by_code = np.array([CAST_BYTES_PER_ELEMENT[x] for x in
                                  ("delayed", "tensorwise", "blockwise", "mxfp8")] + [0.0])
         cast = cast_by_code[np.where(b.fp8 >= 0, b.fp8, 4)]
+        cast = np.where(rowwise, CAST_BYTES_PER_ELEMENT["rowwise"], cast)
         if gpu.peak_fp8_flops is None and np.any(prec == 1):
             raise ConfigError(
                 f"precision fp8 needs a GPU with FP8 tensor cores; {gpu.name} has none; "
                 f"choose precision bf16"
             )
     w["prec"] = prec
-    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3)).astype(f64)  # blockwise, MXFP8
+    # blockwise, MXFP8 and torchao row-wise scaling: finer than per-tensor scales
+    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3) | rowwise).astype(f64)
     w["peak_bf16"] = np.full(n, gpu.peak_bf16_flops)
     w["peak_low"] = np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
                                      gpu.peak_fp4_flops or 1.0]).astype(f64)
@@ -576,11 +636,19 @@ def build_work(
     sp = b.sp.astype(f64)
     w["tp_bytes"] = T * h * BF16
     w["tp_n"] = tp
+    w["tp_has"] = has_tp
     w["tp_intra"] = _link(cluster, b.tp)
     w["tp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp)
-    w["tp_fwd_per_block"] = has_tp * 2.0  # AG + RS, or one all-reduce (= 2)
-    w["tp_bwd_per_block"] = has_tp * (sp * 3.0 + (1 - sp) * 2.0)  # + input re-gather with SP
+    # with sequence parallelism an FP8 recipe quantises the layer input before gathering it
+    # (Transformer Engine: current scaling reduces the amax over the TP group first, MXFP8 /
+    # blockwise gather the scaled data; torchtitan's float8 tensor-parallel styles): the forward
+    # all-gather and the backward re-gather move 1 byte per element instead of 2; reduce-scatters
+    # and the gradient all-gather stay bf16. torchao row-wise scaling and NVFP4 gather bf16.
+    ag = np.where((prec == 1) & ~rowwise, TP_FP8_ALLGATHER_FRACTION, 1.0)
+    w["tp_fwd_per_block"] = has_tp * (sp * (ag + 1.0) + (1 - sp) * 2.0)  # AG + RS, or one AR (= 2)
+    w["tp_bwd_per_block"] = has_tp * (sp * (2.0 + ag) + (1 - sp) * 2.0)  # + input re-gather (SP)
     w["tp_shared_blocks"] = np.full(n, 1.0 if fs else 0.0)
+    w["tp_overlap"] = np.ones(n) if b.tp_overlap is None else b.tp_overlap.astype(f64)
 
     # --- context parallel ring (p2p, K and V of the local chunk per step)
     w["cp_bytes"] = T * kv_width * BF16
@@ -775,9 +843,12 @@ def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any) -> np
     return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
 
 
-def host_exposed(host: Any, gpu: Any, p: float = HOST_GPU_OVERLAP_P) -> np.ndarray:
-    """Host time a layer exposes beyond its GPU time: ``(host^p + gpu^p)^(1/p) - gpu``."""
+def host_exposed(host: Any, gpu: Any, p: Any) -> np.ndarray:
+    """Host time a layer exposes beyond its GPU time: ``(host^p + gpu^p)^(1/p) - gpu``, the
+    smooth maximum of the two with exponent ``p`` (``host_gpu_overlap_exponent``) minus the GPU
+    time. Worked example (p = 2): host 3 ms, GPU 4 ms -> (9 + 16)^(1/2) - 4 = 1 ms."""
     h, g = np.asarray(host, dtype=np.float64), np.asarray(gpu, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64)
     return (h**p + g**p) ** (1.0 / p) - g
 
 
@@ -916,7 +987,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
 
     # ---- TP
     t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
-    ov_tp = c["tp_comm_overlap"]
+    ov_tp = c["tp_comm_overlap"] * w["tp_overlap"]
     tp_attn_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_attn)
     tp_attn_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_attn)
     tp_mlp_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mlp)
@@ -925,8 +996,10 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
                          - ov_tp * g_sh)
     tp_sh_b = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_bwd_per_block"] * t_tp
                          - ov_tp * 2 * g_sh)
-    tp_out_f = 0.5 * w["tp_fwd_per_block"] * t_tp  # gather before the logits (SP) / embedding
-    tp_out_b = 0.5 * w["tp_fwd_per_block"] * t_tp
+    # one bf16 collective of T h each way before the logits (SP gather) / after the embedding
+    # (the output layer and the embedding stay bf16 under FP8 recipes)
+    tp_out_f = w["tp_has"] * t_tp
+    tp_out_b = w["tp_has"] * t_tp
 
     # ---- CP
     cp_bw = link(w["cp_intra"])
@@ -1018,7 +1091,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         + comm_moe_b + rc_moe
     bucket["kernel_overhead"] = (
         nd * col(np.maximum(0.0, host_dense - gpu_dense))
-        + nm * col(host_exposed(host_moe, gpu_moe) * w["has_moe"])
+        + nm * col(host_exposed(host_moe, gpu_moe, c["host_gpu_overlap_exponent"]) * w["has_moe"])
     )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
@@ -1192,18 +1265,20 @@ def project(
     cfg: ParallelConfig,
     calib: CalibrationTable | str | None = None,
     software: str = REFERENCE_SOFTWARE,
+    traits: RunTraits | None = None,
 ) -> Projection:
     """Projection of one configuration resolved by :func:`oracle.specs.resolve_config`.
 
     ``calib``: a :class:`~oracle.constants.CalibrationTable`, a path to a calibration JSON
     (``tune-cp calibrate --out``), or None for the shipped ``oracle/catalog/calibration.json``.
     ``software``: ``megatron`` (Megatron-LM / Bridge / NeMo / Primus, the default),
-    ``torchtitan`` or ``llm-foundry``.
+    ``torchtitan`` or ``llm-foundry``. ``traits``: :class:`RunTraits` (None: the Megatron-Bridge
+    defaults).
     """
     table = _calib(calib)
     if cfg.pipeline_split is None or cfg.dp is None or cfg.ga is None:
         raise ConfigError("resolve_config() the configuration before projecting it")
-    batch = ConfigBatch.from_configs([cfg])
+    batch = ConfigBatch.from_configs([cfg], traits)
     res = score_configs(model, cluster, training, batch, table, software)
     return Projection(
         step_time_s=float(res["step_time_s"][0]),
@@ -1225,8 +1300,10 @@ def work_fields() -> list[str]:
 
 __all__ = [
     "BREAKDOWN",
+    "DEFAULT_TRAITS",
     "ConfigBatch",
     "Projection",
+    "RunTraits",
     "auto_pipeline_split",
     "build_work",
     "concat_work",

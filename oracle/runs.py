@@ -31,6 +31,20 @@ Rules (each documented where it is applied):
 * **Precision**: NVFP4 -> fp4; FP8 flavours -> fp8 with recipe ``blockwise`` (blockwise, 1x128,
   torchao rowwise), ``mxfp8`` (MX, block-scaled), ``delayed``, else ``tensorwise`` (current
   scaling, "FP8-CS", torchao tensorwise); FP16 / BF16 / amp / unstated -> bf16.
+* **Run traits** (:class:`oracle.projection.RunTraits`): TP communication overlap is on for
+  Megatron-Bridge / NeMo / Primus recipes (Transformer Engine userbuffers), for torchtitan only
+  with async TP (``Async TP`` / ``AsyncTP`` in the settings), for other Megatron-LM runs only
+  when the settings name ``--tp-comm-overlap``; off elsewhere. FP8 ``rowwise`` (torchao) sets
+  ``fp8_rowwise``.
+* **MoE dispatcher**: Megatron-Bridge's MoE performance recipes use the flex dispatcher
+  (``moe_flex_dispatcher_backend`` ``hybridep`` or ``deepep``: DeepSeek-V3, Qwen3-30B-A3B,
+  GPT-OSS, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200, B300 and
+  H100, which set ``moe_token_dispatcher_type="alltoall"``
+  (``scripts/performance/configs/{deepseek,qwen,gpt_oss}/*_workload_base_configs.py``);
+  :data:`BRIDGE_ALLTOALL_MOE`. A row whose settings name DeepEP, HybridEP, the flex dispatcher or
+  DualPipe (DeepSeek-V3's own run: node-limited routing, tokens sent once per node over IB and
+  forwarded over NVLink) uses the flex dispatcher; other frameworks the all-to-all dispatcher
+  (Megatron's default).
 * **Recompute**: ``full`` -> full (``recompute_num_layers N`` and ``method block|uniform`` when
   given, else every layer); ``selective modules [..]`` -> those modules; torchtitan's per-op
   selective AC (recomputes every second matmul) -> selective ``mlp`` (the module closest to half
@@ -50,9 +64,11 @@ from pydantic import ValidationError
 
 from oracle.catalog import gpu_entries, load_gpu, model_entries
 from oracle.constants import software_stack
+from oracle.projection import RunTraits
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
+    Dispatcher,
     Fp8Recipe,
     GpuSpec,
     ModelSpec,
@@ -68,6 +84,11 @@ from oracle.specs import (
 REQUIRED_COLUMNS = (
     "row_id", "source", "model", "num_gpus", "tp", "pp", "tokens_per_sec_per_gpu",
 )
+#: (catalog model, GPUs) whose Megatron-Bridge MoE recipe keeps the all-to-all dispatcher; every
+#: other Megatron-Bridge MoE row uses the flex dispatcher (see the module docstring).
+BRIDGE_ALLTOALL_MOE: dict[str, tuple[str, ...]] = {
+    "qwen3-235b-a22b": ("b200", "b300", "h100"),
+}
 GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "deepseek", "gptoss", "kimi")
 NON_GATED_FAMILIES = ("gpt", "mpt", "nemotron")
 
@@ -90,6 +111,7 @@ class RunRow:
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
     software: str = "megatron"
+    traits: RunTraits = field(default_factory=RunTraits)
 
     @property
     def representable(self) -> bool:
@@ -289,6 +311,39 @@ def row_recompute(text: str) -> dict[str, Any]:
     return {"recompute": Recompute.NONE}
 
 
+def row_traits(row: dict[str, str], software: str) -> RunTraits:
+    """The :class:`~oracle.projection.RunTraits` a row states or its framework implies (see the
+    module docstring)."""
+    framework = row.get("framework", "").lower()
+    settings = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
+    if software == "torchtitan":
+        overlap = bool(re.search(r"async\s*-?\s*tp", settings))
+    elif any(k in framework for k in ("bridge", "nemo", "primus")):
+        overlap = True
+    elif software == "megatron":
+        overlap = "tp-comm-overlap" in settings or "tp_comm_overlap" in settings
+    else:
+        overlap = False
+    precision = row.get("precision", "").lower()
+    rowwise = ("rowwise" in precision or "row-wise" in precision) and (
+        "fp8" in precision or "float8" in precision)
+    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise)
+
+
+def row_dispatcher(row: dict[str, str], model: ModelSpec, gpu_name: str) -> Dispatcher:
+    """MoE token dispatcher of a row (see the module docstring)."""
+    if not model.is_moe:
+        return Dispatcher.ALLTOALL
+    settings = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
+    if any(k in settings for k in ("deepep", "hybridep", "flex dispatcher", "dualpipe")):
+        return Dispatcher.FLEX
+    if "megatron-bridge" not in row.get("framework", "").lower():
+        return Dispatcher.ALLTOALL
+    if gpu_name in BRIDGE_ALLTOALL_MOE.get(model.name, ()):
+        return Dispatcher.ALLTOALL
+    return Dispatcher.FLEX
+
+
 def _schedule(row: dict[str, str], vpp: int) -> Schedule:
     text = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
     if "dualpipe" in text or "zero bubble" in text or "zero-bubble" in text:
@@ -403,6 +458,7 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     cfg = ParallelConfig(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs,
         fsdp=fsdp, distributed_optimizer=not opt.startswith("none"),
+        dispatcher=row_dispatcher(row, model, gname),
         schedule=_schedule(row, vpp),
         fp8_recipe=recipe,
         **row_recompute(row.get("recompute", "")),
@@ -414,11 +470,13 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     try:  # a row the time model cannot evaluate is unrepresentable, not a crash
         from oracle.projection import ConfigBatch, build_work
 
-        build_work(model, cluster, training, ConfigBatch.from_configs([resolved]))
+        traits = row_traits(row, out.software)
+        build_work(model, cluster, training, ConfigBatch.from_configs([resolved], traits))
     except (ConfigError, ValueError, ZeroDivisionError, FloatingPointError) as e:
         out.reason = f"projection failed: {str(e).splitlines()[0]}"
         return
     out.model, out.cluster, out.training, out.cfg = model, cluster, training, resolved
+    out.traits = traits
 
 
 def read_runs(path: str | Path) -> list[RunRow]:

@@ -11,8 +11,22 @@ import pytest
 from oracle.calibrate import calibrate
 from oracle.constants import load_calibration
 from oracle.projection import project
-from oracle.runs import parse_row, read_runs, row_precision, row_recompute
-from oracle.specs import ConfigError, Fp8Recipe, Precision, Recompute, RecomputeMethod
+from oracle.runs import (
+    parse_row,
+    read_runs,
+    row_dispatcher,
+    row_precision,
+    row_recompute,
+    row_traits,
+)
+from oracle.specs import (
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+)
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 
@@ -176,3 +190,45 @@ def test_power_limit_in_the_gpu_column_sets_tdp() -> None:
     gamma = load_calibration().constants("hopper")["power_clock_exponent"]
     assert a.breakdown["mlp_gemm"] / b.breakdown["mlp_gemm"] == pytest.approx(
         (7 / 5) ** gamma, rel=1e-9)
+
+
+def test_run_traits_from_the_framework_and_settings() -> None:
+    tt = "torchtitan (PyTorch FSDP2/DTensor)"
+    assert not row_traits(row(framework=tt, other_settings="torch.compile; vanilla TP"),
+                          "torchtitan").tp_comm_overlap
+    assert row_traits(row(framework=tt, other_settings="torch.compile; Async TP"),
+                      "torchtitan").tp_comm_overlap
+    assert row_traits(row(framework=tt, other_settings="torch.compile + AsyncTP + 1F1B"),
+                      "torchtitan").tp_comm_overlap
+    assert not row_traits(row(framework=tt, other_settings="torch.compile; 2D"),
+                          "torchtitan").tp_comm_overlap
+    bridge = row(framework="Megatron-Bridge / Megatron-Core")
+    assert row_traits(bridge, "megatron").tp_comm_overlap
+    assert row_traits(row(framework="NeMo (1.x/Megatron-Core)"), "megatron").tp_comm_overlap
+    mlm = row(framework="Megatron-LM (mcore, TE)", other_settings="flash-attn 2; sequence parallel")
+    assert not row_traits(mlm, "megatron").tp_comm_overlap
+    mlm_ov = row(framework="Megatron-Core", other_settings="--overlap-grad-reduce --tp-comm-overlap")
+    assert row_traits(mlm_ov, "megatron").tp_comm_overlap
+    assert row_traits(row(precision="FP8 (float8 rowwise)"), "torchtitan").fp8_rowwise
+    assert not row_traits(row(precision="FP8 (torchao Float8) + BF16"), "torchtitan").fp8_rowwise
+    # parsed rows carry them
+    rows = {r.row_id: r for r in read_runs(RUNS)}
+    assert not rows["380"].traits.tp_comm_overlap and rows["381"].traits.tp_comm_overlap
+    assert rows["384"].traits.fp8_rowwise and rows["384"].cfg.fp8_recipe is Fp8Recipe.BLOCKWISE
+
+
+def test_megatron_bridge_moe_rows_use_the_recipes_dispatcher() -> None:
+    from oracle.catalog import load_model
+
+    mb = row(framework="Megatron-Bridge / Megatron-Core")
+    assert row_dispatcher(mb, load_model("deepseek-v3"), "h100") is Dispatcher.FLEX
+    assert row_dispatcher(mb, load_model("qwen3-30b-a3b"), "h100") is Dispatcher.FLEX
+    assert row_dispatcher(mb, load_model("qwen3-235b-a22b"), "b300") is Dispatcher.ALLTOALL
+    assert row_dispatcher(mb, load_model("qwen3-235b-a22b"), "h100") is Dispatcher.ALLTOALL
+    assert row_dispatcher(mb, load_model("qwen3-235b-a22b"), "gb300") is Dispatcher.FLEX
+    primus = row(framework="Primus (Megatron-LM backend, ROCm)")
+    assert row_dispatcher(primus, load_model("mixtral-8x22b"), "mi355x") is Dispatcher.ALLTOALL
+    assert row_dispatcher(mb, load_model("llama3-70b"), "gb300") is Dispatcher.ALLTOALL
+    rows = {r.row_id: r for r in read_runs(RUNS)}
+    assert rows["285"].cfg.dispatcher is Dispatcher.FLEX  # DeepSeek-V3 H100, EP64 over 8 nodes
+    assert rows["438"].cfg.dispatcher is Dispatcher.ALLTOALL

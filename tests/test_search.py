@@ -162,3 +162,34 @@ def test_slow_lm_leaves_the_run_complete():
         lm=SlowLM(), lm_name="slow", budget=LlmBudget(rounds=2, calls=2, call_timeout_s=0.3)))
     assert r.llm.status == "stopped" and r.llm.warnings
     assert r.best.legal and r.best_phase in ("exhaustive", "seed")
+
+
+def test_combination_outside_the_default_space_is_enumerated_with_every_rule():
+    """etp 2 with tp 1 (outside the default etp in {1, tp}) and a pinned full recompute depth
+    (which dominance would otherwise drop): CP-SAT enumerates the pinned set, every rule on."""
+    from agent.search import pin_settings
+    from solver.feasible import enumerate_feasible
+    from solver.rules import RULES
+    from solver.space import default_space
+
+    m, cl, tr = setting("qwen3-30b-a3b", "h100", 2, 4096, 512)
+    space = default_space(m, cl, tr)
+    sub, pinned = pin_settings(space, {"tp": 1, "etp": 2, "ep": 8, "recompute": "full",
+                                       "recompute_layers": 3})
+    assert pinned and sub.tp == (1,) and sub.etp == (2,)
+    enum = enumerate_feasible(m, cl, tr, sub, count_removed=False,
+                              families=[f for f in RULES if f != "recompute_dominance"])
+    assert enum.configs
+    for fc in enum.configs:
+        c = fc.config
+        assert (c.tp, c.etp_, c.ep, c.recompute.value, c.recompute_layers) == (1, 2, 8, "full", 3)
+        assert check_configuration(m, cl, tr, c).legal
+
+
+def test_bad_combination_values_are_rejected():
+    from agent.search import pin_settings
+    from solver.space import default_space
+
+    m, cl, tr = setting(*LLAMA)
+    with pytest.raises(ValueError):
+        pin_settings(default_space(m, cl, tr), {"dispatcher": "carrier-pigeon"})
