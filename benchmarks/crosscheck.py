@@ -5,7 +5,10 @@
 Each case draws a catalog model, a GPU, a node count, a batch, options (FP8, zero-bubble, FSDP,
 uniform recompute, extra constraints, a family switched off) and fixes random axes until the
 raw space has at most ``--max-size`` candidates; then requires identical feasible sets, peak
-bytes and removal counts. A slower, wider version of ``tests/test_solver_equivalence.py``.
+bytes and removal counts. The CP-SAT side slices the space as enumeration does by default, or,
+with ``--any-slices``, on axes drawn per case (none, pp, tp and pp, four axes, ep and mbs) from
+a separate random stream (the cases stay those of the seed). A slower, wider version of
+``tests/test_solver_equivalence.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from solver.rules import RULES
 from solver.space import AXES, OptimizerChoice, default_space
 
 GPUS = ("h100", "h200", "b200", "mi300x", "mi355x", "a100")
+SLICINGS: tuple[tuple[str, ...], ...] = ((), ("pp",), ("tp", "pp"), ("tp", "pp", "cp", "vpp"),
+                                         ("ep", "mbs"))
 CONSTRAINTS = ("ep * etp <= 8", "cp == 1", "pp in {2, 4}", "tp <= 4", "dp >= 2",
                "vpp == 1 or ga >= 2 * pp")
 
@@ -76,19 +81,25 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-size", type=int, default=6000)
+    ap.add_argument("--any-slices", action="store_true",
+                    help="slice each case's space on randomly drawn axes")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    slice_rng = random.Random(args.seed + 7919)
     bad = feasible = 0
     t0 = time.perf_counter()
     for i in range(args.cases):
         p, families, label = draw(rng, args.max_size)
-        a, b = enumerate_problem(p, families), reference_enumerate(p, families)
+        axes = slice_rng.choice(SLICINGS) if args.any_slices else None
+        a = enumerate_problem(p, families, slice_axes=axes)
+        b = reference_enumerate(p, families)
         same = ([(f.candidate, f.peak_bytes) for f in a.configs] ==
                 [(f.candidate, f.peak_bytes) for f in b.configs] and a.removed == b.removed)
         feasible += bool(len(a))
         bad += not same
+        sliced = f" slices {a.slices} on {','.join(axes) or '-'}" if axes is not None else ""
         print(f"{i:3} {'ok ' if same else 'BAD'} {len(a):5} feasible of {p.space.size():6}  "
-              f"{label}", flush=True)
+              f"{label}{sliced}", flush=True)
     print(f"{args.cases - bad}/{args.cases} identical ({feasible} with feasible configurations) "
           f"in {time.perf_counter() - t0:.0f} s")
     sys.exit(1 if bad else 0)

@@ -1,13 +1,15 @@
 """Feasible-set size and enumeration time: CP-SAT beside the plain Python loop.
 
-    PYTHONPATH=. python benchmarks/solver.py [--python-cap N] [--quick]
+    PYTHONPATH=. python benchmarks/solver.py [--python-cap N] [--quick] [--workers N]
 
 For each case (model defaults for sequence length and global batch from the catalog, the
-default search space, every family on): the raw space size, the feasible-set size, CP-SAT's time
-(model build + enumeration + removal counts, one worker) and the plain Python loop
-(``solver/reference.py``) on the same space. A space larger than ``--python-cap`` raw candidates
-is not looped over: the loop runs on a uniform random sample of that many candidates and its
-time and feasible count are scaled to the whole space (marked ``~``).
+default search space, every family on): the raw space size, the feasible-set size, the CP-SAT
+models solved (slices of the space), CP-SAT's time on one core (model build + enumeration +
+decoding + removal counts, one worker, one process) and, with ``--workers N`` (N > 1), the
+wall time with the slices spread over N processes; and the plain Python loop
+(``solver/reference.py``) on the same space. A space larger than ``--python-cap`` raw
+candidates is not looped over: the loop runs on a uniform random sample of that many
+candidates and its time and feasible count are scaled to the whole space (marked ``~``).
 """
 
 from __future__ import annotations
@@ -49,22 +51,45 @@ def problem_for(model_name: str, gpu_name: str, nodes: int) -> Problem:
                    space=default_space(model, cluster, training))
 
 
+def cold() -> None:
+    """Forget the memoised oracle tables (the solver's and the oracle's stage counts) so that each
+    timed enumeration starts as the first one of a process would."""
+    from oracle.memory import _stage_counts_cached
+    from solver.model import _CACHES
+
+    _CACHES.clear()
+    _stage_counts_cached.cache_clear()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python-cap", type=int, default=DEFAULT_PYTHON_CAP,
                     help="raw candidates the Python loop visits before extrapolating")
     ap.add_argument("--quick", action="store_true", help="first two cases only")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="also time the enumeration with the slices over this many processes")
     args = ap.parse_args()
+    par = args.workers > 1
     head = (f"{'model':14} {'gpu':7} {'nodes':>5} {'GPUs':>5} {'raw space':>11} {'feasible':>9} "
-            f"{'cp-sat s':>9} {'(build':>7} {'solve':>6} {'counts)':>7} {'python s':>10} "
-            f"{'python feasible':>15} {'python ran on':>14}")
+            f"{'slices':>6} {'1 core s':>9} {'(build':>7} {'solve':>6} {'decode':>6} "
+            f"{'counts)':>7}" + (f" {f'{args.workers} procs s':>12}" if par else "") +
+            f" {'python s':>10} {'python feasible':>15} {'python ran on':>14}")
     print(head)
     print("-" * len(head))
     for name, gpu, nodes in CASES[:2] if args.quick else CASES:
         p = problem_for(name, gpu, nodes)
+        cold()
         t0 = time.perf_counter()
         e = enumerate_problem(p)
         cp_s = time.perf_counter() - t0
+        multi = ""
+        if par:
+            cold()
+            t0 = time.perf_counter()
+            m = enumerate_problem(p, workers=args.workers)
+            multi = f" {time.perf_counter() - t0:>12.2f}"
+            assert [(f.candidate, f.peak_bytes) for f in m.configs] == \
+                [(f.candidate, f.peak_bytes) for f in e.configs] and m.removed == e.removed
         size = p.space.size()
         if size > args.python_cap:
             r = reference_enumerate(p, candidates=p.space.sample(args.python_cap, seed=SEED))
@@ -77,11 +102,15 @@ def main() -> None:
             assert [f.candidate for f in r.configs] == [f.candidate for f in e.configs]
         t = e.timings
         print(f"{name:14} {gpu:7} {nodes:>5} {p.cluster.world_size:>5} {size:>11,} {len(e):>9,} "
-              f"{cp_s:>9.2f} {t['build']:>7.2f} {t['solve']:>6.2f} {t['attribution']:>7.2f} "
+              f"{e.slices:>6} {cp_s:>9.2f} {t['build']:>7.2f} {t['solve']:>6.2f} "
+              f"{t['decode']:>6.2f} {t['attribution']:>7.2f}{multi} "
               f"{py:>10} {found:>15} {visited:>14}", flush=True)
-    print("cp-sat: one worker, every family on (recompute_dominance: none when it fits, else the "
-          "smallest fitting K);"
-          f" python: solver/reference.py on all raw candidates, or (~) on a uniform sample of "
+    print("cp-sat: each run starts without memoised tables; one worker, every family on (recompute_dominance: none when it fits, else the "
+          "smallest fitting K), the space sliced by pp (and tp when ep varies), one CP-SAT model "
+          "per slice;"
+          + (f" {args.workers} procs: the same slices over {args.workers} processes (wall time);"
+             if par else "")
+          + f" python: solver/reference.py on all raw candidates, or (~) on a uniform sample of "
           f"{args.python_cap:,} scaled to the space")
 
 

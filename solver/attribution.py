@@ -29,7 +29,7 @@ from typing import Any
 
 from oracle.specs import Recompute
 from solver.problem import Problem
-from solver.rules import FAMILY_AXES, RULES
+from solver.rules import FAMILY_AXES, RULES, RuleContext
 from solver.space import AXES
 
 #: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
@@ -41,6 +41,17 @@ WALK_ORDER: tuple[str, ...] = (
 assert sorted(WALK_ORDER) == sorted(AXES)
 #: Families counted after the walk (they read memory).
 MEMORY_FAMILIES = ("recompute_dominance", "hbm")
+#: Axes whose walk nodes derive their rule context from the parent's (``Problem.vary``).
+VARY_AXES = frozenset(("recompute", "mbs"))
+
+
+class _Node:
+    """A node of the walk: the axis assigned last, and the rule context once made."""
+
+    __slots__ = ("axis", "ctx", "parent")
+
+    def __init__(self, parent: _Node | None, axis: str) -> None:
+        self.parent, self.axis, self.ctx = parent, axis, None
 
 
 def family_axes(problem: Problem, family: str) -> tuple[str, ...]:
@@ -66,16 +77,36 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
     def domain(axis: str, assign: dict[str, Any]) -> Sequence[Any]:
         return sp.etp_values(assign["tp"]) if axis == "etp" else getattr(sp, axis)
 
-    def verdict(j: int, assign: dict[str, Any]) -> bool:
-        proj = tuple(assign[a] for a in sorted(axes[j]))
-        key = (j, proj)
-        if key not in verdicts:
-            cand = dict(base)
-            cand.update(assign)
-            cand.setdefault("etp", sp.etp_values(cand["tp"])[0])
-            ctx = problem.context(problem.resolve(cand))
-            verdicts[key] = not RULES[fams[j]](ctx)
-        return verdicts[key]
+    sorted_axes = [tuple(sorted(ax)) for ax in axes]
+
+    def context(node: _Node, assign: dict[str, Any]) -> RuleContext:
+        """The rule context of a walk node (unassigned axes at their first value), made once
+        per node; where only recompute or mbs differs from the parent node, derived from the
+        parent's (``Problem.vary``)."""
+        if node.ctx is None:
+            par = node.parent
+            if node.axis in VARY_AXES and par is not None:
+                if par.ctx is None:
+                    value = assign.pop(node.axis)
+                    context(par, assign)
+                    assign[node.axis] = value
+                assert par.ctx is not None
+                node.ctx = problem.context(problem.vary(par.ctx.cfg, node.axis,
+                                                        assign[node.axis]))
+            else:
+                cand = dict(base)
+                cand.update(assign)
+                cand.setdefault("etp", sp.etp_values(cand["tp"])[0])
+                node.ctx = problem.context(problem.resolve(cand))
+        return node.ctx
+
+    def verdict(j: int, assign: dict[str, Any], node: _Node) -> bool:
+        """Family j's verdict (memoised on the axes it reads)."""
+        key = (j, tuple([assign[a] for a in sorted_axes[j]]))
+        v = verdicts.get(key)
+        if v is None:
+            v = verdicts[key] = not RULES[fams[j]](context(node, assign))
+        return v
 
     def size(d: int, assign: dict[str, Any]) -> int:
         n = 1
@@ -83,36 +114,47 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
             n *= len(domain(a, assign))
         return n
 
-    memo: dict[tuple[Any, ...], Counter[str]] = {}
+    memo: dict[tuple[Any, ...], dict[str, int]] = {}
+    n_fams = len(fams)
+    plans: dict[tuple[int, int], tuple[list[int], tuple[str, ...]]] = {}
 
-    def rec(d: int, ptr: int, assign: dict[str, Any]) -> Counter[str]:
-        while ptr < len(fams) and ready[ptr] <= d:
-            if not verdict(ptr, assign):
-                return Counter({fams[ptr]: size(d, assign)})
+    def plan(d: int, ptr: int) -> tuple[list[int], tuple[str, ...]]:
+        """The pending families already decidable at depth d (blocked behind an earlier one),
+        and the axes the others read: with d and ptr, their verdicts and those axes' values
+        determine the rest of the walk."""
+        got = plans.get((d, ptr))
+        if got is None:
+            blocked = [j for j in range(ptr, n_fams) if ready[j] <= d]
+            reads = {a for j in range(ptr, n_fams) if ready[j] > d for a in axes[j]}
+            if d <= pos["etp"]:
+                reads.add("tp")  # the etp domain depends on tp
+            got = plans[(d, ptr)] = (blocked, tuple(sorted(reads)))
+        return got
+
+    def rec(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
+        while ptr < n_fams and ready[ptr] <= d:
+            if not verdict(ptr, assign, node):
+                return {fams[ptr]: size(d, assign)}
             ptr += 1
-        if ptr == len(fams):
-            return Counter({"pass": size(d, assign)})
-        state: list[Any] = [d, ptr]
-        for j in range(ptr, len(fams)):
-            if ready[j] <= d:
-                state.append(verdict(j, assign))  # blocked behind an earlier family
-            else:
-                state.append(tuple(assign.get(a) for a in sorted(axes[j])))
-        if d <= pos["etp"]:
-            state.append(assign.get("tp"))  # the etp domain depends on tp
-        key = tuple(state)
-        if key in memo:
-            return memo[key]
-        out: Counter[str] = Counter()
+        if ptr == n_fams:
+            return {"pass": size(d, assign)}
+        blocked, reads = plan(d, ptr)
+        key = (d, ptr, tuple([verdict(j, assign, node) for j in blocked]),
+               tuple([assign.get(a) for a in reads]))
+        got = memo.get(key)
+        if got is not None:
+            return got
+        out: dict[str, int] = {}
         axis = WALK_ORDER[d]
         for value in domain(axis, assign):
             assign[axis] = value
-            out.update(rec(d + 1, ptr, assign))
+            for k, n in rec(d + 1, ptr, assign, _Node(node, axis)).items():
+                out[k] = out.get(k, 0) + n
         del assign[axis]
         memo[key] = out
         return out
 
-    result = rec(0, 0, {})
+    result = Counter(rec(0, 0, {}, _Node(None, "")))
     assert sum(result.values()) == sp.size() or n_axes == 0
     return result
 
@@ -130,15 +172,19 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
                and "recompute" in family_axes(problem, f)]
     cache: dict[tuple[Any, ...], bool] = {}
 
-    def allowed(cand: dict[str, Any], option: Any) -> bool:
-        trial = dict(cand, recompute=option)
-        ok = True
+    def allowed(kept: Any, option: Any) -> bool:
+        trial = dict(kept.candidate, recompute=option)
+        ctx = None
         for f in reading:
             key = (f, *(trial[a] for a in family_axes(problem, f)))
-            if key not in cache:
-                cache[key] = not RULES[f](problem.context(problem.resolve(trial)))
-            ok = ok and cache[key]
-        return ok
+            v = cache.get(key)
+            if v is None:
+                if ctx is None:
+                    ctx = problem.context(problem.vary(kept.config, "recompute", option))
+                v = cache[key] = not RULES[f](ctx)
+            if not v:
+                return False
+        return True
 
     by_none = sp.has_no_recompute and len(sp.recompute) > 1
     axes = sorted({a for f in reading for a in family_axes(problem, f)} - {"recompute"})
@@ -150,24 +196,32 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
             key: tuple[Any, ...] = ("none", *(f.candidate[a] for a in axes))
             if key not in counts:
                 counts[key] = sum(1 for o in sp.recompute
-                                  if o.kind is not Recompute.NONE and allowed(f.candidate, o))
+                                  if o.kind is not Recompute.NONE and allowed(f, o))
         elif rc.is_full_block:
             key = ("k", rc.method, rc.layers, *(f.candidate[a] for a in axes))
             if key not in counts:
                 counts[key] = sum(1 for o in sp.recompute
                                   if o.is_full_block and o.method is rc.method
-                                  and o.layers > rc.layers and allowed(f.candidate, o))
+                                  and o.layers > rc.layers and allowed(f, o))
         else:
             continue
         total += counts[key]
     return total
 
 
+def attribution_walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
+    """The part of :func:`attribute` that needs no feasible configuration (the walk over the
+    families that do not read memory): parallel enumeration runs it beside the slices."""
+    return walk(problem, [f for f in families if f not in MEMORY_FAMILIES])
+
+
 def attribute(problem: Problem, families: Sequence[str], feasible: Sequence[Any],
-              walker: Callable[[Problem, Sequence[str]], Counter[str]] = walk) -> dict[str, int]:
-    """``removed`` per family (see the module docstring) given the feasible configurations."""
+              walker: Callable[[Problem, Sequence[str]], Counter[str]] = walk,
+              walked: Counter[str] | None = None) -> dict[str, int]:
+    """``removed`` per family (see the module docstring) given the feasible configurations
+    (``walked``: :func:`attribution_walk`'s result when already computed)."""
     early = [f for f in families if f not in MEMORY_FAMILIES]
-    counts = walker(problem, early)
+    counts = Counter(walked) if walked is not None else walker(problem, early)
     passing = counts.pop("pass", 0)
     removed = {f: 0 for f in RULES}
     removed.update(counts)

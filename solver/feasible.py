@@ -9,9 +9,11 @@ how many raw candidates each family removed (``solver/attribution.py``) and the 
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import product
 from typing import Any
 
 from ortools.sat.python import cp_model
@@ -50,8 +52,10 @@ class Enumeration:
 
     ``removed[f]``: raw candidates (of ``space_size``) whose first failing family, in ``RULES``
     order, is ``f`` (families switched off remove nothing); ``space_size - sum(removed) ==
-    len(configs)``. ``timings`` (seconds): ``build`` (tables and model), ``solve`` (enumeration
-    and decoding), ``attribution`` (removal counts), ``total``.
+    len(configs)``. ``timings`` (seconds): ``build`` (tables and models) and ``solve`` (CP-SAT),
+    each summed over the slices (over the processes when ``workers`` > 1), ``enumerate`` (wall
+    time of the slices), ``decode`` (resolved configurations), ``attribution`` (removal counts),
+    ``total`` (wall time). ``slices``: CP-SAT models solved; ``workers``: processes used.
     """
 
     problem: Problem
@@ -61,6 +65,8 @@ class Enumeration:
     families: tuple[str, ...]
     timings: dict[str, float]
     method: str = "cp-sat"
+    slices: int = 1
+    workers: int = 1
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -80,17 +86,23 @@ def sort_key(space: SearchSpace, candidate: Mapping[str, Any]) -> tuple[int, ...
 
 
 class _Collector(cp_model.CpSolverSolutionCallback):
+    """Reads each solution: the raw value of every axis in ``AXES`` order (the value of tp, pp,
+    cp, vpp, ep, etp, mbs; the domain index of the others) and the peak bytes."""
+
     def __init__(self, lm: LegalityModel) -> None:
         super().__init__()
-        self.names = [k for k, v in lm.axis.items() if isinstance(v, Sym)]
-        self.vars = [lm.ar.as_var(lm.axis[k]) for k in self.names]
+        self.slots = [(i, lm.ar.as_var(v)) for i, v in enumerate(lm.axis.values())
+                      if isinstance(v, Sym)]
+        self.template = [v if isinstance(v, int) else 0 for v in lm.axis.values()]
         self.mem = lm.memory if ("hbm" in lm.families) else None
         self.rows: list[tuple[tuple[int, ...], int]] = []
 
     def on_solution_callback(self) -> None:
-        vals = tuple(self.Value(v) for v in self.vars)
+        vals = list(self.template)
+        for i, v in self.slots:
+            vals[i] = self.Value(v)
         peak = self.mem.peak(lambda x: self.Value(x.expr)) if self.mem else -1
-        self.rows.append((vals, peak))
+        self.rows.append((tuple(vals), peak))
 
 
 def single_solve_solver(time_limit_s: float | None = None) -> cp_model.CpSolver:
@@ -128,39 +140,163 @@ def solver_parameters(solver: cp_model.CpSolver, time_limit_s: float | None = No
         prm.max_time_in_seconds = time_limit_s
 
 
-def enumerate_problem(problem: Problem, families: Iterable[str] | None = None,
-                      *, count_removed: bool = True) -> Enumeration:
-    """:func:`enumerate_feasible` on a prepared :class:`Problem`."""
+def enumeration_parameters(solver: cp_model.CpSolver) -> None:
+    """:func:`solver_parameters` for enumerating a whole (slice) model, without presolve: a
+    slice model is small and built with its constants folded, so presolve finds little to
+    remove, and with presolve every reported solution goes through postsolve (about a third of
+    the search time on Mixtral 8x22B)."""
+    solver_parameters(solver)
+    solver.parameters.enumerate_all_solutions = True
+    solver.parameters.cp_model_presolve = False
+
+
+#: Axes enumeration slices the space on by default: one CP-SAT model per combination of their
+#: values (docs/solver.md, "Speed"): pp, and tp too when experts multiply the layouts of each
+#: (tp, pp) (:func:`default_slice_axes`).
+SLICE_AXES: tuple[str, ...] = ("tp", "pp")
+#: Axes a space may be sliced on (fixing one of them keeps every other domain as it is).
+SLICEABLE: tuple[str, ...] = ("tp", "pp", "cp", "vpp", "ep", "mbs")
+#: Axes whose raw solver value is the value itself (the others are domain indices).
+NUMERIC_AXES = frozenset(("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"))
+
+
+def default_slice_axes(space: SearchSpace) -> tuple[str, ...]:
+    """The axes :func:`enumerate_problem` slices on by default: (tp, pp) when the space has more
+    than one ep value (MoE: many feasible configurations per (tp, pp), each cheaper to report
+    from a small model), else pp only (dense: few feasible configurations; more slices cost
+    more to build than they save)."""
+    return SLICE_AXES if len(space.ep) > 1 else ("pp",)
+
+
+def plan_slices(space: SearchSpace, axes: Sequence[str] = SLICE_AXES) -> list[dict[str, Any]]:
+    """The slices of ``space``: every combination of values of ``axes`` (those with more than
+    one value), in the space's order. Their union is the space; they are disjoint."""
+    bad = sorted(set(axes) - set(SLICEABLE))
+    if bad:
+        raise ValueError(f"cannot slice on {bad}; choose from {list(SLICEABLE)}")
+    free = [a for a in AXES if a in axes and len(getattr(space, a)) > 1]
+    return [dict(zip(free, vals, strict=True))
+            for vals in product(*(getattr(space, a) for a in free))]
+
+
+@dataclass
+class SliceResult:
+    """What one slice model gives: ``rows`` of (raw axis values in ``AXES`` order, peak)."""
+
+    fixed: dict[str, Any]
+    rows: list[tuple[tuple[int, ...], int]]
+    build_s: float
+    solve_s: float
+
+
+def solve_slice(problem: Problem, families: Sequence[str],
+                fixed: Mapping[str, Any]) -> SliceResult:
+    """Enumerate the slice of ``problem``'s space where the axes of ``fixed`` take those values:
+    a :class:`LegalityModel` of the sub-space (every family, the same memory tables restricted
+    to the slice, constants folded), every literal true."""
     t0 = time.perf_counter()
-    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
-    lm = LegalityModel(problem, fams)
+    sub = problem.replace(space=problem.space.fix(**fixed)) if fixed else problem
+    lm = LegalityModel(sub, families)
     for lit in lm.lit.values():
         lm.cp.Add(lit == 1)
     lm.add_search_strategy()
     t1 = time.perf_counter()
     solver = cp_model.CpSolver()
-    solver_parameters(solver)
-    solver.parameters.enumerate_all_solutions = True
+    enumeration_parameters(solver)
     col = _Collector(lm)
     status = solver.Solve(lm.cp, col)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
         raise RuntimeError(f"CP-SAT enumeration ended with {solver.StatusName(status)}")
+    return SliceResult(dict(fixed), col.rows, t1 - t0, time.perf_counter() - t1)
+
+
+#: The problem and families of the enumeration a worker process serves (set before the fork,
+#: or by the pool initializer where processes are spawned).
+_JOB: tuple[Problem, tuple[str, ...]] | None = None
+
+
+def _init_worker(job: tuple[Problem, tuple[str, ...]]) -> None:
+    global _JOB
+    _JOB = job
+    gc.disable()
+
+
+def _solve_in_worker(fixed: dict[str, Any]) -> SliceResult:
+    assert _JOB is not None
+    return solve_slice(_JOB[0], _JOB[1], fixed)
+
+
+def decode(space: SearchSpace, raw: Sequence[int]) -> dict[str, Any]:
+    """The candidate (axis name -> domain value) of raw solver values in ``AXES`` order."""
+    return {name: v if name in NUMERIC_AXES else getattr(space, name)[v]
+            for name, v in zip(AXES, raw, strict=True)}
+
+
+def enumerate_problem(problem: Problem, families: Iterable[str] | None = None,
+                      *, count_removed: bool = True, workers: int = 1,
+                      slice_axes: Sequence[str] | None = None) -> Enumeration:
+    """:func:`enumerate_feasible` on a prepared :class:`Problem`.
+
+    The space is cut into slices (:func:`plan_slices` on ``slice_axes``, default
+    :func:`default_slice_axes`; ``()``: one model of the whole space), each enumerated by its
+    own CP-SAT model; ``workers`` > 1 enumerates the slices in that many processes. The result
+    does not depend on either: the union of the slices' solutions, in the space's order."""
+    gc_was_on = gc.isenabled()
+    gc.disable()  # many small acyclic objects (tables, rows): collections only cost time here
+    try:
+        return _enumerate(problem, families, count_removed, workers, slice_axes)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: bool,
+               workers: int, slice_axes: Sequence[str] | None) -> Enumeration:
+    t0 = time.perf_counter()
+    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    if slice_axes is None:
+        slice_axes = default_slice_axes(problem.space)
+    parts = plan_slices(problem.space, slice_axes) or [{}]
+    results: list[SliceResult] = []
+    walked = None
+    if workers > 1 and len(parts) > 1:
+        import multiprocessing as mp
+
+        from solver.attribution import attribution_walk
+
+        n = min(workers, len(parts))
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        # one task per slice, handed out as processes free up (slices differ a lot in cost)
+        with ctx.Pool(n, initializer=_init_worker, initargs=((problem, fams),)) as pool:
+            pending = pool.map_async(_solve_in_worker, parts, chunksize=1)
+            if count_removed:  # the walk needs no configuration: overlap it with the slices
+                walked = attribution_walk(problem, fams)
+            results = pending.get()
+    else:
+        for f in parts:
+            results.append(solve_slice(problem, fams, f))
+    t1 = time.perf_counter()
+    rows = sorted(row for r in results for row in r.rows)
+    space = problem.space
     configs = []
-    for vals, peak in col.rows:
-        cand = lm.candidate(dict(zip(col.names, vals, strict=True)))
+    for raw, peak in rows:
+        cand = decode(space, raw)
         configs.append(FeasibleConfig(problem.resolve(cand), peak, cand))
-    configs.sort(key=lambda f: sort_key(problem.space, f.candidate))
     t2 = time.perf_counter()
     removed: dict[str, int] = {}
     if count_removed:
         from solver.attribution import attribute
 
-        removed = attribute(problem, fams, configs)
+        removed = attribute(problem, fams, configs, walked=walked)
     t3 = time.perf_counter()
+    build = sum(r.build_s for r in results)
+    solve = sum(r.solve_s for r in results)
     return Enumeration(
         problem=problem, configs=tuple(configs), space_size=problem.space.size(), removed=removed,
         families=fams,
-        timings={"build": t1 - t0, "solve": t2 - t1, "attribution": t3 - t2, "total": t3 - t0},
+        timings={"build": build, "solve": solve, "decode": t2 - t1, "attribution": t3 - t2,
+                 "enumerate": t1 - t0, "total": t3 - t0},
+        slices=len(parts), workers=min(workers, len(parts)),
     )
 
 
@@ -176,6 +312,8 @@ def enumerate_feasible(
     allow_cross_scale_up: bool = False,
     families: Iterable[str] | None = None,
     count_removed: bool = True,
+    workers: int = 1,
+    slice_axes: Sequence[str] | None = None,
 ) -> Enumeration:
     """Every configuration of ``space`` (default: :func:`~solver.space.default_space`) that
     passes every family of ``families`` (default: all, including ``extra`` with
@@ -183,7 +321,9 @@ def enumerate_feasible(
 
     ``constraints`` (text such as ``"ep * etp <= 8"`` or :class:`HardConstraint`) only narrow
     the set. Pass ``families=[f for f in RULES if f != "recompute_dominance"]`` to keep every K
-    of full recompute that fits.
+    of full recompute that fits. ``workers`` > 1 enumerates the slices of the space in that many
+    processes (same result; ``os.cpu_count()`` uses every core); ``slice_axes``: see
+    :func:`enumerate_problem`.
     """
     if space is None:
         space = default_space(model, cluster, training, allow_cross_scale_up=allow_cross_scale_up)
@@ -191,7 +331,8 @@ def enumerate_feasible(
                       overheads=overheads or MemoryOverheads(), memory_margin=memory_margin,
                       allow_cross_scale_up=allow_cross_scale_up,
                       constraints=as_constraints(constraints))
-    return enumerate_problem(problem, families, count_removed=count_removed)
+    return enumerate_problem(problem, families, count_removed=count_removed, workers=workers,
+                             slice_axes=slice_axes)
 
 
 def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],

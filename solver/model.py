@@ -24,11 +24,13 @@ See ``docs/solver.md`` for each encoding.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache, cached_property
+from functools import cached_property
 from itertools import product
 from typing import Any
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from oracle import memory as M
@@ -68,6 +70,50 @@ KINDS: tuple[Recompute, ...] = tuple(Recompute)
 METHODS: tuple[RecomputeMethod, ...] = tuple(RecomputeMethod)
 
 
+class OracleCache:
+    """The oracle evaluations a model tabulates, memoised for every model of the same
+    (model, cluster, training, overheads): the slices of one enumeration share the geometry
+    (stage counts per (pp, vpp, split, micro-batches, recompute code)), and repeated
+    enumerations (the search explores sub-spaces) share everything. Keys are axis values,
+    never domain positions, so any space may use it."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.model, self.cluster, self.training = problem.model, problem.cluster, problem.training
+        self.overheads = problem.overheads
+        self._resolved: dict[tuple[tuple[str, Any], ...], ParallelConfig] = {}
+        self.act: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.shard: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.pu: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.stages: dict[tuple[Any, ...], list[M.StageCounts]] = {}
+
+    def resolved(self, **fields: Any) -> ParallelConfig:
+        """``resolve_config`` of a configuration with the given fields (others default)."""
+        key = tuple(sorted(fields.items(), key=lambda kv: kv[0]))
+        cfg = self._resolved.get(key)
+        if cfg is None:
+            cfg = resolve_config(ParallelConfig(**fields), self.model, self.cluster, self.training)
+            self._resolved[key] = cfg
+        return cfg
+
+
+#: Caches of the latest problems (least recently used first).
+_CACHES: OrderedDict[tuple[Any, ...], OracleCache] = OrderedDict()
+CACHE_PROBLEMS = 4
+
+
+def oracle_cache(problem: Problem) -> OracleCache:
+    """The :class:`OracleCache` of ``problem``'s model, cluster, training and overheads."""
+    key = (problem.model, problem.cluster, problem.training, problem.overheads)
+    cache = _CACHES.get(key)
+    if cache is None:
+        cache = _CACHES[key] = OracleCache(problem)
+        while len(_CACHES) > CACHE_PROBLEMS:
+            _CACHES.popitem(last=False)
+    else:
+        _CACHES.move_to_end(key)
+    return cache
+
+
 class LegalityModel:
     """The CP-SAT model of one :class:`~solver.problem.Problem`.
 
@@ -83,6 +129,7 @@ class LegalityModel:
         if unknown:
             raise ValueError(f"unknown families {sorted(unknown)}; choose from {list(RULES)}")
         self.families = tuple(f for f in RULES if f in wanted)
+        self.cache = oracle_cache(problem)
         self.cp = cp_model.CpModel()
         self.ar = Arith(self.cp)
         self._axes()
@@ -129,8 +176,7 @@ class LegalityModel:
 
     def _resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
-        return resolve_config(ParallelConfig(**fields), self.p.model, self.p.cluster,
-                              self.p.training)
+        return self.cache.resolved(**fields)
 
     def _derived(self) -> None:
         sp, ar, p = self.p.space, self.ar, self.p
@@ -384,8 +430,13 @@ def enc_recompute_dominance(m: LegalityModel) -> Value:
     """No recomputation; or no recomputation does not fit (when it is an option), and: not full
     block recompute, or the smallest K of the domain, or the next smaller K of the domain does
     not fit (then no smaller K fits: memory never rises with K; docs/solver.md)."""
-    mem, ar = m.memory, m.ar
-    k_ok = ar.any_of([ar.negate(m.is_full_block), m.is_kmin, ar.negate(mem.fits_prev)], "dom_k")
+    ar = m.ar
+    mem = m.memory
+    # the next smaller K's memory only where an option is full block above the smallest K
+    opts, block = m.p.space.recompute, m.p.space.full_layers
+    k_open = any(o.is_full_block and o.layers != block[0] for o in opts)
+    k_ok = 1 if not k_open else ar.any_of(
+        [ar.negate(m.is_full_block), m.is_kmin, ar.negate(mem.fits_prev)], "dom_k")
     if not mem.by_none:
         return k_ok
     return ar.any_of([m.is_none, ar.all_of([ar.negate(mem.fits_none), k_ok], "dom_rc")],
@@ -438,8 +489,21 @@ def prune_stages(stages: Sequence[M.StageCounts]) -> list[M.StageCounts]:
     for s in stages:
         uniq.setdefault((s.as_vector(), s.recompute_groups), s)
     vals = list(uniq.values())
+    if len(vals) <= 8:
+        return [a for i, a in enumerate(vals)
+                if not any(j != i and _dominated(a, b) for j, b in enumerate(vals))]
+    # the coefficient comparisons of every pair at once; groups only where those hold
+    vec = np.array([k[0] for k in uniq], dtype=np.int64)
+    below = np.all(vec[:, None, :] <= vec[None, :, :], axis=2)
+    np.fill_diagonal(below, False)
     return [a for i, a in enumerate(vals)
-            if not any(j != i and _dominated(a, b) for j, b in enumerate(vals))]
+            if not any(_covered(a, vals[j]) for j in np.flatnonzero(below[i]))]
+
+
+def _covered(a: M.StageCounts, b: M.StageCounts) -> bool:
+    """Each of ``a``'s recompute groups is covered by one of ``b``'s."""
+    return all(any(g[0] <= h[0] and g[1] <= h[1] for h in b.recompute_groups)
+               for g in a.recompute_groups)
 
 
 class MemoryEncoding:
@@ -470,10 +534,22 @@ class MemoryEncoding:
         self._units()
         self._geometry()
         self.totals, self.fits = self._fits("row", self.au)
-        if self.dominance:
-            _, self.fits_prev = self._fits("prev", self.au)
-        if self.by_none:
-            _, self.fits_none = self._fits("none", self.au_none)
+
+    @cached_property
+    def fits_prev(self) -> Value:
+        """Whether the next smaller K's geometry fits (built when the dominance needs it)."""
+        assert self.dominance
+        return self._fits("prev", self.au)[1]
+
+    @cached_property
+    def fits_none(self) -> Value:
+        """Whether no recomputation fits (built when the dominance needs it)."""
+        assert self.by_none
+        return self._fits("none", self.au_none)[1]
+
+    @cached_property
+    def au_none(self) -> M.ActivationUnits:
+        return self._activation_units(0)  # no selective modules
 
     # ------------------------------------------------------------ layer 2
 
@@ -481,22 +557,33 @@ class MemoryEncoding:
         m, p, ar, sp = self.m, self.m.p, self.m.ar, self.m.p.space
         model, training, ov = p.model, p.training, p.overheads
         pairs = m.etp_pairs
+        memo = m.cache
+
+        def pu(t: int, pp_: int, e: int, et: int) -> tuple[int, ...]:
+            key = (t, pp_, e, et)
+            out = memo.pu.get(key)
+            if out is None:
+                out = memo.pu[key] = _fields(M.param_units(model, t, pp_, e, et))
+            return out
+
         pu_cols = ar.lookup(
-            [m.tp, m.pp, m.ep, m.etp],
-            lambda t, pp_, e, et: _fields(M.param_units(model, t, pp_, e, et)), "pu",
+            [m.tp, m.pp, m.ep, m.etp], pu, "pu",
             tuples=[(t, pp_, e, et) for (t, et) in pairs for pp_ in sp.pp for e in sp.ep])
         self.pu = M.ParamUnits(*pu_cols)
 
         fp8_dom = sorted({FP8.index(m._resolved(fp8_recipe=f).fp8_recipe) for f in sp.fp8_recipe})
 
-        @cache
         def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
             mods = m.modsets[ms]
-            cfg = m._resolved(
-                tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8[f],
-                recompute=Recompute.SELECTIVE if mods else Recompute.NONE,
-                **({"recompute_modules": mods} if mods else {}))
-            return _fields(M.activation_units(model, training, cfg, ov))
+            key = (b, t, c, et, f, mods, pp_)
+            out = memo.act.get(key)
+            if out is None:
+                cfg = m._resolved(
+                    tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8[f],
+                    recompute=Recompute.SELECTIVE if mods else Recompute.NONE,
+                    **({"recompute_modules": mods} if mods else {}))
+                out = memo.act[key] = _fields(M.activation_units(model, training, cfg, ov))
+            return out
 
         def units(modset: Value) -> M.ActivationUnits:
             cols = ar.lookup(
@@ -506,9 +593,8 @@ class MemoryEncoding:
                         for pp_ in sp.pp])
             return M.ActivationUnits(*cols)
 
+        self._activation_units = units
         self.au = units(m.modset)
-        if self.by_none:
-            self.au_none = units(0)  # no selective modules
 
         scen: dict[tuple[bool, bool, bool], int] = {}
         cluster = p.cluster
@@ -517,13 +603,18 @@ class MemoryEncoding:
 
         def shard(t: int, pp_: int, c: int, e: int, et: int, f: int, o: int,
                   d: int) -> tuple[int, ...]:
-            opt = sp.optimizer[o]
-            cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
-                              distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
-                              fsdp=opt is OptimizerChoice.FSDP, dispatcher=sp.dispatcher[d])
-            sh = M.sharding(model, cluster, cfg)
-            flags = (sh.distributed_optimizer, sh.fsdp, sh.dispatcher_buffers)
-            return (*(getattr(sh, n) for n in numeric), scen.setdefault(flags, len(scen)))
+            opt, disp = sp.optimizer[o], sp.dispatcher[d]
+            key = (t, pp_, c, e, et, f, opt, disp)
+            out = memo.shard.get(key)
+            if out is None:
+                cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
+                                  distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
+                                  fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp)
+                sh = M.sharding(model, cluster, cfg)
+                out = memo.shard[key] = (
+                    *(getattr(sh, n) for n in numeric),
+                    (sh.distributed_optimizer, sh.fsdp, sh.dispatcher_buffers))
+            return (*out[:-1], scen.setdefault(out[-1], len(scen)))
 
         cols = ar.lookup(
             [m.tp, m.pp, m.cp_, m.ep, m.etp, m.fp8, m.opt_i, m.disp_i], shard, "sh",
@@ -562,20 +653,24 @@ class MemoryEncoding:
         opts = sp.recompute
         block = sp.full_layers
 
-        def code(o: RecomputeOption, cm: int) -> int:
+        below = dict(zip(block[1:], block[:-1], strict=False))  # the next smaller K
+
+        def layers(o: RecomputeOption) -> tuple[int, int, int]:
+            """(code base, K, the previous option's K): the previous option is the next smaller
+            K of the domain for full block recompute (but the smallest), else the option."""
             if o.kind is not Recompute.FULL:
-                return 0
+                return 0, 0, 0
             assert o.layers is not None
-            return (METHODS.index(o.method) + 1) * CODE_STRIDE + min(o.layers, cm)
+            base = (METHODS.index(o.method) + 1) * CODE_STRIDE
+            return base, o.layers, below.get(o.layers, o.layers) if o.is_full_block else o.layers
 
-        def prev(o: RecomputeOption) -> RecomputeOption:
-            if not o.is_full_block or o.layers == block[0]:
-                return o
-            k = max(x for x in block if x < o.layers)  # type: ignore[operator]
-            return o.model_copy(update={"layers": k})
+        per_option = [layers(o) for o in opts]
 
-        codes = ar.lookup([m.rc, cmax], lambda r, cm: (code(opts[r], cm), code(prev(opts[r]), cm)),
-                          "code")
+        def code(r: int, cm: int) -> tuple[int, int]:
+            base, k, k_prev = per_option[r]
+            return (base + min(k, cm), base + min(k_prev, cm)) if base else (0, 0)
+
+        codes = ar.lookup([m.rc, cmax], code, "code")
         sat = ar.lookup([m.pp, m.vpp], lambda a, b: (M.inflight_saturation(a, b),), "sat")[0]
         mcap = ar.lookup([m.ga, sat], lambda g, st: (min(g, st),), "mcap")[0]
         # uncovered geometries (the split is illegal) share one row: their key is (pp, vpp,
@@ -585,7 +680,8 @@ class MemoryEncoding:
 
         stage_lists: dict[tuple[int, ...], list[M.StageCounts]] = {}
         world, gbs = p.cluster.world_size, p.training.global_batch_size
-        all_codes = sorted(set(_domain(codes[0])) | set(_domain(codes[1])))
+        all_codes = sorted(set(_domain(codes[0])) | set(_domain(codes[1]))
+                           | ({0} if self.by_none else set()))
         for pp_, v, s in product(sp.pp, sp.vpp, sorted(set(_domain(m.split)))):
             if not tabulated(pp_, v, s):
                 stage_lists[(pp_, v, s, 0, 0)] = []  # no geometry: hbm does not hold
@@ -598,8 +694,11 @@ class MemoryEncoding:
                 for cd in all_codes:
                     if cd and cd % CODE_STRIDE > cm:
                         continue
-                    stage_lists[(pp_, v, s, mc, cd)] = self._stage_counts(
-                        pp_, v, SPLITS[s], mc, cd)
+                    key = (pp_, v, s, mc, cd)
+                    sl = m.cache.stages.get(key)
+                    if sl is None:
+                        sl = m.cache.stages[key] = self._stage_counts(pp_, v, SPLITS[s], mc, cd)
+                    stage_lists[key] = sl
         self.n_rows = len({tuple((st.as_vector(), st.recompute_groups) for st in sl)
                            for sl in stage_lists.values()})
         self.n_slots = max(len(sl) for sl in stage_lists.values())
@@ -618,12 +717,11 @@ class MemoryEncoding:
                     out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0, 0)
             return tuple(out)
 
-        self.slots: dict[str, list[M.StageCounts]] = {}
-        for which, cd in (("row", w_code), ("prev", w_prev), ("none", 0)):
-            if which == "prev" and not self.dominance or which == "none" and not self.by_none:
-                continue
-            cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, cd], flat, f"geo_{which}",
-                             tuples=list(stage_lists))
+        codes_of = {"row": w_code, "prev": w_prev, "none": 0}
+
+        def geometry_slots(which: str) -> list[M.StageCounts]:
+            cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, codes_of[which]], flat,
+                             f"geo_{which}", tuples=list(stage_lists))
             per = width + 2 * self.n_groups
             slots = []
             for j in range(self.n_slots):
@@ -631,7 +729,11 @@ class MemoryEncoding:
                 groups = tuple((c[width + 2 * g], c[width + 2 * g + 1])
                                for g in range(self.n_groups))
                 slots.append(M.StageCounts(j, *c[:width], recompute_groups=groups))
-            self.slots[which] = slots
+            return slots
+
+        self._geometry_slots = geometry_slots
+        #: per geometry ("row", "prev", "none"): the stage counts of each slot, once built
+        self.slots: dict[str, list[M.StageCounts]] = {}
 
     def _stage_counts(self, pp: int, vpp: int, split: PipelineSplit, mcap: int,
                       cd: int) -> list[M.StageCounts]:
@@ -652,6 +754,8 @@ class MemoryEncoding:
         ov = m.p.overheads
         totals: list[dict[int, Value]] = []
         slot_ok = []
+        if which not in self.slots:
+            self.slots[which] = self._geometry_slots(which)
         for c in self.slots[which]:
             per_scen: dict[int, Value] = {}
             fits_in = []

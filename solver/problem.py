@@ -17,8 +17,12 @@ from oracle.specs import (
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
+    derived_ga,
     resolve_config,
 )
+
+#: The configuration fields a recompute option sets (``RecomputeOption.config_fields``).
+RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
 from solver.constraints import HardConstraint
 from solver.rules import DEFAULT_MEMORY_MARGIN, RuleContext, hbm_limit_bytes
 from solver.space import SearchSpace, candidate_config
@@ -53,12 +57,30 @@ class Problem:
             overheads=self.overheads, memory_margin=self.memory_margin,
             allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
             full_recompute_layers=self._full_layers,
-            recompute_none_option=self.space.has_no_recompute,
+            recompute_none_option=self._none_option,
         )
+
+    def vary(self, cfg: ParallelConfig, axis: str, value: Any) -> ParallelConfig:
+        """``resolve`` of the candidate of the resolved ``cfg`` with ``axis`` set to ``value``,
+        by copying ``cfg``: for the axes whose resolution touches only their own fields,
+        ``recompute`` (an option of the space) and ``mbs`` (and the micro-batch count)."""
+        if axis == "recompute":
+            fields = ParallelConfig.model_fields
+            update = {f: fields[f].default for f in RECOMPUTE_FIELDS} | value.config_fields()
+            return cfg.model_copy(update=update)
+        if axis == "mbs":
+            assert cfg.dp is not None
+            return cfg.model_copy(update={
+                "mbs": value, "ga": derived_ga(self.training.global_batch_size, value, cfg.dp)})
+        raise ValueError(f"vary does not apply to {axis!r}")
 
     @cached_property
     def _full_layers(self) -> tuple[int, ...]:
         return self.space.full_layers
+
+    @cached_property
+    def _none_option(self) -> bool:
+        return self.space.has_no_recompute
 
     def replace(self, **changes: Any) -> Problem:
         return Problem(**({f: getattr(self, f) for f in self.__dataclass_fields__} | changes))

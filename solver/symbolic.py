@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import product
+from operator import itemgetter
 from typing import Any, Union
 
 import numpy as np
@@ -91,39 +92,47 @@ class Arith:
         then tabulated over the smallest set of keys it depends on (found on the computed rows,
         so exact), columns with the same key set share one table: small tables propagate fast.
         """
-        if tuples is None:
-            tuples = product(*[domain_of(k) for k in keys])
-        consts = {i: k for i, k in enumerate(keys) if isinstance(k, int)}
-        rows = [(key, tuple(fn(*key))) for key in tuples
-                if all(key[i] == v for i, v in consts.items())]
-        if not rows:
-            raise ValueError(f"{stem}: no key tuple matches the constant keys")
         live = [i for i, k in enumerate(keys) if not isinstance(k, int)]
-        n_out = len(rows[0][1])
+        consts = [(i, k) for i, k in enumerate(keys) if isinstance(k, int)]
+        if tuples is None:
+            keys_rows = list(product(*[domain_of(k) for k in keys]))
+        elif consts:
+            keys_rows = [key for key in tuples if all(key[i] == v for i, v in consts)]
+        else:
+            keys_rows = list(tuples)
+        if not keys_rows:
+            raise ValueError(f"{stem}: no key tuple matches the constant keys")
+        outs = [tuple(fn(*key)) for key in keys_rows]
+        n_out = len(outs[0])
+        # the rows on the live keys only (positions 0 .. len(live) - 1)
+        rows = list(map(_getter(live), keys_rows)) if consts else keys_rows
+        deps = _Dependencies(rows, outs)
+        positions = tuple(range(len(live)))
         out: list[Value] = [0] * n_out
         groups: dict[tuple[int, ...], list[int]] = {}
-        deps = _Dependencies(np.array([k for k, _ in rows], dtype=np.int64).reshape(len(rows), -1),
-                             np.array([o for _, o in rows], dtype=np.int64).reshape(len(rows), -1))
         constant = deps.functional(())
         for c in range(n_out):
             if constant[c]:
-                out[c] = rows[0][1][c]
+                out[c] = outs[0][c]
                 continue
-            subset = tuple(live)
-            for i in live:
+            subset = positions
+            for i in positions:
                 trial = tuple(x for x in subset if x != i)
                 if deps.functional(trial)[c]:
                     subset = trial
             groups.setdefault(subset, []).append(c)
         if not groups:
-            self.allow(keys, [k for k, _ in rows])
+            self.allow([keys[i] for i in live], rows)
         for subset, cols in groups.items():
             proj: dict[tuple[int, ...], tuple[int, ...]] = {}
-            for k, o in rows:
-                proj.setdefault(tuple(k[i] for i in subset), tuple(o[c] for c in cols))
+            key_of, out_of = _getter(subset), _getter(cols)
+            for k, o in zip(rows, outs, strict=True):
+                p = key_of(k)
+                if p not in proj:
+                    proj[p] = out_of(o)
             distinct = {o: j for j, o in enumerate(dict.fromkeys(proj.values()))}
             assignments = [(*k, distinct[o]) for k, o in proj.items()]
-            vals = self.table([keys[i] for i in subset], assignments, list(distinct), stem)
+            vals = self.table([keys[live[i]] for i in subset], assignments, list(distinct), stem)
             for c, v in zip(cols, vals, strict=True):
                 out[c] = v
         return tuple(out)
@@ -145,13 +154,35 @@ class Arith:
         return tuple(self.element(row, [o[c] for o in outputs], f"{stem}{c}")
                      for c in range(n_cols))
 
+    def element(self, index: Value, values: Sequence[int], stem: str) -> Value:
+        """``values[index]``: an affine expression of ``index`` when the values are (a 0/1
+        predicate always is), else a variable defined by ``AddElement``."""
+        if isinstance(index, int):
+            return values[index]
+        dom = domain_of(index)
+        if len({values[i] for i in dom}) == 1:
+            return values[dom[0]]
+        step = (values[dom[1]] - values[dom[0]]) // (dom[1] - dom[0])
+        base = values[dom[0]] - step * dom[0]
+        if step and all(values[i] == base + step * i for i in dom):
+            if dom == [0, 1] and step == -1 and base == 1:
+                return self.negate(index)  # 1 - index: the negated literal
+            return index * step + base
+        out = self.var([values[i] for i in dom], stem)
+        assert isinstance(out, Sym)
+        self.model.AddElement(self.as_var(index), list(values), self.as_var(out))
+        return out
+
     def allow(self, keys: Sequence[Value], tuples: Iterable[tuple[int, ...]]) -> None:
         """Restrict ``keys`` to ``tuples`` (constant keys filter the tuples; nothing is added
         when every combination of the live keys' domains is allowed)."""
         live = [i for i, k in enumerate(keys) if not isinstance(k, int)]
         consts = {i: k for i, k in enumerate(keys) if isinstance(k, int)}
-        allowed = {tuple(t[i] for i in live) for t in tuples
-                   if all(t[i] == v for i, v in consts.items())}
+        if consts:
+            allowed = {tuple(t[i] for i in live) for t in tuples
+                       if all(t[i] == v for i, v in consts.items())}
+        else:
+            allowed = set(tuples)
         if not allowed:
             self.model.AddBoolOr([])  # nothing allowed: infeasible
             return
@@ -164,17 +195,6 @@ class Arith:
         if size == len(allowed) and allowed == set(product(*doms)):
             return
         self.model.AddAllowedAssignments([self.as_var(keys[i]) for i in live], sorted(allowed))
-
-    def element(self, index: Value, values: Sequence[int], stem: str) -> Value:
-        """``values[index]``."""
-        if isinstance(index, int):
-            return values[index]
-        if len(set(values)) == 1:
-            return values[0]
-        out = self.var(values, stem)
-        assert isinstance(out, Sym)
-        self.model.AddElement(self.as_var(index), list(values), self.as_var(out))
-        return out
 
     def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str) -> Value:
         """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant)."""
@@ -210,10 +230,13 @@ class Arith:
 
     def le(self, x: Value, bound: int, stem: str) -> Value:
         """1 iff ``x <= bound``, determined, without enforcement literals:
-        ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A half-reified linear
-        constraint would do, but OR-Tools 9.15's presolve rule "linear + amo: removed enforcement
-        literal" loses solutions of this model while enumerating
-        (``tests/test_solver_equivalence.py::test_presolve_regression``)."""
+        ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A reified linear constraint
+        would do, but OR-Tools 9.15 mishandles it here both ways: with presolve, the rule
+        "linear + amo: removed enforcement literal" loses solutions of this model while
+        enumerating (``tests/test_solver_equivalence.py::test_presolve_regression``); without
+        presolve (enumeration), the pair ``b => x <= bound``, ``not b => x >= bound + 1`` with
+        byte-sized coefficients makes satisfiable models infeasible
+        (``tests/test_solver_slices.py::test_no_presolve_reified_pair``)."""
         if isinstance(x, int):
             return int(x <= bound)
         if x.hi <= bound:
@@ -241,26 +264,69 @@ class Arith:
         return b
 
 
+def _getter(idx: Sequence[int]) -> Callable[[Sequence[int]], tuple[int, ...]]:
+    """``lambda row: tuple(row[i] for i in idx)``, fast."""
+    if not idx:
+        return lambda row: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda row: (row[i],)
+    return itemgetter(*idx)
+
+
 class _Dependencies:
-    """Which output columns are functions of which key subsets (vectorised with numpy)."""
+    """Which output columns are functions of which key subsets (key positions)."""
 
-    def __init__(self, keys: np.ndarray, outs: np.ndarray) -> None:
+    def __init__(self, keys: Sequence[tuple[int, ...]], outs: Sequence[tuple[int, ...]]) -> None:
         self.keys, self.outs = keys, outs
-        self._memo: dict[tuple[int, ...], np.ndarray] = {}
+        self.n_out = len(outs[0])
+        self._memo: dict[tuple[int, ...], list[bool]] = {}
+        self._np: tuple[np.ndarray, np.ndarray] | None = None
 
-    def functional(self, subset: tuple[int, ...]) -> np.ndarray:
+    def functional(self, subset: tuple[int, ...]) -> list[bool]:
         """Per output column: is it a function of the key columns ``subset``?"""
-        if subset not in self._memo:
-            n = len(self.keys)
-            if subset:
-                _, inv = np.unique(self.keys[:, list(subset)], axis=0, return_inverse=True)
-                inv = inv.reshape(-1)
-            else:
-                inv = np.zeros(n, dtype=np.int64)
-            first = np.empty(inv.max() + 1, dtype=np.int64)
-            first[inv[::-1]] = np.arange(n)[::-1]
-            self._memo[subset] = np.all(self.outs == self.outs[first[inv]], axis=0)
-        return self._memo[subset]
+        got = self._memo.get(subset)
+        if got is None:
+            big = len(self.keys) * self.n_out > 4096
+            got = self._memo[subset] = self._numpy(subset) if big else self._python(subset)
+        return got
+
+    def _python(self, subset: tuple[int, ...]) -> list[bool]:
+        ok = [True] * self.n_out
+        pending = list(range(self.n_out))
+        first: dict[tuple[int, ...], tuple[int, ...]] = {}
+        key_of = _getter(subset)
+        for k, o in zip(self.keys, self.outs, strict=True):
+            f = first.setdefault(key_of(k), o)
+            if f is not o and f != o:
+                for c in pending:
+                    if f[c] != o[c]:
+                        ok[c] = False
+                pending = [c for c in pending if ok[c]]
+                if not pending:
+                    break
+        return ok
+
+    def _numpy(self, subset: tuple[int, ...]) -> list[bool]:
+        if self._np is None:
+            keys = np.array(self.keys, dtype=np.int64).reshape(len(self.keys), -1)
+            ranks = np.empty_like(keys)
+            sizes = []
+            for j in range(keys.shape[1]):
+                u, ranks[:, j] = np.unique(keys[:, j], return_inverse=True)
+                sizes.append(len(u))
+            self._np = (ranks, np.array(self.outs, dtype=np.int64).reshape(len(self.outs), -1))
+            self._sizes = sizes
+        ranks, outs = self._np
+        n = len(ranks)
+        code = np.zeros(n, dtype=np.int64)
+        for i in subset:  # mixed radix: distinct key projections get distinct codes
+            code = code * self._sizes[i] + ranks[:, i]
+        _, inv = np.unique(code, return_inverse=True)
+        inv = inv.reshape(-1)
+        first = np.empty(inv.max() + 1, dtype=np.int64)
+        first[inv[::-1]] = np.arange(n)[::-1]
+        return [bool(x) for x in np.all(outs == outs[first[inv]], axis=0)]
 
 
 def M_vmax(items: Sequence[Value]) -> Value:
@@ -282,30 +348,54 @@ def domain_of(x: Value) -> list[int]:
 class Sym:
     """A CP-SAT expression with exact integer bounds (see the module docstring)."""
 
-    __slots__ = ("ar", "expr", "hi", "lo", "values")
+    __slots__ = ("_values", "ar", "expr", "hi", "lo")
 
     def __init__(self, ar: Arith, expr: Any, lo: int, hi: int,
-                 values: tuple[int, ...] | None = None) -> None:
+                 values: tuple[int, ...] | Callable[[], Iterable[int] | None] | None = None
+                 ) -> None:
         assert lo <= hi
-        self.ar, self.expr, self.lo, self.hi, self.values = ar, expr, lo, hi, values
+        self.ar, self.expr, self.lo, self.hi, self._values = ar, expr, lo, hi, values
+
+    @property
+    def values(self) -> tuple[int, ...] | None:
+        """The exact value set (sorted), or None when not tracked. Computed on first use: most
+        expressions (memory totals) never need theirs."""
+        v = self._values
+        if callable(v):
+            vals = v()
+            v = self._values = None if vals is None else tuple(sorted(set(vals)))
+        return v
 
     def __repr__(self) -> str:
         return f"Sym[{self.lo}..{self.hi}]"
 
     @staticmethod
     def _make(ar: Arith, expr: Any, lo: int, hi: int,
-              values: Iterable[int] | None = None) -> Value:
+              values: Callable[[], Iterable[int] | None] | None = None) -> Value:
         if lo == hi:
             return lo
-        return Sym(ar, expr, lo, hi, None if values is None else tuple(sorted(set(values))))
+        return Sym(ar, expr, lo, hi, values)
 
-    def _combine_values(self, other: Sym, op: Callable[[int, int], int]) -> list[int] | None:
-        """The exact value set of ``self op other`` when both are small known sets."""
-        if self.values is None or other.values is None:
+    def _mapped(self, op: Callable[[int], int]) -> Callable[[], list[int] | None] | None:
+        """The value set of ``op(self)``, computed when asked."""
+        if self._values is None:
             return None
-        if len(self.values) * len(other.values) > MAX_TRACKED_VALUES:
+        return lambda: None if self.values is None else [op(v) for v in self.values]
+
+    def _combine_values(self, other: Sym, op: Callable[[int, int], int]
+                        ) -> Callable[[], list[int] | None] | None:
+        """The exact value set of ``self op other`` when both are small known sets (computed
+        when asked)."""
+        if self._values is None or other._values is None:
             return None
-        return [op(a, b) for a in self.values for b in other.values]
+
+        def values() -> list[int] | None:
+            a, b = self.values, other.values
+            if a is None or b is None or len(a) * len(b) > MAX_TRACKED_VALUES:
+                return None
+            return [op(x, y) for x in a for y in b]
+
+        return values
 
     # -------------------------------------------------------------- linear
 
@@ -313,8 +403,8 @@ class Sym:
         if isinstance(other, int):
             if not other:
                 return self
-            vals = None if self.values is None else [v + other for v in self.values]
-            return self._make(self.ar, self.expr + other, self.lo + other, self.hi + other, vals)
+            return self._make(self.ar, self.expr + other, self.lo + other, self.hi + other,
+                              self._mapped(lambda v: v + other))
         if isinstance(other, Sym):
             return self._make(self.ar, self.expr + other.expr, self.lo + other.lo,
                               self.hi + other.hi, self._combine_values(other, lambda a, b: a + b))
@@ -323,8 +413,7 @@ class Sym:
     __radd__ = __add__
 
     def __neg__(self) -> Value:
-        vals = None if self.values is None else [-v for v in self.values]
-        return self._make(self.ar, -self.expr, -self.hi, -self.lo, vals)
+        return self._make(self.ar, -self.expr, -self.hi, -self.lo, self._mapped(lambda v: -v))
 
     def __sub__(self, other: Value) -> Value:
         return self + (-other)
@@ -337,8 +426,7 @@ class Sym:
             if other == 0:
                 return 0
             lo, hi = sorted((self.lo * other, self.hi * other))
-            vals = None if self.values is None else [v * other for v in self.values]
-            return self._make(self.ar, self.expr * other, lo, hi, vals)
+            return self._make(self.ar, self.expr * other, lo, hi, self._mapped(lambda v: v * other))
         if isinstance(other, Sym):
             corners = [a * b for a in (self.lo, self.hi) for b in (other.lo, other.hi)]
             lo, hi = min(corners), max(corners)
@@ -347,8 +435,7 @@ class Sym:
             ar = self.ar
             p = ar.model.NewIntVar(lo, hi, ar.name("prod"))
             ar.model.AddMultiplicationEquality(p, [ar.as_var(self), ar.as_var(other)])
-            vals = self._combine_values(other, lambda a, b: a * b)
-            return Sym(ar, p, lo, hi, None if vals is None else tuple(sorted(set(vals))))
+            return Sym(ar, p, lo, hi, self._combine_values(other, lambda a, b: a * b))
         return NotImplemented
 
     __rmul__ = __mul__
