@@ -636,6 +636,9 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
               help="Write every evaluated candidate as JSON lines.")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Processes for the CP-SAT enumeration (its slices; same result in the same "
+                   "order).")
 @click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
               help="Draw the feasible set (projected throughput against peak memory) to this PNG.")
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
@@ -650,7 +653,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                as_json: bool, top_k: int, constraints: Sequence[str], preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
                lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
-               lm_budget: float, trials_out: str | None, timings: bool,
+               lm_budget: float, trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
@@ -685,7 +688,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         lm=lm, lm_name=lm_model,
         budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
                          call_timeout_s=lm_timeout),
-        keep_all_recompute_levels=all_recompute_levels,
+        keep_all_recompute_levels=all_recompute_levels, workers=workers,
     )
     try:
         result = search(model, cluster, training, opts)

@@ -106,6 +106,7 @@ class SearchOptions:
     budget: LlmBudget = field(default_factory=LlmBudget)
     space: SearchSpace | None = None
     keep_all_recompute_levels: bool = False
+    workers: int = 1  # processes for the enumeration's slices (same set, same order)
 
     @property
     def families(self) -> tuple[str, ...] | None:
@@ -272,7 +273,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
                               overheads=opts.overheads, memory_margin=opts.memory_margin,
                               allow_cross_scale_up=opts.allow_cross_scale_up,
-                              families=opts.families)
+                              families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
         raise NoFeasibleConfiguration(explain_infeasible(enum.problem))

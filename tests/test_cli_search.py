@@ -41,6 +41,14 @@ def test_search_constraint_is_honoured(run_json):
     assert data["constraints"] == ["tp == 1", "cp == 1"]
 
 
+def test_search_workers_give_the_same_answer(run_json):
+    code1, one = run_json(*BASE, "--top", "5")
+    code2, two = run_json(*BASE, "--top", "5", "--workers", "2")
+    assert code1 == code2 == 0
+    assert one["feasible_count"] == two["feasible_count"]
+    assert one["top"] == two["top"] and one["best"] == two["best"]
+
+
 def test_search_conflicting_constraint_explains(run_cli):
     code, out, _ = run_cli(*BASE, "--constraint", "tp == 3")
     assert code == 1 and "no feasible configuration" in out and "tp == 3" in out
