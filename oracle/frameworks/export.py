@@ -119,6 +119,18 @@ def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: P
 # ------------------------------------------------------------------------------ Megatron-LM
 
 
+def _batch_args(model: ModelSpec, training: TrainingSpec,
+                c: ParallelConfig) -> list[tuple[str, Any]]:
+    """Batch and sequence arguments, spelled alike by Megatron-LM and Primus; the position
+    table is at least the sequence length."""
+    return [
+        ("micro_batch_size", c.mbs),
+        ("global_batch_size", training.global_batch_size),
+        ("seq_length", training.seq_len),
+        ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
+    ]
+
+
 def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
@@ -138,12 +150,7 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
         out.append(("expert_tensor_parallel_size", c.etp_))
     if c.sp:
         out.append(("sequence_parallel", True))
-    out += [
-        ("micro_batch_size", c.mbs),
-        ("global_batch_size", training.global_batch_size),
-        ("seq_length", training.seq_len),
-        ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
-    ]
+    out += _batch_args(model, training, c)
     if c.recompute is Recompute.FULL:
         out += [("recompute_granularity", "full"), ("recompute_method", c.recompute_method.value),
                 ("recompute_num_layers", c.recompute_layers)]
@@ -319,10 +326,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         ("account_for_embedding_in_pipeline_split",
          c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
         ("account_for_loss_in_pipeline_split", c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
-        ("micro_batch_size", c.mbs),
-        ("global_batch_size", training.global_batch_size),
-        ("seq_length", training.seq_len),
-        ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
+        *_batch_args(model, training, c),
     ]
     if c.recompute is Recompute.FULL:
         out += [("recompute_granularity", "full"), ("recompute_method", c.recompute_method.value),
