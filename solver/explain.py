@@ -11,7 +11,9 @@
 3. **Nearest fixes.** The smallest node count of the same GPU that has a feasible
    configuration (same model, batch and options; linear scan up to ``max_nodes``), and each
    single relaxation that makes the space feasible: full or selective recompute, FSDP, micro-batch
-   1, an axis the user fixed left free, memory margin 0, an extra constraint dropped.
+   1, an axis the user fixed left free, memory margin 0, an extra constraint dropped; when the
+   global batch is in the conflict, the nearest global batch that fits; when the node has an
+   unusual GPU count, the GPU's usual count per node.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class Explanation:
     layout needs (when memory is in the conflict); ``min_nodes``: the smallest node count with a
     feasible configuration (None if none up to the scan's limit); ``max_nodes``: a smaller node
     count that fits when the cluster is too large for the batch; ``relaxations``: the single
-    changes that make this cluster feasible."""
+    changes that make this cluster feasible; ``nearest_gbs``: the nearest global batch that fits
+    this cluster (when the batch is in the conflict)."""
 
     feasible: bool
     conflict: tuple[str, ...] = ()
@@ -81,6 +84,7 @@ class Explanation:
     max_nodes: int | None = None
     nodes_scanned: tuple[int, int] = (0, 0)
     relaxations: tuple[str, ...] = ()
+    nearest_gbs: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     setting: str = ""
     gpu: str = ""
@@ -100,11 +104,14 @@ class Explanation:
         if self.min_nodes is not None:
             fixes.append(f"needs at least {self.min_nodes} nodes of {self.gpu} at this batch")
         elif self.max_nodes is not None:
-            fixes.append(f"fewer nodes fit this global batch, e.g. {self.max_nodes} nodes of "
-                         f"{self.gpu}, or a larger --gbs")
+            fixes.append(f"fewer nodes fit this global batch, e.g. {self.max_nodes} "
+                         f"node{'s' if self.max_nodes != 1 else ''} of {self.gpu}"
+                         + ("" if self.nearest_gbs else ", or a larger --gbs"))
         elif self.nodes_scanned[1]:
             fixes.append(f"no node count from {self.nodes_scanned[0]} to "
                          f"{self.nodes_scanned[1]} fits at this batch")
+        if self.nearest_gbs is not None:
+            fixes.append(f"--gbs {self.nearest_gbs} on this cluster")
         fixes += self.relaxations
         if fixes:
             out.append("fix: " + ", or ".join(fixes))
@@ -249,6 +256,40 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
     return [label for label, p in trials if feasible(p, families)]
 
 
+def nearest_batch(problem: Problem, families: Iterable[str] | None = None,
+                  tries: int = 4) -> int | None:
+    """The global batch nearest the problem's (ties: the larger), within a factor of two, that
+    has a feasible configuration on the same cluster and space. Candidates are the multiples of
+    each data-parallel size the space allows (world / (tp x pp x cp)) nearest the batch, tried
+    by distance."""
+    gbs, world, sp = problem.training.global_batch_size, problem.cluster.world_size, problem.space
+    model_ranks = {tp * pp * cp for tp in sp.tp for pp in sp.pp for cp in sp.cp}
+    near: set[int] = set()
+    for dp in (world // r for r in model_ranks if world % r == 0):
+        low = gbs // dp * dp
+        near |= {v for v in (low, low + dp) if gbs // 2 <= v <= 2 * gbs and v != gbs}
+    for g in sorted(near, key=lambda v: (abs(v - gbs), -v))[:tries]:
+        training = problem.training.model_copy(update={"global_batch_size": g})
+        if feasible(problem.replace(training=training), families):
+            return g
+    return None
+
+
+def usual_node(problem: Problem, families: Iterable[str] | None = None,
+               space_for: SpaceFor | None = None) -> int | None:
+    """The GPU's usual GPUs per node when the cluster uses another count and the usual one,
+    at the same node count, has a feasible configuration."""
+    cl = problem.cluster
+    usual = cl.gpu.gpus_per_node
+    if not usual or usual == cl.gpus_per_node:
+        return None
+    cluster = cl.model_copy(update={"gpus_per_node": usual})
+    space_for = space_for or (lambda c: default_space(
+        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up))
+    return usual if feasible(problem.replace(cluster=cluster, space=space_for(cluster)),
+                             families) else None
+
+
 def min_nodes(problem: Problem, families: Iterable[str] | None = None,
               space_for: SpaceFor | None = None, max_nodes: int | None = None,
               ) -> tuple[int | None, tuple[int, int]]:
@@ -307,12 +348,15 @@ def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, 
         n, scanned = min_nodes(problem, families, space_for, max_nodes)
     t3 = time.perf_counter()
     relax = relaxations(problem, families)
+    gbs = nearest_batch(problem, families) if "batch" in core else None
+    if (gpn := usual_node(problem, families, space_for)) is not None:
+        relax.append(f"--gpus-per-node {gpn} (usual {cl.gpu.name} node)")
     t4 = time.perf_counter()
     return Explanation(
         feasible=False, conflict=core,
         min_peak_bytes=least[0] if least else None, min_peak_config=least[1] if least else None,
         limit_bytes=problem.limit_bytes, min_nodes=n, max_nodes=n_max, nodes_scanned=scanned,
-        relaxations=tuple(relax), setting=setting, gpu=cl.gpu.name,
+        relaxations=tuple(relax), nearest_gbs=gbs, setting=setting, gpu=cl.gpu.name,
         timings={"conflict": t1 - t0, "least_memory": t2 - t1, "nodes": t3 - t2,
                  "relaxations": t4 - t3, "total": t4 - t0},
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from solver.attribution import walk
+from solver.constraints import as_constraints
 from solver.explain import explain_infeasible, feasible
 from solver.feasible import enumerate_feasible
 from solver.problem import Problem
@@ -49,6 +50,30 @@ def test_fixed_choices_that_do_not_fit_suggest_freeing_them():
     assert {"full recompute", "tp left free", "FSDP"} <= set(why.relaxations)
     assert "micro-batch size 1" not in why.relaxations  # already 1
     assert "or full recompute" in why.text()
+
+
+def test_batch_conflict_suggests_the_nearest_global_batch():
+    """Hand-worked: 16 H100s, pp = cp = 1 forced, so tp <= 8 leaves dp in {2, 4, 8, 16}; gbs 5
+    has no such divisor. gbs 4 (dp 2 or 4) and 6 (dp 2) are both one away; the larger wins."""
+    m, cl, tr = setting("llama3-8b", "h100", 2, 8192, 5)
+    p = Problem(m, cl, tr, default_space(m, cl, tr), constraints=as_constraints(["pp == 1",
+                                                                               "cp == 1"]))
+    why = explain_infeasible(p)
+    assert "batch" in why.conflict and why.nearest_gbs == 6
+    assert "--gbs 6 on this cluster" in why.text()
+    assert "e.g. 1 node of h100" in why.text() and "a larger --gbs" not in why.text()
+    six = tr.model_copy(update={"global_batch_size": 6})
+    assert feasible(p.replace(training=six))
+
+
+def test_unusual_node_size_suggests_the_usual_one():
+    """Mixtral 8x22B on 4 x 3 MI355X: 12 GPUs leave no data-parallel size dividing gbs 512 (pp
+    needs a divisor of 56 layers, tp one of 8 KV heads); 4 x 8 fits."""
+    m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
+    three = cl.model_copy(update={"gpus_per_node": 3})
+    why = explain_infeasible(Problem(m, three, tr, default_space(m, three, tr)))
+    assert not why.feasible and "batch" in why.conflict
+    assert "--gpus-per-node 8 (usual mi355x node)" in why.relaxations
 
 
 def test_removal_counts_are_first_failing_family():
