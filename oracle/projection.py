@@ -28,7 +28,9 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
   FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward) is element-wise
   work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element (torchao row-wise scaling,
-  ``RunTraits.fp8_rowwise``: 10).
+  ``RunTraits.fp8_rowwise``: 10). Weights are quantised once per step where the framework keeps
+  the low-precision copy across micro-batches, every micro-batch forward and backward under
+  FSDP (:func:`weight_casts_per_microbatch`).
 * **Core attention** (flash): forward FLOPs from :mod:`oracle.flops` (causal), backward 2.5 x
   forward (FlashAttention-2 recomputes the scores: 5 matmuls vs 2; Dao 2023), at
   ``attention_efficiency`` x head-dim factor x ``g(context)``; never faster than the GPU's
@@ -475,6 +477,27 @@ def _local(cluster: ClusterSpec, stride: np.ndarray, size: np.ndarray) -> np.nda
     return np.minimum(size, per).astype(np.float64)
 
 
+def weight_casts_per_microbatch(fsdp: Any, ga: Any) -> tuple[np.ndarray, np.ndarray]:
+    """How often one micro-batch quantises a low-precision GEMM's weights, forward and
+    backward (each time ``K N`` elements at :data:`CAST_BYTES_PER_ELEMENT`).
+
+    Without FSDP the framework keeps the quantised weights (and their transposed/column-wise
+    copy) across the micro-batches of a step (Transformer Engine's ``is_first_microbatch``
+    weight cache), so the cast happens once per step: ``1/ga`` per micro-batch forward and none
+    in backward. Under FSDP (ZeRO-3) the full weights exist only between their all-gather and
+    their release, which happens every micro-batch in forward and again in backward: the
+    gathered bf16 weights are quantised in forward and the copy the data gradient needs is
+    quantised again in backward (Megatron-Bridge's Megatron-FSDP override sets
+    ``ddp.keep_fp8_transpose_cache = False``: scripts/performance/utils/overrides.py and
+    helpers.py, ``_set_megatron_fsdp_overrides``; torchao's ``Float8Linear`` under FSDP2 casts
+    the gathered weight on every call): one cast forward and one backward per micro-batch.
+    Worked example: Llama 3 70B FP8 under FSDP at 2 micro-batches per step quantises its 70e9
+    weights 4 times per step instead of once."""
+    fs = np.asarray(fsdp, dtype=bool)
+    g = np.asarray(ga, dtype=np.float64)
+    return np.where(fs, 1.0, 1.0 / g), np.where(fs, 1.0, 0.0)
+
+
 def build_work(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
 ) -> dict[str, np.ndarray]:
@@ -584,11 +607,14 @@ def build_work(
                                      gpu.peak_fp4_flops or 1.0]).astype(f64)
     w["operand_bytes"] = np.choose(prec, [OPERAND_BYTES[0], OPERAND_BYTES[1], OPERAND_BYTES[2]])
     # quantisation bytes per micro-batch: inputs (M K) forward, output grads (M N) backward,
-    # weights (K N) once per step (cached across micro-batches)
+    # weights (K N): once per step where the quantised copy is cached across micro-batches,
+    # forward and backward of every micro-batch under FSDP (weight_casts_per_microbatch)
     low = LOW_PREC_SLOTS[None, :] & (prec[:, None] > 0)
-    wcast = (K * N * C) / b.ga.astype(f64)[:, None]
-    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wcast) * cast[:, None], 0.0)
-    w["cast_bwd_bytes"] = np.where(low, (M * N * C) * cast[:, None], 0.0)
+    wc_f, wc_b = weight_casts_per_microbatch(b.fsdp, b.ga)
+    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wc_f[:, None] * K * N * C)
+                                   * cast[:, None], 0.0)
+    w["cast_bwd_bytes"] = np.where(low, (M * N * C + wc_b[:, None] * K * N * C)
+                                   * cast[:, None], 0.0)
     w["hbm_bw"] = np.full(n, gpu.hbm_bytes_per_s)
 
     # --- core attention (per layer, averaged over sliding and full layers)
@@ -909,7 +935,6 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     Returns ``step_time_s`` and one array per :data:`BREAKDOWN` entry (seconds per step, they
     add up to the step time), plus ``critical_stage``.
     """
-    half = np.asarray(c["gemm_half_dim"])[..., None]
     eff_prec = np.choose(
         w["prec"], [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
                     c["gemm_efficiency_fp4"]]
@@ -936,6 +961,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     Ms, Ns, Ks = (np.where(present, x, 1.0) for x in (M, N, K))
     low = LOW_PREC_SLOTS[None, :] & (w["prec"][:, None] > 0)
     eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
+    half = np.asarray(c["gemm_half_dim"])[..., None]
     eff = eff * _g(Ms, half) * _g(Ns, half) * _g(Ks, half)
     eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
         ..., None], eff)
