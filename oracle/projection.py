@@ -22,7 +22,10 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
 
 * **GEMM** of shape (M, N, K): ``2 M N K / (peak x eff)``, ``eff = eff_prec x
   g(M) g(N) g(K)``, ``g(x) = x / (x + gemm_half_dim)``, never faster than moving its operands
-  through HBM; expert GEMMs also x ``grouped_gemm_efficiency``. Backward = dgrad + wgrad, the
+  through HBM; expert GEMMs also x ``grouped_gemm_efficiency``. A low-precision GEMM's half
+  dimension is ``gemm_half_dim`` x its peak over the BF16 peak (:func:`gemm_half_dims`: the
+  fixed part of a GEMM's time takes as long at any precision, so FP8/FP4 gain less on small
+  GEMMs). Backward = dgrad + wgrad, the
   same shape factors, twice the forward time; block-scaled recipes (MXFP8, blockwise) run at
   ``block_scaled_gemm_efficiency`` of a per-tensor FP8 GEMM. Low precision (FP8 recipes, NVFP4) applies to the
   transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
@@ -498,6 +501,27 @@ def weight_casts_per_microbatch(fsdp: Any, ga: Any) -> tuple[np.ndarray, np.ndar
     return np.where(fs, 1.0, 1.0 / g), np.where(fs, 1.0, 0.0)
 
 
+def gemm_half_dims(half_dim: Any, low: np.ndarray, peak_low: Any, peak_bf16: Any) -> np.ndarray:
+    """The GEMM dimension at which each slot runs at half its large-GEMM efficiency
+    (``g(x) = x / (x + half)``).
+
+    ``gemm_half_dim`` is measured in BF16 work: a GEMM's fixed part (launch and pipeline fill,
+    prologue, the epilogue that writes the bf16 output, the last partial wave) takes the same
+    time at any precision, while a low-precision tile computes ``peak_low / peak_bf16`` times
+    faster, so the same fixed time is worth that many times more rows, columns or reduction
+    length: ``half_low = gemm_half_dim x peak_low / peak_bf16`` (FP8: 2x, NVFP4: 4x-6x). Small
+    GEMMs (high tp, small experts, few tokens per expert) gain less from FP8/FP4 than large
+    ones. Worked example: half dim 128, FP8 at twice the BF16 peak: a 1024-wide dimension runs at
+    1024/1280 = 0.80 in FP8 against 1024/1152 = 0.89 in BF16.
+
+    ``half_dim``: (n,) or scalar; ``low``: (n, slots) bool, the slots in low precision;
+    ``peak_low``/``peak_bf16``: (n,). Returns (n, slots)."""
+    half = np.asarray(half_dim, dtype=np.float64)[..., None]
+    ratio = (np.asarray(peak_low, dtype=np.float64)
+             / np.asarray(peak_bf16, dtype=np.float64))[:, None]
+    return np.where(low, half * ratio, half)
+
+
 def build_work(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
 ) -> dict[str, np.ndarray]:
@@ -961,8 +985,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     Ms, Ns, Ks = (np.where(present, x, 1.0) for x in (M, N, K))
     low = LOW_PREC_SLOTS[None, :] & (w["prec"][:, None] > 0)
     eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
-    half = np.asarray(c["gemm_half_dim"])[..., None]
-    eff = eff * _g(Ms, half) * _g(Ns, half) * _g(Ks, half)
+    half_s = gemm_half_dims(c["gemm_half_dim"], low, w["peak_low"], peak_bf16)
+    eff = eff * _g(Ms, half_s) * _g(Ns, half_s) * _g(Ks, half_s)
     eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
         ..., None], eff)
     peak = np.where(low, w["peak_low"][:, None], peak_bf16[:, None]) * rate[:, None]
