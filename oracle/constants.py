@@ -92,7 +92,9 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "GEMM dimension (rows, columns or reduction length) at which the tile pipeline runs at "
         "half its large-GEMM efficiency; each of M, N, K contributes a factor x / (x + half_dim) "
         "(tile quantisation, prologue/epilogue and wave effects of skinny GEMMs from high tp, "
-        "small experts or few tokens per expert)",
+        "small experts or few tokens per expert), in BF16 work; an FP8/FP4 GEMM's half dimension "
+        "is this times its peak over the BF16 peak (the fixed part of a GEMM takes as long at any "
+        "precision; oracle.projection.gemm_half_dims)",
         "prior: 128 = one output-tile edge of common Hopper/Blackwell GEMM kernels (CUTLASS "
         "128x128 / 128x256 tiles)",
         lower=8.0, upper=4096.0,

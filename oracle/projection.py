@@ -22,13 +22,18 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
 
 * **GEMM** of shape (M, N, K): ``2 M N K / (peak x eff)``, ``eff = eff_prec x
   g(M) g(N) g(K)``, ``g(x) = x / (x + gemm_half_dim)``, never faster than moving its operands
-  through HBM; expert GEMMs also x ``grouped_gemm_efficiency``. Backward = dgrad + wgrad, the
+  through HBM; expert GEMMs also x ``grouped_gemm_efficiency``. A low-precision GEMM's half
+  dimension is ``gemm_half_dim`` x its peak over the BF16 peak (:func:`gemm_half_dims`: the
+  fixed part of a GEMM's time takes as long at any precision, so FP8/FP4 gain less on small
+  GEMMs). Backward = dgrad + wgrad, the
   same shape factors, twice the forward time; block-scaled recipes (MXFP8, blockwise) run at
   ``block_scaled_gemm_efficiency`` of a per-tensor FP8 GEMM. Low precision (FP8 recipes, NVFP4) applies to the
   transformer-layer linears; router and logits stay BF16 (Megatron/Transformer Engine default).
   FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward) is element-wise
   work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element (torchao row-wise scaling,
-  ``RunTraits.fp8_rowwise``: 10).
+  ``RunTraits.fp8_rowwise``: 10). Weights are quantised once per step where the framework keeps
+  the low-precision copy across micro-batches, every micro-batch forward and backward under
+  FSDP (:func:`weight_casts_per_microbatch`).
 * **Core attention** (flash): forward FLOPs from :mod:`oracle.flops` (causal), backward 2.5 x
   forward (FlashAttention-2 recomputes the scores: 5 matmuls vs 2; Dao 2023), at
   ``attention_efficiency`` x head-dim factor x ``g(context)``; never faster than the GPU's
@@ -475,6 +480,48 @@ def _local(cluster: ClusterSpec, stride: np.ndarray, size: np.ndarray) -> np.nda
     return np.minimum(size, per).astype(np.float64)
 
 
+def weight_casts_per_microbatch(fsdp: Any, ga: Any) -> tuple[np.ndarray, np.ndarray]:
+    """How often one micro-batch quantises a low-precision GEMM's weights, forward and
+    backward (each time ``K N`` elements at :data:`CAST_BYTES_PER_ELEMENT`).
+
+    Without FSDP the framework keeps the quantised weights (and their transposed/column-wise
+    copy) across the micro-batches of a step (Transformer Engine's ``is_first_microbatch``
+    weight cache), so the cast happens once per step: ``1/ga`` per micro-batch forward and none
+    in backward. Under FSDP (ZeRO-3) the full weights exist only between their all-gather and
+    their release, which happens every micro-batch in forward and again in backward: the
+    gathered bf16 weights are quantised in forward and the copy the data gradient needs is
+    quantised again in backward (Megatron-Bridge's Megatron-FSDP override sets
+    ``ddp.keep_fp8_transpose_cache = False``: scripts/performance/utils/overrides.py and
+    helpers.py, ``_set_megatron_fsdp_overrides``; torchao's ``Float8Linear`` under FSDP2 casts
+    the gathered weight on every call): one cast forward and one backward per micro-batch.
+    Worked example: Llama 3 70B FP8 under FSDP at 2 micro-batches per step quantises its 70e9
+    weights 4 times per step instead of once."""
+    fs = np.asarray(fsdp, dtype=bool)
+    g = np.asarray(ga, dtype=np.float64)
+    return np.where(fs, 1.0, 1.0 / g), np.where(fs, 1.0, 0.0)
+
+
+def gemm_half_dims(half_dim: Any, low: np.ndarray, peak_low: Any, peak_bf16: Any) -> np.ndarray:
+    """The GEMM dimension at which each slot runs at half its large-GEMM efficiency
+    (``g(x) = x / (x + half)``).
+
+    ``gemm_half_dim`` is measured in BF16 work: a GEMM's fixed part (launch and pipeline fill,
+    prologue, the epilogue that writes the bf16 output, the last partial wave) takes the same
+    time at any precision, while a low-precision tile computes ``peak_low / peak_bf16`` times
+    faster, so the same fixed time is worth that many times more rows, columns or reduction
+    length: ``half_low = gemm_half_dim x peak_low / peak_bf16`` (FP8: 2x, NVFP4: 4x-6x). Small
+    GEMMs (high tp, small experts, few tokens per expert) gain less from FP8/FP4 than large
+    ones. Worked example: half dim 128, FP8 at twice the BF16 peak: a 1024-wide dimension runs at
+    1024/1280 = 0.80 in FP8 against 1024/1152 = 0.89 in BF16.
+
+    ``half_dim``: (n,) or scalar; ``low``: (n, slots) bool, the slots in low precision;
+    ``peak_low``/``peak_bf16``: (n,). Returns (n, slots)."""
+    half = np.asarray(half_dim, dtype=np.float64)[..., None]
+    ratio = (np.asarray(peak_low, dtype=np.float64)
+             / np.asarray(peak_bf16, dtype=np.float64))[:, None]
+    return np.where(low, half * ratio, half)
+
+
 def build_work(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
 ) -> dict[str, np.ndarray]:
@@ -584,11 +631,14 @@ def build_work(
                                      gpu.peak_fp4_flops or 1.0]).astype(f64)
     w["operand_bytes"] = np.choose(prec, [OPERAND_BYTES[0], OPERAND_BYTES[1], OPERAND_BYTES[2]])
     # quantisation bytes per micro-batch: inputs (M K) forward, output grads (M N) backward,
-    # weights (K N) once per step (cached across micro-batches)
+    # weights (K N): once per step where the quantised copy is cached across micro-batches,
+    # forward and backward of every micro-batch under FSDP (weight_casts_per_microbatch)
     low = LOW_PREC_SLOTS[None, :] & (prec[:, None] > 0)
-    wcast = (K * N * C) / b.ga.astype(f64)[:, None]
-    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wcast) * cast[:, None], 0.0)
-    w["cast_bwd_bytes"] = np.where(low, (M * N * C) * cast[:, None], 0.0)
+    wc_f, wc_b = weight_casts_per_microbatch(b.fsdp, b.ga)
+    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wc_f[:, None] * K * N * C)
+                                   * cast[:, None], 0.0)
+    w["cast_bwd_bytes"] = np.where(low, (M * N * C + wc_b[:, None] * K * N * C)
+                                   * cast[:, None], 0.0)
     w["hbm_bw"] = np.full(n, gpu.hbm_bytes_per_s)
 
     # --- core attention (per layer, averaged over sliding and full layers)
@@ -909,7 +959,6 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     Returns ``step_time_s`` and one array per :data:`BREAKDOWN` entry (seconds per step, they
     add up to the step time), plus ``critical_stage``.
     """
-    half = np.asarray(c["gemm_half_dim"])[..., None]
     eff_prec = np.choose(
         w["prec"], [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
                     c["gemm_efficiency_fp4"]]
@@ -936,7 +985,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     Ms, Ns, Ks = (np.where(present, x, 1.0) for x in (M, N, K))
     low = LOW_PREC_SLOTS[None, :] & (w["prec"][:, None] > 0)
     eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
-    eff = eff * _g(Ms, half) * _g(Ns, half) * _g(Ks, half)
+    half_s = gemm_half_dims(c["gemm_half_dim"], low, w["peak_low"], peak_bf16)
+    eff = eff * _g(Ms, half_s) * _g(Ns, half_s) * _g(Ks, half_s)
     eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
         ..., None], eff)
     peak = np.where(low, w["peak_low"][:, None], peak_bf16[:, None]) * rate[:, None]
