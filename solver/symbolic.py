@@ -23,7 +23,7 @@ from operator import itemgetter
 from typing import Any, Union
 
 import numpy as np
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model, cp_model_helper
 
 Value = Union[int, "Sym"]
 #: Value sets are tracked through + and * while their product stays this small.
@@ -36,6 +36,9 @@ class Arith:
     def __init__(self, model: cp_model.CpModel) -> None:
         self.model = model
         self._count = 0
+        #: common subexpressions: a value already defined (a product, a division, a maximum, a
+        #: variable equal to a linear expression, a table's columns) is reused, not redefined
+        self._cse: dict[tuple[Any, ...], Any] = {}
 
     def name(self, stem: str) -> str:
         self._count += 1
@@ -61,8 +64,11 @@ class Arith:
             return x
         if isinstance(x.expr, cp_model.IntVar):
             return x.expr
-        v = self.model.NewIntVar(x.lo, x.hi, self.name(stem))
-        self.model.Add(v == x.expr)
+        key = ("var", linear_key(x))
+        v = self._cse.get(key)
+        if v is None:
+            v = self._cse[key] = self.model.NewIntVar(x.lo, x.hi, self.name(stem))
+            self.model.Add(v == x.expr)
         x.expr = v
         return v
 
@@ -146,6 +152,16 @@ class Arith:
     ) -> tuple[Value, ...]:
         """Columns of ``outputs[row]`` where ``(*keys, row)`` is one of ``assignments``."""
         n_cols = len(outputs[0])
+        key = ("table", tuple(linear_key(k) for k in keys), tuple(assignments),
+               tuple(map(tuple, outputs)))
+        got = self._cse.get(key)
+        if got is not None:
+            return got
+        self._cse[key] = got = self._table(keys, assignments, outputs, stem, n_cols)
+        return got
+
+    def _table(self, keys: Sequence[Value], assignments: Sequence[tuple[int, ...]],
+               outputs: Sequence[Sequence[int]], stem: str, n_cols: int) -> tuple[Value, ...]:
         if len(outputs) == 1:
             self.allow(keys, [a[:-1] for a in assignments])
             return tuple(outputs[0])
@@ -336,6 +352,17 @@ def M_vmax(items: Sequence[Value]) -> Value:
     return Sym.__vmax__(items)
 
 
+def linear_key(x: Value) -> tuple[Any, ...]:
+    """A canonical form of a linear value: its constant, and (variable index, coefficient)
+    pairs, sorted (equal forms are the same expression)."""
+    if isinstance(x, int):
+        return ((), x)
+    if isinstance(x.expr, cp_model.IntVar):
+        return ((x.expr.index, 1),), 0
+    f = cp_model_helper.FlatIntExpr(x.expr)
+    return tuple(sorted(zip([v.index for v in f.vars], f.coeffs))), f.offset
+
+
 def domain_of(x: Value) -> list[int]:
     """The values a key can take (its exact value set when known, else its bounds' range)."""
     if isinstance(x, int):
@@ -433,9 +460,14 @@ class Sym:
             if lo == hi:
                 return lo
             ar = self.ar
-            p = ar.model.NewIntVar(lo, hi, ar.name("prod"))
-            ar.model.AddMultiplicationEquality(p, [ar.as_var(self), ar.as_var(other)])
-            return Sym(ar, p, lo, hi, self._combine_values(other, lambda a, b: a * b))
+            key = ("mul", *sorted((linear_key(self), linear_key(other))))
+            got = ar._cse.get(key)
+            if got is None:
+                p = ar.model.NewIntVar(lo, hi, ar.name("prod"))
+                ar.model.AddMultiplicationEquality(p, [ar.as_var(self), ar.as_var(other)])
+                got = ar._cse[key] = Sym(ar, p, lo, hi,
+                                         self._combine_values(other, lambda a, b: a * b))
+            return got
         return NotImplemented
 
     __rmul__ = __mul__
@@ -507,9 +539,13 @@ class Sym:
         if len(keep) == 1:
             return keep[0]
         ar = syms[0].ar
-        m = ar.model.NewIntVar(lo, hi, ar.name("max"))
-        ar.model.AddMaxEquality(m, [x if isinstance(x, int) else x.expr for x in keep])
-        return Sym(ar, m, lo, hi)
+        key = ("max", *sorted(linear_key(x) for x in keep))
+        got = ar._cse.get(key)
+        if got is None:
+            m = ar.model.NewIntVar(lo, hi, ar.name("max"))
+            ar.model.AddMaxEquality(m, [x if isinstance(x, int) else x.expr for x in keep])
+            got = ar._cse[key] = Sym(ar, m, lo, hi)
+        return got
 
 
 _OPS: dict[str, Callable[[int, int], bool]] = {
@@ -523,6 +559,10 @@ def _floor_div_linear(num: Sym, den: Value) -> Value:
     a difference, although the value itself may never be negative): ``q`` with
     ``den q <= num <= den q + den - 1``, which has exactly one solution."""
     ar = num.ar
+    key = ("fdiv", linear_key(num), linear_key(den))
+    got = ar._cse.get(key)
+    if got is not None:
+        return got
     d_lo, d_hi = (den, den) if isinstance(den, int) else (den.lo, den.hi)
     corners = [num.lo // d for d in (d_lo, d_hi)] + [num.hi // d for d in (d_lo, d_hi)]
     lo, hi = min(corners), max(corners)
@@ -533,6 +573,7 @@ def _floor_div_linear(num: Sym, den: Value) -> Value:
     den_expr = den if isinstance(den, int) else den.expr
     ar.model.Add(prod_expr <= num.expr)
     ar.model.Add(num.expr <= prod_expr + den_expr - 1)
+    ar._cse[key] = qs
     return qs
 
 
@@ -547,7 +588,11 @@ def _div_nonneg(num: Value, den: Value) -> Value:
     if lo == hi:
         return lo
     ar = (num if isinstance(num, Sym) else den).ar  # type: ignore[union-attr]
-    q = ar.model.NewIntVar(lo, hi, ar.name("div"))
-    ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
-    return Sym(ar, q, lo, hi)
+    key = ("div", linear_key(num), linear_key(den))
+    got = ar._cse.get(key)
+    if got is None:
+        q = ar.model.NewIntVar(lo, hi, ar.name("div"))
+        ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
+        got = ar._cse[key] = Sym(ar, q, lo, hi)
+    return got
 
