@@ -196,7 +196,7 @@ def solve_slice(problem: Problem, families: Sequence[str],
     to the slice, constants folded), every literal true."""
     t0 = time.perf_counter()
     sub = problem.replace(space=problem.space.fix(**fixed)) if fixed else problem
-    lm = LegalityModel(sub, families)
+    lm = LegalityModel(sub, families, enforced=True)
     for lit in lm.lit.values():
         lm.cp.Add(lit == 1)
     lm.add_search_strategy()

@@ -122,8 +122,12 @@ class LegalityModel:
     literal of family ``f``; ``ok[f]`` its determined truth value.
     """
 
-    def __init__(self, problem: Problem, families: Iterable[str] | None = None) -> None:
+    def __init__(self, problem: Problem, families: Iterable[str] | None = None, *,
+                 enforced: bool = False) -> None:
         self.p = problem
+        #: every family literal will be fixed true (enumeration): tables may then leave out key
+        #: combinations an enabled family refuses (the solutions stay the same)
+        self.enforced = enforced
         wanted = set(RULES if families is None else families)
         unknown = wanted - set(RULES)
         if unknown:
@@ -363,6 +367,13 @@ def enc_schedule(m: LegalityModel) -> Value:
     return m.ar.predicate([m.sched, m.rc_kind, m.pp, m.vpp], ok, "schedule")
 
 
+def recompute_k_ok(o: RecomputeOption, per: int) -> bool:
+    """Full recompute: K within ``per`` layers of one virtual stage (uniform needs K >= 1)."""
+    if o.kind is not Recompute.FULL or o.layers is None:
+        return True
+    return o.layers <= per and not (o.layers == 0 and o.method is RecomputeMethod.UNIFORM)
+
+
 def enc_recompute(m: LegalityModel) -> Value:
     """Full: K within the layers of one virtual stage (uniform needs K >= 1); selective modules
     the model has, and none the delayed FP8 recipe cannot recompute."""
@@ -370,10 +381,7 @@ def enc_recompute(m: LegalityModel) -> Value:
     lpc = m.layers_per_chunk
 
     def k_ok(r: int, per: int) -> bool:
-        o = opts[r]
-        if o.kind is not Recompute.FULL or o.layers is None:
-            return True
-        return o.layers <= per and not (o.layers == 0 and o.method is RecomputeMethod.UNIFORM)
+        return recompute_k_ok(opts[r], per)
 
     needs = {"mla_up_proj": model.mla is not None, "moe": model.is_moe,
              "moe_act": model.is_moe, "shared_experts": model.num_shared_experts > 0}
@@ -670,7 +678,17 @@ class MemoryEncoding:
             base, k, k_prev = per_option[r]
             return (base + min(k, cm), base + min(k_prev, cm)) if base else (0, 0)
 
-        codes = ar.lookup([m.rc, cmax], code, "code")
+        pairs = None
+        if m.enforced and "recompute" in m.families:
+            # the recompute family keeps K within the layers of one virtual stage: only the
+            # (option, largest chunk) pairs some geometry allows with it can occur
+            pairs = sorted({
+                (r, chunk_max(a, b, c))
+                for a, b, c in product(_domain(m.pp), _domain(m.vpp), _domain(m.split))
+                for per in (layers_per_chunk(model, m._resolved(
+                    pp=a, vpp=b, pipeline_split=SPLITS[c])),)
+                for r in _domain(m.rc) if recompute_k_ok(opts[r], per)})
+        codes = ar.lookup([m.rc, cmax], code, "code", tuples=pairs)
         sat = ar.lookup([m.pp, m.vpp], lambda a, b: (M.inflight_saturation(a, b),), "sat")[0]
         mcap = ar.lookup([m.ga, sat], lambda g, st: (min(g, st),), "mcap")[0]
         # uncovered geometries (the split is illegal) share one row: their key is (pp, vpp,
