@@ -87,6 +87,8 @@ class OracleCache:
         self.shard: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.pu: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.stages: dict[tuple[Any, ...], list[M.StageCounts]] = {}
+        #: decoder layers of the largest chunk per (pp, vpp, split index)
+        self.chunk_max: dict[tuple[int, int, int], int] = {}
 
     def resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
@@ -657,11 +659,17 @@ class MemoryEncoding:
         covered = ar.predicate([m.pp, m.vpp, m.split], tabulated, "covered")
         self.covered = covered
 
+        chunk_memo = m.cache.chunk_max
+
         def chunk_max(pp_: int, v: int, s: int) -> int:
             if not tabulated(pp_, v, s):
                 return 0
-            chunks = M.pipeline_chunks(model.num_layers, model.num_mtp_layers, pp_, v, SPLITS[s])
-            return max(len(ch.layers) for st in chunks for ch in st)
+            got = chunk_memo.get((pp_, v, s))
+            if got is None:
+                chunks = M.pipeline_chunks(model.num_layers, model.num_mtp_layers, pp_, v,
+                                           SPLITS[s])
+                got = chunk_memo[(pp_, v, s)] = max(len(ch.layers) for st in chunks for ch in st)
+            return got
 
         cmax = ar.lookup([m.pp, m.vpp, m.split], lambda a, b, c: (chunk_max(a, b, c),), "cmax")[0]
         opts = sp.recompute
