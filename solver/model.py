@@ -795,7 +795,7 @@ class MemoryEncoding:
                 terms = M.combine(c, self.pu, au, self.sharding(s), ov)
                 total = sum(terms.values())
                 per_scen[s] = total
-                le = ar.le(total, self.limit, "fits")
+                le = ar.le(total, self.limit, "fits", big_m=m.enforced)
                 if len(self.scenarios) == 1:
                     fits_in.append(le)
                 else:

@@ -244,7 +244,7 @@ class Arith:
             return 1 - x
         return Sym(self, self.literal(x).Not(), 0, 1, (0, 1))
 
-    def le(self, x: Value, bound: int, stem: str) -> Value:
+    def le(self, x: Value, bound: int, stem: str, big_m: bool = False) -> Value:
         """1 iff ``x <= bound``, determined, without enforcement literals:
         ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A reified linear constraint
         would do, but OR-Tools 9.15 mishandles it here both ways: with presolve, the rule
@@ -259,6 +259,12 @@ class Arith:
             return 1
         if x.lo > bound:
             return 0
+        if big_m:
+            b = self.bool(stem)
+            # b = 1: x <= bound; b = 0: x >= bound + 1 (each vacuous on the other side)
+            self.model.Add(x.expr - bound + (x.hi - bound) * b.expr <= x.hi - bound)
+            self.model.Add(x.expr - (bound + 1) + (bound + 1 - x.lo) * b.expr >= 0)
+            return b
         excess = M_vmax([x - bound, 0])
         capped = -M_vmax([-excess, -1])  # min(excess, 1)
         return 1 - capped
