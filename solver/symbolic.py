@@ -39,6 +39,8 @@ class Arith:
         #: common subexpressions: a value already defined (a product, a division, a maximum, a
         #: variable equal to a linear expression, a table's columns) is reused, not redefined
         self._cse: dict[tuple[Any, ...], Any] = {}
+        #: floor division by a constant as two linear constraints (else AddDivisionEquality)
+        self.linear_division = False
 
     def name(self, stem: str) -> str:
         self._count += 1
@@ -598,7 +600,12 @@ def _div_nonneg(num: Value, den: Value) -> Value:
     got = ar._cse.get(key)
     if got is None:
         q = ar.model.NewIntVar(lo, hi, ar.name("div"))
-        ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
+        if ar.linear_division and isinstance(den, int) and isinstance(num, Sym):
+            # by a constant: den q <= num <= den q + den - 1, two linear constraints
+            ar.model.Add(den * q <= num.expr)
+            ar.model.Add(num.expr <= den * q + den - 1)
+        else:
+            ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
         got = ar._cse[key] = Sym(ar, q, lo, hi)
     return got
 
