@@ -183,6 +183,13 @@ class LegalityModel:
             "optimizer": self.opt_i, "recompute": self.rc,
         }
 
+    def family_predicate(self, keys: Sequence[Value], fn: Callable[..., bool],
+                         stem: str) -> Value:
+        """A family's 0/1 value ``fn(*key)`` (``Arith.predicate``). In an enforced model the
+        family's literal is fixed true, so the keys are restricted to where ``fn`` holds and
+        the value is 1 (tables of the allowed rows only: fewer variables to carry)."""
+        return self.ar.predicate(keys, fn, stem, required=self.enforced)
+
     def _resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
         return self.cache.resolved(**fields)
@@ -280,12 +287,12 @@ class LegalityModel:
 def enc_world_size(m: LegalityModel) -> Value:
     """tp x pp x cp divides the world (then dp = world / (tp pp cp) exactly)."""
     w = m.p.cluster.world_size
-    return m.ar.predicate([m.tp, m.pp, m.cp_], lambda t, p, c: w % (t * p * c) == 0, "world")
+    return m.family_predicate([m.tp, m.pp, m.cp_], lambda t, p, c: w % (t * p * c) == 0, "world")
 
 
 def enc_tensor_parallel(m: LegalityModel) -> Value:
     """tp divides the heads, KV heads (or is a multiple), dense and shared FFN widths."""
-    return m.ar.predicate([m.tp], lambda t: tp_shape_ok(m.p.model, t), "tp_shape")
+    return m.family_predicate([m.tp], lambda t: tp_shape_ok(m.p.model, t), "tp_shape")
 
 
 def enc_scale_up(m: LegalityModel) -> Value:
@@ -293,15 +300,15 @@ def enc_scale_up(m: LegalityModel) -> Value:
     if m.p.allow_cross_scale_up:
         return 1
     lim = m.p.cluster.scale_up_gpus
-    return m.ar.predicate([m.tp, m.etp], lambda t, e: t <= lim and e <= lim, "scale_up")
+    return m.family_predicate([m.tp, m.etp], lambda t, e: t <= lim and e <= lim, "scale_up")
 
 
 def enc_expert_layout(m: LegalityModel) -> Value:
     """MoE: ep divides the experts and pp x ep x etp the world; dense: ep = 1."""
     model, w = m.p.model, m.p.cluster.world_size
     if not model.is_moe:
-        return m.ar.predicate([m.ep], lambda e: e == 1, "ep_dense")
-    return m.ar.predicate(
+        return m.family_predicate([m.ep], lambda e: e == 1, "ep_dense")
+    return m.family_predicate(
         [m.pp, m.ep, m.etp],
         lambda p, e, et: model.num_experts % e == 0 and w % (p * e * et) == 0, "expert_layout")
 
@@ -311,7 +318,7 @@ def enc_expert_tensor_parallel(m: LegalityModel) -> Value:
     model = m.p.model
     if not model.is_moe:
         return 1
-    return m.ar.predicate(
+    return m.family_predicate(
         [m.etp], lambda e: model.expert_ffn_hidden_size % e == 0 and (not model.mlp_bias or e == 1),
         "etp_shape")
 
@@ -320,7 +327,7 @@ def enc_sequence_parallel(m: LegalityModel) -> Value:
     """MoE with tp > 1 needs sequence parallelism."""
     if not m.p.model.is_moe:
         return 1
-    return m.ar.predicate([m.tp, m.sp], lambda t, s: t == 1 or s == 1, "moe_sp")
+    return m.family_predicate([m.tp, m.sp], lambda t, s: t == 1 or s == 1, "moe_sp")
 
 
 def enc_sequence_length(m: LegalityModel) -> Value:
@@ -336,7 +343,7 @@ def enc_sequence_length(m: LegalityModel) -> Value:
             return False
         return not (sp_ and t > 1 and (s // c) % t)
 
-    return m.ar.predicate([m.tp, m.cp_, m.sp], ok, "seq_len")
+    return m.family_predicate([m.tp, m.cp_, m.sp], ok, "seq_len")
 
 
 def split_ok(m: LegalityModel, pp: int, vpp: int, split: int) -> bool:
@@ -346,7 +353,7 @@ def split_ok(m: LegalityModel, pp: int, vpp: int, split: int) -> bool:
 
 
 def enc_pipeline_split(m: LegalityModel) -> Value:
-    return m.ar.predicate([m.pp, m.vpp, m.split],
+    return m.family_predicate([m.pp, m.vpp, m.split],
                           lambda p, v, s: split_ok(m, p, v, s), "pipeline_split")
 
 
@@ -362,7 +369,7 @@ def enc_virtual_pipeline(m: LegalityModel) -> Value:
             return False
         return not (s == inter and p > 1 and (ga < p or ga % p))
 
-    return m.ar.predicate([m.pp, m.vpp, m.sched, m.ga], ok, "virtual_pipeline")
+    return m.family_predicate([m.pp, m.vpp, m.sched, m.ga], ok, "virtual_pipeline")
 
 
 def enc_schedule(m: LegalityModel) -> Value:
@@ -373,7 +380,7 @@ def enc_schedule(m: LegalityModel) -> Value:
     def ok(s: int, kind: int, p: int, v: int) -> bool:
         return s != zb or (kind == none and p > 1 and v in (1, 2) and not tied)
 
-    return m.ar.predicate([m.sched, m.rc_kind, m.pp, m.vpp], ok, "schedule")
+    return m.family_predicate([m.sched, m.rc_kind, m.pp, m.vpp], ok, "schedule")
 
 
 def recompute_k_ok(o: RecomputeOption, per: int) -> bool:
@@ -404,8 +411,8 @@ def enc_recompute(m: LegalityModel) -> Value:
             return False
         return not (FP8[f] is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"})
 
-    return m.ar.all_of([m.ar.predicate([m.rc, lpc], k_ok, "rc_k"),
-                        m.ar.predicate([m.rc, m.fp8], mod_ok, "rc_mod")], "recompute")
+    return m.ar.all_of([m.family_predicate([m.rc, lpc], k_ok, "rc_k"),
+                        m.family_predicate([m.rc, m.fp8], mod_ok, "rc_mod")], "recompute")
 
 
 def enc_precision(m: LegalityModel) -> Value:
@@ -420,20 +427,20 @@ def enc_precision(m: LegalityModel) -> Value:
             return False
         return r is not Fp8Recipe.MXFP8 or gpu.architecture in FP8_ARCHITECTURES_MX
 
-    return m.ar.predicate([m.fp8], ok, "precision")
+    return m.family_predicate([m.fp8], ok, "precision")
 
 
 def enc_dispatcher(m: LegalityModel) -> Value:
     """The flex (DeepEP) dispatcher needs an MoE model with ep > 1."""
     ds, moe = m.p.space.dispatcher, m.p.model.is_moe
-    return m.ar.predicate([m.disp_i, m.ep],
+    return m.family_predicate([m.disp_i, m.ep],
                           lambda d, e: ds[d] is not Dispatcher.FLEX or (moe and e > 1), "disp")
 
 
 def enc_batch(m: LegalityModel) -> Value:
     """mbs x dp divides the global batch (then ga = gbs / (mbs dp) exactly)."""
     gbs = m.p.training.global_batch_size
-    return m.ar.predicate([m.mbs, m.dp], lambda b, d: gbs % (b * d) == 0, "batch")
+    return m.family_predicate([m.mbs, m.dp], lambda b, d: gbs % (b * d) == 0, "batch")
 
 
 def enc_extra(m: LegalityModel) -> Value:

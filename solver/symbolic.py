@@ -92,6 +92,7 @@ class Arith:
         fn: Callable[..., Sequence[int]],
         stem: str,
         tuples: Iterable[tuple[int, ...]] | None = None,
+        required: bool = False,
     ) -> tuple[Value, ...]:
         """Columns of ``fn(*key)`` for the key the variables ``keys`` take.
 
@@ -99,6 +100,8 @@ class Arith:
         (which must cover every combination the keys can take together). Each output column is
         then tabulated over the smallest set of keys it depends on (found on the computed rows,
         so exact), columns with the same key set share one table: small tables propagate fast.
+        ``required`` (0/1 columns): the keys are restricted to where every column is 1, and
+        the columns are 1 (or the constant 0 when a column is 0 whatever the keys).
         """
         live = [i for i, k in enumerate(keys) if not isinstance(k, int)]
         consts = [(i, k) for i, k in enumerate(keys) if isinstance(k, int)]
@@ -138,6 +141,12 @@ class Arith:
                 p = key_of(k)
                 if p not in proj:
                     proj[p] = out_of(o)
+            if required:
+                self.allow([keys[live[i]] for i in subset],
+                           [k for k, o in proj.items() if all(o)])
+                for c in cols:
+                    out[c] = 1
+                continue
             distinct = {o: j for j, o in enumerate(dict.fromkeys(proj.values()))}
             assignments = [(*k, distinct[o]) for k, o in proj.items()]
             vals = self.table([keys[live[i]] for i in subset], assignments, list(distinct), stem)
@@ -214,9 +223,12 @@ class Arith:
             return
         self.model.AddAllowedAssignments([self.as_var(keys[i]) for i in live], sorted(allowed))
 
-    def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str) -> Value:
-        """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant)."""
-        (ok,) = self.lookup(keys, lambda *k: (int(bool(fn(*k))),), stem)
+    def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str,
+                  required: bool = False) -> Value:
+        """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant).
+        ``required``: the keys are restricted to where ``fn`` holds, and the value is 1 (0
+        when ``fn`` never holds)."""
+        (ok,) = self.lookup(keys, lambda *k: (int(bool(fn(*k))),), stem, required=required)
         return ok
 
     # ------------------------------------------------------------------ logic
