@@ -266,7 +266,11 @@ class Arith:
         enumerating (``tests/test_solver_equivalence.py::test_presolve_regression``); without
         presolve (enumeration), the pair ``b => x <= bound``, ``not b => x >= bound + 1`` with
         byte-sized coefficients makes satisfiable models infeasible
-        (``tests/test_solver_slices.py::test_no_presolve_reified_pair``)."""
+        (``tests/test_solver_slices.py::test_no_presolve_reified_pair``).
+        ``big_m``: a Boolean ``b`` with ``x + (hi - bound) b <= hi`` and
+        ``x + (bound + 1 - lo) b >= bound + 1`` (``lo``, ``hi``: x's bounds), plain linear
+        constraints that are vacuous on the other side; cheaper to propagate (enumeration
+        models, without presolve)."""
         if isinstance(x, int):
             return int(x <= bound)
         if x.hi <= bound:
