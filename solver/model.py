@@ -140,7 +140,7 @@ class LegalityModel:
         self.cache = oracle_cache(problem)
         self.cp = cp_model.CpModel()
         self.ar = Arith(self.cp)
-        self.ar.linear_division = enforced
+        self.ar.linear_division = self.ar.record_relations = enforced
         self._axes()
         self._derived()
         self.ok: dict[str, Value] = {}

@@ -41,6 +41,10 @@ class Arith:
         self._cse: dict[tuple[Any, ...], Any] = {}
         #: floor division by a constant as two linear constraints (else AddDivisionEquality)
         self.linear_division = False
+        #: required predicates (``predicate(required=True)``) recorded as relations (keys'
+        #: canonical forms, allowed rows); later lookups leave out the rows they refuse
+        self.record_relations = False
+        self.relations: list[tuple[tuple[tuple[Any, ...], ...], set[tuple[int, ...]]]] = []
 
     def name(self, stem: str) -> str:
         self._count += 1
@@ -113,6 +117,8 @@ class Arith:
             keys_rows = list(tuples)
         if not keys_rows:
             raise ValueError(f"{stem}: no key tuple matches the constant keys")
+        if self.relations:
+            keys_rows = self._admissible(keys, keys_rows)
         outs = [tuple(fn(*key)) for key in keys_rows]
         n_out = len(outs[0])
         # the rows on the live keys only (positions 0 .. len(live) - 1)
@@ -142,8 +148,11 @@ class Arith:
                 if p not in proj:
                     proj[p] = out_of(o)
             if required:
-                self.allow([keys[live[i]] for i in subset],
-                           [k for k, o in proj.items() if all(o)])
+                allowed = [k for k, o in proj.items() if all(o)]
+                self.allow([keys[live[i]] for i in subset], allowed)
+                if self.record_relations and allowed:
+                    self.relations.append(
+                        (tuple(linear_key(keys[live[i]]) for i in subset), set(allowed)))
                 for c in cols:
                     out[c] = 1
                 continue
@@ -153,6 +162,21 @@ class Arith:
             for c, v in zip(cols, vals, strict=True):
                 out[c] = v
         return tuple(out)
+
+    def _admissible(self, keys: Sequence[Value],
+                    keys_rows: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """``keys_rows`` less those a recorded relation on some of ``keys`` refuses (kept
+        whole if that would leave none: the model is infeasible then anyway)."""
+        pos: dict[tuple[Any, ...], int] = {}
+        for i, k in enumerate(keys):
+            if not isinstance(k, int):
+                pos.setdefault(linear_key(k), i)
+        rows = keys_rows
+        for rkeys, allowed in self.relations:
+            if all(k in pos for k in rkeys):
+                key_of = _getter([pos[k] for k in rkeys])
+                rows = [r for r in rows if key_of(r) in allowed]
+        return rows or keys_rows
 
     def table(
         self,
