@@ -4,7 +4,7 @@
 
 For each case (model defaults for sequence length and global batch from the catalog, the
 default search space, every family on): the raw space size, the feasible-set size, the CP-SAT
-models solved (slices of the space), CP-SAT's time on one core (model build + enumeration +
+models solved (of the slices of the space), CP-SAT's time on one core (model build + enumeration +
 decoding + removal counts, one worker, one process) and, with ``--workers N`` (N > 1), the
 wall time with the slices spread over N processes; and the plain Python loop
 (``solver/reference.py``) on the same space. A space larger than ``--python-cap`` raw
@@ -102,12 +102,13 @@ def main() -> None:
             assert [f.candidate for f in r.configs] == [f.candidate for f in e.configs]
         t = e.timings
         print(f"{name:14} {gpu:7} {nodes:>5} {p.cluster.world_size:>5} {size:>11,} {len(e):>9,} "
-              f"{e.slices:>6} {cp_s:>9.2f} {t['build']:>7.2f} {t['solve']:>6.2f} "
+              f"{f'{e.slices - e.skipped}/{e.slices}':>6} {cp_s:>9.2f} {t['build']:>7.2f} {t['solve']:>6.2f} "
               f"{t['decode']:>6.2f} {t['attribution']:>7.2f}{multi} "
               f"{py:>10} {found:>15} {visited:>14}", flush=True)
     print("cp-sat: each run starts without memoised tables; one worker, every family on (recompute_dominance: none when it fits, else the "
           "smallest fitting K), the space sliced by pp (and tp when ep varies), one CP-SAT model "
-          "per slice;"
+          "per slice (slices: models solved / slices; the removal counts' walk skips slices "
+          "where nothing passes the legality rules);"
           + (f" {args.workers} procs: the same slices over {args.workers} processes (wall time);"
              if par else "")
           + f" python: solver/reference.py on all raw candidates, or (~) on a uniform sample of "

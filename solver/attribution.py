@@ -39,6 +39,8 @@ WALK_ORDER: tuple[str, ...] = (
     "dispatcher", "recompute", "optimizer",
 )
 assert sorted(WALK_ORDER) == sorted(AXES)
+#: Axes :func:`walk` can count the passing candidates of (the first ones it assigns).
+PROBE_AXES: tuple[str, ...] = WALK_ORDER[:3]
 #: Families counted after the walk (they read memory).
 MEMORY_FAMILIES = ("recompute_dominance", "hbm")
 #: Axes whose walk nodes derive their rule context from the parent's (``Problem.vary``).
@@ -60,9 +62,13 @@ def family_axes(problem: Problem, family: str) -> tuple[str, ...]:
     return FAMILY_AXES[family]
 
 
-def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
+def walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),
+         passing: dict[tuple[Any, ...], int] | None = None) -> Counter[str]:
     """Sequential first-failing counts of ``families`` (none may read memory) over the raw
-    candidates, plus ``"pass"``: the candidates that break none of them."""
+    candidates, plus ``"pass"``: the candidates that break none of them.
+
+    ``passing``, if given, receives the candidates that pass per value of the axes ``by``
+    (axes of :data:`PROBE_AXES`; tuples in ``by`` order, those without any left out)."""
     sp = problem.space
     fams = [f for f in RULES if f in families]
     assert not set(fams) & set(MEMORY_FAMILIES)
@@ -131,11 +137,27 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
             got = plans[(d, ptr)] = (blocked, tuple(sorted(reads)))
         return got
 
+    assert set(by) <= set(PROBE_AXES)
+    # above this depth every node is walked on its own (no shared sub-walks, no early "pass"),
+    # so each value of the ``by`` axes reaches the depth where it is recorded
+    probe_depth = max((pos[a] + 1 for a in by), default=0) if passing is not None else 0
+
     def rec(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
         while ptr < n_fams and ready[ptr] <= d:
             if not verdict(ptr, assign, node):
                 return {fams[ptr]: size(d, assign)}
             ptr += 1
+        if d == probe_depth and d and passing is not None:
+            got = rec_shared(d, ptr, assign, node)
+            if got.get("pass"):
+                k = tuple([assign[a] for a in by])
+                passing[k] = passing.get(k, 0) + got["pass"]
+            return got
+        if d < probe_depth:
+            return children(d, ptr, assign, node)
+        return rec_shared(d, ptr, assign, node)
+
+    def rec_shared(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
         if ptr == n_fams:
             return {"pass": size(d, assign)}
         blocked, reads = plan(d, ptr)
@@ -144,6 +166,10 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
         got = memo.get(key)
         if got is not None:
             return got
+        memo[key] = out = children(d, ptr, assign, node)
+        return out
+
+    def children(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
         out: dict[str, int] = {}
         axis = WALK_ORDER[d]
         for value in domain(axis, assign):
@@ -151,7 +177,6 @@ def walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
             for k, n in rec(d + 1, ptr, assign, _Node(node, axis)).items():
                 out[k] = out.get(k, 0) + n
         del assign[axis]
-        memo[key] = out
         return out
 
     result = Counter(rec(0, 0, {}, _Node(None, "")))
@@ -209,10 +234,12 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
     return total
 
 
-def attribution_walk(problem: Problem, families: Sequence[str]) -> Counter[str]:
+def attribution_walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),
+                     passing: dict[tuple[Any, ...], int] | None = None) -> Counter[str]:
     """The part of :func:`attribute` that needs no feasible configuration (the walk over the
-    families that do not read memory): parallel enumeration runs it beside the slices."""
-    return walk(problem, [f for f in families if f not in MEMORY_FAMILIES])
+    families that do not read memory): parallel enumeration runs it beside the slices, serial
+    enumeration first (``passing`` per value of ``by``: slices nothing passes are skipped)."""
+    return walk(problem, [f for f in families if f not in MEMORY_FAMILIES], by, passing)
 
 
 def attribute(problem: Problem, families: Sequence[str], feasible: Sequence[Any],

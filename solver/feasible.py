@@ -20,6 +20,7 @@ from ortools.sat.python import cp_model
 
 from oracle.memory import MemoryOverheads
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
+from solver.attribution import PROBE_AXES, attribute, attribution_walk
 from solver.constraints import (
     Direction,
     HardConstraint,
@@ -55,7 +56,10 @@ class Enumeration:
     len(configs)``. ``timings`` (seconds): ``build`` (tables and models) and ``solve`` (CP-SAT),
     each summed over the slices (over the processes when ``workers`` > 1), ``enumerate`` (wall
     time of the slices), ``decode`` (resolved configurations), ``attribution`` (removal counts),
-    ``total`` (wall time). ``slices``: CP-SAT models solved; ``workers``: processes used.
+    ``total`` (wall time). ``slices``: slices of the space; ``skipped``: those of them where
+    nothing passes the families that do not read memory (the removal counts' walk shows it;
+    no CP-SAT model is built), so ``slices - skipped`` CP-SAT models were solved;
+    ``workers``: processes used.
     """
 
     problem: Problem
@@ -67,6 +71,7 @@ class Enumeration:
     method: str = "cp-sat"
     slices: int = 1
     workers: int = 1
+    skipped: int = 0
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -196,7 +201,7 @@ def solve_slice(problem: Problem, families: Sequence[str],
     to the slice, constants folded), every literal true."""
     t0 = time.perf_counter()
     sub = problem.replace(space=problem.space.fix(**fixed)) if fixed else problem
-    lm = LegalityModel(sub, families)
+    lm = LegalityModel(sub, families, enforced=True)
     for lit in lm.lit.values():
         lm.cp.Add(lit == 1)
     lm.add_search_strategy()
@@ -259,10 +264,10 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
     parts = plan_slices(problem.space, slice_axes) or [{}]
     results: list[SliceResult] = []
     walked = None
+    skipped = 0
+    walk_s = 0.0  # the walk of the removal counts, when run before the slices
     if workers > 1 and len(parts) > 1:
         import multiprocessing as mp
-
-        from solver.attribution import attribution_walk
 
         n = min(workers, len(parts))
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
@@ -273,7 +278,19 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
                 walked = attribution_walk(problem, fams)
             results = pending.get()
     else:
-        for f in parts:
+        by = tuple(parts[0])
+        if count_removed and len(parts) > 1 and set(by) <= set(PROBE_AXES):
+            # the removal counts' walk first: it also tells which slices have no candidate
+            # that passes the families that do not read memory (no model to build for those)
+            passing: dict[tuple[Any, ...], int] = {}
+            tw = time.perf_counter()
+            walked = attribution_walk(problem, fams, by, passing)
+            walk_s = time.perf_counter() - tw
+            run = [f for f in parts if passing.get(tuple(f.values()), 0)]
+            skipped = len(parts) - len(run)
+        else:
+            run = parts
+        for f in run:
             results.append(solve_slice(problem, fams, f))
     t1 = time.perf_counter()
     rows = sorted(row for r in results for row in r.rows)
@@ -285,8 +302,6 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
     t2 = time.perf_counter()
     removed: dict[str, int] = {}
     if count_removed:
-        from solver.attribution import attribute
-
         removed = attribute(problem, fams, configs, walked=walked)
     t3 = time.perf_counter()
     build = sum(r.build_s for r in results)
@@ -294,9 +309,10 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
     return Enumeration(
         problem=problem, configs=tuple(configs), space_size=problem.space.size(), removed=removed,
         families=fams,
-        timings={"build": build, "solve": solve, "decode": t2 - t1, "attribution": t3 - t2,
-                 "enumerate": t1 - t0, "total": t3 - t0},
-        slices=len(parts), workers=min(workers, len(parts)),
+        timings={"build": build, "solve": solve, "decode": t2 - t1,
+                 "attribution": t3 - t2 + walk_s, "enumerate": t1 - t0 - walk_s,
+                 "total": t3 - t0},
+        slices=len(parts), workers=min(workers, len(parts)), skipped=skipped,
     )
 
 

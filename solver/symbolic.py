@@ -23,7 +23,7 @@ from operator import itemgetter
 from typing import Any, Union
 
 import numpy as np
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model, cp_model_helper
 
 Value = Union[int, "Sym"]
 #: Value sets are tracked through + and * while their product stays this small.
@@ -36,6 +36,15 @@ class Arith:
     def __init__(self, model: cp_model.CpModel) -> None:
         self.model = model
         self._count = 0
+        #: common subexpressions: a value already defined (a product, a division, a maximum, a
+        #: variable equal to a linear expression, a table's columns) is reused, not redefined
+        self._cse: dict[tuple[Any, ...], Any] = {}
+        #: floor division by a constant as two linear constraints (else AddDivisionEquality)
+        self.linear_division = False
+        #: required predicates (``predicate(required=True)``) recorded as relations (keys'
+        #: canonical forms, allowed rows); later lookups leave out the rows they refuse
+        self.record_relations = False
+        self.relations: list[tuple[tuple[tuple[Any, ...], ...], set[tuple[int, ...]]]] = []
 
     def name(self, stem: str) -> str:
         self._count += 1
@@ -61,8 +70,11 @@ class Arith:
             return x
         if isinstance(x.expr, cp_model.IntVar):
             return x.expr
-        v = self.model.NewIntVar(x.lo, x.hi, self.name(stem))
-        self.model.Add(v == x.expr)
+        key = ("var", linear_key(x))
+        v = self._cse.get(key)
+        if v is None:
+            v = self._cse[key] = self.model.NewIntVar(x.lo, x.hi, self.name(stem))
+            self.model.Add(v == x.expr)
         x.expr = v
         return v
 
@@ -84,6 +96,7 @@ class Arith:
         fn: Callable[..., Sequence[int]],
         stem: str,
         tuples: Iterable[tuple[int, ...]] | None = None,
+        required: bool = False,
     ) -> tuple[Value, ...]:
         """Columns of ``fn(*key)`` for the key the variables ``keys`` take.
 
@@ -91,6 +104,8 @@ class Arith:
         (which must cover every combination the keys can take together). Each output column is
         then tabulated over the smallest set of keys it depends on (found on the computed rows,
         so exact), columns with the same key set share one table: small tables propagate fast.
+        ``required`` (0/1 columns): the keys are restricted to where every column is 1, and
+        the columns are 1 (or the constant 0 when a column is 0 whatever the keys).
         """
         live = [i for i, k in enumerate(keys) if not isinstance(k, int)]
         consts = [(i, k) for i, k in enumerate(keys) if isinstance(k, int)]
@@ -102,6 +117,8 @@ class Arith:
             keys_rows = list(tuples)
         if not keys_rows:
             raise ValueError(f"{stem}: no key tuple matches the constant keys")
+        if self.relations:
+            keys_rows = self._admissible(keys, keys_rows)
         outs = [tuple(fn(*key)) for key in keys_rows]
         n_out = len(outs[0])
         # the rows on the live keys only (positions 0 .. len(live) - 1)
@@ -130,12 +147,36 @@ class Arith:
                 p = key_of(k)
                 if p not in proj:
                     proj[p] = out_of(o)
+            if required:
+                allowed = [k for k, o in proj.items() if all(o)]
+                self.allow([keys[live[i]] for i in subset], allowed)
+                if self.record_relations and allowed:
+                    self.relations.append(
+                        (tuple(linear_key(keys[live[i]]) for i in subset), set(allowed)))
+                for c in cols:
+                    out[c] = 1
+                continue
             distinct = {o: j for j, o in enumerate(dict.fromkeys(proj.values()))}
             assignments = [(*k, distinct[o]) for k, o in proj.items()]
             vals = self.table([keys[live[i]] for i in subset], assignments, list(distinct), stem)
             for c, v in zip(cols, vals, strict=True):
                 out[c] = v
         return tuple(out)
+
+    def _admissible(self, keys: Sequence[Value],
+                    keys_rows: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """``keys_rows`` less those a recorded relation on some of ``keys`` refuses (kept
+        whole if that would leave none: the model is infeasible then anyway)."""
+        pos: dict[tuple[Any, ...], int] = {}
+        for i, k in enumerate(keys):
+            if not isinstance(k, int):
+                pos.setdefault(linear_key(k), i)
+        rows = keys_rows
+        for rkeys, allowed in self.relations:
+            if all(k in pos for k in rkeys):
+                key_of = _getter([pos[k] for k in rkeys])
+                rows = [r for r in rows if key_of(r) in allowed]
+        return rows or keys_rows
 
     def table(
         self,
@@ -146,6 +187,16 @@ class Arith:
     ) -> tuple[Value, ...]:
         """Columns of ``outputs[row]`` where ``(*keys, row)`` is one of ``assignments``."""
         n_cols = len(outputs[0])
+        key = ("table", tuple(linear_key(k) for k in keys), tuple(assignments),
+               tuple(map(tuple, outputs)))
+        got = self._cse.get(key)
+        if got is not None:
+            return got
+        self._cse[key] = got = self._table(keys, assignments, outputs, stem, n_cols)
+        return got
+
+    def _table(self, keys: Sequence[Value], assignments: Sequence[tuple[int, ...]],
+               outputs: Sequence[Sequence[int]], stem: str, n_cols: int) -> tuple[Value, ...]:
         if len(outputs) == 1:
             self.allow(keys, [a[:-1] for a in assignments])
             return tuple(outputs[0])
@@ -196,9 +247,12 @@ class Arith:
             return
         self.model.AddAllowedAssignments([self.as_var(keys[i]) for i in live], sorted(allowed))
 
-    def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str) -> Value:
-        """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant)."""
-        (ok,) = self.lookup(keys, lambda *k: (int(bool(fn(*k))),), stem)
+    def predicate(self, keys: Sequence[Value], fn: Callable[..., bool], stem: str,
+                  required: bool = False) -> Value:
+        """A 0/1 value equal to ``fn(*key)`` (a constant when ``fn`` is constant).
+        ``required``: the keys are restricted to where ``fn`` holds, and the value is 1 (0
+        when ``fn`` never holds)."""
+        (ok,) = self.lookup(keys, lambda *k: (int(bool(fn(*k))),), stem, required=required)
         return ok
 
     # ------------------------------------------------------------------ logic
@@ -228,7 +282,7 @@ class Arith:
             return 1 - x
         return Sym(self, self.literal(x).Not(), 0, 1, (0, 1))
 
-    def le(self, x: Value, bound: int, stem: str) -> Value:
+    def le(self, x: Value, bound: int, stem: str, big_m: bool = False) -> Value:
         """1 iff ``x <= bound``, determined, without enforcement literals:
         ``1 - min(1, max(0, x - bound))`` (two ``AddMaxEquality``). A reified linear constraint
         would do, but OR-Tools 9.15 mishandles it here both ways: with presolve, the rule
@@ -236,13 +290,23 @@ class Arith:
         enumerating (``tests/test_solver_equivalence.py::test_presolve_regression``); without
         presolve (enumeration), the pair ``b => x <= bound``, ``not b => x >= bound + 1`` with
         byte-sized coefficients makes satisfiable models infeasible
-        (``tests/test_solver_slices.py::test_no_presolve_reified_pair``)."""
+        (``tests/test_solver_slices.py::test_no_presolve_reified_pair``).
+        ``big_m``: a Boolean ``b`` with ``x + (hi - bound) b <= hi`` and
+        ``x + (bound + 1 - lo) b >= bound + 1`` (``lo``, ``hi``: x's bounds), plain linear
+        constraints that are vacuous on the other side; cheaper to propagate (enumeration
+        models, without presolve)."""
         if isinstance(x, int):
             return int(x <= bound)
         if x.hi <= bound:
             return 1
         if x.lo > bound:
             return 0
+        if big_m:
+            b = self.bool(stem)
+            # b = 1: x <= bound; b = 0: x >= bound + 1 (each vacuous on the other side)
+            self.model.Add(x.expr - bound + (x.hi - bound) * b.expr <= x.hi - bound)
+            self.model.Add(x.expr - (bound + 1) + (bound + 1 - x.lo) * b.expr >= 0)
+            return b
         excess = M_vmax([x - bound, 0])
         capped = -M_vmax([-excess, -1])  # min(excess, 1)
         return 1 - capped
@@ -334,6 +398,17 @@ def M_vmax(items: Sequence[Value]) -> Value:
     if all(isinstance(v, int) for v in items):
         return max(items)  # type: ignore[type-var]
     return Sym.__vmax__(items)
+
+
+def linear_key(x: Value) -> tuple[Any, ...]:
+    """A canonical form of a linear value: its constant, and (variable index, coefficient)
+    pairs, sorted (equal forms are the same expression)."""
+    if isinstance(x, int):
+        return ((), x)
+    if isinstance(x.expr, cp_model.IntVar):
+        return ((x.expr.index, 1),), 0
+    f = cp_model_helper.FlatIntExpr(x.expr)
+    return tuple(sorted(zip([v.index for v in f.vars], f.coeffs))), f.offset
 
 
 def domain_of(x: Value) -> list[int]:
@@ -433,9 +508,14 @@ class Sym:
             if lo == hi:
                 return lo
             ar = self.ar
-            p = ar.model.NewIntVar(lo, hi, ar.name("prod"))
-            ar.model.AddMultiplicationEquality(p, [ar.as_var(self), ar.as_var(other)])
-            return Sym(ar, p, lo, hi, self._combine_values(other, lambda a, b: a * b))
+            key = ("mul", *sorted((linear_key(self), linear_key(other))))
+            got = ar._cse.get(key)
+            if got is None:
+                p = ar.model.NewIntVar(lo, hi, ar.name("prod"))
+                ar.model.AddMultiplicationEquality(p, [ar.as_var(self), ar.as_var(other)])
+                got = ar._cse[key] = Sym(ar, p, lo, hi,
+                                         self._combine_values(other, lambda a, b: a * b))
+            return got
         return NotImplemented
 
     __rmul__ = __mul__
@@ -507,9 +587,13 @@ class Sym:
         if len(keep) == 1:
             return keep[0]
         ar = syms[0].ar
-        m = ar.model.NewIntVar(lo, hi, ar.name("max"))
-        ar.model.AddMaxEquality(m, [x if isinstance(x, int) else x.expr for x in keep])
-        return Sym(ar, m, lo, hi)
+        key = ("max", *sorted(linear_key(x) for x in keep))
+        got = ar._cse.get(key)
+        if got is None:
+            m = ar.model.NewIntVar(lo, hi, ar.name("max"))
+            ar.model.AddMaxEquality(m, [x if isinstance(x, int) else x.expr for x in keep])
+            got = ar._cse[key] = Sym(ar, m, lo, hi)
+        return got
 
 
 _OPS: dict[str, Callable[[int, int], bool]] = {
@@ -523,6 +607,10 @@ def _floor_div_linear(num: Sym, den: Value) -> Value:
     a difference, although the value itself may never be negative): ``q`` with
     ``den q <= num <= den q + den - 1``, which has exactly one solution."""
     ar = num.ar
+    key = ("fdiv", linear_key(num), linear_key(den))
+    got = ar._cse.get(key)
+    if got is not None:
+        return got
     d_lo, d_hi = (den, den) if isinstance(den, int) else (den.lo, den.hi)
     corners = [num.lo // d for d in (d_lo, d_hi)] + [num.hi // d for d in (d_lo, d_hi)]
     lo, hi = min(corners), max(corners)
@@ -533,6 +621,7 @@ def _floor_div_linear(num: Sym, den: Value) -> Value:
     den_expr = den if isinstance(den, int) else den.expr
     ar.model.Add(prod_expr <= num.expr)
     ar.model.Add(num.expr <= prod_expr + den_expr - 1)
+    ar._cse[key] = qs
     return qs
 
 
@@ -547,7 +636,16 @@ def _div_nonneg(num: Value, den: Value) -> Value:
     if lo == hi:
         return lo
     ar = (num if isinstance(num, Sym) else den).ar  # type: ignore[union-attr]
-    q = ar.model.NewIntVar(lo, hi, ar.name("div"))
-    ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
-    return Sym(ar, q, lo, hi)
+    key = ("div", linear_key(num), linear_key(den))
+    got = ar._cse.get(key)
+    if got is None:
+        q = ar.model.NewIntVar(lo, hi, ar.name("div"))
+        if ar.linear_division and isinstance(den, int) and isinstance(num, Sym):
+            # by a constant: den q <= num <= den q + den - 1, two linear constraints
+            ar.model.Add(den * q <= num.expr)
+            ar.model.Add(num.expr <= den * q + den - 1)
+        else:
+            ar.model.AddDivisionEquality(q, ar.as_var(num), ar.as_var(den))
+        got = ar._cse[key] = Sym(ar, q, lo, hi)
+    return got
 

@@ -189,3 +189,25 @@ def test_no_presolve_reified_pair():
     s.parameters.enumerate_all_solutions = True
     s.Solve(m, Col())
     assert sorted(rows) == [(0, 1), (1, 0)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_walk_counts_what_passes_per_slice(name):
+    """The removal counts' walk, asked for what passes per (tp, pp) or per pp, gives the same
+    counts as without, and per slice what a walk of that slice alone gives; enumeration skips
+    exactly the slices where nothing passes."""
+    from solver.attribution import MEMORY_FAMILIES, walk
+
+    p = CASES[name]()
+    fams = [f for f in RULES if f not in MEMORY_FAMILIES]
+    axes = default_slice_axes(p.space)
+    parts = plan_slices(p.space, axes)
+    by = tuple(parts[0])
+    passing: dict = {}
+    assert walk(p, fams, by, passing) == walk(p, fams)
+    for f in parts:
+        alone = walk(p.replace(space=p.space.fix(**f)), fams)
+        assert passing.get(tuple(f.values()), 0) == alone.get("pass", 0)
+    e = enumerate_problem(p)
+    assert e.slices == len(parts)
+    assert e.skipped == sum(1 for f in parts if not passing.get(tuple(f.values())))
