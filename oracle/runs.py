@@ -397,6 +397,14 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     cluster = ClusterSpec(gpu=gpu, num_nodes=world // gpn, gpus_per_node=gpn)
     vpp_text = row.get("vpp", "").strip().lower()
     vpp = _int(vpp_text)
+    if vpp is None and "interleaved" in vpp_text and out.software == "torchtitan":
+        # torchtitan without explicit split points gives multi-stage (interleaved) schedules
+        # 2 stages per rank (generate_split_points, torchtitan/parallelisms/pipeline_llama.py,
+        # 2024: "Multi-stage schedules support more than 2 stages per rank, but this is the
+        # default if no pipeline split is specified")
+        vpp = 2
+        out.notes.append("vpp = 2 (torchtitan's default stages per rank for interleaved "
+                         "schedules without split points)")
     if vpp is None and vpp_text not in ("", "n/a"):
         out.reason = f"vpp not stated as a number ({row.get('vpp')!r})"
         return
@@ -438,6 +446,15 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         else:
             gbs = mbs * dp
             out.notes.append("global batch unknown: one micro-batch per rank")
+    local = gbs // dp
+    if (_int(row.get("micro_batch_size", "")) is None and out.software == "torchtitan"
+            and pp > 1 and local % pp == 0):
+        # torchtitan splits the local batch into as many micro-batches as pipeline ranks unless
+        # pipeline_parallel_microbatches is set (build_pipeline_schedule, 2024: "n_microbatches
+        # = job_config.experimental.pipeline_parallel_degree" when unset)
+        mbs = local // pp
+        out.notes.append(f"mbs = local batch / pp = {mbs} (torchtitan's default micro-batch "
+                         f"count is the pipeline degree)")
     step = mbs * dp
     if gbs % step:
         gbs = -(-gbs // step) * step

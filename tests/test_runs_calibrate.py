@@ -76,6 +76,13 @@ def test_unrepresentable_rows_say_why() -> None:
                       pp="2", vpp="interleaved (degree not stated)", seq_len="8192",
                       tokens_per_sec_per_gpu="1"))
     assert not r.representable and "vpp" in (r.reason or "")
+    # torchtitan's unnumbered interleaving is its default of 2 stages per rank
+    r = parse_row(row(row_id="2", model="llama3-70b", gpu_type="H100", num_gpus="64", tp="4",
+                      pp="2", vpp="interleaved (degree not stated)", seq_len="8192",
+                      framework="torchtitan (PyTorch FSDP2/DTensor)",
+                      tokens_per_sec_per_gpu="1"))
+    assert r.representable, r.reason
+    assert r.cfg and r.cfg.vpp == 2 and any("stages per rank" in n for n in r.notes)
     r = parse_row(row(row_id="3", model="llama3-70b", gpu_type="H100", num_gpus="64", tp="4",
                       pp="2", seq_len="8192", precision="NVFP4", tokens_per_sec_per_gpu="1"))
     assert not r.representable and "FP4" in (r.reason or "")
