@@ -204,42 +204,81 @@ def default_baseline(ranked: Ranked) -> ParallelConfig:
                               key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
+RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
+
+
+def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
+    """The value of change ``f`` that matters: recomputation as one change, its method and
+    depth only under full recomputation and its modules only under selective."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+    if f != "recompute":
+        return get(f)
+    kind = get("recompute")
+    if kind is Recompute.FULL:
+        return kind, get("recompute_method"), get("recompute_layers")
+    if kind is Recompute.SELECTIVE:
+        return kind, tuple(get("recompute_modules"))
+    return (kind,)
+
+
 def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -> list[Step]:
     """Explain ``target`` as a path of single changes from ``start``: at each step apply the
-    change (of those left) that keeps the configuration legal and gains most; changes that are
-    only legal together are applied together at the end."""
+    change (of those left) that keeps the configuration legal and gains most. A legal change
+    that leaves the projection unchanged (e.g. the pipeline split while pp is 1) rides along
+    with the next step that moves it; changes that are only legal together end the path as one
+    step, at ``target`` itself."""
     fields: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute",
-                               "recompute_method", "recompute_layers", "recompute_modules",
                                "dispatcher", "schedule", "fp8_recipe", "distributed_optimizer",
                                "fsdp", "pipeline_split")
     if not ev.model.is_moe:
         fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
-    if target.recompute is Recompute.NONE and start.config.recompute is Recompute.NONE:
-        fields = tuple(f for f in fields if not f.startswith("recompute_"))
     goal = target.model_dump()
+
+    def left(cfg: ParallelConfig) -> list[str]:
+        return [f for f in fields if _effective(cfg, f) != _effective(goal, f)]
+
     cur = start
-    todo = [f for f in fields if getattr(cur.config, f) != goal[f]]
-    groups = {"recompute": ("recompute", "recompute_method", "recompute_layers",
-                            "recompute_modules")}
+    todo = left(cur.config)
     steps: list[Step] = []
-    while todo:
-        best: tuple[float, str, Trial] | None = None
-        for f in todo:
-            keys = groups.get(f, (f,))
-            upd = {k: goal[k] for k in keys}
-            t = ev.evaluate(apply(cur.config, upd), phase, "")
-            if t.legal and (best is None or t.throughput > best[0]):
-                best = (t.throughput, f, t)
-        if best is None:
-            upd = {k: goal[k] for f in todo for k in groups.get(f, (f,))}
-            t = ev.evaluate(apply(cur.config, upd), phase, "")
-            steps.append(Step(" + ".join(_change(cur.config, goal, f) for f in todo), phase,
-                              cur.throughput, t.throughput))
+    riders: list[str] = []  # no-op changes taken, named with the next step
+    for _ in range(4 * len(fields)):  # a bound: re-derived fields could otherwise cycle
+        if not todo:
             break
-        _, f, t = best
-        steps.append(Step(_change(cur.config, goal, f), phase, cur.throughput, t.throughput))
+        # derived fields already at the goal stay there (apply() would re-derive them, e.g.
+        # etp following tp)
+        kept = {k: goal[k] for k in ("etp", "pipeline_split") if k not in todo}
+        trials = []
+        for f in todo:
+            keys = RECOMPUTE_FIELDS if f == "recompute" else (f,)
+            t = ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
+            if t.legal:
+                trials.append((t.throughput, f, t))
+        moving = [x for x in trials if x[0] != cur.throughput]
+        if not trials:
+            break
+        if not moving:
+            _, f, t = trials[0]
+            riders.append(_change(cur.config, goal, f))
+            cur = t
+            todo = left(cur.config)
+            continue
+        _, f, t = max(moving, key=lambda x: x[0])
+        label = " + ".join(riders + [_change(cur.config, goal, f)])
+        riders = []
+        steps.append(Step(label, phase, cur.throughput, t.throughput))
         cur = t
-        todo = [x for x in fields if getattr(cur.config, x) != goal[x]]
+        todo = left(cur.config)
+    if todo:  # changes only legal together (or a cycle): one last step, at the target
+        t = ev.evaluate(target, phase, "")
+        label = " + ".join(riders + [_change(cur.config, goal, f) for f in todo])
+        steps.append(Step(label, phase, cur.throughput, t.throughput))
+    elif riders:
+        if steps:
+            last = steps[-1]
+            steps[-1] = Step(last.move + " + " + " + ".join(riders), last.phase, last.before,
+                             last.after)
+        else:
+            steps.append(Step(" + ".join(riders), phase, start.throughput, cur.throughput))
     return steps
 
 

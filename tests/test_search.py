@@ -41,6 +41,25 @@ def test_attribution_chains_from_baseline_to_best(llama_result):
         assert s.after > s.before
 
 
+@pytest.mark.parametrize("case", [("gpt-oss-120b", "b200", 2, 4096, 320),
+                                  ("deepseek-v3", "gb200", 32, 4096, 4096)])
+def test_attribution_ends_at_the_best_and_names_each_change_once(case):
+    """Cases whose last changes are only legal together (GPT-OSS: tp, pp, ep and mbs) and whose
+    path has a change with no effect on its own (DeepSeek-V3: the pipeline split while pp is 1):
+    the path still ends at the best, recomputation is one change, and a step's gain is never
+    exactly zero unless the whole path is."""
+    m, cl, tr = setting(*case[:3], case[3], case[4], gpn=8 if case[1] != "gb200" else 4)
+    r = search(m, cl, tr, SearchOptions())
+    steps = r.attribution
+    assert steps[-1].after == pytest.approx(r.best.throughput)
+    for a, b in zip(steps, steps[1:]):
+        assert a.after == pytest.approx(b.before)
+    labels = " + ".join(s.move for s in steps)
+    assert "recompute_layers" not in labels and "recompute_modules" not in labels
+    assert labels.count("pipeline_split") <= 1 and labels.count("recompute ") <= 1
+    assert all(s.after != s.before for s in steps) or len(steps) == 1
+
+
 def test_exhaustive_best_is_the_top_of_the_ranking_and_regret_is_consistent(llama_result):
     r = llama_result
     top = int(r.ranked.order[0])
