@@ -109,6 +109,17 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
     return f
 
 
+GRAD_BF16_HELP = (
+    "Keep the gradient buffer and the data-parallel gradient reduce-scatter/all-reduce in bf16 "
+    "(2 B/param) instead of fp32 (4 B/param)  [default: fp32, Megatron-LM's default under "
+    "--bf16]. Megatron-LM --grad-reduce-in-bf16 / Primus grad_reduce_in_bf16: true; "
+    "Megatron-Core DDP and Megatron-Bridge (NeMo) grad_reduce_in_fp32=False.")
+
+
+def grad_dtype_option(f: Callable) -> Callable:
+    return click.option("--grad-reduce-in-bf16", is_flag=True, help=GRAD_BF16_HELP)(f)
+
+
 def config_options(f: Callable) -> Callable:
     for opt in reversed(
         [
@@ -141,6 +152,7 @@ def config_options(f: Callable) -> Callable:
             click.option("--no-distributed-optimizer", is_flag=True,
                          help="Replicate optimizer state (default: distributed optimizer)."),
             click.option("--fsdp", is_flag=True, help="Fully shard params, grads, optimizer."),
+            click.option("--grad-reduce-in-bf16", is_flag=True, help=GRAD_BF16_HELP),
             click.option("--dispatcher", type=enum_choice(Dispatcher), default="alltoall",
                          show_default=True, help="MoE token dispatcher (flex = DeepEP)."),
             click.option("--schedule", type=enum_choice(Schedule), default=None,
@@ -256,7 +268,7 @@ def build_config(opts: dict[str, Any]) -> ParallelConfig:
         recompute_method=opts["recompute_method"], recompute_layers=opts["recompute_layers"],
         sequence_parallel=opts["sequence_parallel"],
         distributed_optimizer=not opts["no_distributed_optimizer"], fsdp=opts["fsdp"],
-        dispatcher=opts["dispatcher"], schedule=opts["schedule"],
+        grad_reduce_in_fp32=not opts["grad_reduce_in_bf16"], dispatcher=opts["dispatcher"], schedule=opts["schedule"],
         fp8_recipe=opts["fp8_recipe"], pipeline_split=opts["pipeline_split"],
     )
     if modules:
@@ -286,6 +298,8 @@ def describe_config(cfg: ParallelConfig) -> str:
         parts.append("no recompute")
     parts.append("FSDP" if cfg.fsdp else
                  ("distributed optimizer" if cfg.distributed_optimizer else "replicated optimizer"))
+    if not cfg.grad_reduce_in_fp32:
+        parts.append("bf16 gradients")
     parts.append(f"{cfg.schedule_.value} schedule")
     if cfg.sp:
         parts.append("sequence parallel")
@@ -404,9 +418,11 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
 
 CONFIG_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
                 "recompute_layers", "recompute_modules", "sequence_parallel",
-                "no_distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8_recipe",
-                "pipeline_split")
-FLAG_TO_FIELD = {"no_distributed_optimizer": "distributed_optimizer"}
+                "no_distributed_optimizer", "fsdp", "grad_reduce_in_bf16", "dispatcher",
+                "schedule", "fp8_recipe", "pipeline_split")
+FLAG_TO_FIELD = {"no_distributed_optimizer": "distributed_optimizer",
+                 "grad_reduce_in_bf16": "grad_reduce_in_fp32"}
+NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of their field
 
 
 @main.command("check")
@@ -465,7 +481,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         for flag in CONFIG_FLAGS:
             if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
                 overrides[FLAG_TO_FIELD.get(flag, flag)] = (
-                    not config[flag] if flag == "no_distributed_optimizer" else config[flag])
+                    not config[flag] if flag in NEGATED_FLAGS else config[flag])
         if "recompute_modules" in overrides:
             overrides["recompute_modules"] = tuple(
                 x.strip() for x in str(overrides["recompute_modules"]).split(",") if x.strip())
@@ -644,6 +660,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
+@grad_dtype_option
 @export_option
 @overhead_options
 @calibration_option
@@ -657,7 +674,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None) -> None:
+               calibration: str | None, grad_reduce_in_bf16: bool) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -689,6 +706,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
                          call_timeout_s=lm_timeout),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
+        grad_reduce_in_fp32=not grad_reduce_in_bf16,
     )
     try:
         result = search(model, cluster, training, opts)
@@ -777,13 +795,14 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@grad_dtype_option
 @overhead_options
 @calibration_option
 def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
              gbs: int | None, precision: str, tokens: float | None, prices: str | None,
              max_nodes: int, points: int, plot_path: str | None, as_json: bool,
              memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
-             calibration: str | None) -> None:
+             calibration: str | None, grad_reduce_in_bf16: bool) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
     import time
@@ -808,7 +827,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points,
                  overheads=parse_overheads(overheads), memory_margin=memory_margin,
-                 calibration=calibration, progress=progress)
+                 calibration=calibration, progress=progress,
+                 grad_reduce_in_fp32=not grad_reduce_in_bf16)
     if plot_path:
         from agent.plots import plan_plot
 
@@ -819,6 +839,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                    "gpus": [p.to_json() for p in plans], "plot": plot_path})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
+               + (", bf16 gradients" if grad_reduce_in_bf16 else "")
                + (f", {tokens:.3g} tokens" if tokens else ""))
     for p in plans:
         click.echo("")

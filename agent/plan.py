@@ -61,11 +61,12 @@ class GpuPlan:
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
-               overheads: MemoryOverheads, margin: float, calibration: str | None) -> PlanPoint:
+               overheads: MemoryOverheads, margin: float, calibration: str | None,
+               grad_reduce_in_fp32: bool = True) -> PlanPoint:
     from oracle.projection import ConfigBatch, score_configs
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
-    space = default_space(model, cluster, training)
+    space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32)
     enum = enumerate_feasible(model, cluster, training, space, overheads=overheads,
                               memory_margin=margin)
     world = cluster.world_size
@@ -105,9 +106,11 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
          max_nodes: int = 1024, points: int = 6, overheads: MemoryOverheads | None = None,
          memory_margin: float = DEFAULT_MEMORY_MARGIN, calibration: str | None = None,
-         progress: Callable[[str], None] | None = None) -> list[GpuPlan]:
+         progress: Callable[[str], None] | None = None,
+         grad_reduce_in_fp32: bool = True) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
-    configuration (doubling, then bisecting), then a table over node counts."""
+    configuration (doubling, then bisecting), then a table over node counts.
+    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16)."""
     ov = overheads or MemoryOverheads()
     out = []
     for gpu, gpn in gpus:
@@ -120,7 +123,7 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                 if progress:
                     progress(f"{gpu.name}: {n} node{'s' if n != 1 else ''}")
                 cache[n] = plan_point(model, gpu, n, gpn, training, tokens, price, ov,
-                                      memory_margin, calibration)
+                                      memory_margin, calibration, grad_reduce_in_fp32)
             return cache[n]
 
         lo, hi = 0, 1

@@ -105,6 +105,8 @@ class SearchOptions:
     lm_name: str | None = None
     budget: LlmBudget = field(default_factory=LlmBudget)
     space: SearchSpace | None = None
+    #: gradient buffer dtype, fixed for the whole search (not an axis); ``space`` wins if given
+    grad_reduce_in_fp32: bool = True
     keep_all_recompute_levels: bool = False
     workers: int = 1  # processes for the enumeration's slices (same set, same order)
 
@@ -308,7 +310,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     timings: dict[str, float] = {}
     defaults: list[str] = []
     space = opts.space or default_space(model, cluster, training,
-                                        allow_cross_scale_up=opts.allow_cross_scale_up)
+                                        allow_cross_scale_up=opts.allow_cross_scale_up,
+                                        grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
     enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
                               overheads=opts.overheads, memory_margin=opts.memory_margin,
                               allow_cross_scale_up=opts.allow_cross_scale_up,
@@ -341,6 +344,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             if ref is not None:
                 source += (f" (the published reference {ref.name} is for seq {ref.seq_len}, "
                            f"gbs {ref.global_batch_size}, {ref.precision.value})")
+    # the gradient dtype is a setting of the problem, not of the baseline
+    baseline_cfg = baseline_cfg.model_copy(
+        update={"grad_reduce_in_fp32": space.grad_reduce_in_fp32})
     t2 = time.perf_counter()
     seed = seed_phase(ev, baseline_cfg, allow_fp8=opts.allow_fp8)
     timings["seed_s"] = time.perf_counter() - t2

@@ -19,13 +19,15 @@ Terms (bytes per GPU on one stage; one function or one line of :func:`combine` e
 
 =====================  ==========================================================================
 weights                bf16 parameters (2 B/param); FSDP: fp32 master shard (4 B/param / shard)
-gradients              fp32 main-gradient buffer (4 B/param, full: the distributed optimizer
+gradients              main-gradient buffer, fp32 (4 B/param) by default, bf16 (2 B/param) with
+                       ``grad_reduce_in_fp32=False``; full (the distributed optimizer
                        reduce-scatters in place); FSDP: sharded
 optimizer              Adam fp32 master copy + two moments (12 B/param), sharded over dp x cp
                        (dense) and expert-dp (experts) by the distributed optimizer, with its
                        bucket padding to lcm(group, 128) elements; FSDP: 8 B/param sharded
 fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only)
-fsdp_buffers           unsharded bf16 params + grads of the layers being gathered (FSDP only)
+fsdp_buffers           unsharded bf16 params + grads (fp32 or bf16 as above) of the layers being
+                       gathered (FSDP only)
 activations            stored activations of all in-flight micro-batches (decoder layers,
                        checkpointed layer inputs, embedding inputs, MTP layers)
 routing_imbalance      extra expert activations when routing is not balanced (overhead)
@@ -42,7 +44,7 @@ fragmentation          caching-allocator fragmentation over the transient (activ
 =====================  ==========================================================================
 
 Sources: Megatron-LM ``megatron/training/theoretical_memory_usage.py`` (18 B/param, 6 + 12/dp
-with the distributed optimizer), Megatron-Core ``distrib_optimizer.py`` / ``param_layout.py``
+with the distributed optimizer), the gradient dtype (:func:`grad_bytes`), Megatron-Core ``distrib_optimizer.py`` / ``param_layout.py``
 (bucket padding), ``schedules.py`` (in-flight micro-batches), Korthikanti et al. 2022 Table 2
 (per-tensor activation sizes), the overhead defaults in :class:`MemoryOverheads`.
 """
@@ -702,6 +704,7 @@ class Sharding:
     expert_pad: int  # distopt_pad(expert_group)
     distributed_optimizer: bool
     fsdp: bool
+    grad_reduce_in_fp32: bool
     fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
     fp8_cache_den: int
     collective_groups: int
@@ -744,11 +747,27 @@ def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sha
         expert_pad=distopt_pad(expert_dp),
         distributed_optimizer=cfg.distributed_optimizer,
         fsdp=cfg.fsdp,
+        grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         fp8_cache_num=num,
         fp8_cache_den=den,
         collective_groups=communicator_count(model, cfg, expert_dp),
         dispatcher_buffers=model.is_moe and cfg.dispatcher is Dispatcher.FLEX and cfg.ep > 1,
     )
+
+
+def grad_bytes(grad_reduce_in_fp32: bool) -> int:
+    """Bytes per element of the gradient buffer: 4 (fp32) or 2 (bf16).
+
+    Megatron-LM ``megatron/training/arguments.py::validate_args``: with ``--bf16`` it sets
+    ``accumulate_allreduce_grads_in_fp32`` unless ``--grad-reduce-in-bf16`` is given;
+    ``training.py`` passes it as ``DistributedDataParallelConfig.grad_reduce_in_fp32``, and
+    Megatron-Core ``param_and_grad_buffer.py::group_params_for_buffers`` makes the grad buffer
+    ``torch.float`` if ``grad_reduce_in_fp32`` else the param dtype (bf16). Megatron-Bridge
+    ``MixedPrecisionConfig`` (``bf16_mixed()``: True) copies ``grad_reduce_in_fp32`` into the DDP
+    config. Under FSDP tune-cp applies the same setting to the sharded gradients and the
+    gathered layers' gradients (Megatron-FSDP spells it ``megatron_fsdp_main_grads_dtype`` /
+    ``megatron_fsdp_grad_comm_dtype``; tune-cp does not model them separately)."""
+    return FP32_BYTES if grad_reduce_in_fp32 else BF16_BYTES
 
 
 def distopt_pad(group: int) -> int:
@@ -808,18 +827,19 @@ def combine(
     expert_params = moe_like * pu.experts
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
+    gb = grad_bytes(sh.grad_reduce_in_fp32)
     if sh.fsdp:
         sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
             expert_params, sh.expert_group, sh.expert_pad
         )
         t["weights"] = FP32_BYTES * sharded
-        t["gradients"] = FP32_BYTES * sharded
+        t["gradients"] = gb * sharded
         t["optimizer"] = (ADAM_STATE_BYTES - FP32_BYTES) * sharded
-        # current and prefetched layer gathered in bf16, their grads reduced in fp32
-        t["fsdp_buffers"] = 2 * (BF16_BYTES + FP32_BYTES) * pu.largest_layer
+        # current and prefetched layer gathered in bf16, their grads reduced in the grad dtype
+        t["fsdp_buffers"] = 2 * (BF16_BYTES + gb) * pu.largest_layer
     else:
         t["weights"] = BF16_BYTES * all_params
-        t["gradients"] = FP32_BYTES * all_params
+        t["gradients"] = gb * all_params
         if sh.distributed_optimizer:
             sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
                 expert_params, sh.expert_group, sh.expert_pad

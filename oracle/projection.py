@@ -79,8 +79,9 @@ T_sp = T / tp under sequence parallelism, h hidden, f FFN width, V vocabulary):
   max_s t_s) / vpp``: for equal stages this is Narayanan et al.'s ``(m + (p - 1)/vpp) t``
   (interleaved bubble ``(p - 1)/(vpp m)``); the slowest stage sets the pace; zero-bubble
   (ZB-H1, Qi et al. 2023) keeps a third of the 1F1B bubble.
-* **DP**: distributed optimizer: reduce-scatter of fp32 gradients (4 B/param) and all-gather of
-  bf16 parameters (2 B/param) over dp x cp (dense) and expert-dp (experts), exposed beyond
+* **DP**: distributed optimizer: reduce-scatter of the gradients in their buffer's dtype (fp32,
+  4 B/param; bf16, 2 B/param with ``grad_reduce_in_fp32=False``) and all-gather of bf16
+  parameters (2 B/param) over dp x cp (dense) and expert-dp (experts), exposed beyond
   ``dp_comm_overlap`` x one micro-batch's backward (forward for the gather); without it an
   all-reduce; FSDP (ZeRO-3): all-gather in forward and backward plus the reduce-scatter *every
   micro-batch*, overlapped the same way.
@@ -281,6 +282,8 @@ class ConfigBatch:
     split: np.ndarray
     fp8: np.ndarray
     tp_overlap: np.ndarray | None = None
+    #: gradient buffer / DP reduction in fp32 (None: all True, the default)
+    grad_fp32: np.ndarray | None = None
     fp8_rowwise: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -324,6 +327,7 @@ class ConfigBatch:
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
+            grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
         )
 
     @classmethod
@@ -352,6 +356,7 @@ class ConfigBatch:
         sp: Any = None,
         tp_comm_overlap: Any = True,
         fp8_rowwise: Any = False,
+        grad_reduce_in_fp32: Any = True,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
@@ -389,6 +394,7 @@ class ConfigBatch:
                 distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
             schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
             tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
+            grad_fp32=b(grad_reduce_in_fp32, bool),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -413,6 +419,7 @@ class ConfigBatch:
             recompute_modules=mods or ("core_attn",),
             distributed_optimizer=bool(self.distributed_optimizer[i]),
             fsdp=bool(self.fsdp[i]),
+            grad_reduce_in_fp32=True if self.grad_fp32 is None else bool(self.grad_fp32[i]),
             dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
             schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
             fp8_recipe=fp8, pipeline_split=_CODE_SPLIT[int(self.split[i])],
@@ -797,6 +804,8 @@ def build_work(
     w["dp_expert_local"] = _local(cluster, b.ep * b.etp, expert_group)
     w["dist_opt"] = b.distributed_optimizer.astype(f64)
     w["fsdp"] = b.fsdp.astype(f64)
+    w["grad_bytes"] = (np.full(n, FP32) if b.grad_fp32 is None
+                       else np.where(b.grad_fp32, FP32, BF16))
 
     # --- schedule and recompute
     w["m"] = b.ga.astype(f64)
@@ -1163,8 +1172,9 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     bw_de = col(ring(w["dp_expert_intra"], w["dp_expert_local"]))
     nd_n, ne_n = col(w["dp_dense_n"]), col(w["dp_expert_n"])
     alpha_c = col(alpha)
-    rs = _collective(FP32 * pd, nd_n, bw_dd, alpha_c) + _collective(FP32 * pe, ne_n, bw_de,
-                                                                     alpha_c)
+    gbytes = col(w["grad_bytes"])  # the gradient buffer's dtype (fp32 or bf16)
+    rs = _collective(gbytes * pd, nd_n, bw_dd, alpha_c) + _collective(gbytes * pe, ne_n, bw_de,
+                                                                       alpha_c)
     ag = _collective(BF16 * pd, nd_n, bw_dd, alpha_c) + _collective(BF16 * pe, ne_n, bw_de,
                                                                      alpha_c)
     ov_dp = col(c["dp_comm_overlap"])

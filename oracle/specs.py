@@ -315,6 +315,12 @@ class ParallelConfig(Spec):
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
     distributed_optimizer: bool = True
     fsdp: bool = False
+    grad_reduce_in_fp32: bool = Field(
+        default=True,
+        description="gradient buffer and DP reduction in fp32 (4 B/param, Megatron-LM's default "
+        "under --bf16); False: in bf16 (2 B/param; Megatron-LM --grad-reduce-in-bf16, "
+        "Megatron-Core DDP / Megatron-Bridge grad_reduce_in_fp32=False). Not searched",
+    )
     dispatcher: Dispatcher = Dispatcher.ALLTOALL
     schedule: Schedule | None = Field(default=None, description="None: interleaved if vpp > 1")
     fp8_recipe: Fp8Recipe | None = Field(default=None, description="None: BF16 compute")

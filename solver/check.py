@@ -108,6 +108,7 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "sequence_parallel": cfg.sp,
         "distributed_optimizer": cfg.distributed_optimizer,
         "fsdp": cfg.fsdp,
+        "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
         "dispatcher": cfg.dispatcher.value,
         "schedule": cfg.schedule_.value,
         "precision": "fp8" if cfg.fp8_recipe is not None else "bf16",

@@ -220,7 +220,8 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
     """Single changes, in the user's terms, that make ``problem`` feasible on its cluster."""
     sp, model, training = problem.space, problem.model, problem.training
     default = default or default_space(model, problem.cluster, training,
-                                       allow_cross_scale_up=problem.allow_cross_scale_up)
+                                       allow_cross_scale_up=problem.allow_cross_scale_up,
+                                       grad_reduce_in_fp32=sp.grad_reduce_in_fp32)
     trials: list[tuple[str, Problem]] = []
     rc = list(sp.recompute)
     if not any(o.kind is Recompute.FULL for o in rc):
@@ -285,7 +286,8 @@ def usual_node(problem: Problem, families: Iterable[str] | None = None,
         return None
     cluster = cl.model_copy(update={"gpus_per_node": usual})
     space_for = space_for or (lambda c: default_space(
-        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up))
+        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up,
+        grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32))
     return usual if feasible(problem.replace(cluster=cluster, space=space_for(cluster)),
                              families) else None
 
@@ -297,7 +299,8 @@ def min_nodes(problem: Problem, families: Iterable[str] | None = None,
     model, batch, options), scanning up to ``max_nodes``; and the range scanned."""
     cl = problem.cluster
     space_for = space_for or (lambda c: default_space(
-        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up))
+        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up,
+        grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32))
     top = max_nodes or min(cl.num_nodes * MAX_NODE_FACTOR, 4096)
     for n in range(cl.num_nodes + 1, top + 1):
         cluster = cl.model_copy(update={"num_nodes": n})
@@ -315,7 +318,8 @@ def max_nodes_below(problem: Problem, families: Iterable[str] | None = None,
     is an example, not a bound)."""
     cl = problem.cluster
     space_for = space_for or (lambda c: default_space(
-        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up))
+        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up,
+        grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32))
     gbs = problem.training.global_batch_size
     candidates = {1 << k for k in range(cl.num_nodes.bit_length())}
     candidates |= {d for d in range(1, gbs + 1) if gbs % d == 0}

@@ -537,8 +537,9 @@ class MemoryEncoding:
     * activation units: ``activation_units`` over (mbs, tp, cp, etp, FP8 recipe, selective
       modules, pp);
     * sharding: ``sharding`` over (tp, pp, cp, ep, etp, FP8 recipe, optimizer, dispatcher); its
-      flags (FSDP, distributed optimizer, DeepEP buffers) select a *scenario*: ``combine`` runs
-      once per scenario present, with the flags as Python constants;
+      flags (FSDP, distributed optimizer, gradient dtype, DeepEP buffers) select a *scenario*:
+      ``combine`` runs once per scenario present, with the flags as Python constants (the
+      gradient dtype is the space's fixed ``grad_reduce_in_fp32``, so it adds no scenario);
     * geometry: ``stage_counts`` per (pp, vpp, split, min(ga, saturation), recompute code), the
       stages no other stage dominates, padded to the same number of slots.
 
@@ -620,24 +621,28 @@ class MemoryEncoding:
         self._activation_units = units
         self.au = units(m.modset)
 
-        scen: dict[tuple[bool, bool, bool], int] = {}
+        scen: dict[tuple[bool, bool, bool, bool], int] = {}
         cluster = p.cluster
         numeric = [f.name for f in dataclasses.fields(M.Sharding)
-                   if f.name not in ("distributed_optimizer", "fsdp", "dispatcher_buffers")]
+                   if f.name not in ("distributed_optimizer", "fsdp", "grad_reduce_in_fp32",
+                                     "dispatcher_buffers")]
+        grad_fp32 = sp.grad_reduce_in_fp32  # fixed per problem (not an axis)
 
         def shard(t: int, pp_: int, c: int, e: int, et: int, f: int, o: int,
                   d: int) -> tuple[int, ...]:
             opt, disp = sp.optimizer[o], sp.dispatcher[d]
-            key = (t, pp_, c, e, et, f, opt, disp)
+            key = (t, pp_, c, e, et, f, opt, disp, grad_fp32)
             out = memo.shard.get(key)
             if out is None:
                 cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
                                   distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
-                                  fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp)
+                                  fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp,
+                                  grad_reduce_in_fp32=grad_fp32)
                 sh = M.sharding(model, cluster, cfg)
                 out = memo.shard[key] = (
                     *(getattr(sh, n) for n in numeric),
-                    (sh.distributed_optimizer, sh.fsdp, sh.dispatcher_buffers))
+                    (sh.distributed_optimizer, sh.fsdp, sh.grad_reduce_in_fp32,
+                     sh.dispatcher_buffers))
             return (*out[:-1], scen.setdefault(out[-1], len(scen)))
 
         cols = ar.lookup(
@@ -650,9 +655,9 @@ class MemoryEncoding:
         self.scenarios = {v: k for k, v in scen.items()}
 
     def sharding(self, scenario: int) -> M.Sharding:
-        do, fsdp, disp = self.scenarios[scenario]
+        do, fsdp, grad_fp32, disp = self.scenarios[scenario]
         return M.Sharding(**self.sh_numeric, distributed_optimizer=do, fsdp=fsdp,
-                          dispatcher_buffers=disp)
+                          grad_reduce_in_fp32=grad_fp32, dispatcher_buffers=disp)
 
     # ------------------------------------------------------------ layer 1
 

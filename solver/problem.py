@@ -47,8 +47,8 @@ class Problem:
 
     def resolve(self, candidate: Mapping[str, Any]) -> ParallelConfig:
         """The resolved configuration of one candidate (a dict of axis values)."""
-        return resolve_config(candidate_config(candidate), self.model, self.cluster,
-                              self.training)
+        return resolve_config(candidate_config(candidate, self.space.grad_reduce_in_fp32),
+                              self.model, self.cluster, self.training)
 
     def context(self, cfg: ParallelConfig) -> RuleContext:
         """The rule context of a resolved configuration, with this problem's settings."""

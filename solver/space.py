@@ -18,6 +18,9 @@ subset of exactly this product, and ``removed`` counts are over it.
   first K layers of every virtual stage (``block``), K = 1 .. the largest virtual stage;
 * distributed optimizer on, dispatcher alltoall, schedule from vpp (zero-bubble when asked),
   precision from the training spec (every FP8 recipe when asked), pipeline split automatic.
+
+Fixed settings of a space that are not axes (one value for every candidate):
+``grad_reduce_in_fp32`` (the gradient buffer's dtype, fp32 by default; ``--grad-reduce-in-bf16``).
 """
 
 from __future__ import annotations
@@ -151,6 +154,9 @@ class SearchSpace(Spec):
     fp8_recipe: tuple[Fp8Recipe | None, ...] = Field(default=(None,), description="None: BF16")
     pipeline_split: tuple[PipelineSplit | None, ...] = Field(
         default=(None,), description="None: even when the layers divide, else embedding_loss")
+    #: a fixed setting, not an axis: every candidate gets it (``ParallelConfig`` field)
+    grad_reduce_in_fp32: bool = Field(
+        default=True, description="gradient buffer in fp32 (True) or bf16 (False); not searched")
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
@@ -239,15 +245,17 @@ class SearchSpace(Spec):
         return SearchSpace(**(self.model_dump() | update))
 
 
-def candidate_config(c: Mapping[str, Any]) -> ParallelConfig:
-    """The (unresolved) configuration of one candidate."""
+def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True) -> ParallelConfig:
+    """The (unresolved) configuration of one candidate; ``grad_reduce_in_fp32`` is the space's
+    fixed setting (:attr:`SearchSpace.grad_reduce_in_fp32`)."""
     opt = c["optimizer"]
     rc: RecomputeOption = c["recompute"]
     return ParallelConfig(
         tp=c["tp"], pp=c["pp"], vpp=c["vpp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
         mbs=c["mbs"], distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
         fsdp=opt is OptimizerChoice.FSDP, dispatcher=c["dispatcher"], schedule=c["schedule"],
-        fp8_recipe=c["fp8_recipe"], pipeline_split=c["pipeline_split"], **rc.config_fields(),
+        fp8_recipe=c["fp8_recipe"], pipeline_split=c["pipeline_split"],
+        grad_reduce_in_fp32=grad_reduce_in_fp32, **rc.config_fields(),
     )
 
 
@@ -312,13 +320,15 @@ def default_space(
     optimizers: tuple[OptimizerChoice, ...] = (OptimizerChoice.DISTRIBUTED,),
     dispatchers: tuple[Dispatcher, ...] = (Dispatcher.ALLTOALL,),
     pipeline_splits: tuple[PipelineSplit | None, ...] = (None,),
+    grad_reduce_in_fp32: bool = True,
 ) -> SearchSpace:
     """The space a search starts from (module docstring); ``fixed`` pins axes to one value.
 
     ``etp_policy`` defaults to ``one_or_tp`` for MoE models (``same`` for dense ones, where etp
     means nothing). ``full_recompute_layers`` overrides K (default 1 .. the largest virtual
     stage); ``uniform_recompute`` adds the uniform method for the same K values; ``fp8_recipes``
-    tries every FP8 recipe when the training precision is FP8.
+    tries every FP8 recipe when the training precision is FP8. ``grad_reduce_in_fp32`` is the
+    space's fixed gradient-buffer dtype (not an axis).
     """
     world = cluster.world_size
     limit = world if allow_cross_scale_up else cluster.scale_up_gpus
@@ -349,6 +359,6 @@ def default_space(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp_all or (1,), etp_policy=policy,
         mbs=mbs_dom, recompute=tuple(recompute), optimizer=optimizers, dispatcher=dispatchers,
         schedule=(None, Schedule.ZERO_BUBBLE) if zero_bubble else (None,), fp8_recipe=fp8,
-        pipeline_split=pipeline_splits,
+        pipeline_split=pipeline_splits, grad_reduce_in_fp32=grad_reduce_in_fp32,
     )
     return space.fix(**fixed) if fixed else space

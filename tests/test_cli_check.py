@@ -159,3 +159,28 @@ def test_calibrate_command(run_cli, tmp_path):
 def test_calibrate_missing_file(run_cli):
     code, _, err = run_cli("calibrate", "--runs", "/nonexistent.csv")
     assert code == 2 and err == "tune-cp: error: --runs '/nonexistent.csv': no such file\n"
+
+
+def test_grad_reduce_in_bf16_flag(run_cli, run_json):
+    """--grad-reduce-in-bf16 halves the gradients term; check --json carries the key; the
+    exported Megatron-LM arguments read back (check --megatron-args) to the same configuration
+    and the same bytes."""
+    args = ("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--tp", "2",
+            "--pp", "2")
+    _, fp32 = run_json(*args)
+    code, bf16 = run_json(*args, "--grad-reduce-in-bf16")
+    assert code == 0
+    assert fp32["config"]["grad_reduce_in_fp32"] is True
+    assert bf16["config"]["grad_reduce_in_fp32"] is False
+    for s32, s16 in zip(fp32["memory"]["stages"], bf16["memory"]["stages"], strict=True):
+        assert s16["terms"]["gradients"] * 2 == s32["terms"]["gradients"] > 0
+        assert s16["total_bytes"] == s32["total_bytes"] - s16["terms"]["gradients"]
+    code, exported, _ = run_cli(*args, "--grad-reduce-in-bf16", "--export", "megatron")
+    assert code == 0 and "--grad-reduce-in-bf16" in exported
+    _, back = run_json("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1",
+                       "--megatron-args", exported)
+    assert back["config"] == bf16["config"]
+    assert back["memory"] == bf16["memory"]
+    for command in ("check", "search", "plan"):
+        _, text, _ = run_cli(command, "--help")
+        assert "--grad-reduce-in-bf16" in text and "grad_reduce_in_fp32" in text, command

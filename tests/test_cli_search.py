@@ -77,3 +77,28 @@ def test_search_with_garbage_lm_server_completes_with_warning(run_json, garbage_
 def test_search_lm_needs_provider(run_cli):
     code, _, err = run_cli(*BASE, "--lm", "gpt-4o")
     assert code == 2 and "write PROVIDER/MODEL" in err
+
+
+def test_search_with_bf16_gradients_agrees_with_check(run_json):
+    """The search's JSON (best, top) carries grad_reduce_in_fp32 like check's config; every
+    configuration it returns passes `check --grad-reduce-in-bf16` with the same peak bytes."""
+    code, data = run_json(*BASE, "--top", "4", "--grad-reduce-in-bf16")
+    assert code == 0
+    assert data["best"]["grad_reduce_in_fp32"] is False
+    assert all(row["grad_reduce_in_fp32"] is False for row in data["top"])
+    for row in data["top"]:
+        args = ["check", *BASE, "--grad-reduce-in-bf16", "--tp", row["tp"], "--pp", row["pp"],
+                "--vpp", row["vpp"], "--cp", row["cp"], "--mbs", row["mbs"],
+                "--recompute", row["recompute"]]
+        if row["recompute"] == "full":
+            args += ["--recompute-method", row["recompute_method"],
+                     "--recompute-layers", row["recompute_layers"]]
+        if row["recompute"] == "selective":
+            args += ["--recompute-modules", ",".join(row["recompute_modules"])]
+        code, chk = run_json(*args)
+        assert code == 0, chk
+        assert {k: chk["config"][k] for k in chk["config"]} == \
+            {k: row[k] for k in chk["config"]}
+        assert chk["memory"]["peak_bytes"] == row["memory"]["peak_bytes"]
+    _, default = run_json(*BASE, "--top", "1")
+    assert default["best"]["grad_reduce_in_fp32"] is True

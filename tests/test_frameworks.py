@@ -284,7 +284,12 @@ MOE = [
          fp8_recipe="delayed"),
 ]
 CASES = [(s, c) for s in ("llama70", "llama70_fp8", "gpt3") for c in DENSE] + [
-    (s, c) for s in ("mixtral", "deepseek", "qwen_fp8", "gptoss") for c in MOE]
+    (s, c) for s in ("mixtral", "deepseek", "qwen_fp8", "gptoss") for c in MOE] + [
+    # bf16 gradient buffer (--grad-reduce-in-bf16 / grad_reduce_in_bf16: true)
+    ("llama70", dict(tp=8, pp=2, grad_reduce_in_fp32=False)),
+    ("gpt3", dict(tp=8, fsdp=True, grad_reduce_in_fp32=False)),
+    ("mixtral", dict(ep=8, pp=2, grad_reduce_in_fp32=False)),
+]
 
 
 def expected_notes(c: ParallelConfig) -> list[str]:
@@ -768,3 +773,35 @@ torchrun --nproc_per_node 8 pretrain_gpt.py $GPT_ARGS $PARALLEL_ARGS --vocab-siz
     assert (run.config.tp, run.config.mbs, run.config.sequence_parallel) == (2, 4, True)
     assert (run.seq_len, run.global_batch_size, run.gpus_per_node) == (2048, 16, 8)
     assert run.require_model().num_layers == 24 and run.unknown == []
+
+
+def test_gradient_dtype_flags():
+    """Megatron-LM validate_args: under --bf16 the gradients are fp32 unless
+    --grad-reduce-in-bf16, which wins over --accumulate-allreduce-grads-in-fp32; the export writes
+    the flag only for bf16 gradients; Primus reads and writes grad_reduce_in_bf16; Megatron-Bridge
+    gets the mixed-precision field (which MixedPrecisionConfig.setup copies into ddp)."""
+    m, cl, tr = setting("llama3-70b", "h100", 8, 8192, 128)
+    base = "--tensor-model-parallel-size 8 --bf16 --use-distributed-optimizer"
+    assert parse_megatron_args(base, model=m).config.grad_reduce_in_fp32 is True
+    assert parse_megatron_args(base + " --accumulate-allreduce-grads-in-fp32",
+                               model=m).config.grad_reduce_in_fp32 is True
+    run = parse_megatron_args(base + " --grad-reduce-in-bf16", model=m)
+    assert run.config.grad_reduce_in_fp32 is False and run.notes == [] and run.unknown == []
+    both = parse_megatron_args(base + " --grad-reduce-in-bf16 --accumulate-allreduce-grads-in-fp32",
+                               model=m)
+    assert both.config.grad_reduce_in_fp32 is False
+    assert any("overrides" in n for n in both.notes)
+    fp32 = ParallelConfig(tp=8, pp=2)
+    bf16 = ParallelConfig(tp=8, pp=2, grad_reduce_in_fp32=False)
+    assert "--grad-reduce-in-bf16" not in to_megatron_args(m, cl, tr, fp32)
+    assert "--grad-reduce-in-bf16" in flag_lines(to_megatron_args(m, cl, tr, bf16))
+    assert "grad_reduce_in_bf16" not in to_primus_overrides(m, cl, tr, fp32)
+    assert "grad_reduce_in_bf16: true" in to_primus_overrides(m, cl, tr, bf16)
+    nemo32, nemo16 = to_nemo_overrides(m, cl, tr, fp32), to_nemo_overrides(m, cl, tr, bf16)
+    assert "grad_reduce_in_fp32" not in nemo32
+    lines = nemo16.splitlines()
+    assert "cfg.mixed_precision.grad_reduce_in_fp32 = False" in lines
+    assert "cfg.ddp.grad_reduce_in_fp32 = False" in lines
+    # after the bf16_mixed() assignment, which would otherwise reset it to True
+    assert lines.index("cfg.mixed_precision.grad_reduce_in_fp32 = False") > \
+        lines.index("cfg.mixed_precision = bf16_mixed()")

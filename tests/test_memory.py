@@ -264,3 +264,51 @@ def test_overheads_are_named_and_overridable():
                              dispatcher_buffer_bytes=0, fragmentation=0)
     bare = M.memory_report(m, cl, tr, cfg, zero).peak.terms
     assert all(bare[t] == 0 for t in M.TERM_GROUPS["runtime"])
+
+
+def test_bf16_gradients_are_half_of_fp32_by_hand():
+    """TINY at tp 2, pp 2 (parameters per rank worked out in test_hand_worked_tiny_model):
+    gradients are 4 B/param in fp32 and exactly 2 B/param in bf16, every other term unchanged;
+    under FSDP the sharded gradients halve too and the gathered layers' gradients take 2 B."""
+    cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=4)
+    tr = TrainingSpec(seq_len=32, global_batch_size=8)
+    stage_params = (2 * (6208 + 12352) + 32768, 2 * (6208 + 12352) + 32768 + 64)
+    r32 = M.memory_report(TINY, cl, tr, resolved(TINY, cl, tr, tp=2, pp=2, mbs=2))
+    r16 = M.memory_report(TINY, cl, tr, resolved(TINY, cl, tr, tp=2, pp=2, mbs=2,
+                                                 grad_reduce_in_fp32=False))
+    for s32, s16, n in zip(r32.stages, r16.stages, stage_params, strict=True):
+        assert s32.terms["gradients"] == 4 * n
+        assert s16.terms["gradients"] == 2 * n
+        assert {k: v for k, v in s16.terms.items() if k != "gradients"} == \
+            {k: v for k, v in s32.terms.items() if k != "gradients"}
+        assert s16.total_bytes == sum(s16.terms.values()) == s32.total_bytes - 2 * n
+    # FSDP over dp 4 (tp 1): each rank holds its shard of the gradients
+    f32 = M.memory_report(TINY, cl, tr, resolved(TINY, cl, tr, fsdp=True))
+    f16 = M.memory_report(TINY, cl, tr, resolved(TINY, cl, tr, fsdp=True,
+                                                 grad_reduce_in_fp32=False))
+    (a,), (b,) = f32.stages, f16.stages
+    assert b.terms["gradients"] * 2 == a.terms["gradients"] > 0
+    largest = a.terms["fsdp_buffers"] // (2 * (2 + 4))
+    assert a.terms["fsdp_buffers"] == 2 * (2 + 4) * largest
+    assert b.terms["fsdp_buffers"] == 2 * (2 + 2) * largest
+    assert M.grad_bytes(True) == 4 and M.grad_bytes(False) == 2
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mixtral-8x7b", "deepseek-v3"])
+def test_bf16_gradients_never_raise_memory(name):
+    """Switching fp32 -> bf16 gradients lowers or keeps every term of every stage, under the
+    distributed optimizer, a replicated optimizer and FSDP; with the distributed optimizer the
+    gradients are exactly halved."""
+    m = load_model(name)
+    cl = ClusterSpec(gpu=load_gpu("h200"), num_nodes=4, gpus_per_node=8)
+    tr = TrainingSpec(seq_len=4096, global_batch_size=256)
+    pp = 4 if m.num_layers % 4 == 0 else 1
+    ep = 8 if m.is_moe else 1
+    for sharding in ({}, {"distributed_optimizer": False}, {"fsdp": True}):
+        kw = dict(tp=2, pp=pp, ep=ep, **sharding)
+        r32 = M.memory_report(m, cl, tr, resolved(m, cl, tr, **kw))
+        r16 = M.memory_report(m, cl, tr, resolved(m, cl, tr, grad_reduce_in_fp32=False, **kw))
+        assert r16.peak_bytes < r32.peak_bytes
+        for s32, s16 in zip(r32.stages, r16.stages, strict=True):
+            assert all(s16.terms[k] <= s32.terms[k] for k in M.TERMS)
+            assert s16.terms["gradients"] * 2 == s32.terms["gradients"]

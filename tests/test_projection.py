@@ -19,9 +19,11 @@ from oracle.projection import (
     RunTraits,
     S,
     build_work,
+    constants_arrays,
     pipeline_time,
     project,
     score_configs,
+    timing,
 )
 from oracle.specs import (
     ClusterSpec,
@@ -428,3 +430,32 @@ def test_step_overhead_is_paid_once_per_step() -> None:
     p = run(m, c, t, tp=1, mbs=1)
     assert p.breakdown["step_overhead"] == pytest.approx(
         load_calibration().constants("hopper")["step_overhead_s"])
+
+
+def test_bf16_gradients_halve_the_dp_gradient_bytes_hand_worked() -> None:
+    # Llama 3 8B on one H100 node at dp 8 with a replicated optimizer and no DP overlap: the
+    # step's gradient all-reduce is two ring passes (reduce-scatter + all-gather) of the
+    # gradient buffer, 2 [alpha (1 + log2 8) + 7/8 B / bw] over the dense group plus the same
+    # latency for the (empty) expert group; B = 4 P (fp32) or 2 P (bf16). So with L = 16 alpha:
+    # dp32 - L = 2 (dp16 - L), and the time saved is 2 x 7/8 x 2 P / bw.
+    m, c, t = setup("llama3-8b", "h100", 1, 8192, 64)
+    k = load_calibration().constants("hopper")
+    out = {}
+    for fp32 in (True, False):
+        b = ConfigBatch.from_arrays(m, c, t, distributed_optimizer=False,
+                                    grad_reduce_in_fp32=fp32)
+        w = build_work(m, c, t, b)
+        assert w["grad_bytes"][0] == (4.0 if fp32 else 2.0)
+        const = constants_arrays(load_calibration(), "hopper", 1)
+        const["dp_comm_overlap"] = np.zeros(1)
+        out[fp32] = timing(w, const)["dp_comm"][0]
+    latency = 2 * 2 * k["collective_latency_s"] * (1 + 3)
+    assert out[True] - latency == pytest.approx(2 * (out[False] - latency), rel=1e-12)
+    assert out[False] < out[True]
+    # the default projection of a configuration is unchanged (fp32 unless asked)
+    cfg = resolve_config(ParallelConfig(tp=2, pp=2), m, c, t)
+    assert cfg.grad_reduce_in_fp32 is True
+    assert project(m, c, t, cfg) == project(m, c, t, cfg.model_copy(
+        update={"grad_reduce_in_fp32": True}))
+    bf16 = project(m, c, t, cfg.model_copy(update={"grad_reduce_in_fp32": False}))
+    assert bf16.step_time_s <= project(m, c, t, cfg).step_time_s

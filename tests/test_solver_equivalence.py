@@ -5,7 +5,8 @@ Spaces are kept small (a few thousand raw candidates) so the Python loop stays f
 case exercises what the model must get exactly right: dense and MoE models, DeepSeek-V3 (MLA,
 MTP, leading dense layers, shared experts, an uneven embedding_loss split), interleaved
 schedules, fewer micro-batches than pipeline stages, FSDP, FP8 recipes, zero-bubble, tied
-embeddings without flash attention, families switched off, extra constraints.
+embeddings without flash attention, bf16 gradient buffers, families switched off, extra
+constraints.
 """
 
 from __future__ import annotations
@@ -80,6 +81,15 @@ CASES = {
     # memory bites
     "tiny-gpt": lambda: problem(TINY_GPT, "a100", 1, 1024, 16, flash=False, zero_bubble=True,
                                 uniform_recompute=True, mbs=(1, 2, 4), hbm_gib=2.2),
+    # bf16 gradient buffer (a fixed setting of the space, not an axis): MoE with expert-data-
+    # parallel sharding, and FSDP / replicated / distributed optimizer
+    "mixtral-8x7b-bf16-grads": lambda: problem("mixtral-8x7b", "h100", 2, 4096, 64, mbs=(1, 2),
+                                               full_recompute_layers=(1, 2, 4),
+                                               grad_reduce_in_fp32=False),
+    "llama3-8b-fsdp-bf16-grads": lambda: problem(
+        "llama3-8b", "h100", 1, 4096, 16, optimizers=tuple(OptimizerChoice),
+        full_recompute_layers=(1, 4), fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)},
+        grad_reduce_in_fp32=False),
 }
 
 
@@ -147,3 +157,23 @@ def test_presolve_regression():
     assert len(a) == len(b) == 4
     assert [(f.candidate, f.peak_bytes) for f in a.configs] == \
         [(f.candidate, f.peak_bytes) for f in b.configs]
+
+
+def test_bf16_gradients_change_the_bytes_of_every_configuration():
+    """The bf16 gradient setting reaches every configuration the enumeration returns: each one
+    carries it, its peak is ``memory_report``'s, and it is smaller than the same candidate's
+    peak with fp32 gradients (which may not fit at all)."""
+    p16 = CASES["mixtral-8x7b-bf16-grads"]()
+    p32 = CASES["mixtral-8x7b"]()
+    a16, a32 = enumerate_problem(p16), enumerate_problem(p32)
+    assert len(a16) >= len(a32) > 0
+    peak32 = {repr(f.candidate): f.peak_bytes for f in a32.configs}
+    shared = 0
+    for f in a16.configs:
+        assert f.config.grad_reduce_in_fp32 is False
+        rep = memory_report(p16.model, p16.cluster, p16.training, f.config, p16.overheads)
+        assert rep.peak_bytes == f.peak_bytes
+        if repr(f.candidate) in peak32:
+            shared += 1
+            assert f.peak_bytes < peak32[repr(f.candidate)]
+    assert shared > 0

@@ -102,6 +102,8 @@ def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: P
     precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else "bf16"
     sharding = ("fsdp" if c.fsdp else "distributed optimizer" if c.distributed_optimizer
                 else "replicated optimizer")
+    if not c.grad_reduce_in_fp32:
+        sharding += ", bf16 gradients"
     if c.recompute is Recompute.FULL:
         recompute += f" {c.recompute_method.value} {c.recompute_layers} layer(s)/virtual stage"
     elif c.recompute is Recompute.SELECTIVE:
@@ -172,6 +174,8 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
             out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
         out.append(("moe_grouped_gemm", True))
     out.append(("bf16", True))
+    if not c.grad_reduce_in_fp32:  # Megatron-LM keeps fp32 gradients under --bf16 otherwise
+        out.append(("grad_reduce_in_bf16", True))
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     if not training.flash_attention:
@@ -352,6 +356,8 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
             out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
         out.append(("moe_grouped_gemm", True))
     out.append(("bf16", True))
+    if not c.grad_reduce_in_fp32:  # Primus default (trainer_base.yaml): false, fp32 gradients
+        out.append(("grad_reduce_in_bf16", True))
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
@@ -442,6 +448,11 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
                 ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
                 ("model.moe_grouped_gemm", "True")]
     out.append(("mixed_precision", "bf16_mixed()"))
+    if not c.grad_reduce_in_fp32:
+        # MixedPrecisionConfig.setup copies its grad_reduce_in_fp32 (bf16_mixed(): True) into
+        # the DDP config, so the mixed-precision field decides; the ddp line states the result
+        out += [("mixed_precision.grad_reduce_in_fp32", "False"),
+                ("ddp.grad_reduce_in_fp32", "False")]
     if c.fp8_recipe is not None:
         out += [("mixed_precision.fp8", json.dumps(fp8_format(c.fp8_recipe).value)),
                 ("mixed_precision.fp8_recipe", json.dumps(c.fp8_recipe.value)),

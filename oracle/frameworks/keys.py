@@ -116,6 +116,10 @@ CONFIG_KEYS: dict[str, Key] = {
     "use_distributed_optimizer": BOOL,
     "use_megatron_fsdp": BOOL,
     "use_torch_fsdp2": BOOL,
+    # gradient buffer dtype (arguments.py::_add_mixed_precision_args; validate_args: under --bf16
+    # accumulate_allreduce_grads_in_fp32 is forced on unless --grad-reduce-in-bf16)
+    "grad_reduce_in_bf16": BOOL,
+    "accumulate_allreduce_grads_in_fp32": BOOL,
     "data_parallel_sharding_strategy": Key(
         Kind.CHOICE, choices=("no_shard", "optim", "optim_grads", "optim_grads_params")
     ),
@@ -268,7 +272,7 @@ IGNORED = re.compile(
     r"distributed_timeout_minutes|manual_gc\w*|use_mcore_models|use_legacy_models|"
     r"transformer_impl|rotary_\w+|rope_\w+|use_rope_scaling|use_rotary_position_embeddings|"
     r"norm_epsilon|\w+_fusion|\w+_fusion_impl|no_\w+_fusion|attention_softmax_in_fp32|"
-    r"accumulate_allreduce_grads_in_fp32|grad_reduce_in_bf16|gradient_accumulation_fusion|"
+    r"gradient_accumulation_fusion|"
     r"no_gradient_accumulation_fusion|overlap_grad_reduce|overlap_param_gather|align_\w+|"
     r"no_align_\w+|ddp_\w+|moe_grouped_gemm|moe_use_legacy_grouped_gemm|moe_aux_loss_coeff|"
     r"moe_z_loss_coeff|moe_router_load_balancing_type|moe_router_dtype|moe_router_score_function|"

@@ -67,6 +67,8 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
             "sequence_parallel": False,
             "recompute_granularity": None,
             "use_distributed_optimizer": False,
+            "grad_reduce_in_bf16": False,
+            "accumulate_allreduce_grads_in_fp32": False,
             "moe_token_dispatcher_type": "allgather",
             "moe_flex_dispatcher_backend": "deepep",
             "fp8_recipe": "delayed",
@@ -90,6 +92,8 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
         "seq_length": (1024, "Primus default, pre_trainer.yaml"),
         "recompute_granularity": (None, "Primus default, trainer_base.yaml"),
         "use_distributed_optimizer": (True, "Primus default, pre_trainer.yaml"),
+        "grad_reduce_in_bf16": (False, "Primus default, trainer_base.yaml"),
+        "accumulate_allreduce_grads_in_fp32": (False, "Primus default, trainer_base.yaml"),
         "moe_token_dispatcher_type": ("allgather", "Primus default, language_model.yaml"),
         "moe_flex_dispatcher_backend": ("deepep", "Megatron-LM default"),
         "fp8_recipe": ("delayed", "Primus default, trainer_base.yaml"),
@@ -309,6 +313,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     kw["dispatcher"] = _dispatcher(r) if is_moe else Dispatcher.ALLTOALL
     precision, fp8_format, recipe = _precision(r)
     kw["fp8_recipe"] = recipe
+    kw["grad_reduce_in_fp32"] = _grad_dtype(r)
     kw["schedule"] = _schedule(r)
     flash = (r.get("attention_backend", state=False) or "auto") not in UNFUSED_ATTENTION
     _unmodeled_notes(r)
@@ -518,6 +523,26 @@ def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | Non
         raise r.fail("fp8_recipe", "a custom quantization recipe is not modeled; choose one of "
                      f"{', '.join(x.value for x in Fp8Recipe)}")
     return Precision.FP8, Fp8Format(fp8), Fp8Recipe(recipe)
+
+
+def _grad_dtype(r: _Reader) -> bool:
+    """Whether the gradient buffer is fp32, as Megatron-LM ``validate_args`` decides: under bf16
+    ``accumulate_allreduce_grads_in_fp32`` is forced on unless ``grad_reduce_in_bf16`` (which
+    wins over an explicit ``accumulate_allreduce_grads_in_fp32``); under fp16 the buffer is fp16
+    (2 bytes, modeled as bf16) unless ``accumulate_allreduce_grads_in_fp32``."""
+    bf16_grads = r.get("grad_reduce_in_bf16", state=False)
+    fp32_grads = r.get("accumulate_allreduce_grads_in_fp32", state=False)
+    if r.get("fp16", state=False) and not r.get("bf16", state=False):
+        if bf16_grads:
+            r.raw.note(f"{r.label('grad_reduce_in_bf16')} only applies with bf16; under fp16 "
+                       "the gradient buffer follows "
+                       f"{r.spell('accumulate_allreduce_grads_in_fp32')}")
+        return bool(fp32_grads)
+    if bf16_grads and fp32_grads:
+        r.raw.note(f"{r.label('grad_reduce_in_bf16')} overrides "
+                   f"{r.label('accumulate_allreduce_grads_in_fp32')} (Megatron-LM validate_args): "
+                   "bf16 gradients")
+    return not bf16_grads
 
 
 def _schedule(r: _Reader) -> Schedule | None:
