@@ -225,7 +225,8 @@ def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
 
 def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -> list[Step]:
     """Explain ``target`` as a path of single changes from ``start``: at each step apply the
-    change (of those left) that keeps the configuration legal and gains most. A legal change
+    change (of those left) that keeps the configuration legal and gains most (when every single
+    change loses, the best pair of changes if it does better). A legal change
     that leaves the projection unchanged (e.g. the pipeline split while pp is 1) rides along
     with the next step that moves it; changes that are only legal together end the path as one
     step, at ``target`` itself."""
@@ -249,23 +250,30 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
         # derived fields already at the goal stay there (apply() would re-derive them, e.g.
         # etp following tp)
         kept = {k: goal[k] for k in ("etp", "pipeline_split") if k not in todo}
-        trials = []
-        for f in todo:
-            keys = RECOMPUTE_FIELDS if f == "recompute" else (f,)
-            t = ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
-            if t.legal:
-                trials.append((t.throughput, f, t))
+
+        def trial(change: tuple[str, ...]) -> Trial:
+            keys = [k for f in change for k in (RECOMPUTE_FIELDS if f == "recompute" else (f,))]
+            return ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
+
+        trials = [(t.throughput, (f,), t) for f in todo if (t := trial((f,))).legal]
         moving = [x for x in trials if x[0] != cur.throughput]
         if not trials:
             break
         if not moving:
-            _, f, t = trials[0]
-            riders.append(_change(cur.config, goal, f))
+            _, change, t = trials[0]
+            riders.append(_change(cur.config, goal, change[0]))
             cur = t
             todo = left(cur.config)
             continue
-        _, f, t = max(moving, key=lambda x: x[0])
-        label = " + ".join(riders + [_change(cur.config, goal, f)])
+        best = max(moving, key=lambda x: x[0])
+        if best[0] < cur.throughput and len(todo) >= 2:
+            # every single change loses: a pair that gains reads better than a loss then a gain
+            pairs = [(t.throughput, (a, b), t) for i, a in enumerate(todo) for b in todo[i + 1:]
+                     if (t := trial((a, b))).legal and t.throughput > best[0]]
+            if pairs:
+                best = max(pairs, key=lambda x: x[0])
+        _, change, t = best
+        label = " + ".join(riders + [_change(cur.config, goal, f) for f in change])
         riders = []
         steps.append(Step(label, phase, cur.throughput, t.throughput))
         cur = t

@@ -60,6 +60,17 @@ def test_attribution_ends_at_the_best_and_names_each_change_once(case):
     assert all(s.after != s.before for s in steps) or len(steps) == 1
 
 
+def test_attribution_prefers_a_gaining_pair_to_a_loss():
+    """Llama 3 70B on 8 H100 nodes from the stated default (TP8, full recompute): cp 2 alone
+    loses 4.8% and only makes room for dropping recomputation; the path takes both as one step,
+    and every step of the path gains."""
+    r = search(*setting("llama3-70b", "h100", 8, 8192, 128), SearchOptions())
+    steps = r.attribution
+    assert steps[-1].after == pytest.approx(r.best.throughput)
+    assert all(s.after > s.before for s in steps), [(s.move, s.gain) for s in steps]
+    assert any(" + " in s.move for s in steps)
+
+
 def test_exhaustive_best_is_the_top_of_the_ranking_and_regret_is_consistent(llama_result):
     r = llama_result
     top = int(r.ranked.order[0])
