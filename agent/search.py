@@ -267,7 +267,8 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
             continue
         best = max(moving, key=lambda x: x[0])
         if best[0] < cur.throughput and len(todo) >= 2:
-            # every single change loses: a pair that gains reads better than a loss then a gain
+            # every single change loses: the best pair, when it does better than any single
+            # change, reads better than a loss followed by a gain
             pairs = [(t.throughput, (a, b), t) for i, a in enumerate(todo) for b in todo[i + 1:]
                      if (t := trial((a, b))).legal and t.throughput > best[0]]
             if pairs:
