@@ -835,8 +835,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
         plan_plot(plans, plot_path, tokens)
     if as_json:
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch,
-                   "precision": precision, "tokens": tokens,
-                   "gpus": [p.to_json() for p in plans], "plot": plot_path})
+                   "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
+                   "tokens": tokens, "gpus": [p.to_json() for p in plans], "plot": plot_path})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")

@@ -80,6 +80,7 @@ def test_plan_minimum_nodes_table_and_monotone(run_json, tmp_path):
     code, data = run_json("plan", "--model", "llama3-70b", "--gpu", "h100", "--tokens", "1e12",
                           "--price-per-gpu-hour", "2.5", "--points", "3", "--plot", str(plot))
     assert code == 0 and plot.read_bytes()[:8] == PNG
+    assert data["grad_reduce_in_fp32"] is True
     g = data["gpus"][0]
     assert g["min_nodes"] == 4
     pts = g["points"]
@@ -107,3 +108,13 @@ def test_pareto_png(run_cli, tmp_path):
     code, text, _ = run_cli("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--pareto",
                             str(out), "--pareto-color", "tp")
     assert code == 0 and out.read_bytes()[:8] == PNG and f"pareto plot: {out}" in text
+
+
+def test_plan_with_bf16_gradients_states_it(run_cli, run_json):
+    args = ("plan", "--model", "llama3-8b", "--gpu", "h100", "--points", "1",
+            "--grad-reduce-in-bf16")
+    code, data = run_json(*args)
+    assert code == 0 and data["grad_reduce_in_fp32"] is False
+    assert data["gpus"][0]["points"][0]["config"]["grad_reduce_in_fp32"] is False
+    code, out, _ = run_cli(*args)
+    assert code == 0 and out.splitlines()[0].endswith("bf16, bf16 gradients")
