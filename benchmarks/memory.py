@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from oracle.memory import memory_report  # noqa: E402
+from oracle.memory import MemoryOverheads, memory_report  # noqa: E402
 from oracle.runs import read_runs  # noqa: E402
 from oracle.specs import GIB  # noqa: E402
 
@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n== Published configurations without a stated recompute that tune-cp says need more "
           "than HBM without it ==")
     over = []
+    bf16_fits = bf16_nofrag_fits = 0
     blank = 0
+    no_frag = MemoryOverheads(fragmentation=0.0)
     for r in rows:
         src = raw.get(r.row_id, {})
         if not r.representable or r.measured_tokens_per_s_per_gpu is None:
@@ -99,14 +101,21 @@ def main(argv: list[str] | None = None) -> int:
         if src.get("recompute", "").strip():
             continue
         blank += 1
-        ratio = memory_report(r.model, r.cluster, r.training, r.cfg).peak_bytes / \
-            r.cluster.gpu.hbm_bytes
-        if ratio > 1:
-            over.append(ratio)
+        hbm = r.cluster.gpu.hbm_bytes
+        ratio = memory_report(r.model, r.cluster, r.training, r.cfg).peak_bytes / hbm
+        if ratio <= 1:
+            continue
+        over.append(ratio)
+        bf16 = r.cfg.model_copy(update={"grad_reduce_in_fp32": False})
+        bf16_fits += memory_report(r.model, r.cluster, r.training, bf16).peak_bytes <= hbm
+        bf16_nofrag_fits += memory_report(r.model, r.cluster, r.training, bf16,
+                                          no_frag).peak_bytes <= hbm
     over.sort()
     if over:
         print(f"{len(over)} of {blank} rows with a blank recompute column: peak / HBM from "
-              f"{over[0]:.2f} to {over[-1]:.2f} (median {over[len(over) // 2]:.2f})")
+              f"{over[0]:.2f} to {over[-1]:.2f} (median {over[len(over) // 2]:.2f}); of these, "
+              f"{bf16_fits} fit with bf16 gradient buffers (--grad-reduce-in-bf16) and "
+              f"{bf16_nofrag_fits} with bf16 gradients and no fragmentation allowance")
     else:
         print(f"none of {blank} rows with a blank recompute column")
     return 0
