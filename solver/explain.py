@@ -215,13 +215,19 @@ def feasible(problem: Problem, families: Iterable[str] | None = None,
 SpaceFor = Callable[[ClusterSpec], SearchSpace]
 
 
+def default_space_for(problem: Problem) -> SpaceFor:
+    """The default search space of another cluster with the problem's model, training and
+    options (what the node-count scans and the node-size check rebuild)."""
+    return lambda c: default_space(problem.model, c, problem.training,
+                                   allow_cross_scale_up=problem.allow_cross_scale_up,
+                                   grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32)
+
+
 def relaxations(problem: Problem, families: Iterable[str] | None = None,
                 default: SearchSpace | None = None) -> list[str]:
     """Single changes, in the user's terms, that make ``problem`` feasible on its cluster."""
     sp, model, training = problem.space, problem.model, problem.training
-    default = default or default_space(model, problem.cluster, training,
-                                       allow_cross_scale_up=problem.allow_cross_scale_up,
-                                       grad_reduce_in_fp32=sp.grad_reduce_in_fp32)
+    default = default or default_space_for(problem)(problem.cluster)
     trials: list[tuple[str, Problem]] = []
     rc = list(sp.recompute)
     if not any(o.kind is Recompute.FULL for o in rc):
@@ -285,9 +291,7 @@ def usual_node(problem: Problem, families: Iterable[str] | None = None,
     if not usual or usual == cl.gpus_per_node:
         return None
     cluster = cl.model_copy(update={"gpus_per_node": usual})
-    space_for = space_for or (lambda c: default_space(
-        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up,
-        grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32))
+    space_for = space_for or default_space_for(problem)
     return usual if feasible(problem.replace(cluster=cluster, space=space_for(cluster)),
                              families) else None
 
@@ -298,9 +302,7 @@ def min_nodes(problem: Problem, families: Iterable[str] | None = None,
     """The smallest node count above the problem's with a feasible configuration (same GPU,
     model, batch, options), scanning up to ``max_nodes``; and the range scanned."""
     cl = problem.cluster
-    space_for = space_for or (lambda c: default_space(
-        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up,
-        grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32))
+    space_for = space_for or default_space_for(problem)
     top = max_nodes or min(cl.num_nodes * MAX_NODE_FACTOR, 4096)
     for n in range(cl.num_nodes + 1, top + 1):
         cluster = cl.model_copy(update={"num_nodes": n})
@@ -317,9 +319,7 @@ def max_nodes_below(problem: Problem, families: Iterable[str] | None = None,
     problem's node count (feasibility is not monotone in the node count — divisibility — so this
     is an example, not a bound)."""
     cl = problem.cluster
-    space_for = space_for or (lambda c: default_space(
-        problem.model, c, problem.training, allow_cross_scale_up=problem.allow_cross_scale_up,
-        grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32))
+    space_for = space_for or default_space_for(problem)
     gbs = problem.training.global_batch_size
     candidates = {1 << k for k in range(cl.num_nodes.bit_length())}
     candidates |= {d for d in range(1, gbs + 1) if gbs % d == 0}
