@@ -419,7 +419,8 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         # (src/megatron/bridge/perf_recipes/*/common.py); Megatron's own default is etp = tp.
         etp = 1
         out.notes.append("etp = 1 (Megatron-Bridge MoE recipe default)")
-    mbs = _int(row.get("micro_batch_size", "")) or 1
+    mbs_stated = _int(row.get("micro_batch_size", ""))
+    mbs = mbs_stated or 1
     if world % (tp * pp * cp):
         out.reason = f"num_gpus {world} not divisible by tp*pp*cp = {tp * pp * cp}"
         return
@@ -447,7 +448,7 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
             gbs = mbs * dp
             out.notes.append("global batch unknown: one micro-batch per rank")
     local = gbs // dp
-    if (_int(row.get("micro_batch_size", "")) is None and out.software == "torchtitan"
+    if (mbs_stated is None and out.software == "torchtitan"
             and pp > 1 and local % pp == 0):
         # torchtitan splits the local batch into as many micro-batches as pipeline ranks unless
         # pipeline_parallel_microbatches is set (build_pipeline_schedule, 2024: "n_microbatches
