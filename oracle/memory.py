@@ -226,6 +226,20 @@ def pipeline_chunks(
     return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
 
 
+@lru_cache(maxsize=4096)
+def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit) -> int:
+    """Decoder layers of the largest virtual stage, from :func:`pipeline_chunks` itself (the one
+    place the split is computed; ``solver/rules.py::layers_per_chunk`` and
+    ``solver/space.py::max_layers_per_chunk`` call this). Under ``embedding_loss`` the embedding
+    and loss slots hold no decoder layer, so this can be below ``ceil(slots / (pp vpp))``:
+    DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 + 33 with 31 decoder layers in
+    the largest chunk, not 32."""
+    return max(
+        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split) for ch in stage),
+        default=0,
+    )
+
+
 def inflight_per_chunk(pp: int, vpp: int, num_microbatches: int, stage: int) -> tuple[int, ...]:
     """Micro-batches whose forward activations a stage holds at its peak, per local chunk.
 

@@ -49,6 +49,7 @@ from oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
+from oracle.memory import max_chunk_layers
 from solver.rules import divisors, split_slots
 
 #: Micro-batch sizes a default search tries (capped by the global batch).
@@ -268,8 +269,7 @@ def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],
     best = 1
     for pp, vpp in product(pp_values, vpp_values):
         for split in PipelineSplit:
-            slots = split_slots(model, split)
-            best = max(best, min(-(-slots // (pp * vpp)), model.num_layers))
+            best = max(best, max_chunk_layers(model.num_layers, model.num_mtp_layers, pp, vpp, split))
     return best
 
 

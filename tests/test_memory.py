@@ -312,3 +312,26 @@ def test_bf16_gradients_never_raise_memory(name):
         for s32, s16 in zip(r32.stages, r16.stages, strict=True):
             assert all(s16.terms[k] <= s32.terms[k] for k in M.TERMS)
             assert s16.terms["gradients"] * 2 == s32.terms["gradients"]
+
+
+def test_layers_per_chunk_is_the_memory_models_chunk():
+    """Issue 10: DeepSeek-V3 (61 layers + 1 MTP) at pp 2, embedding_loss split: 65 slots split
+    32 + 33: embedding + 31 layers, then 30 layers + MTP + loss; ceil(65 / 2) = 33 slots had
+    given 32. The recompute rule must accept K = 31 and reject 32."""
+    from oracle.specs import ParallelConfig
+    from solver.check import check_configuration
+    from solver.rules import layers_per_chunk
+    from solver.space import max_layers_per_chunk
+
+    m = load_model("deepseek-v3")
+    cfg = ParallelConfig(pp=2, pipeline_split=PipelineSplit.EMBEDDING_LOSS)
+    assert layers_per_chunk(m, cfg) == 31
+    assert max_layers_per_chunk(m, (2,), (1,)) == 31
+
+    cluster = ClusterSpec(gpu=load_gpu("h100"), num_nodes=32, gpus_per_node=8)
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024)
+    rules = []
+    for k in (31, 32):
+        c = cfg.model_copy(update={"recompute": Recompute.FULL, "recompute_layers": k, "ep": 8})
+        rules.append({v.rule for v in check_configuration(m, cluster, training, c).violations})
+    assert "recompute" not in rules[0] and "recompute" in rules[1]
