@@ -888,6 +888,11 @@ def combine(
     return t
 
 
+def transient_peak(t: dict[str, int]) -> int:
+    """The transient (activation-like) bytes alive at the stage's peak."""
+    return sum(t[k] for k in TRANSIENT_TERMS)
+
+
 # ========================================================================== the report
 
 
