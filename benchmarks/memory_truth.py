@@ -58,24 +58,21 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 warnings.filterwarnings("ignore")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch._subclasses.fake_tensor import is_fake  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from oracle import memory as M  # noqa: E402
-from oracle.params import padded_vocab_size  # noqa: E402
-from oracle.catalog import load_gpu, load_model  # noqa: E402
-from oracle.specs import (  # noqa: E402
-    ClusterSpec,
+from benchmarks.memory_truth_cases import Case, resolved_case, tunecp_figures
+from oracle import memory as M
+from oracle.params import padded_vocab_size
+from oracle.specs import (
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
     Recompute,
     RecomputeMethod,
-    TrainingSpec,
-    resolve_config,
 )
 
 JSON_PATH = ROOT / "benchmarks" / "memory_truth.json"
@@ -130,7 +127,7 @@ class FusedRMSNormStandIn(torch.nn.Module):
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
         self.weight.sequence_parallel = config.sequence_parallel
-        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+        self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, x):
         return _RMSNormFn.apply(x, self.weight, self.eps)
@@ -302,12 +299,13 @@ class SavedCounter:
     """``saved_tensors_hooks`` pack hook: storage-deduplicated bytes per region label."""
 
     exclude: set[int]
-    region: str | None = "other"
+    region: str = "other"
+    active: bool = True
     seen: dict[int, str] = field(default_factory=dict)
     bytes_by: dict[str, int] = field(default_factory=dict)
 
     def pack(self, t):
-        if isinstance(t, torch.Tensor) and self.region is not None:
+        if isinstance(t, torch.Tensor) and self.active:
             st = t.untyped_storage()
             k = st._cdata
             if k not in self.exclude and k not in self.seen:
@@ -349,6 +347,13 @@ def install_shims() -> None:
 
     torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore
     torch.cuda.set_rng_state = lambda *a, **k: None  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    tensor_fn = torch.tensor
+
+    def tensor(*a, pin_memory=False, **k):  # pinned host memory needs a GPU driver
+        return tensor_fn(*a, **k)
+
+    torch.tensor = tensor  # type: ignore[assignment]
     torch.cuda.Stream = _Stream  # type: ignore[assignment,misc]
     torch.cuda.current_stream = lambda *a, **k: _Stream()  # type: ignore[assignment]
     torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
@@ -373,8 +378,13 @@ def install_shims() -> None:
     dist.all_gather_object = all_gather_object
     from megatron.core.tensor_parallel import random as mrandom
 
-    # the model-parallel RNG fork only changes which random numbers dropout draws
+    # the model-parallel RNG fork only changes which random numbers dropout draws; the
+    # checkpoint's CUDA RNG save/restore becomes the CPU generator's
     mrandom.CudaRNGStatesTracker.fork = lambda self, *a, **k: contextlib.nullcontext()
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda *a, **k: None
+    mrandom.CudaRNGStatesTracker.get_states = lambda self: {}
+    mrandom.CudaRNGStatesTracker.set_states = lambda self, states: None
     from megatron.core.transformer.moe import moe_utils
 
     # Megatron-Core 0.16.1 names te_general_gemm without defining it when Transformer Engine is
@@ -607,7 +617,10 @@ def build_gpt(m: ModelSpec, config, pre: bool, post: bool, torch_norm: bool, vp_
 
 
 def wrap_ddp_optimizer(config, chunks, distributed_optimizer: bool, grad_fp32: bool):
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+    )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     ddp_cfg = DistributedDataParallelConfig(
@@ -650,50 +663,6 @@ def optimizer_bytes(opt) -> tuple[int, int]:
         for st in inner.state.values():
             state += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     return tensor_bytes(master), tensor_bytes(state)
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    model: str
-    gpu: str = "h100"
-    nodes: int = 1
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
-    mbs: int = 1
-    seq_len: int = 4096
-    gbs: int = 0
-    stage: int = 0
-    recompute: str = "none"
-    recompute_method: str = "block"
-    recompute_layers: int | None = None
-    split: str = "even"
-    modules: tuple[str, ...] = ()
-    distributed_optimizer: bool = True
-
-
-def resolved_case(c: Case):
-    m = load_model(c.model)
-    gpu = load_gpu(c.gpu)
-    cluster = ClusterSpec(gpu=gpu, num_nodes=c.nodes, gpus_per_node=8)
-    world = cluster.world_size
-    dp = world // (c.tp * c.pp * c.cp)
-    gbs = c.gbs or c.mbs * dp * c.pp * 2
-    training = TrainingSpec(seq_len=c.seq_len, global_batch_size=gbs)
-    cfg = ParallelConfig(
-        tp=c.tp, pp=c.pp, vpp=c.vpp, cp=c.cp, ep=c.ep, etp=c.etp, mbs=c.mbs,
-        recompute=Recompute(c.recompute),
-        recompute_method=RecomputeMethod(c.recompute_method),
-        recompute_layers=c.recompute_layers,
-        pipeline_split=PipelineSplit(c.split),
-        distributed_optimizer=c.distributed_optimizer,
-        **({"recompute_modules": c.modules} if c.modules else {}),
-    )
-    return m, cluster, training, resolve_config(cfg, m, cluster, training)
 
 
 def rank_of(cfg: ParallelConfig, world: int, stage: int) -> int:
@@ -805,6 +774,9 @@ def measure_activations(c: Case, opts) -> dict:
                     tracker.label = prev
 
             model.compute_language_model_loss = labelled_loss
+        # full recompute: Megatron's checkpoint saves each group's input in the block,
+        # outside the layers' own forward
+        hooks.append(_region_hooks(model.decoder, "checkpoint", counter, tracker))
         if pre:
             hooks.append(_region_hooks(model.embedding, "embedding", counter, tracker))
         if post:
@@ -850,7 +822,7 @@ def measure_activations(c: Case, opts) -> dict:
                 loss = out.float().sum()
             fwd_peak, fwd_at = tracker.peak, tracker.peak_at
             tracker.label = "backward"
-            counter.region = None  # what backward saves (recomputation) is not a stored activation
+            counter.active = False  # what backward saves (recomputation) is not a stored activation
             loss.backward()
             tracker.label = "after backward"
         for h in hooks:
@@ -889,52 +861,6 @@ def _region_hooks(mod, name, counter: SavedCounter, tracker: LiveTracker):
     return hs
 
 
-# ====================================================================== tune-cp side
-
-
-def tunecp_terms(c: Case, meas_act: dict | None = None) -> dict:
-    """tune-cp's terms for the case: the stage's model state from ``memory_report`` and the
-    per-kind activation units from ``activation_units`` (the functions behind ``check``)."""
-    m, cluster, training, cfg = resolved_case(c)
-    rep = M.memory_report(m, cluster, training, cfg)
-    st = rep.stages[c.stage]
-    au = M.activation_units(m, training, cfg)
-    return dict(
-        decoder_layers=st.decoder_layers,
-        weights=st.terms["weights"], gradients=st.terms["gradients"],
-        optimizer=st.terms["optimizer"],
-        layer_dense=au.dense_layer, layer_moe=au.moe_layer,
-        embedding=au.embedding, output=au.output, logits_transient=au.logits_transient,
-        stage_terms=st.terms,
-    )
-
-
-def tunecp_micro_peak(c: Case, act: dict) -> int:
-    """tune-cp's peak for the small build measured by :func:`measure_activations`: the same
-    ``combine`` over counts of that build (one micro-batch in flight), minus model state and
-    the runtime terms the harness cannot see."""
-    m, cluster, training, cfg = resolved_case(c)
-    cfg1 = cfg.model_copy(update={"pp": 1, "vpp": 1})
-    au = M.activation_units(m, training, cfg1)
-    pu = M.param_units(m, cfg.tp, 1, cfg.ep, cfg.etp_)
-    sh = M.sharding(m, cluster, cfg)
-    pre, post = act["built"]["pre"], act["built"]["post"]
-    nd, nm = act["n_dense"], act["n_moe"]
-    rec = cfg.recompute is Recompute.FULL
-    groups = ((nd, nm),) if rec else ()
-    sc = M.StageCounts(
-        stage=0, dense_layers=nd, moe_layers=nm, mtp_layers=act["built"]["mtp"],
-        has_embedding=int(pre), has_output=int(post),
-        inflight_dense=0 if rec else nd, inflight_moe=0 if rec else nm,
-        inflight_ckpt=(nd + nm) if rec else 0, inflight_embedding=int(pre),
-        inflight_output=int(post), inflight_mtp=act["built"]["mtp"], inflight_microbatches=1,
-        has_dense=int(nd > 0), has_moe=int(nm > 0), has_layers=1, recompute_groups=groups)
-    ov = M.MemoryOverheads(fragmentation=0.0, runtime_context_bytes=0,
-                           collective_bytes_per_group=0, dispatcher_buffer_bytes=0)
-    t = M.combine(sc, pu, au, sh, ov)
-    return M.transient_peak(t) - t["pipeline_buffers"] - t["cp_buffers"]
-
-
 # ================================================================================ main
 
 
@@ -952,23 +878,19 @@ def run_case(c: Case, opts) -> dict:
             raise
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return row
-    tc = tunecp_terms(c)
     saved = act["saved"]
     meas = dict(weights=ms["weights"], gradients=ms["gradients"], optimizer=ms["optimizer"],
                 decoder_layers=ms["decoder_layers"])
-    pred = dict(weights=tc["weights"], gradients=tc["gradients"], optimizer=tc["optimizer"],
-                decoder_layers=tc["decoder_layers"])
-    for k in ("layer_dense", "layer_moe", "embedding"):
+    for k in ("layer_dense", "layer_moe", "embedding", "mtp"):
         if k in saved:
             meas[k] = saved[k]
-            pred[k] = tc[k]
-    if "output" in saved:
+    if c.recompute == "full" and "checkpoint" in saved:
+        for k in act["kinds"]:
+            meas[f"layer_{k}"] = saved["checkpoint"] // len(act["kinds"])
+    if "output" in saved:  # final norm, output layer and the loss (outside any module hook)
         meas["output"] = saved["output"] + saved.get("other", 0)
-        pred["output"] = tc["output"]
-    if "mtp" in saved:
-        meas["mtp"] = saved["mtp"]
     meas["micro_peak"] = act["peak"]
-    pred["micro_peak"] = tunecp_micro_peak(c, act)
+    pred = tunecp_figures(c)
     row.update(measured=meas, tune_cp=pred, peak_at=act["peak_at"],
                peak_by_phase=act["peak_by_phase"],
                forward_peak=act["forward_peak"], forward_peak_at=act["forward_peak_at"],
@@ -996,7 +918,8 @@ def print_row(row: dict, flush: bool = False) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", action="store_true", help="run the truth matrix, write JSON")
-    ap.add_argument("--only", default=None, help="matrix rows whose name contains this")
+    ap.add_argument("--only", default=None, help="rerun only matrix rows whose name contains one of these (comma separated); "
+                    "the others are kept from --out")
     ap.add_argument("--out", default=str(JSON_PATH))
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--gpu", default="h100")
@@ -1018,11 +941,14 @@ def main(argv=None) -> int:
     if opts.check_kernels:
         return 0
     if opts.matrix:
-        from benchmarks.memory_truth_matrix import MATRIX, schedule_sweep
-
         import megatron.core
 
+        from benchmarks.memory_truth_matrix import MATRIX, schedule_sweep
+
         rows: list[dict] = []
+        old = {}
+        if opts.only and Path(opts.out).exists():  # rerun some rows, keep the others
+            old = {r["case"]["name"]: r for r in json.loads(Path(opts.out).read_text())["rows"]}
         doc = dict(
             megatron_core=megatron.core.__version__, torch=torch.__version__,
             kernel_set=KERNEL_SET, stand_in_check=checks,
@@ -1033,7 +959,9 @@ def main(argv=None) -> int:
             schedules=schedule_sweep(), rows=rows,
         )
         for c in MATRIX:
-            if opts.only and opts.only not in c.name:
+            if opts.only and not any(o in c.name for o in opts.only.split(",")):
+                if c.name in old:
+                    rows.append(old[c.name])
                 continue
             row = run_case(c, opts)
             print_row(row, flush=True)

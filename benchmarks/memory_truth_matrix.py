@@ -9,7 +9,7 @@ uniform, mbs 1 and 2, seq 4k and 8k, first / middle / last pipeline stages.
 
 from __future__ import annotations
 
-from benchmarks.memory_truth import Case
+from benchmarks.memory_truth_cases import Case
 
 L8, L70, MX7, MX22, QW, DS = ("llama3-8b", "llama3-70b", "mixtral-8x7b", "mixtral-8x22b",
                               "qwen3-30b-a3b", "deepseek-v3")

@@ -68,6 +68,7 @@ from oracle.specs import (
     NormKind,
     ParallelConfig,
     PipelineSplit,
+    PositionEmbedding,
     Recompute,
     RecomputeMethod,
     Spec,
@@ -86,6 +87,9 @@ ADAM_STATE_BYTES = 12
 #: Distributed-optimizer bucket ends are padded to a multiple of lcm(dp_group, 128) elements
 #: (Megatron-Core ``optimizer/param_layout.py::bucket_end_divisor``).
 DISTOPT_PAD_ELEMENTS = 128
+#: Unfused RoPE saves a cos and a sin table for Q and again for K (``rope_tensors``).
+ROPE_TABLES = 4
+BOOL_BYTES = 1
 #: MXFP8 stores one 8-bit scale per 32-element block.
 MXFP8_BLOCK = 32
 
@@ -553,11 +557,14 @@ def attention_tensors(model: ModelSpec, training: TrainingSpec, x: ActShape) -> 
     else:
         d = model.head_dim
         q_w, kv_w = a_loc * d, P.kv_heads_per_rank(model, x.tp) * d
+        # the fused QKV output stays alive whole: V (and, without RoPE, Q and K) are views of it
         out.append(Tensor("qkv", BF16_BYTES * x.t * (q_w + 2 * kv_w)))
         if model.qk_norm:
             norm_in = BF16_BYTES * x.t * (q_w + kv_w)
             heads = a_loc + P.kv_heads_per_rank(model, x.tp)
             out.append(Tensor("qk_norm", norm_in + norm_stats_bytes(model, x.t * heads)))
+        if model.position_embedding is PositionEmbedding.ROPE:
+            out += rope_tensors(x, q_w + kv_w, d)
         o_width = q_w
     if training.flash_attention:
         out.append(Tensor("attn_lse", FP32_BYTES * x.t * a_loc, _drop("core_attn")))
@@ -572,6 +579,23 @@ def attention_tensors(model: ModelSpec, training: TrainingSpec, x: ActShape) -> 
     if model.hidden_dropout:
         out.append(Tensor("attn_dropout_mask", x.t_sp * h))
     return out
+
+
+def rope_tensors(x: ActShape, qk_width: int, rot_dim: int) -> list[Tensor]:
+    """What rotary embeddings add to the attention's saved set.
+
+    RoPE makes new Q and K tensors (``apply_rotary_pos_emb``: ``t * cos + rotate(t) * sin``)
+    that core attention saves, while the QKV projection output they came from stays alive
+    through V's view of it: Q and K are held twice (``2 t qk_width`` bytes; measured on
+    Megatron-Core 0.16.1, ``benchmarks/memory_truth.py``). Unfused RoPE (the local spec,
+    ``--no-rope-fusion``) also saves a bf16 cos and sin table of ``t x rot_dim`` for Q and again
+    for K; Transformer Engine's fused RoPE saves only the shared fp32 frequencies, so for it
+    these four tables (``4 x 2 t rot_dim`` bytes per layer, not split by tensor parallelism) are
+    an over-count tune-cp accepts."""
+    return [
+        Tensor("rope_rotated_qk", BF16_BYTES * x.t * qk_width),
+        Tensor("rope_cos_sin", ROPE_TABLES * BF16_BYTES * x.t * rot_dim),
+    ]
 
 
 def dense_mlp_tensors(model: ModelSpec, x: ActShape, ffn: int | None = None) -> list[Tensor]:
@@ -674,8 +698,12 @@ def activation_units(
         skewed = attn + kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
         moe_extra = skewed - moe
     vocab_loc = P.cdiv(P.padded_vocab_size(model.vocab_size, cfg.tp), cfg.tp)
-    labels = (INT64_BYTES + FP32_BYTES) * x.t  # labels and loss mask
-    embedding = INT64_BYTES * x.t + (x.t_sp * h if model.hidden_dropout else 0)
+    # the cross entropy keeps the int64 local target and a bool out-of-shard mask
+    # (Megatron-Core ``tensor_parallel/cross_entropy.py``)
+    labels = (INT64_BYTES + BOOL_BYTES) * x.t
+    # token ids; with tp > 1 the vocab-parallel embedding also keeps its bool out-of-shard mask
+    embedding = (INT64_BYTES * x.t + (BOOL_BYTES * x.t if cfg.tp > 1 else 0)
+                 + (x.t_sp * h if model.hidden_dropout else 0))
     final_norm = BF16_BYTES * x.t_sp * h + norm_stats_bytes(model, x.t_sp)
     output_input = BF16_BYTES * x.t_sp * h
     logits_fp32 = FP32_BYTES * x.t * vocab_loc
@@ -872,12 +900,19 @@ def combine(
         + c.inflight_mtp * (mtp_layer + au.mtp_extra)
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
-    t["logits_loss"] = c.inflight_output * au.output + c.has_output * au.logits_transient
-    t["recompute_working_set"] = vmax(
-        [d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups]
+    logits = c.inflight_output * au.output + c.has_output * au.logits_transient
+    recompute_ws = vmax([d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups])
+    backward_ws = (
+        vmax([c.has_dense * au.dense_layer, c.has_moe * au.moe_layer])
+        if ov.backward_working_set
+        else 0
     )
-    if ov.backward_working_set:
-        t["backward_working_set"] = vmax([c.has_dense * au.dense_layer, c.has_moe * au.moe_layer])
+    # The peak is the largest set of terms alive at one moment (:func:`coexisting_working_sets`):
+    # the loss's logits are freed before any layer runs backward, so the working sets count
+    # only where they exceed the logits.
+    t["logits_loss"], t["recompute_working_set"], t["backward_working_set"] = (
+        coexisting_working_sets(logits, recompute_ws, backward_ws)
+    )
     t["cp_buffers"] = c.has_layers * au.cp_buffers
     t["pipeline_buffers"] = au.pipeline_buffers
     t["runtime_context"] = ov.runtime_context_bytes
@@ -891,6 +926,21 @@ def combine(
 def transient_peak(t: dict[str, int]) -> int:
     """The transient (activation-like) bytes alive at the stage's peak."""
     return sum(t[k] for k in TRANSIENT_TERMS)
+
+
+def coexisting_working_sets(logits: int, recompute_ws: int, backward_ws: int) -> tuple[int, int, int]:
+    """``(logits_loss, recompute_working_set, backward_working_set)`` as reported terms, so that
+    their sum is what is alive at the stage's peak, ``max(logits, recompute_ws + backward_ws)``.
+
+    Measured on Megatron-Core 0.16.1 (``benchmarks/memory_truth.py``): on the last stage the
+    live-tensor peak of a micro-batch is at the loss, where the fp32 and bf16 logits are alive
+    beside every stored activation; the output layer's backward frees them before any decoder
+    layer runs backward or is recomputed, so the backward and recompute working sets never
+    coexist with them. ``logits_loss`` is reported whole; the recompute working set counts what
+    it adds above the logits, the backward working set what it adds above both."""
+    over_rws = vmax([recompute_ws - logits, 0])
+    over_both = vmax([recompute_ws + backward_ws - logits, 0])
+    return logits, over_rws, over_both - over_rws
 
 
 # ========================================================================== the report

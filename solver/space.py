@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from oracle.memory import max_chunk_layers
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -49,7 +50,6 @@ from oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
-from oracle.memory import max_chunk_layers
 from solver.rules import divisors, split_slots
 
 #: Micro-batch sizes a default search tries (capped by the global batch).

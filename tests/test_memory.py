@@ -40,14 +40,19 @@ def test_hand_worked_tiny_model():
     stage1_params = 2 * (6208 + 12352) + 32768 + 64  # output layer + final norm
     # activations per layer per micro-batch: T = 2 x 32 = 64 tokens, 32 after SP
     attn = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * (32 + 16 + 16) + 4 * 64 * 2 + 2 * 64 * 32
+    # RoPE: rotated Q and K held beside the QKV output (2 x 64 x (32 + 16)), and unfused
+    # RoPE's cos/sin tables for Q and for K (4 x 2 x 64 x head_dim 16)
+    attn += 2 * 64 * (32 + 16) + 4 * 2 * 64 * 16
     mlp = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * 128 + 2 * 64 * 64
     layer = attn + mlp
-    assert layer == 54016
-    logits = (2 * 32 * 64 + 4 * 32) + 2 * 32 * 64 + 4 * 64 * 512 + 12 * 64  # norm, input, fp32
+    assert layer == 68352
+    # norm, output-layer input, fp32 logits, int64 target + bool mask of the cross entropy
+    logits = (2 * 32 * 64 + 4 * 32) + 2 * 32 * 64 + 4 * 64 * 512 + 9 * 64
     p2p = 2 * 2 * 32 * 64
     s0, s1 = rep.stages
     # 1F1B with 4 micro-batches: stage 0 holds 2 in flight, stage 1 holds 1
-    act0 = 2 * 2 * layer + 2 * 8 * 64  # + input ids (int64) of 2 micro-batches
+    # + input ids (int64) and the vocab-parallel embedding's bool mask of 2 micro-batches
+    act0 = 2 * 2 * layer + 2 * (8 + 1) * 64
     act1 = 1 * 2 * layer
     expect0 = {
         "weights": 2 * stage0_params,
@@ -65,8 +70,16 @@ def test_hand_worked_tiny_model():
     assert s1.terms["optimizer"] == 12 * 70016  # 69952 padded up to a multiple of 128
     assert s1.terms["logits_loss"] == logits + 2 * 64 * 512  # + bf16 logits while the loss runs
     assert s1.terms["activations"] == act1
-    assert s0.total_bytes == 1552264 and s1.total_bytes == 1655656
-    assert rep.peak_stage == 1 and rep.peak_bytes == 1655656
+    # the logits (195,264 B) are freed before any layer runs backward: the backward working set
+    # (one layer, 68,352 B) never coexists with them and adds nothing on stage 1
+    assert s1.terms["backward_working_set"] == 0
+    total0 = (18 * stage0_params + act0 + layer + p2p + 1000 + 20
+              + (act0 + layer + p2p) * 50_000 // 1_000_000)
+    transient1 = act1 + logits + 2 * 64 * 512 + p2p
+    total1 = (2 + 4) * stage1_params + 12 * 70016 + transient1 + 1020 + transient1 // 20
+    assert (total0, total1) == (1_627_663, 1_628_844)
+    assert s0.total_bytes == total0 and s1.total_bytes == total1
+    assert rep.peak_stage == 1 and rep.peak_bytes == total1
 
 
 def test_weight_and_optimizer_match_megatron_theoretical_formula():
