@@ -323,10 +323,54 @@ class SavedCounter:
 # ============================================================================== shims
 
 
-def install_shims() -> None:
-    """CUDA device queries answer "cpu", ``Tensor.type()`` names the CUDA type; synchronisation is a no-op; ``all_gather_object``
-    (used to agree on parameter-group names) hands every rank this rank's object. Nothing here
-    allocates or changes a shape."""
+def _wgrad_accum(total_input, grad_output, main_grad):
+    """Stand-in for APEX's ``fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_*`` (Megatron's
+    ``gradient_accumulation_fusion``): the weight gradient GEMM accumulates straight into
+    ``main_grad`` and allocates nothing."""
+    if is_fake(main_grad):
+        return
+    g = grad_output.reshape(-1, grad_output.shape[-1])
+    x = total_input.reshape(-1, total_input.shape[-1])
+    main_grad.add_((g.t().float() @ x.float()).to(main_grad.dtype))
+
+
+def install_fused_kernels() -> None:
+    """The fused GPU kernels' allocation behaviour on fake tensors: the weight-gradient GEMM
+    accumulating into ``main_grad`` (module ``fused_weight_gradient_mlp_cuda``), and Megatron's
+    jit-fused SwiGLU forward/backward (``fused_bias_swiglu.swiglu`` / ``swiglu_back`` and the
+    weighted variants) allocating only their outputs. Real tensors take the reference math."""
+    from megatron.core.fusions import fused_bias_swiglu as fs
+
+    ref = {n: getattr(fs, n) for n in ("swiglu", "swiglu_back", "weighted_swiglu",
+                                       "weighted_swiglu_back")}
+
+    def half(y):
+        return y.new_empty(y.shape[:-1] + (y.shape[-1] // 2,))
+
+    fs.swiglu = lambda y: half(y) if is_fake(y) else ref["swiglu"](y)
+    fs.swiglu_back = lambda g, y: torch.empty_like(y) if is_fake(y) else ref["swiglu_back"](g, y)
+    fs.weighted_swiglu = (lambda y, w: half(y) if is_fake(y) else ref["weighted_swiglu"](y, w))
+    fs.weighted_swiglu_back = (
+        lambda g, y, w: (torch.empty_like(y), torch.empty_like(w)) if is_fake(y)
+        else ref["weighted_swiglu_back"](g, y, w))
+
+
+def install_shims(fused: bool = True) -> None:
+    """CUDA device queries answer "cpu", ``Tensor.type()`` names the CUDA type, ``.cuda()``
+    keeps a tensor where it is, pinned host memory is plain host memory; synchronisation, side
+    streams and CUDA RNG state are no-ops; ``all_gather_object`` (used to agree on
+    parameter-group names) hands every rank this rank's object. Nothing here allocates or
+    changes a shape. With ``fused`` the fused kernels of :func:`install_fused_kernels` too."""
+    if fused:  # before Megatron-Core looks for the extension at import
+        import types
+
+        mod = types.ModuleType("fused_weight_gradient_mlp_cuda")
+        mod.wgrad_gemm_accum_fp32 = _wgrad_accum
+        mod.wgrad_gemm_accum_fp16 = _wgrad_accum
+        sys.modules["fused_weight_gradient_mlp_cuda"] = mod
+    import megatron.core.jit as mjit
+
+    mjit.disable_jit_fuser()
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
@@ -405,9 +449,8 @@ def install_shims() -> None:
         return seq_forward(self, permuted_local_hidden_states, tokens_per_expert, *a, **k)
 
     mexperts.SequentialMLP.forward = sequential_forward
-    import megatron.core.jit as mjit
-
-    mjit.disable_jit_fuser()
+    if fused:
+        install_fused_kernels()
 
 
 _PG_WORLD: int | None = None
@@ -476,7 +519,7 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=not unfused_swiglu,
         persist_layer_norm=False,
         pipeline_dtype=BF16,
         variable_seq_lengths=False,
@@ -934,7 +977,7 @@ def main(argv=None) -> int:
     ap.add_argument("--unfused-swiglu", action="store_true", help="Megatron's unfused SwiGLU")
     ap.add_argument("--check-kernels", action="store_true")
     opts = ap.parse_args(argv)
-    install_shims()
+    install_shims(fused=not opts.unfused_swiglu)
     checks = check_stand_ins()
     print("kernel stand-ins vs reference ops (max relative difference): "
           + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()))
