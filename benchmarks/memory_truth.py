@@ -702,6 +702,8 @@ def optimizer_bytes(opt) -> tuple[int, int]:
             master += list(grp)
         for grp in getattr(o, "shard_fp32_groups", []) or []:
             master += list(grp)
+        for grp in getattr(o, "fp32_from_float16_groups", []) or []:  # without sharding
+            master += list(grp)
         inner = o.optimizer
         for st in inner.state.values():
             state += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]

@@ -37,6 +37,7 @@ recompute_working_set  full activations of the layer group being recomputed duri
 backward_working_set   gradients of one layer's activations while that layer runs backward
 cp_buffers             context-parallel ring exchange of K/V (double buffered)
 pipeline_buffers       send/receive buffers of pipeline point-to-point (one micro-batch each way)
+sp_gather_buffer       Megatron's persistent all-gather buffer of sequence parallelism (t x h bf16)
 runtime_context        CUDA/HIP context, kernel images, BLAS workspaces (overhead)
 collective_buffers     NCCL/RCCL buffers per communicator in use (overhead)
 dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead)
@@ -106,6 +107,7 @@ TERMS: tuple[str, ...] = (
     "backward_working_set",
     "cp_buffers",
     "pipeline_buffers",
+    "sp_gather_buffer",
     "runtime_context",
     "collective_buffers",
     "dispatcher_buffers",
@@ -123,6 +125,7 @@ TERM_GROUPS: dict[str, tuple[str, ...]] = {
         "backward_working_set",
         "cp_buffers",
         "pipeline_buffers",
+        "sp_gather_buffer",
     ),
     "runtime": ("runtime_context", "collective_buffers", "dispatcher_buffers", "fragmentation"),
 }
@@ -493,6 +496,7 @@ class ActShape:
 
     t: int
     t_sp: int
+    seq: int
     tp: int
     etp: int
     fp8_num: int
@@ -509,7 +513,7 @@ def act_shape(model: ModelSpec, training: TrainingSpec, cfg: ParallelConfig) -> 
     t = P.cdiv(cfg.mbs * training.seq_len, cfg.cp)
     t_sp = P.cdiv(t, cfg.tp) if cfg.sp else t
     num, den = fp8_saved_input_bytes(cfg.fp8_recipe)
-    return ActShape(t, t_sp, cfg.tp, cfg.etp_, num, den)
+    return ActShape(t, t_sp, P.cdiv(training.seq_len, cfg.cp), cfg.tp, cfg.etp_, num, den)
 
 
 def fp8_saved_input_bytes(recipe: Fp8Recipe | None) -> tuple[int, int]:
@@ -594,7 +598,7 @@ def rope_tensors(x: ActShape, qk_width: int, rot_dim: int) -> list[Tensor]:
     an over-count tune-cp accepts."""
     return [
         Tensor("rope_rotated_qk", BF16_BYTES * x.t * qk_width),
-        Tensor("rope_cos_sin", ROPE_TABLES * BF16_BYTES * x.t * rot_dim),
+        Tensor("rope_cos_sin", ROPE_TABLES * BF16_BYTES * x.seq * rot_dim),
     ]
 
 
@@ -608,7 +612,8 @@ def dense_mlp_tensors(model: ModelSpec, x: ActShape, ffn: int | None = None) -> 
     out = [
         Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
         Tensor("mlp_norm_stats", norm_stats_bytes(model, x.t_sp)),
-        Tensor("fc1_input", x.gemm_input(x.t_sp * h), _drop("layernorm", "mlp")),
+        # the ``mlp`` checkpoint keeps its input, the norm output: only ``layernorm`` drops it
+        Tensor("fc1_input", x.gemm_input(x.t_sp * h), _drop("layernorm")),
         Tensor("fc1_output", BF16_BYTES * x.t * up, _drop("mlp")),
         Tensor("fc2_input", x.gemm_input(x.t * f), _drop("mlp")),
     ]
@@ -638,7 +643,7 @@ def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[T
     out = [
         Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
         Tensor("mlp_norm_stats", norm_stats_bytes(model, x.t_sp)),
-        Tensor("router_input", BF16_BYTES * x.t_sp * h, _drop("layernorm", "moe")),
+        Tensor("router_input", BF16_BYTES * x.t_sp * h, _drop("layernorm")),  # moe ckpt keeps it
         Tensor("router_logits_probs", 2 * FP32_BYTES * x.t_sp * e, moe_drop),
         Tensor("routing_map", (FP32_BYTES + INT32_BYTES) * x.t_sp * k, moe_drop),
         Tensor("expert_input", x.gemm_input(rows * h), moe_drop),
@@ -656,6 +661,59 @@ def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[T
     return out
 
 
+def _backward_common(model: ModelSpec, x: ActShape) -> int:
+    """Gradient alive through a whole layer's backward: the incoming gradient of the layer
+    output (``t_sp x h``). (The ``t x h`` input a sequence-parallel GEMM gathers again for its
+    weight gradient lands in the persistent buffer of :func:`sp_gather_buffer_bytes`.)"""
+    return BF16_BYTES * x.t_sp * model.hidden_size
+
+
+def dense_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Backward working set of a dense layer at its peak: the gradient of the fc1 output
+    (``t x 2f`` gated, the widest activation gradient) beside :func:`_backward_common`. With
+    fused kernels (SwiGLU backward, weight-gradient accumulation into ``main_grad``) nothing
+    else of that size is alive. Measured on Megatron-Core 0.16.1 (``benchmarks/memory_truth.py``:
+    Llama 3 8B at 4k tokens, 270.5 MB measured vs 268.4 MB here at tp 1, 169.9 vs 167.8 at tp 2
+    with SP); one layer's stored activations, tune-cp's earlier bound, is 2.3x this."""
+    f = P.cdiv(model.ffn_hidden_size, x.tp)
+    up = (2 if model.gated_mlp else 1) * f
+    return BF16_BYTES * x.t * up + _backward_common(model, x)
+
+
+def moe_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Backward working set of an MoE layer: the gradient of the experts' fc1 output (``rows x
+    2 f_e / etp`` with ``rows = t_sp k etp`` dispatched tokens), the gradient of the permuted
+    tokens on their way back (``t_sp x h`` per top-k copy is folded into one more ``t_sp x h``
+    as measured) and :func:`_backward_common`. Measured on Megatron-Core 0.16.1 (Mixtral 8x7B,
+    4k tokens, ep 8: 539 MB measured vs 537 MB here), about half one layer's stored activations."""
+    fe = P.cdiv(model.expert_ffn_hidden_size, x.etp)
+    up = (2 if model.gated_mlp else 1) * fe
+    rows = x.t_sp * model.moe_top_k * x.etp
+    return BF16_BYTES * rows * up + BF16_BYTES * x.t_sp * model.hidden_size + _backward_common(model, x)
+
+
+def embedding_backward_bytes(model: ModelSpec, x: ActShape, vocab_loc: int) -> int:
+    """Working set of the vocab-parallel embedding's backward on the first stage: its dense
+    bf16 weight gradient (``V / tp x h``, added to ``main_grad`` by the DDP hook afterwards),
+    the gradient of its output, and under sequence parallelism that gradient all-gathered to
+    ``t x h``. Measured on Megatron-Core 0.16.1 (Llama 3 70B, tp 8, 4k tokens: the first stage's
+    peak is here). By then the micro-batch's decoder layers have run backward, so
+    :func:`activation_units` nets out (at least) the first layer's stored activations."""
+    h = model.hidden_size
+    gathered = BF16_BYTES * x.t * h if x.t_sp != x.t else 0
+    return BF16_BYTES * vocab_loc * h + BF16_BYTES * x.t_sp * h + gathered
+
+
+def sp_gather_buffer_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Megatron-Core's persistent all-gather buffer for sequence parallelism: every
+    column-parallel GEMM (QKV, fc1, the output layer) gathers its ``t_sp x h`` input into one
+    ``t x h`` bf16 buffer from ``get_global_memory_buffer()`` (``tensor_parallel/layers.py``),
+    allocated at the first gather and kept for the run. Measured: the last stage's peak at the
+    loss is this buffer above the stored activations and logits (35.8 MB at 4k tokens, Llama 3
+    8B, tp 2 and tp 4)."""
+    return BF16_BYTES * x.t * model.hidden_size if x.t_sp != x.t else 0
+
+
 def kept_bytes(tensors: list[Tensor], modules: frozenset[str]) -> int:
     """Bytes of the tensors that the selective-recompute ``modules`` do not drop."""
     return sum(t.bytes for t in tensors if not (t.dropped_by & modules))
@@ -670,6 +728,10 @@ class ActivationUnits:
 
     dense_layer: int
     moe_layer: int
+    dense_backward: int
+    moe_backward: int
+    embedding_backward: int
+    sp_buffer: int
     moe_imbalance: int
     ckpt_input: int
     embedding: int
@@ -719,9 +781,16 @@ def activation_units(
         else P.kv_heads_per_rank(model, cfg.tp) * model.head_dim
     )
     cp_buffers = 2 * 2 * BF16_BYTES * x.t * kv_w if cfg.cp > 1 else 0
+    first_kind = moe if model.is_moe and not model.num_dense_layers else dense
+    freed = BF16_BYTES * x.t_sp * h if cfg.recompute is Recompute.FULL else first_kind
+    emb_bwd = max(0, embedding_backward_bytes(model, x, vocab_loc) - freed)
     return ActivationUnits(
         dense_layer=dense,
+        embedding_backward=emb_bwd,
         moe_layer=moe,
+        dense_backward=dense_backward_bytes(model, x) if model.ffn_hidden_size else 0,
+        moe_backward=moe_backward_bytes(model, x) if model.is_moe else 0,
+        sp_buffer=sp_gather_buffer_bytes(model, x),
         moe_imbalance=moe_extra,
         ckpt_input=BF16_BYTES * x.t_sp * h,
         embedding=embedding,
@@ -903,7 +972,8 @@ def combine(
     logits = c.inflight_output * au.output + c.has_output * au.logits_transient
     recompute_ws = vmax([d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups])
     backward_ws = (
-        vmax([c.has_dense * au.dense_layer, c.has_moe * au.moe_layer])
+        vmax([c.has_dense * au.dense_backward, c.has_moe * au.moe_backward,
+              c.has_embedding * au.embedding_backward])
         if ov.backward_working_set
         else 0
     )
@@ -915,6 +985,7 @@ def combine(
     )
     t["cp_buffers"] = c.has_layers * au.cp_buffers
     t["pipeline_buffers"] = au.pipeline_buffers
+    t["sp_gather_buffer"] = au.sp_buffer
     t["runtime_context"] = ov.runtime_context_bytes
     t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group
     t["dispatcher_buffers"] = ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0

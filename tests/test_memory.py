@@ -41,14 +41,18 @@ def test_hand_worked_tiny_model():
     # activations per layer per micro-batch: T = 2 x 32 = 64 tokens, 32 after SP
     attn = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * (32 + 16 + 16) + 4 * 64 * 2 + 2 * 64 * 32
     # RoPE: rotated Q and K held beside the QKV output (2 x 64 x (32 + 16)), and unfused
-    # RoPE's cos/sin tables for Q and for K (4 x 2 x 64 x head_dim 16)
-    attn += 2 * 64 * (32 + 16) + 4 * 2 * 64 * 16
+    # RoPE's cos/sin tables for Q and for K, shared by the micro-batch's 2 sequences
+    # (4 x 2 x seq 32 x head_dim 16)
+    attn += 2 * 64 * (32 + 16) + 4 * 2 * 32 * 16
     mlp = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * 128 + 2 * 64 * 64
     layer = attn + mlp
-    assert layer == 68352
+    assert layer == 64256
     # norm, output-layer input, fp32 logits, int64 target + bool mask of the cross entropy
     logits = (2 * 32 * 64 + 4 * 32) + 2 * 32 * 64 + 4 * 64 * 512 + 9 * 64
     p2p = 2 * 2 * 32 * 64
+    # backward working set: gradient of the fc1 output (2 x 64 x 128) and of the layer output
+    # (2 x 32 x 64); SP's persistent all-gather buffer: 2 x 64 x 64
+    bws, sp_buf = 2 * 64 * 128 + 2 * 32 * 64, 2 * 64 * 64
     s0, s1 = rep.stages
     # 1F1B with 4 micro-batches: stage 0 holds 2 in flight, stage 1 holds 1
     # + input ids (int64) and the vocab-parallel embedding's bool mask of 2 micro-batches
@@ -59,11 +63,12 @@ def test_hand_worked_tiny_model():
         "gradients": 4 * stage0_params,
         "optimizer": 12 * stage0_params,  # dp x cp = 1: 69888 is already a multiple of 128
         "activations": act0,
-        "backward_working_set": layer,
+        "backward_working_set": bws,
         "pipeline_buffers": p2p,
+        "sp_gather_buffer": sp_buf,
         "runtime_context": 1000,
         "collective_buffers": 2 * 10,  # tp and pp groups
-        "fragmentation": (act0 + layer + p2p) * 50_000 // 1_000_000,
+        "fragmentation": (act0 + bws + p2p) * 50_000 // 1_000_000,
     }
     assert {k: v for k, v in s0.terms.items() if v} == expect0
     assert s1.terms["weights"] == 2 * stage1_params and stage1_params == 69952
@@ -71,13 +76,13 @@ def test_hand_worked_tiny_model():
     assert s1.terms["logits_loss"] == logits + 2 * 64 * 512  # + bf16 logits while the loss runs
     assert s1.terms["activations"] == act1
     # the logits (195,264 B) are freed before any layer runs backward: the backward working set
-    # (one layer, 68,352 B) never coexists with them and adds nothing on stage 1
+    # (20,480 B) never coexists with them and adds nothing on stage 1
     assert s1.terms["backward_working_set"] == 0
-    total0 = (18 * stage0_params + act0 + layer + p2p + 1000 + 20
-              + (act0 + layer + p2p) * 50_000 // 1_000_000)
+    total0 = (18 * stage0_params + act0 + bws + p2p + sp_buf + 1000 + 20
+              + (act0 + bws + p2p) * 50_000 // 1_000_000)
     transient1 = act1 + logits + 2 * 64 * 512 + p2p
-    total1 = (2 + 4) * stage1_params + 12 * 70016 + transient1 + 1020 + transient1 // 20
-    assert (total0, total1) == (1_627_663, 1_628_844)
+    total1 = (2 + 4) * stage1_params + 12 * 70016 + transient1 + sp_buf + 1020 + transient1 // 20
+    assert (total0, total1) == (1_568_386, 1_628_434)
     assert s0.total_bytes == total0 and s1.total_bytes == total1
     assert rep.peak_stage == 1 and rep.peak_bytes == total1
 
