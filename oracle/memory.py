@@ -782,8 +782,8 @@ def activation_units(
     )
     cp_buffers = 2 * 2 * BF16_BYTES * x.t * kv_w if cfg.cp > 1 else 0
     first_kind = moe if model.is_moe and not model.num_dense_layers else dense
-    freed = BF16_BYTES * x.t_sp * h if cfg.recompute is Recompute.FULL else first_kind
-    emb_bwd = max(0, embedding_backward_bytes(model, x, vocab_loc) - freed)
+    # independent of the recompute kind (the solver tabulates these units without it)
+    emb_bwd = max(0, embedding_backward_bytes(model, x, vocab_loc) - first_kind)
     return ActivationUnits(
         dense_layer=dense,
         embedding_backward=emb_bwd,

@@ -43,8 +43,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("l8b-pp4-first", "micro_peak"): _EMB_BWD,
     ("l8b-pp2-vpp2-first", "micro_peak"): _EMB_BWD,
     ("l8b-full-block-k1", "layer_dense"): _SHARED_FREQS,
-    ("l8b-full-block-k1", "micro_peak"): "full recompute on the first stage: the embedding "
-    "backward working set is netted against the checkpoint input only (an over-count)",
     ("l8b-full-uniform-k2", "layer_dense"): _SHARED_FREQS,
     ("l70b-tp8-pp4-full-uniform-k4", "layer_dense"): _SHARED_FREQS,
     ("l70b-tp8-pp4-full-uniform-k4", "micro_peak"): _TP8_BWD,
