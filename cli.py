@@ -8,6 +8,7 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from oracle import params as P
 from oracle.catalog import gpu_entries, load_gpu, load_model, model_entries
+from oracle.inputs import check_output_path, one_line
 from oracle.memory import TERMS, MemoryOverheads
 from oracle.projection import Projection, project
 from oracle.specs import (
@@ -46,6 +48,33 @@ EXIT_USAGE = 2
 # ----------------------------------------------------------------------------- plumbing
 
 
+class AsciiIntRange(click.IntRange):
+    """An integer option written in ASCII digits with an optional leading minus (no ``+``,
+    underscores, spaces, or non-ASCII digits such as fullwidth or Arabic-Indic ones, which
+    Python's ``int()`` would take), at most 19 digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,19}", value):
+            self.fail(f"{value!r} is not an integer (write ASCII digits, e.g. 8)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float option that also refuses NaN and infinities (which pass click's range check)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and len(value) > MAX_NUMBER_CHARS:
+            self.fail(f"{value[:40]!r}... is not a number", param, ctx)
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+#: Longest number a flag may spell (digits, sign, point, exponent).
+MAX_NUMBER_CHARS = 64
+
+
 class UserError(click.ClickException):
     """A one-line input error (exit 2)."""
 
@@ -64,8 +93,20 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         fail(f"invalid {kind}: {validation_message(e)}")
 
 
+def strict_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, infinities) replaced by ``null``, so that
+    ``--json`` output is always strict JSON (RFC 8259 has no NaN/Infinity)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict_json(v) for v in data]
+    return data
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
 
 
 def gib(n: int | float) -> str:
@@ -91,14 +132,14 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
                               "or a tune-cp model YAML/JSON file."),
             click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
                          help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
-            click.option("--nodes", type=click.IntRange(1, 1 << 20), required=required,
+            click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
                          help="Number of nodes."),
-            click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+            click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
                          help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
                               "GB200/GB300 trays]"),
-            click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+            click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
                          help="Sequence length  [default: the model's usual one]"),
-            click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+            click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
                          help="Global batch size in sequences  [default: the model's reference]"),
             click.option("--precision", type=enum_choice(Precision), default="bf16",
                          show_default=True, help="Training precision."),
@@ -123,19 +164,19 @@ def grad_dtype_option(f: Callable) -> Callable:
 def config_options(f: Callable) -> Callable:
     for opt in reversed(
         [
-            click.option("--tp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--tp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Tensor-parallel size."),
-            click.option("--pp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+            click.option("--pp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
                          help="Pipeline-parallel size."),
-            click.option("--vpp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+            click.option("--vpp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
                          help="Virtual pipeline stages per rank (interleaved schedule when > 1)."),
-            click.option("--cp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--cp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Context-parallel size."),
-            click.option("--ep", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--ep", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Expert-parallel size."),
-            click.option("--etp", type=click.IntRange(1, 1 << 20), default=None,
+            click.option("--etp", type=AsciiIntRange(1, 1 << 20), default=None,
                          help="Expert tensor-parallel size  [default: tp]"),
-            click.option("--mbs", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--mbs", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Micro-batch size."),
             click.option("--recompute", type=enum_choice(Recompute), default="none",
                          show_default=True, help="Activation recomputation granularity."),
@@ -143,7 +184,7 @@ def config_options(f: Callable) -> Callable:
                          default="block", show_default=True,
                          help="Full recompute: block (first N layers of each virtual stage) or "
                               "uniform (groups of N)."),
-            click.option("--recompute-layers", type=click.IntRange(0, 100_000), default=None,
+            click.option("--recompute-layers", type=AsciiIntRange(0, 100_000), default=None,
                          help="Full recompute: N layers per virtual stage  [default: all]"),
             click.option("--recompute-modules", default=None,
                          help="Selective recompute modules, comma separated  [default: core_attn]"),
@@ -184,7 +225,7 @@ def overhead_options(f: Callable) -> Callable:
              "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable).",
     )(f)
     f = click.option(
-        "--memory-margin", type=click.FloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
+        "--memory-margin", type=FiniteFloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
         show_default=True, help="Fraction of HBM kept free beyond the modelled terms (0 allowed).",
     )(f)
     f = click.option(
@@ -201,9 +242,27 @@ def parse_size(name: str, raw: str) -> int:
     """``512MiB``, ``2GiB``, ``1073741824`` -> bytes."""
     match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)", raw.strip())
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in SIZE_UNITS:
+    if match is None or unit not in SIZE_UNITS or len(raw) > MAX_NUMBER_CHARS:
         fail(f"--overhead {name}: {raw!r} is not a size (e.g. 512MiB, 2GiB, 1073741824)")
-    return round(float(match.group(1)) * SIZE_UNITS[unit])
+    size = float(match.group(1)) * SIZE_UNITS[unit]
+    if not size < MAX_SIZE_BYTES:
+        fail(f"--overhead {name}: {raw!r} is not a size below 1 EiB (2**60 bytes)")
+    return round(size)
+
+
+#: Largest size ``--overhead NAME_bytes=`` takes (1 EiB; keeps byte sums within int64).
+MAX_SIZE_BYTES = 2**60
+
+
+def finite_number(what: str, raw: str) -> float:
+    """``raw`` as a finite float, else a one-line user error naming ``what``."""
+    try:
+        x = float(raw) if len(raw) <= MAX_NUMBER_CHARS else math.nan
+    except ValueError:
+        fail(f"{what}: {raw!r} is not a number")
+    if not math.isfinite(x):
+        fail(f"{what}: {raw!r} is not a finite number")
+    return x
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
@@ -222,10 +281,7 @@ def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
                 fail(f"--overhead backward_working_set: {raw!r} must be true or false")
             values[name] = flag in ("true", "1", "yes", "on")
         else:
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                fail(f"--overhead {name}: {raw!r} is not a number")
+            values[name] = finite_number(f"--overhead {name}", raw)
     return build("--overhead", MemoryOverheads, **values)
 
 
@@ -382,6 +438,10 @@ def main() -> None:
 
 
 EXPORTERS = ("megatron", "primus", "nemo")
+#: Extensions ``--pareto`` / ``--plot`` draw to (matplotlib's vector and raster formats).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+#: Extensions ``--trials-out`` writes (JSON lines).
+TRIALS_SUFFIXES = (".jsonl", ".json")
 
 
 def export_option(f: Callable) -> Callable:
@@ -623,7 +683,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 
 @main.command("search")
 @cluster_options
-@click.option("--top", "top_k", type=click.IntRange(1, 1000), default=10, show_default=True,
+@click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
               help="How many configurations to list.")
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable).")
@@ -643,16 +703,16 @@ def parse_baseline(text: str) -> ParallelConfig:
                    "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]")
 @click.option("--lm-base-url", default=None, metavar="URL",
               help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. http://127.0.0.1:8000/v1")
-@click.option("--lm-rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+@click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
               help="Planner rounds (one LM call each).")
-@click.option("--lm-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+@click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0, show_default=True,
               help="Seconds one LM call may take.")
-@click.option("--lm-budget", type=click.FloatRange(1, 86400), default=180.0, show_default=True,
+@click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0, show_default=True,
               help="Seconds the whole LLM phase may take.")
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
               help="Write every evaluated candidate as JSON lines.")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
-@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+@click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
                    "order).")
 @click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
@@ -685,6 +745,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
     from solver.constraints import as_constraints
 
+    if trials_out is not None:
+        check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
+    if pareto_path is not None:
+        check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--gpu {gpu_name} (default)")
@@ -692,7 +756,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                                           gbs, precision, defaults)
     lm = None
     if lm_model:
-        if "/" not in lm_model:
+        provider, _, lm_id = lm_model.partition("/")
+        if not provider.strip() or not lm_id.strip():
             fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
                  f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
         lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout)
@@ -747,6 +812,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         click.echo(exported)
 
 
+#: Highest price per GPU-hour taken (keeps costs finite; no GPU rents for more).
+MAX_PRICE_PER_GPU_HOUR = 1e6
+
+
 def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
     """``2.5`` (every GPU) or ``h100=2.5,b200=4.1`` -> price per GPU-hour by GPU name."""
     if not text:
@@ -755,12 +824,13 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, sep, raw = item.rpartition("=")
         try:
-            price = float(raw)
+            price = float(raw) if len(raw) <= MAX_NUMBER_CHARS else math.nan
         except ValueError:
             fail(f"--price-per-gpu-hour {item!r}: {raw!r} is not a number; write 2.5 or "
                  f"h100=2.5,b200=4")
-        if price < 0:
-            fail(f"--price-per-gpu-hour {item!r}: a price cannot be negative")
+        if not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
+            fail(f"--price-per-gpu-hour {item!r}: a price is a finite number from 0 to "
+                 f"{MAX_PRICE_PER_GPU_HOUR:g} per GPU-hour")
         if not sep:
             out.update(dict.fromkeys(gpus, price))
             continue
@@ -776,21 +846,21 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Catalog name, a Hugging Face config.json, or a tune-cp model file.")
 @click.option("--gpu", "gpu_names", default="mi355x", show_default=True,
               help="One or several GPUs, comma separated (e.g. h100,b200,mi355x).")
-@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
               help="GPUs per node  [default: each GPU's usual node size]")
-@click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+@click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
               help="Sequence length  [default: the model's usual one]")
-@click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+@click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
               help="Global batch size  [default: the model's reference]")
 @click.option("--precision", type=enum_choice(Precision), default="bf16", show_default=True,
               help="Training precision (FP8 falls back to BF16 on GPUs without FP8).")
-@click.option("--tokens", type=click.FloatRange(1, 1e18), default=None,
+@click.option("--tokens", type=FiniteFloatRange(1, 1e18), default=None,
               help="Tokens to train, e.g. 15e12: adds time to train, GPU-hours and cost.")
 @click.option("--price-per-gpu-hour", "prices", default=None, metavar="PRICE|GPU=PRICE,...",
               help="Cost per GPU-hour, one for all or per GPU (h100=2.5,b200=4).")
-@click.option("--max-nodes", type=click.IntRange(1, 1 << 16), default=1024, show_default=True,
+@click.option("--max-nodes", type=AsciiIntRange(1, 1 << 16), default=1024, show_default=True,
               help="Largest node count considered.")
-@click.option("--points", type=click.IntRange(1, 16), default=6, show_default=True,
+@click.option("--points", type=AsciiIntRange(1, 16), default=6, show_default=True,
               help="Node counts in the table: the smallest that fits, then powers of two.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw throughput and time to train against nodes to this PNG.")
@@ -809,6 +879,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
 
     from agent.plan import plan, training_for_precision
 
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
     model = load_model(model_name)
     names = [n.strip() for n in gpu_names.split(",") if n.strip()]
     if not names:
@@ -887,8 +959,13 @@ def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
 
-    if not os.path.isfile(runs_path):
+    from oracle.inputs import check_regular_file, exists
+
+    if not exists(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
+    check_regular_file(runs_path, "--runs file")
+    if out_path is not None:
+        check_output_path(out_path, "calibrate --out", (".json",))
     report = calibrate(runs_path, out_path)
     if not report.rows_used:
         fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
@@ -922,15 +999,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         click.echo("tune-cp: aborted", err=True)
         return 130
     except click.ClickException as e:
-        click.echo(f"tune-cp: error: {e.format_message()}".splitlines()[0], err=True)
+        click.echo(f"tune-cp: error: {one_line(e.format_message())}", err=True)
         return e.exit_code
     except ConfigError as e:
-        click.echo(f"tune-cp: error: {e}", err=True)
+        click.echo(f"tune-cp: error: {one_line(str(e))}", err=True)
         return EXIT_USAGE
     except Exception as e:  # a bug: one line, the traceback only when asked for
         if os.environ.get("TUNE_CP_DEBUG"):
             raise
-        click.echo(f"tune-cp: internal error: {type(e).__name__}: {e} "
+        click.echo(f"tune-cp: internal error: {type(e).__name__}: {one_line(str(e))[:500]} "
                    f"(set TUNE_CP_DEBUG=1 for the traceback)", err=True)
         return 3
     return 0

@@ -267,6 +267,14 @@ class ClusterSpec(Spec):
     num_nodes: int = Field(ge=1, le=MAX_GPUS)
     gpus_per_node: int = Field(ge=1, le=1024)
 
+    @model_validator(mode="after")
+    def _world_size(self) -> ClusterSpec:
+        if self.num_nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs = "
+                             f"{self.num_nodes * self.gpus_per_node:,} GPUs; at most {MAX_GPUS:,} "
+                             f"GPUs in all")
+        return self
+
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
