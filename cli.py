@@ -558,7 +558,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if outcome.batch_error is not None:
         fail(outcome.batch_error.message)
     projection = None
-    if outcome.memory is not None:  # the layout exists (it may still be out of memory)
+    unprojectable = any(v.rule == "precision" for v in outcome.violations)
+    if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)

@@ -48,9 +48,9 @@ from oracle.specs import (
     TrainingSpec,
 )
 from solver.constraints import HardConstraint, SoftObjective, axis_values
-from solver.explain import explain_infeasible
+from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
+from solver.rules import DEFAULT_MEMORY_MARGIN, RULES, training_precision
 from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -311,6 +311,17 @@ def _change(cfg: ParallelConfig, goal: dict[str, Any], f: str) -> str:
     return f"{f} {show(getattr(cfg, f))} -> {show(goal[f])}"
 
 
+def precision_explanation(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                          refused: Sequence[Any]) -> Explanation:
+    """The explanation when the training precision itself is illegal on the GPU."""
+    fixes = ["--precision bf16"] + (["--precision fp8"] if cluster.gpu.peak_fp8_flops else [])
+    return Explanation(
+        feasible=False, conflict=("precision",), relaxations=tuple(fixes), gpu=cluster.gpu.name,
+        setting=f"{model.name} on {cluster.num_nodes} x {cluster.gpus_per_node} "
+                f"{cluster.gpu.name} (seq {training.seq_len}, gbs {training.global_batch_size}, "
+                f"{training.precision.value}: {refused[0].message})")
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
            opts: SearchOptions) -> SearchResult:
     """Run the whole search. Raises :class:`NoFeasibleConfiguration` (with an explanation)
@@ -318,6 +329,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     defaults: list[str] = []
+    refused = training_precision(cluster, training)
+    if refused:  # no layout can fix it: say so before enumerating
+        raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)

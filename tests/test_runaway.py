@@ -106,3 +106,15 @@ def test_explanation_of_a_huge_batch_is_bounded():
     assert not why.feasible and "batch" in why.conflict
     assert why.max_nodes in (1, 2)
     assert time.monotonic() - t0 < 60
+
+
+def test_fp4_refused_before_enumeration(run_cli):
+    t0 = time.monotonic()
+    code, out, err = run_cli("--model", "llama3-8b", "--gpu", "a100", "--nodes", "1",
+                             "--precision", "fp4")
+    assert code == 1 and not err
+    assert "the precision [precision]" in out and "fix: --precision bf16" in out
+    assert time.monotonic() - t0 < 5
+    code, out, _ = run_cli("check", "--model", "llama3-8b", "--gpu", "a100", "--nodes", "1",
+                           "--precision", "fp4")
+    assert code == 1 and "[precision] precision fp4 (NVFP4) needs FP4 tensor cores" in out
