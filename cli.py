@@ -555,8 +555,6 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                   memory_margin=memory_margin,
                                   allow_cross_scale_up=allow_cross_scale_up,
                                   constraints=constraints)
-    if outcome.batch_error is not None:
-        fail(outcome.batch_error.message)
     projection = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
@@ -659,6 +657,23 @@ BASELINE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "reco
                  "pipeline_split")
 
 
+def write_trials(result: Any, path: str) -> None:
+    """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
+    from solver.check import config_json
+
+    ranked, training = result.ranked, result.training
+    with open(path, "w") as fh:
+        for t in result.trials:
+            fh.write(json.dumps(strict_json(t.to_json()), allow_nan=False) + "\n")
+        for rank, i in enumerate(ranked.order.tolist(), start=1):
+            row = {"phase": "exhaustive ranking", "label": f"rank {rank}",
+                   "config": config_json(ranked.configs[i], training), "legal": True,
+                   "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
+                   "tokens_per_s_per_gpu": float(ranked.tokens[i]),
+                   "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
+            fh.write(json.dumps(strict_json(row), allow_nan=False) + "\n")
+
+
 def parse_baseline(text: str) -> ParallelConfig:
     """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration."""
     values: dict[str, Any] = {}
@@ -711,7 +726,10 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0, show_default=True,
               help="Seconds the whole LLM phase may take.")
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
-              help="Write every evaluated candidate as JSON lines.")
+              help="Write every evaluated candidate as JSON lines (.jsonl): first each "
+                   "configuration the baseline, seed, LLM and attribution steps judged (legal or "
+                   "not, with its violations), then every configuration of the exhaustive "
+                   "ranking, best first (phase \"exhaustive ranking\", with its rank).")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
 @click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
@@ -786,9 +804,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         sys.exit(EXIT_ILLEGAL)
     result.defaults[:0] = defaults
     if trials_out:
-        with open(trials_out, "w") as fh:
-            for t in result.trials:
-                fh.write(json.dumps(t.to_json()) + "\n")
+        write_trials(result, trials_out)
     from agent.report import render_search, search_json
 
     if pareto_path:

@@ -13,6 +13,7 @@ share of throughput worth giving up for it); a configuration that does not satis
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from agent.llm import (
     run_llm_phase,
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
+from oracle.inputs import finite
 from oracle.memory import MemoryOverheads
 from oracle.projection import ConfigBatch, score_configs
 from oracle.specs import (
@@ -76,11 +78,11 @@ class Preference:
         if not sep:
             cond, w = text, "0.1"
         try:
-            weight = float(w)
+            weight = float(w) if len(w) <= 64 else math.nan
         except ValueError:
             raise ConfigError(f"preference {text!r}: weight {w!r} is not a number; write "
                               f"'CONDITION:0.1'") from None
-        if not 0 < weight <= MAX_PREFERENCE_WEIGHT:
+        if not (math.isfinite(weight) and 0 < weight <= MAX_PREFERENCE_WEIGHT):
             raise ConfigError(f"preference {text!r}: weight {weight:g} must be in "
                               f"(0, {MAX_PREFERENCE_WEIGHT:g}]")
         obj = SoftObjective.of(cond)
@@ -509,7 +511,8 @@ def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive
                 rnd.rejected.append(f"constraint {h.expr[:80]!r}: {e}")
         for o in hints.soft_objectives[:MAX_ITEMS]:
             try:
-                w = min(max(float(o.weight), 0.01), MAX_PREFERENCE_WEIGHT)
+                w = finite(o.weight, "weight")  # NaN would survive min/max clamping
+                w = min(max(w, 0.01), MAX_PREFERENCE_WEIGHT)
                 p = Preference.parse(f"{o.expr[:300]}:{w}", origin="llm")
                 prefs.append(Preference(p.condition, p.weight, o.rationale[:300], "llm"))
                 rnd.accepted.append(f"preference {p.condition} (weight {p.weight:g})")
