@@ -63,8 +63,12 @@ class FiniteFloatRange(click.FloatRange):
     """A float option that also refuses NaN and infinities (which pass click's range check)."""
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if isinstance(value, str) and len(value) > MAX_NUMBER_CHARS:
-            self.fail(f"{value[:40]!r}... is not a number", param, ctx)
+        from oracle.inputs import NUMBER_SPELLING
+
+        if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf") and (
+                len(value) > MAX_NUMBER_CHARS or not NUMBER_SPELLING.fullmatch(value.strip())):
+            self.fail(f"{value[:40]!r} is not a number (write ASCII digits, e.g. 0.1)", param,
+                      ctx)
         rv = super().convert(value, param, ctx)
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number", param, ctx)
@@ -255,14 +259,10 @@ MAX_SIZE_BYTES = 2**60
 
 
 def finite_number(what: str, raw: str) -> float:
-    """``raw`` as a finite float, else a one-line user error naming ``what``."""
-    try:
-        x = float(raw) if len(raw) <= MAX_NUMBER_CHARS else math.nan
-    except ValueError:
-        fail(f"{what}: {raw!r} is not a number")
-    if not math.isfinite(x):
-        fail(f"{what}: {raw!r} is not a finite number")
-    return x
+    """``raw`` as a finite float spelled in ASCII, else a one-line user error naming ``what``."""
+    from oracle.inputs import parse_number
+
+    return parse_number(raw.strip(), what)
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
@@ -764,6 +764,16 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
     from solver.constraints import as_constraints
 
+    # every flag is checked before any file is read or any work starts (issue 16)
+    hard = as_constraints(constraints)
+    prefs = tuple(Preference.parse(p) for p in preferences)
+    baseline = parse_baseline(baseline_text) if baseline_text else None
+    mem_overheads = parse_overheads(overheads)
+    if lm_model:
+        provider, _, lm_id = lm_model.partition("/")
+        if not provider.strip() or not lm_id.strip():
+            fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
+                 f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
     if trials_out is not None:
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
@@ -773,18 +783,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         defaults.append(f"--gpu {gpu_name} (default)")
     model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
                                           gbs, precision, defaults)
-    lm = None
-    if lm_model:
-        provider, _, lm_id = lm_model.partition("/")
-        if not provider.strip() or not lm_id.strip():
-            fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
-                 f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
-        lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout)
+    lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
-        top_k=top_k, constraints=as_constraints(constraints),
-        preferences=tuple(Preference.parse(p) for p in preferences),
-        baseline=parse_baseline(baseline_text) if baseline_text else None,
-        allow_fp8=allow_fp8, overheads=parse_overheads(overheads), memory_margin=memory_margin,
+        top_k=top_k, constraints=hard, preferences=prefs, baseline=baseline,
+        allow_fp8=allow_fp8, overheads=mem_overheads, memory_margin=memory_margin,
         allow_cross_scale_up=allow_cross_scale_up, calibration=calibration, goal=goal,
         lm=lm, lm_name=lm_model,
         budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
@@ -840,11 +842,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, sep, raw = item.rpartition("=")
-        try:
-            price = float(raw) if len(raw) <= MAX_NUMBER_CHARS else math.nan
-        except ValueError:
-            fail(f"--price-per-gpu-hour {item!r}: {raw!r} is not a number; write 2.5 or "
-                 f"h100=2.5,b200=4")
+        price = finite_number(f"--price-per-gpu-hour {item!r}", raw.strip())
         if not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
             fail(f"--price-per-gpu-hour {item!r}: a price is a finite number from 0 to "
                  f"{MAX_PRICE_PER_GPU_HOUR:g} per GPU-hour")

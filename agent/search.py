@@ -33,7 +33,7 @@ from agent.llm import (
     run_llm_phase,
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
-from oracle.inputs import finite
+from oracle.inputs import finite, parse_number
 from oracle.memory import MemoryOverheads
 from oracle.projection import ConfigBatch, score_configs
 from oracle.specs import (
@@ -78,8 +78,8 @@ class Preference:
         if not sep:
             cond, w = text, "0.1"
         try:
-            weight = float(w) if len(w) <= 64 else math.nan
-        except ValueError:
+            weight = parse_number(w.strip(), "weight")
+        except ConfigError:
             raise ConfigError(f"preference {text!r}: weight {w!r} is not a number; write "
                               f"'CONDITION:0.1'") from None
         if not (math.isfinite(weight) and 0 < weight <= MAX_PREFERENCE_WEIGHT):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,24 @@ def check_output_path(path: str | Path, what: str, suffixes: tuple[str, ...]) ->
     os.close(fd)
     os.unlink(p)
     return p
+
+
+#: How a number may be spelled on the command line and in text fields: ASCII digits, an optional
+#: sign, point and exponent (``8``, ``-0.5``, ``1e-3``, ``.25``). Python's ``float()``/``int()``
+#: also take ``1_000``, fullwidth and Arabic-Indic digits and surrounding spaces; tune-cp does
+#: not, so that what it reads is what the user sees.
+NUMBER_SPELLING = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+#: Longest number spelled (characters): 64 covers any float with its exponent.
+MAX_NUMBER_CHARS = 64
+
+
+def parse_number(text: str, what: str) -> float:
+    """``text`` (an ASCII decimal, see :data:`NUMBER_SPELLING`) as a finite float; else a
+    one-line ConfigError naming ``what``."""
+    if len(text) > MAX_NUMBER_CHARS or not NUMBER_SPELLING.fullmatch(text):
+        raise ConfigError(f"{what}: {text[:MAX_NUMBER_CHARS]!r} is not a number (write ASCII "
+                          f"digits, e.g. 0.1 or 2e-3)")
+    x = float(text)
+    if not math.isfinite(x):
+        raise ConfigError(f"{what}: {text!r} is not a finite number")
+    return x

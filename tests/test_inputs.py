@@ -185,7 +185,10 @@ def test_runs_csv_numbers(tmp_path):
 @pytest.mark.parametrize("args, match", [
     (("--memory-margin", "nan"), "'nan' is not a finite number"),
     (("--overhead", "runtime_context_bytes=1e400"), "is not a size below 1 EiB"),
-    (("--overhead", "fragmentation=inf"), "'inf' is not a finite number"),
+    (("--overhead", "fragmentation=inf"), "'inf' is not a number (write ASCII digits"),
+    (("--overhead", "moe_routing_imbalance=٣٢"), "'٣٢' is not a number"),
+    (("--overhead", "fragmentation=1e400"), "'1e400' is not a finite number"),
+    (("--memory-margin", "٠"), "is not a number (write ASCII digits"),
     (("--tp", "１"), "'１' is not an integer (write ASCII digits"),
     (("--tp", "1_0"), "'1_0' is not an integer"),
     (("--tp", "+4"), "'+4' is not an integer"),
@@ -203,9 +206,10 @@ def test_world_size_bounded(run_cli):
 @pytest.mark.parametrize("args, match", [
     (("--tokens", "nan"), "'nan' is not a finite number"),
     (("--tokens", "inf"), "inf is not in the range 1<=x<=1e+18"),
-    (("--price-per-gpu-hour", "nan"), "a price is a finite number from 0 to 1e+06"),
-    (("--price-per-gpu-hour", "h100=1e308"), "a price is a finite number"),
-    (("--price-per-gpu-hour", "1e400"), "a price is a finite number"),
+    (("--price-per-gpu-hour", "nan"), "'nan' is not a number"),
+    (("--price-per-gpu-hour", "h100=1e308"), "a price is a finite number from 0 to 1e+06"),
+    (("--price-per-gpu-hour", "1e400"), "'1e400' is not a finite number"),
+    (("--price-per-gpu-hour", "１"), "'１' is not a number"),
 ])
 def test_plan_flags(run_cli, args, match):
     assert match in one_error(run_cli, "plan", "--model", "llama3-8b", "--gpu", "h100", *args)
