@@ -118,3 +118,18 @@ def test_fp4_refused_before_enumeration(run_cli):
     code, out, _ = run_cli("check", "--model", "llama3-8b", "--gpu", "a100", "--nodes", "1",
                            "--precision", "fp4")
     assert code == 1 and "[precision] precision fp4 (NVFP4) needs FP4 tensor cores" in out
+
+
+def test_dimensions_beyond_64_bits_are_an_input_error(run_cli, tmp_path):
+    """hidden_size 2**24 with one head drove CP-SAT to MODEL_INVALID (exit 3)."""
+    import json
+
+    cfg = {"model_type": "mixtral", "hidden_size": 16777216, "num_attention_heads": 1,
+           "num_key_value_heads": 1, "num_hidden_layers": 32, "vocab_size": 32000,
+           "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, _, err = run_cli("--model", str(path), "--nodes", "1")
+    assert code in (1, 2) and "internal error" not in err
+    if code == 2:
+        assert "too large for the solver's 64-bit arithmetic" in err and err.count("\n") == 1
