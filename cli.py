@@ -68,7 +68,7 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def gib(n: int | float) -> str:
+def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
@@ -395,7 +395,11 @@ def export_option(f: Callable) -> Callable:
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 cfg: ParallelConfig) -> str:
-    from oracle.frameworks import to_megatron_args, to_nemo_overrides, to_primus_overrides
+    from oracle.frameworks import (
+        to_megatron_args,
+        to_nemo_overrides,
+        to_primus_overrides,
+    )
 
     fn = {"megatron": to_megatron_args, "primus": to_primus_overrides,
           "nemo": to_nemo_overrides}[fmt]
@@ -497,9 +501,13 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                   constraints=constraints)
     if outcome.batch_error is not None:
         fail(outcome.batch_error.message)
-    projection = None
+    projection = interval = None
     if outcome.memory is not None:  # the layout exists (it may still be out of memory)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+        from oracle.uncertainty import load_residuals
+
+        interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
+                                             projection.tokens_per_s_per_gpu)
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)
     imported = None if run is None else {
@@ -509,6 +517,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
                    "training": training.model_dump(mode="json"), **outcome.to_json(),
                    "projection": projection.model_dump() if projection else None,
+                   "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
@@ -529,6 +538,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if projection is not None:
         for line in render_projection(projection):
             echo(line)
+        if interval is not None:
+            echo(f"interval: {interval.text()}")
         echo()
     if outcome.legal:
         mem = outcome.memory
@@ -721,8 +732,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     result.defaults[:0] = defaults
     if trials_out:
         with open(trials_out, "w") as fh:
-            for t in result.trials:
-                fh.write(json.dumps(t.to_json()) + "\n")
+            fh.writelines(json.dumps(t.to_json()) + "\n" for t in result.trials)
     from agent.report import render_search, search_json
 
     if pareto_path:
@@ -848,8 +858,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             continue
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
-        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} {'MFU':>6} "
-                f"{'cluster tok/s':>13}")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
+                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -862,8 +872,11 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
                       f"mbs{c['mbs']}")
+            iv = q.interval
+            band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
+                    if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
@@ -872,6 +885,11 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+    classes = sorted({q.interval["class_used"] for p in plans for q in p.points
+                      if q.feasible and q.interval})
+    if classes:
+        click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
+                   + "; ".join(classes) + " (oracle/catalog/residuals.json)")
     if plot_path:
         click.echo(f"plot: {plot_path}")
 
