@@ -671,6 +671,12 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
+@click.option("--verify", "verify_n", type=click.IntRange(1, 20), default=None, metavar="N",
+              help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
+                   "N best distinct candidates to --verify-dir, ready to run and to feed back "
+                   "with `tune-cp calibrate --log`.")
+@click.option("--verify-dir", default="tune-cp-verify", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
 @export_option
 @overhead_options
@@ -685,7 +691,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None, grad_reduce_in_bf16: bool) -> None:
+               calibration: str | None, grad_reduce_in_bf16: bool, verify_n: int | None,
+               verify_dir: str) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -741,8 +748,18 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         pareto_plot(result, pareto_path, pareto_color)
     exported = (export_text(export_fmt, model, cluster, training, result.best.config)
                 if export_fmt else None)
+    verified: list[str] = []
+    if verify_n:
+        from agent.verify import write_verify
+
+        try:
+            verified = [str(p) for p in write_verify(result, verify_n, verify_dir)]
+        except OSError as e:
+            fail(f"--verify-dir {verify_dir!r}: cannot write there ({e.strerror})")
     if as_json:
         data = search_json(result, timings)
+        if verify_n:
+            data["verify"] = {"dir": verify_dir, "candidates": verified}
         if exported is not None:
             data["export"] = exported
         if pareto_path:
@@ -753,6 +770,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         click.echo(line, err=exported is not None)
     if pareto_path:
         click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+    if verified:
+        click.echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
+                   f"({', '.join(os.path.basename(v) for v in verified)}); see "
+                   f"{verify_dir}/README.txt", err=exported is not None)
     if exported is not None:
         click.echo(exported)
 
@@ -895,16 +916,55 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
 
 
 @main.command("calibrate")
-@click.option("--runs", "runs_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--runs", "runs_path", default=None, type=click.Path(dir_okay=False),
               help="CSV of measured runs with the columns of published_runs.csv.")
+@click.option("--log", "log_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="A training log of your cluster (Megatron-LM / Primus, torchtitan); "
+                   "repeatable. Refits the constants with the published runs as the prior.")
+@click.option("--config", "log_config", default=None, type=click.Path(dir_okay=False),
+              help="The launch arguments beside the logs: Megatron-LM arguments (a file), or a "
+                   "torchtitan job TOML (torchtitan logs do not print their configuration).")
+@click.option("--model", "model_name", default=None,
+              help="The model of the logs (catalog name or config.json) when their arguments do "
+                   "not describe it.")
+@click.option("--gpu", "gpu_name", default=None, help="The logs' GPU (--log: required).")
+@click.option("--nodes", type=click.IntRange(1, 1 << 16), default=None,
+              help="Nodes of the logged runs when the log does not print its world size.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="GPUs per node  [default: the GPU's usual node size]")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
-    """Fit the time model's constants on measured runs (published or your own logs)."""
+def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
+                  model_name: str | None, gpu_name: str | None, nodes: int | None,
+                  gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
+    """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
+    cluster from its training logs (--log)."""
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
 
+    if bool(runs_path) == bool(log_paths):
+        fail("give either --runs FILE.csv or --log FILE (repeatable), not both")
+    if log_paths:
+        from oracle.refit import calibrate_from_logs, read_log_runs
+
+        if gpu_name is None:
+            fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")
+        for p in log_paths:
+            if not os.path.isfile(p):
+                fail(f"--log {p!r}: no such file")
+        gpu = load_gpu(gpu_name)
+        runs = read_log_runs(list(log_paths), gpu=gpu,
+                             gpus_per_node=gpus_per_node or gpu.gpus_per_node,
+                             model=load_model(model_name) if model_name else None, nodes=nodes,
+                             config=log_config)
+        result = calibrate_from_logs(runs, out_path)
+        if as_json:
+            emit_json(result.to_json())
+            return
+        click.echo(result.summary())
+        return
+    assert runs_path is not None
     if not os.path.isfile(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
     report = calibrate(runs_path, out_path)

@@ -1,0 +1,268 @@
+"""Refit the time model for one cluster from its own training logs (``tune-cp calibrate --log``).
+
+Each log (:mod:`oracle.frameworks.logs`) becomes a measured run (:class:`oracle.runs.RunRow`):
+the configuration from the arguments the log printed (Megatron-LM / Primus argument dump, read by
+:func:`oracle.frameworks.parse_megatron_args`; a ``--config`` file beside it: Megatron-LM
+arguments, or a torchtitan job TOML), the cluster from ``--gpu`` / ``--nodes`` (or the world size
+the log prints), the measured tokens/s/GPU from the log's median step.
+
+The fit is :func:`oracle.calibrate.fit` (the shipped MAP fit) on the published runs (the prior:
+``benchmarks/published_runs.csv``) plus the user's rows, each user row weighted
+:data:`USER_ROW_WEIGHT` times a published row: the constants of the user's GPU architecture (and
+the shared ones) move as far as the user's measurements support against 180 published rows and
+the priors. The result is a calibration file for ``--calibration FILE``; the report gives every
+log's measured throughput beside the projection before (the shipped calibration) and after.
+Measured peaks (Megatron ``max allocated``, torchtitan peak reserved) are reported; the memory
+overheads are not refitted from them (yet).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
+from oracle.constants import load_calibration, utc_now
+from oracle.frameworks.logs import (
+    LogMeasurement,
+    dump_as_megatron_args,
+    read_log,
+    read_torchtitan_config,
+)
+from oracle.projection import RunTraits
+from oracle.runs import RunRow, read_runs, scored_rows
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    GpuSpec,
+    ModelSpec,
+    ParallelConfig,
+    Recompute,
+    TrainingSpec,
+    resolve_config,
+)
+
+PUBLISHED_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
+#: weight of one of the user's rows against one published row in the fit (its squared residual
+#: counts 16 times): a handful of the cluster's own runs outweighs the few published rows of the
+#: same architecture and class, not the priors of constants they say nothing about.
+USER_ROW_WEIGHT = 4.0
+
+
+@dataclass
+class LogRun:
+    """One log read as a measured run (or the reason it cannot be used)."""
+
+    measurement: LogMeasurement
+    row: RunRow | None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, gpu: GpuSpec,
+                  nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
+    from oracle.frameworks import parse_megatron_args
+
+    text = dump_as_megatron_args(m.args)
+    # the start-up size line fills what a partial dump lacks
+    for size, name in (("tensor_parallel", "tensor_model_parallel_size"),
+                       ("pipeline_parallel", "pipeline_model_parallel_size"),
+                       ("context_parallel", "context_parallel_size")):
+        if size in m.sizes and name not in m.args:
+            text += (" \\\n" if text else "") + f"--{name.replace('_', '-')} {m.sizes[size]}"
+    if config_text:
+        text = (text + " \\\n" if text else "") + config_text
+    if not text.strip():
+        raise ConfigError(f"{m.path}: the log prints no argument dump; give the launch arguments "
+                          f"with --config FILE")
+    run = parse_megatron_args(text, model=model)
+    mdl = run.require_model()
+    world = m.world_size or (nodes * gpus_per_node if nodes else None)
+    if world is None:
+        raise ConfigError(f"{m.path}: the log does not print the world size; give --nodes")
+    if world % gpus_per_node:
+        raise ConfigError(f"{m.path}: world size {world} is not a multiple of --gpus-per-node "
+                          f"{gpus_per_node}")
+    cluster = ClusterSpec(gpu=gpu, num_nodes=world // gpus_per_node, gpus_per_node=gpus_per_node)
+    training = run.training_spec(mdl, cluster)
+    if m.global_batch_size and m.global_batch_size != training.global_batch_size:
+        training = TrainingSpec(**(training.model_dump() | {
+            "global_batch_size": m.global_batch_size}))
+    cfg = resolve_config(run.config, mdl, cluster, training)
+    notes = []
+    if m.sizes:
+        for k, v in m.sizes.items():
+            mine = {"tensor_parallel": cfg.tp, "pipeline_parallel": cfg.pp, "data_parallel": cfg.dp,
+                    "context_parallel": cfg.cp}.get(k)
+            if mine is not None and mine != v:
+                notes.append(f"the log's {k} size {v} differs from the arguments' {mine}")
+    if m.step_time_s is None:
+        raise ConfigError(f"{m.path}: no 'elapsed time per iteration (ms)' value")
+    tokens = training.global_batch_size * training.seq_len / m.step_time_s / world
+    traits = RunTraits(tp_comm_overlap=m.args.get("tp_comm_overlap") == "True"
+                       or "--tp-comm-overlap" in config_text)
+    row = RunRow(row_id=f"log:{Path(m.path).name}", source=f"training log {m.path}",
+                 source_id="user-log", model_name=mdl.name, gpu_name=gpu.name,
+                 measured_tokens_per_s_per_gpu=tokens,
+                 measured_model_tflops_per_gpu=m.tflops_per_gpu, model=mdl, cluster=cluster,
+                 training=training, cfg=cfg, software="megatron", traits=traits)
+    return row, notes + run.notes
+
+
+def _titan_run(m: LogMeasurement, config_path: str | None, model: ModelSpec | None, gpu: GpuSpec,
+               nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
+    if config_path is None:
+        raise ConfigError(f"{m.path}: torchtitan logs do not print their configuration; give the "
+                          f"job TOML with --config FILE")
+    if model is None:
+        raise ConfigError(f"{m.path}: give --model for a torchtitan log (its TOML names "
+                          f"torchtitan's own flavours)")
+    if nodes is None:
+        raise ConfigError(f"{m.path}: give --nodes for a torchtitan log")
+    t = read_torchtitan_config(config_path)
+    cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
+    tp, pp, cp, ep = (int(t.get(k, 1)) for k in ("tp", "pp", "cp", "ep"))
+    world = cluster.world_size
+    if world % (tp * pp * cp):
+        raise ConfigError(f"{config_path}: tp x pp x cp = {tp * pp * cp} does not divide the "
+                          f"{world} GPUs")
+    dp = world // (tp * pp * cp)
+    local = int(t.get("local_batch_size", 1))
+    gbs = int(t.get("global_batch_size") or local * dp)
+    mbs = int(t.get("mbs") or (max(1, local // pp) if pp > 1 else local))
+    ac = str(t.get("ac_mode", "none")).lower()
+    rc: dict[str, Any] = {"recompute": Recompute.NONE}
+    if ac == "full":
+        rc = {"recompute": Recompute.FULL}
+    elif ac == "selective":  # per-op selective AC recomputes every second matmul (oracle/runs.py)
+        rc = {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mlp",)}
+    seq = int(t.get("seq_len") or model.default_seq_len)
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs)
+    cfg = resolve_config(ParallelConfig(tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs,
+                                        fsdp=int(t.get("dp_shard", -1)) != 1, **rc),
+                         model, cluster, training)
+    if m.tokens_per_s_per_gpu is None:
+        raise ConfigError(f"{m.path}: no 'tps:' value")
+    row = RunRow(row_id=f"log:{Path(m.path).name}", source=f"training log {m.path}",
+                 source_id="user-log", model_name=model.name, gpu_name=gpu.name,
+                 measured_tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
+                 measured_model_tflops_per_gpu=m.tflops_per_gpu, model=model, cluster=cluster,
+                 training=training, cfg=cfg, software="torchtitan",
+                 traits=RunTraits(tp_comm_overlap=bool(t.get("async_tp", False))))
+    return row, [f"torchtitan settings from {config_path}: {t}"]
+
+
+def read_log_runs(paths: list[str], *, gpu: GpuSpec, gpus_per_node: int,
+                  model: ModelSpec | None = None, nodes: int | None = None,
+                  config: str | None = None) -> list[LogRun]:
+    """Every log as a measured run; a log that cannot be represented says why."""
+    config_text = ""
+    if config is not None and not config.endswith(".toml"):
+        try:
+            config_text = Path(config).read_text()
+        except OSError as e:
+            raise ConfigError(f"--config {config!r}: cannot read it ({e.strerror})") from None
+    out = []
+    for p in paths:
+        m = read_log(p)
+        try:
+            if m.framework == "torchtitan":
+                row, notes = _titan_run(m, config, model, gpu, nodes, gpus_per_node)
+            else:
+                row, notes = _megatron_run(m, config_text, model, gpu, nodes, gpus_per_node)
+            out.append(LogRun(m, row, None, notes))
+        except ConfigError as e:
+            out.append(LogRun(m, None, str(e)))
+    return out
+
+
+@dataclass
+class ClusterCalibration:
+    """What :func:`calibrate_from_logs` did."""
+
+    runs: list[LogRun]
+    table: Any  # CalibrationTable
+    before: list[float]  # projected tokens/s/GPU of each used log, shipped calibration
+    after: list[float]  # the same with the refitted constants
+    measured: list[float]
+    out_path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        used = [r for r in self.runs if r.row is not None]
+        return {
+            "logs": [{"log": r.measurement.to_json(), "used": r.row is not None,
+                      "reason": r.reason, "notes": r.notes} for r in self.runs],
+            "rows": [{"row_id": r.row.row_id, "measured_tokens_per_s_per_gpu": m,  # type: ignore
+                      "projected_before": b, "projected_after": a}
+                     for r, m, b, a in zip(used, self.measured, self.before, self.after,
+                                           strict=True)],
+            "out": self.out_path, "calibration": self.table.to_json(),
+        }
+
+    def summary(self) -> str:
+        lines = []
+        used = [r for r in self.runs if r.row is not None]
+        for r in self.runs:
+            if r.row is None:
+                lines.append(f"skipped {r.measurement.path}: {r.reason}")
+        lines.append(f"refitted on {len(used)} log(s) (weight {USER_ROW_WEIGHT:g} each) with the "
+                     f"published runs as the prior")
+        lines.append(f"{'log':40} {'measured':>10} {'before':>10} {'after':>10}  tok/s/GPU")
+        for r, m, b, a in zip(used, self.measured, self.before, self.after, strict=True):
+            c = r.row.cfg  # type: ignore[union-attr]
+            lines.append(f"{Path(r.measurement.path).name[:40]:40} {m:>10,.0f} {b:>10,.0f} "
+                         f"{a:>10,.0f}  ({r.row.model_name}, {c.label()}, mbs {c.mbs})")  # type: ignore
+            if r.measurement.peak_bytes:
+                lines.append(f"{'':40} measured peak {r.measurement.peak_bytes / 2**30:.1f} GiB "
+                             f"({r.measurement.peak_kind})")
+        if self.out_path:
+            lines.append(f"written to {self.out_path}; pass it with --calibration "
+                         f"{self.out_path}")
+        return "\n".join(lines)
+
+
+def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
+                        published: str | Path = PUBLISHED_RUNS,
+                        user_weight: float = USER_ROW_WEIGHT) -> ClusterCalibration:
+    """Refit on the published runs plus the logs' rows weighted ``user_weight`` (module
+    docstring); write the calibration JSON to ``out_path`` when given."""
+    user = [r.row for r in runs if r.row is not None]
+    if not user:
+        raise ConfigError("no log could be read as a run: " + "; ".join(
+            f"{r.measurement.path}: {r.reason}" for r in runs))
+    prior = [r for r in scored_rows(read_runs(published)) if r.representable]
+    prep = prepare(prior + user)
+    n_user = len(user)
+    prep.weight[-n_user:] *= user_weight
+    layout, theta, stats = fit(prep)
+    shipped = load_calibration()
+    header = {
+        "runs_file": Path(published).name, "logs": [r.row_id for r in user],
+        "user_row_weight": user_weight, "date": utc_now(),
+        "rows": len(prep.rows), "tokens_per_s_mape": round(stats["mape"], 4),
+        "method": "oracle/refit.py: oracle.calibrate.fit on the published runs plus the logs' "
+                  "rows weighted up",
+    }
+    about = (f"tune-cp time-model constants refitted for a cluster on {n_user} training log(s) "
+             f"plus {len(prior)} published rows ({header['date']})")
+    table = table_from_fit(layout, theta, header, about)
+    up = prepare(user)
+    before = predict(up, table_constants(shipped, up.archs, up.software))
+    after = predict(up, table_constants(table, up.archs, up.software))
+    out = ClusterCalibration(runs, table, [float(x) for x in before],
+                             [float(x) for x in after], [float(x) for x in up.measured])
+    if out_path is not None:
+        Path(out_path).write_text(json.dumps(table.to_json(), indent=2) + "\n")
+        out.out_path = str(out_path)
+    assert all(math.isfinite(x) for x in out.after)
+    return out
+
+
+def log_ratio(measured: list[float], projected: list[float]) -> float:
+    """Mean log(projected / measured) (0: no bias)."""
+    return float(np.mean(np.log(np.array(projected) / np.array(measured))))
