@@ -103,7 +103,9 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
                 notes.append(f"the log's {k} size {v} differs from the arguments' {mine}")
     if m.step_time_s is None:
         raise ConfigError(f"{m.path}: no 'elapsed time per iteration (ms)' value")
-    tokens = training.global_batch_size * training.seq_len / m.step_time_s / world
+    # the framework's own tokens/s/GPU when it prints one (Primus), else from the step time
+    tokens = m.tokens_per_s_per_gpu or (
+        training.global_batch_size * training.seq_len / m.step_time_s / world)
     traits = RunTraits(tp_comm_overlap=m.args.get("tp_comm_overlap") == "True"
                        or "--tp-comm-overlap" in config_text)
     row = RunRow(row_id=f"log:{Path(m.path).name}", source=f"training log {m.path}",
@@ -111,6 +113,11 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
                  measured_tokens_per_s_per_gpu=tokens,
                  measured_model_tflops_per_gpu=m.tflops_per_gpu, model=mdl, cluster=cluster,
                  training=training, cfg=cfg, software="megatron", traits=traits)
+    defaults = [d for d in run.defaults if d.split(":")[0] in (
+        "expert_model_parallel_size", "seq_length", "micro_batch_size", "context_parallel_size",
+        "recompute_granularity", "num_layers_per_virtual_pipeline_stage")]
+    if defaults:
+        notes.append("defaults taken: " + "; ".join(defaults))
     return row, notes + run.notes
 
 
@@ -217,6 +224,8 @@ class ClusterCalibration:
             c = r.row.cfg  # type: ignore[union-attr]
             lines.append(f"{Path(r.measurement.path).name[:40]:40} {m:>10,.0f} {b:>10,.0f} "
                          f"{a:>10,.0f}  ({r.row.model_name}, {c.label()}, mbs {c.mbs})")  # type: ignore
+            for note in r.notes:
+                lines.append(f"{'':40} note: {note}")
             if r.measurement.peak_bytes:
                 lines.append(f"{'':40} measured peak {r.measurement.peak_bytes / 2**30:.1f} GiB "
                              f"({r.measurement.peak_kind})")

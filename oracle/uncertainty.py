@@ -114,8 +114,8 @@ class Interval:
                 "class_rows": self.used.rows, "widened": self.widened}
 
     def text(self) -> str:
-        why = (f"class {self.used.key}, {self.used.rows} rows; own class {self.own} has fewer "
-               f"than {MIN_CLASS_ROWS}" if self.widened else
+        why = (f"class {self.used.key}, {self.used.rows} rows: widened, the own class {self.own} "
+               f"and the parents before it have fewer than {MIN_CLASS_ROWS}" if self.widened else
                f"class {self.used.key}, {self.used.rows} rows")
         return (f"{self.low:,.0f}-{self.high:,.0f} tokens/s/GPU (80% interval from out-of-fold "
                 f"residuals; {why})")

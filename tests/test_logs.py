@@ -175,3 +175,15 @@ def test_search_rows_are_distinct_and_the_answer_follows_its_rule():
     assert low[r.answer_index] >= low.max() * (1 - 0.005)
     assert r.best.config == r.exhaustive_best.config or r.best_phase != "exhaustive"
     assert r.interval is not None and r.interval.low < r.best.throughput < r.interval.high
+
+
+def test_primus_line_with_instantaneous_and_average_columns():
+    """Primus prints ``inst/avg``: the instantaneous 13372.8 ms, 567.6 TFLOP/s/GPU and 9801.4
+    tokens/s/GPU are read, and ``hip mem usage`` 153.81 GB (GiB: Primus divides by 1024**3)."""
+    m = read_log(LOGS / "primus_mi3xx_trainer_line.log")
+    assert m.framework == "megatron" and m.iterations == 1
+    assert m.step_time_s == pytest.approx(13.3728)
+    assert m.tflops_per_gpu == pytest.approx(567.6)
+    assert m.tokens_per_s_per_gpu == pytest.approx(9801.4)
+    assert m.global_batch_size == 128
+    assert m.peak_bytes == int(153.81 * 2**30) and m.peak_kind == "hip mem usage"

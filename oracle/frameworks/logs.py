@@ -10,6 +10,10 @@ Readers (the line formats are the frameworks' own print statements):
   ``------------------------ arguments ------------------------`` then ``  name ....... value``
   lines; and ``initialize.py``'s ``using world size: W, data-parallel size: D, context-parallel
   size: C, tensor-model-parallel size: T, pipeline-model-parallel size: P`` line.
+* **Primus** prints Megatron-LM's lines with ``elapsed time per iteration (ms): inst/avg``,
+  ``tokens per GPU (tokens/s/GPU): inst/avg`` and ``hip mem usage/free/total/usage_ratio:``
+  (its ``print_rank_last`` patch of ``training_log``); the instantaneous values are read, and the
+  printed tokens/s/GPU is used as the measurement when present.
 * **torchtitan** (``torchtitan/components/metrics.py`` ``MetricsProcessor.log``): ``step: N
   loss: L  [grad_norm: g]  memory: X GiB(p%)  tps: T  tflops: F  mfu: u%`` (``tps``: tokens per
   second per GPU, ``memory``: peak reserved GiB). torchtitan does not print its configuration; give
@@ -40,7 +44,12 @@ GIB = 2**30
 
 _MEGATRON_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 _ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([\d.]+)")
-_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
+_TFLOPS = re.compile(r"(?:throughput|compute) per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
+#: Primus (and Megatron-LM 26.x): tokens/s/GPU, the first number the instantaneous one
+_TOKENS = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
+                     r"\s*([\d.]+)")
+#: Primus on ROCm: ``hip mem usage/free/total/usage_ratio: 253.38GB/2.60GB/255.98GB/98.98%``
+_HIP_MEM = re.compile(r"hip mem usage/free/total/usage_ratio:\s*([\d.]+)\s*G")
 _GBS = re.compile(r"global batch size:\s*(\d+)")
 _MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([\d.]+)\s*\|\s*max allocated:\s*([\d.]+)"
                      r"(?:\s*\|\s*reserved:\s*([\d.]+))?(?:\s*\|\s*max reserved:\s*([\d.]+))?")
@@ -111,11 +120,16 @@ def read_log(path: str | Path) -> LogMeasurement:
         out.step_time_s = step_ms / 1000 if step_ms else None
         tf = [(i, float(m.group(1))) for i, s in megatron if (m := _TFLOPS.search(s))]
         out.tflops_per_gpu = _median_after_warmup(tf)[0]
+        tok = [(i, float(m.group(1))) for i, s in megatron if (m := _TOKENS.search(s))]
+        out.tokens_per_s_per_gpu = _median_after_warmup(tok)[0]
         gbs = [int(m.group(1)) for _, s in megatron if (m := _GBS.search(s))]
         out.global_batch_size = gbs[-1] if gbs else None
         peaks = [float(m.group(2)) for x in lines if (m := _MEMORY.search(x))]
+        hip = [float(m.group(1)) for _, s in megatron if (m := _HIP_MEM.search(s))]
         if peaks:
             out.peak_bytes, out.peak_kind = int(max(peaks) * MIB), "max allocated"
+        elif hip:  # Primus divides by 1024**3 and prints "GB"
+            out.peak_bytes, out.peak_kind = int(max(hip) * GIB), "hip mem usage"
         out.args = read_argument_dump(lines)
         if "bf16" not in out.args and any("using torch.bfloat16 for parameters" in x
                                           for x in lines):
