@@ -52,6 +52,9 @@ PUBLISHED_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published
 #: counts 16 times): a handful of the cluster's own runs outweighs the few published rows of the
 #: same architecture and class, not the priors of constants they say nothing about.
 USER_ROW_WEIGHT = 4.0
+#: a log's TFLOP/s/GPU and its tokens/s/GPU (as read with the arguments) disagree by more than
+#: this share under tune-cp's FLOP count: the sequence length, batch or model read is likely wrong.
+FLOPS_MISMATCH = 0.25
 
 
 @dataclass
@@ -108,6 +111,18 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
         training.global_batch_size * training.seq_len / m.step_time_s / world)
     traits = RunTraits(tp_comm_overlap=m.args.get("tp_comm_overlap") == "True"
                        or "--tp-comm-overlap" in config_text)
+    if m.tflops_per_gpu:
+        from oracle.projection import project
+
+        p = project(mdl, cluster, training, cfg)
+        flops_per_token = p.model_tflops_per_gpu * 1e12 / p.tokens_per_s_per_gpu
+        implied = m.tflops_per_gpu * 1e12 / flops_per_token
+        if abs(implied / tokens - 1) > FLOPS_MISMATCH:
+            notes.append(f"the log's {m.tflops_per_gpu:.1f} TFLOP/s/GPU means {implied:,.0f} "
+                         f"tokens/s/GPU with tune-cp's FLOP count, not the {tokens:,.0f} read "
+                         f"from the step time (seq {training.seq_len}, gbs "
+                         f"{training.global_batch_size}): check the sequence length, batch and "
+                         f"model (give --config)")
     row = RunRow(row_id=f"log:{Path(m.path).name}", source=f"training log {m.path}",
                  source_id="user-log", model_name=mdl.name, gpu_name=gpu.name,
                  measured_tokens_per_s_per_gpu=tokens,
@@ -115,7 +130,7 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
                  training=training, cfg=cfg, software="megatron", traits=traits)
     defaults = [d for d in run.defaults if d.split(":")[0] in (
         "expert_model_parallel_size", "seq_length", "micro_batch_size", "context_parallel_size",
-        "recompute_granularity", "num_layers_per_virtual_pipeline_stage")]
+        "num_layers_per_virtual_pipeline_stage")]
     if defaults:
         notes.append("defaults taken: " + "; ".join(defaults))
     return row, notes + run.notes
@@ -198,6 +213,7 @@ class ClusterCalibration:
     after: list[float]  # the same with the refitted constants
     measured: list[float]
     out_path: str | None = None
+    modelled_peaks: list[int | None] = field(default_factory=list)  # tune-cp's peak per used log
 
     def to_json(self) -> dict[str, Any]:
         used = [r for r in self.runs if r.row is not None]
@@ -205,9 +221,11 @@ class ClusterCalibration:
             "logs": [{"log": r.measurement.to_json(), "used": r.row is not None,
                       "reason": r.reason, "notes": r.notes} for r in self.runs],
             "rows": [{"row_id": r.row.row_id, "measured_tokens_per_s_per_gpu": m,  # type: ignore
-                      "projected_before": b, "projected_after": a}
-                     for r, m, b, a in zip(used, self.measured, self.before, self.after,
-                                           strict=True)],
+                      "projected_before": b, "projected_after": a,
+                      "measured_peak_bytes": r.measurement.peak_bytes,
+                      "measured_peak_kind": r.measurement.peak_kind, "modelled_peak_bytes": pk}
+                     for r, m, b, a, pk in zip(used, self.measured, self.before, self.after,
+                                               self.modelled_peaks, strict=True)],
             "out": self.out_path, "calibration": self.table.to_json(),
         }
 
@@ -220,15 +238,17 @@ class ClusterCalibration:
         lines.append(f"refitted on {len(used)} log(s) (weight {USER_ROW_WEIGHT:g} each) with the "
                      f"published runs as the prior")
         lines.append(f"{'log':40} {'measured':>10} {'before':>10} {'after':>10}  tok/s/GPU")
-        for r, m, b, a in zip(used, self.measured, self.before, self.after, strict=True):
+        for r, m, b, a, pk in zip(used, self.measured, self.before, self.after,
+                                  self.modelled_peaks, strict=True):
             c = r.row.cfg  # type: ignore[union-attr]
             lines.append(f"{Path(r.measurement.path).name[:40]:40} {m:>10,.0f} {b:>10,.0f} "
                          f"{a:>10,.0f}  ({r.row.model_name}, {c.label()}, mbs {c.mbs})")  # type: ignore
             for note in r.notes:
                 lines.append(f"{'':40} note: {note}")
             if r.measurement.peak_bytes:
+                ours = f"; tune-cp's peak {pk / 2**30:.1f} GiB" if pk else ""
                 lines.append(f"{'':40} measured peak {r.measurement.peak_bytes / 2**30:.1f} GiB "
-                             f"({r.measurement.peak_kind})")
+                             f"({r.measurement.peak_kind}){ours}")
         if self.out_path:
             lines.append(f"written to {self.out_path}; pass it with --calibration "
                          f"{self.out_path}")
@@ -264,12 +284,22 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     before = predict(up, table_constants(shipped, up.archs, up.software))
     after = predict(up, table_constants(table, up.archs, up.software))
     out = ClusterCalibration(runs, table, [float(x) for x in before],
-                             [float(x) for x in after], [float(x) for x in up.measured])
+                             [float(x) for x in after], [float(x) for x in up.measured],
+                             modelled_peaks=[_modelled_peak(r) for r in user])
     if out_path is not None:
         Path(out_path).write_text(json.dumps(table.to_json(), indent=2) + "\n")
         out.out_path = str(out_path)
     assert all(math.isfinite(x) for x in out.after)
     return out
+
+
+def _modelled_peak(r: RunRow) -> int | None:
+    """tune-cp's peak bytes of the logged configuration (the most loaded stage)."""
+    from solver.check import check_configuration
+
+    assert r.model and r.cluster and r.training and r.cfg
+    out = check_configuration(r.model, r.cluster, r.training, r.cfg)
+    return out.memory.peak_bytes if out.memory is not None else None
 
 
 def log_ratio(measured: list[float], projected: list[float]) -> float:
