@@ -44,7 +44,11 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
     """Write the launches of the ``n`` best distinct candidates of ``result`` (a SearchResult)
     under ``out_dir``; returns the folders written."""
     from agent.report import short_layout
-    from oracle.frameworks import to_megatron_args, to_nemo_overrides, to_primus_overrides
+    from oracle.frameworks import (
+        to_megatron_args,
+        to_nemo_overrides,
+        to_primus_overrides,
+    )
 
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -78,19 +82,19 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
         written.append(d)
     gpu = cl.gpu.name
     (root / "README.txt").write_text("\n".join([
-        f"tune-cp --verify {n}: {m.name} on {cl.num_nodes} x {cl.gpus_per_node} {gpu}, seq "
-        f"{tr.seq_len}, gbs {tr.global_batch_size}, {tr.precision.value}",
+        (f"tune-cp --verify {n}: {m.name} on {cl.num_nodes} x {cl.gpus_per_node} {gpu}, seq "
+        f"{tr.seq_len}, gbs {tr.global_batch_size}, {tr.precision.value}"),
         "",
         *index,
         "",
-        f"Each folder: megatron.args (Megatron-LM flags; add data, tokenizer and optimizer "
+        (f"Each folder: megatron.args (Megatron-LM flags; add data, tokenizer and optimizer "
         f"settings), primus.yaml (Primus overrides), bridge.py (Megatron-Bridge assignments); "
-        f"each runs {VERIFY_ITERATIONS} iterations and logs every one.",
+        f"each runs {VERIFY_ITERATIONS} iterations and logs every one."),
         "Keep each run's full stdout (the argument dump and the memory report are in it), then:",
-        f"  tune-cp calibrate --log run1.log --log run2.log ... --gpu {gpu} --model {m.name} "
-        f"--out my-cluster.json",
-        f"  tune-cp --model {m.name} --gpu {gpu} --nodes {cl.num_nodes} --calibration "
-        f"my-cluster.json",
+        (f"  tune-cp calibrate --log run1.log --log run2.log ... --gpu {gpu} --model {m.name} "
+        f"--out my-cluster.json"),
+        (f"  tune-cp --model {m.name} --gpu {gpu} --nodes {cl.num_nodes} --calibration "
+        f"my-cluster.json"),
         "",
     ]))
     return written

@@ -117,9 +117,9 @@ def render(data: dict) -> str:
         table(["class", "rows", "p10 (measured/projected - 1)", "p50", "p90", "CV MAPE", "use"],
               rows),
         "",
-        f"pairs of configurations (same model, GPU, source): {pw['pairs']}; median |error of the "
+        (f"pairs of configurations (same model, GPU, source): {pw['pairs']}; median |error of the "
         f"projected ratio| {100 * (np.exp(pw['median_abs_log_ratio_error']) - 1):.1f}%, 90th "
-        f"percentile {100 * (np.exp(pw['q90_abs_log_ratio_error']) - 1):.1f}%",
+        f"percentile {100 * (np.exp(pw['q90_abs_log_ratio_error']) - 1):.1f}%"),
     ])
 
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -68,9 +69,9 @@ def megatron_log(path: Path, model, cluster, training, cfg, tokens_per_s_per_gpu
     for a run at ``tokens_per_s_per_gpu``; the first iteration is 30 % slower (warm-up)."""
     step_ms = (training.global_batch_size * training.seq_len / tokens_per_s_per_gpu
                / cluster.world_size * 1000)
-    lines = [f"using world size: {cluster.world_size}, data-parallel size: {cfg.dp}, "
+    lines = [(f"using world size: {cluster.world_size}, data-parallel size: {cfg.dp}, "
              f"context-parallel size: {cfg.cp} tensor-model-parallel size: {cfg.tp}, "
-             f"pipeline-model-parallel size: {cfg.pp} ",
+             f"pipeline-model-parallel size: {cfg.pp} "),
              "------------------------ arguments ------------------------"]
     args = {"bf16": "True", "tensor_model_parallel_size": cfg.tp,
             "pipeline_model_parallel_size": cfg.pp, "micro_batch_size": cfg.mbs,
@@ -168,13 +169,38 @@ def test_search_rows_are_distinct_and_the_answer_follows_its_rule():
     firsts = [float(adj[g.members[0]]) for g in r.groups]
     for g, top in zip(r.groups, firsts, strict=True):
         assert all(adj[i] >= top * (1 - GROUP_TOLERANCE) for i in g.members)
-    for a, b in zip(firsts, firsts[1:]):
+    for a, b in itertools.pairwise(firsts):
         assert b < a * (1 - GROUP_TOLERANCE)
     assert sum(g.answer for g in r.groups) <= 1
     low = r.ranked.lower
     assert low[r.answer_index] >= low.max() * (1 - 0.005)
     assert r.best.config == r.exhaustive_best.config or r.best_phase != "exhaustive"
     assert r.interval is not None and r.interval.low < r.best.throughput < r.interval.high
+    from agent.report import render_search, search_json
+
+    text = "\n".join(render_search(r))
+    assert "80% interval" in text and "  rule: the answer is the configuration with the highest " \
+        "lower bound" in text and "distinct configurations" in text
+    data = search_json(r)
+    assert len(data["top"]) == len(r.groups)
+    assert [bool(row["answer"]) for row in data["top"]].count(True) == sum(g.answer for g in r.groups)
+    for row in data["top"]:
+        iv = row["interval"]
+        assert iv["low_tokens_per_s_per_gpu"] < row["projection"]["tokens_per_s_per_gpu"] \
+            < iv["high_tokens_per_s_per_gpu"]
+        assert all("interval" in v for v in row["variants"])
+    assert data["best"]["interval"]["class_used"] and data["answer_rule"]
+
+
+def test_check_and_plan_json_carry_the_interval(run_json):
+    code, data = run_json("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1",
+                          "--tp", "2", "--json")
+    assert code == 0 and data["interval"]["class_used"].startswith("arch=hopper")
+    low, high = data["interval"]["low_tokens_per_s_per_gpu"], data["interval"]["high_tokens_per_s_per_gpu"]
+    assert low < data["projection"]["tokens_per_s_per_gpu"] < high
+    code, plan = run_json("plan", "--model", "llama3-8b", "--gpu", "h100", "--points", "1",
+                          "--json")
+    assert code == 0 and plan["gpus"][0]["points"][0]["interval"]["quantiles"] == [0.1, 0.9]
 
 
 def test_primus_line_with_instantaneous_and_average_columns():
@@ -187,3 +213,20 @@ def test_primus_line_with_instantaneous_and_average_columns():
     assert m.tokens_per_s_per_gpu == pytest.approx(9801.4)
     assert m.global_batch_size == 128
     assert m.peak_bytes == int(153.81 * 2**30) and m.peak_kind == "hip mem usage"
+
+
+def test_torchtitan_log_with_its_job_toml():
+    """torchtitan prints no configuration: the job TOML gives it (FSDP over 8 GPUs, local batch
+    1 -> global batch 8, selective AC -> selective mlp); the measurement is the log's tps."""
+    [run] = read_log_runs([str(LOGS / "torchtitan_issue1287.log")], gpu=load_gpu("h100"),
+                          gpus_per_node=8, model=load_model("llama3-8b"), nodes=1,
+                          config=str(LOGS / "torchtitan_llama3_8b_fsdp8.toml"))
+    assert run.reason is None
+    row = run.row
+    assert row.software == "torchtitan" and row.measured_tokens_per_s_per_gpu == 5863.0
+    assert (row.cfg.tp, row.cfg.pp, row.cfg.dp, row.cfg.fsdp) == (1, 1, 8, True)
+    assert row.training.global_batch_size == 8 and row.training.seq_len == 8192
+    assert row.cfg.recompute.value == "selective" and row.cfg.recompute_modules == ("mlp",)
+    [bare] = read_log_runs([str(LOGS / "torchtitan_issue1287.log")], gpu=load_gpu("h100"),
+                           gpus_per_node=8, model=load_model("llama3-8b"), nodes=1)
+    assert bare.row is None and "job TOML with --config" in bare.reason
