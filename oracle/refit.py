@@ -12,8 +12,10 @@ The fit is :func:`oracle.calibrate.fit` (the shipped MAP fit) on the published r
 the shared ones) move as far as the user's measurements support against 180 published rows and
 the priors. The result is a calibration file for ``--calibration FILE``; the report gives every
 log's measured throughput beside the projection before (the shipped calibration) and after.
-Measured peaks (Megatron ``max allocated``, torchtitan peak reserved) are reported; the memory
-overheads are not refitted from them (yet).
+Measured peaks (Megatron ``max allocated``, torchtitan peak reserved, Primus device memory used)
+are reported beside tune-cp's peak counted the same way (:data:`NOT_COUNTED`); the memory
+overheads are not refitted from them (yet): the gap says which way ``--overhead`` (or the
+memory model) is off for that cluster.
 """
 
 from __future__ import annotations
@@ -246,7 +248,8 @@ class ClusterCalibration:
             for note in r.notes:
                 lines.append(f"{'':40} note: {note}")
             if r.measurement.peak_bytes:
-                ours = f"; tune-cp's peak {pk / 2**30:.1f} GiB" if pk else ""
+                ours = (f"; tune-cp's peak counted alike {pk / 2**30:.1f} GiB "
+                        f"({100 * (r.measurement.peak_bytes / pk - 1):+.0f}%)" if pk else "")
                 lines.append(f"{'':40} measured peak {r.measurement.peak_bytes / 2**30:.1f} GiB "
                              f"({r.measurement.peak_kind}){ours}")
         if self.out_path:
@@ -285,7 +288,8 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     after = predict(up, table_constants(table, up.archs, up.software))
     out = ClusterCalibration(runs, table, [float(x) for x in before],
                              [float(x) for x in after], [float(x) for x in up.measured],
-                             modelled_peaks=[_modelled_peak(r) for r in user])
+                             modelled_peaks=[_modelled_peak(r.row, r.measurement.peak_kind)
+                                             for r in runs if r.row is not None])
     if out_path is not None:
         Path(out_path).write_text(json.dumps(table.to_json(), indent=2) + "\n")
         out.out_path = str(out_path)
@@ -293,13 +297,29 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     return out
 
 
-def _modelled_peak(r: RunRow) -> int | None:
-    """tune-cp's peak bytes of the logged configuration (the most loaded stage)."""
+#: memory terms outside what each kind of measured peak counts: PyTorch's ``max allocated``
+#: (Megatron-LM's memory report) counts neither the allocator's cached blocks (fragmentation) nor
+#: the CUDA/HIP context and NCCL/RCCL buffers, which are not allocated through it; torchtitan's
+#: peak reserved counts the cached blocks; Primus's ``hip mem usage`` (device used memory,
+#: ``torch.cuda.mem_get_info``) counts everything.
+NOT_COUNTED = {
+    "max allocated": ("fragmentation", "runtime_context", "collective_buffers"),
+    "peak reserved": ("runtime_context", "collective_buffers"),
+    "hip mem usage": (),
+}
+
+
+def _modelled_peak(r: RunRow, kind: str) -> int | None:
+    """tune-cp's peak bytes of the logged configuration (the most loaded stage), counted like the
+    log's measured peak (:data:`NOT_COUNTED`)."""
     from solver.check import check_configuration
 
     assert r.model and r.cluster and r.training and r.cfg
     out = check_configuration(r.model, r.cluster, r.training, r.cfg)
-    return out.memory.peak_bytes if out.memory is not None else None
+    if out.memory is None:
+        return None
+    peak = out.memory.peak
+    return peak.total_bytes - sum(peak.terms.get(t, 0) for t in NOT_COUNTED.get(kind, ()))
 
 
 def log_ratio(measured: list[float], projected: list[float]) -> float:

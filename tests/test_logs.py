@@ -115,6 +115,8 @@ def test_refit_on_a_slower_cluster_moves_its_projections_down(tmp_path, run_cli,
         assert m == pytest.approx(0.7 * b, rel=0.03)  # as read back from the arguments
         assert abs(np.log(a / m)) < abs(np.log(b / m)) / 2  # at least half the gap closed
     assert data["logs"][0]["log"]["peak_bytes"] == int(60000.5 * 2**20)
+    assert all(r["modelled_peak_bytes"] > 0 and r["measured_peak_kind"] == "max allocated"
+               for r in data["rows"])
     held = ["check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--gbs", "128",
             "--tp", "4", "--mbs", "2"]
     _, before = run_json(*held, "--json")
