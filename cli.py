@@ -944,7 +944,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     from oracle.constants import format_constants
 
     if bool(runs_path) == bool(log_paths):
-        fail("give either --runs FILE.csv or --log FILE (repeatable), not both")
+        fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
     if log_paths:
         from oracle.refit import calibrate_from_logs, read_log_runs
 

@@ -266,7 +266,7 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     user = [r.row for r in runs if r.row is not None]
     if not user:
         raise ConfigError("no log could be read as a run: " + "; ".join(
-            f"{r.measurement.path}: {r.reason}" for r in runs))
+            str(r.reason) for r in runs))
     prior = [r for r in scored_rows(read_runs(published)) if r.representable]
     prep = prepare(prior + user)
     n_user = len(user)
