@@ -402,17 +402,43 @@ def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: Trai
     return fn(model, cluster, training, cfg)
 
 
-def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None):
-    """An imported launch (or None), read with the model when --model is given."""
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items (what a launch script reads from the environment)."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not name.replace("_", "a").isalnum() or name[0].isdigit() \
+                and not name.isdigit():
+            fail(f"--env {item!r}: write NAME=VALUE (a shell variable name, or a script "
+                 "argument number such as 1=VALUE)")
+        env[name] = value
+    return env
+
+
+def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None,
+               env_items: Sequence[str] = ()):
+    """An imported launch (or None), read with the model when --model is given. --megatron-args
+    takes the text or the path of a launch script; --env values stand for the environment the
+    script (or the Primus YAML's ${VAR:default} placeholders) would read."""
+    from pathlib import Path
+
     from oracle.frameworks import parse_megatron_args, parse_primus_config
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
     model = load_model(model_name) if model_name else None
+    env = parse_env(env_items)
     if megatron_args is not None:
-        return parse_megatron_args(megatron_args, model=model)
+        text = megatron_args
+        if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
+                and Path(text).is_file():
+            try:
+                text = Path(text).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                fail(f"cannot read the launch script {megatron_args!r}: {e}")
+        return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
-        return parse_primus_config(primus_config, model=model, env=os.environ)
+        return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
     return None
 
 
@@ -432,10 +458,15 @@ NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of the
 @calibration_option
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
-@click.option("--megatron-args", default=None, metavar="ARGS",
+@click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
-                   "(a torchrun line or a script's argument block; unknown arguments are listed "
-                   "and ignored). Flags given explicitly override what it sets.")
+                   "(a torchrun line or a script's argument block) or the path of its launch "
+                   "script (assignments, arrays and ${VAR:-default} are expanded; unknown "
+                   "arguments are listed and ignored). Flags given explicitly override what it "
+                   "sets.")
+@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
+              help="A value the launch script or Primus YAML reads from the environment (or "
+                   "N=VALUE for the script's argument N); repeatable.")
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
@@ -445,13 +476,13 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, memory_margin: float, overheads: Sequence[str],
               allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
-              megatron_args: str | None, primus_config: str | None, export_fmt: str | None,
-              **config: Any) -> None:
+              megatron_args: str | None, env_items: Sequence[str], primus_config: str | None,
+              export_fmt: str | None, **config: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    run = import_run(megatron_args, primus_config, model_name)
+    run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
     if run is None:
         if model_name is None or nodes is None:

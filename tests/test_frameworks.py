@@ -386,13 +386,13 @@ def test_realistic_megatron_launch():
     assert (run.num_nodes, run.gpus_per_node) == (4, 8)
     assert run.model is not None and run.model.vocab_size == 32768
     assert run.unknown == ["--my-site-flag 3"]
-    assert run.ignored == ["--moe-grouped-gemm", "--overlap-grad-reduce", "--tokenizer-type",
+    assert run.ignored == ["--moe-grouped-gemm", "--overlap-grad-reduce",
                            "--data-path", "--lr", "--exit-signal-handler"]
     assert run.notes == []
     assert run.defaults == [
         "moe_ffn_hidden_size: 16384 (Megatron-LM default: ffn_hidden_size)",
-        "vocab_size: 32768 (from the catalog model mixtral-8x22b, tokenizer "
-        "mistralai/Mixtral-8x22B-v0.1)",
+        "vocab_size: 32768 (tokenizer mistralai/Mixtral-8x22B-v0.1; the catalog model "
+        "mixtral-8x22b)",
         "context_parallel_size: 1 (Megatron-LM default)",
         "expert_tensor_parallel_size: tensor_model_parallel_size (Megatron-LM default)",
     ]
@@ -412,15 +412,9 @@ def test_script_with_bash_arrays():
     assert run.model.vocab_size == 128256  # the tokenizer is the catalog's llama3-8b
     assert run.unknown == ["--straggler-report-interval 50"]
     assert "--tensorboard-dir" in run.ignored and "--lr" in run.ignored
-    assert (run.num_nodes, run.gpus_per_node) == (None, None)
+    # the script's GPUS_PER_NODE=8 / NUM_NODES=2 reach torchrun through its array
+    assert (run.num_nodes, run.gpus_per_node) == (2, 8)
     assert run.notes == [
-        "torchrun --nproc_per_node '$GPUS_PER_NODE' is not a number of GPUs per node; give it "
-        "to tune-cp directly",
-        "torchrun --nnodes '$NUM_NODES' is not a number of nodes; give it to tune-cp directly",
-        "shell expansions left as written: ${DISTRIBUTED_ARGS[@]}, ${MODEL_ARGS[@]}, "
-        "${TRAINING_ARGS[@]}, ${PARALLEL_ARGS[@]}, ${DATA_ARGS[@]}, ${LOGGING_ARGS[@]}; only "
-        "flags that appear literally in the text are read (paste the expanded command, e.g. "
-        "from the launch log, if some are missing)",
         "--cp-comm-type a2a: tune-cp models the p2p (ring) context-parallel exchange",
     ]
 
@@ -492,7 +486,8 @@ def test_model_missing_is_explained():
     no_vocab = parse_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                                    "--tokenizer-model acme/secret-tokenizer")
     assert no_vocab.model_missing == ("the vocabulary size is unknown: no --vocab-size, and "
-                                      "tokenizer 'acme/secret-tokenizer' is not a catalog model")
+                                      "tokenizer 'acme/secret-tokenizer' is not in tune-cp's "
+                                          "tokenizer table; add --vocab-size N, or pass --model")
 
 
 def test_flags_that_differ_from_the_model_are_noted():
@@ -533,8 +528,8 @@ def test_layers_per_virtual_stage_with_embedding_loss_split():
     ("--micro-batch-size 2.5", "--micro-batch-size '2.5': not a whole number; give an integer of "
      "at least 1"),
     ("--tensor-model-parallel-size $TP",
-     "--tensor-model-parallel-size '$TP': an unexpanded shell variable; paste the command with "
-     "its values filled in (for example from the launch log)"),
+     "--tensor-model-parallel-size '${TP}': the value is $TP, which the script takes from the "
+     "environment; pass --env TP=VALUE"),
     ("--moe-token-dispatcher-type all2all",
      "--moe-token-dispatcher-type 'all2all': not a valid choice; choose one of allgather, "
      "alltoall, flex, alltoall_seq"),
@@ -564,7 +559,7 @@ def test_layers_per_virtual_stage_with_embedding_loss_split():
     ("--use-megatron-fsdp --use-torch-fsdp2",
      "--use-torch-fsdp2: cannot be used together with --use-megatron-fsdp; keep one"),
     ("--seq-length 4096 'unclosed",
-     "cannot split the Megatron-LM arguments: No closing quotation; check the quotes"),
+     "the launch text has an unclosed ' quote; check the quotes"),
     ("   \n", "the Megatron-LM arguments are empty; paste the launch command or its arguments"),
 ])
 def test_malformed_megatron_values_are_one_line_errors(text, message):
@@ -642,8 +637,8 @@ def test_realistic_primus_experiment():
     assert {"wandb_project", "lr", "enable_primus_turbo", "moe_router_dtype"} <= set(run.ignored)
     assert run.defaults == [
         "moe_ffn_hidden_size: 16384 (Primus default: ffn_hidden_size)",
-        "vocab_size: 32768 (from the catalog model mixtral-8x22b, tokenizer "
-        "mistralai/Mixtral-8x22B-v0.1)",
+        "vocab_size: 32768 (tokenizer mistralai/Mixtral-8x22B-v0.1; the catalog model "
+        "mixtral-8x22b)",
         "context_parallel_size: 1 (Primus default, language_model.yaml)",
         "expert_tensor_parallel_size: tensor_model_parallel_size (Primus default)",
         "use_distributed_optimizer: on (Primus default, pre_trainer.yaml)",
@@ -805,3 +800,91 @@ def test_gradient_dtype_flags():
     # after the bf16_mixed() assignment, which would otherwise reset it to True
     assert lines.index("cfg.mixed_precision.grad_reduce_in_fp32 = False") > \
         lines.index("cfg.mixed_precision = bf16_mixed()")
+
+
+# ------------------------------------------------------------------ real launch files (issue 13)
+
+MEGATRON_EXAMPLES = Path(__file__).parent / "data" / "megatron" / "examples"
+
+
+def test_megatron_llama3_8b_fp8_example_script_as_shipped():
+    """examples/llama/train_llama3_8b_h100_fp8.sh at d98e8a64dd: ${1:-default} positional
+    defaults, arrays, `DTYPE_ARGS+=(...)` inside `if [[ "$DTYPE" == "fp8" ]]`, the MOCK branch
+    of the data arguments (--vocab-size 128256)."""
+    run = parse_megatron_args((MEGATRON_EXAMPLES / "train_llama3_8b_h100_fp8.sh").read_text())
+    c = run.config
+    assert (run.num_nodes, run.gpus_per_node) == (1, 8)
+    assert (c.tp, c.pp, c.cp, c.mbs, c.sequence_parallel) == (1, 1, 1, 1, True)
+    assert c.distributed_optimizer is True and c.grad_reduce_in_fp32 is False
+    assert (run.precision, run.fp8_format) == (Precision.FP8, Fp8Format.HYBRID)
+    assert (run.seq_len, run.global_batch_size) == (8192, 128)
+    m = run.require_model()
+    assert (m.num_layers, m.hidden_size, m.num_kv_heads, m.vocab_size) == (32, 4096, 8, 128256)
+    assert "--tokenizer-type" not in " ".join(run.unknown)
+
+
+def test_megatron_mixtral_example_script_with_env():
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh: NNODES=${SLURM_NNODES:-"1"} from
+    --env; $2 (the tokenizer path) is not needed: Llama2Tokenizer gives 32000."""
+    text = (MEGATRON_EXAMPLES / "train_mixtral_8x7b_distributed.sh").read_text()
+    run = parse_megatron_args(text, env={"SLURM_NNODES": "4"})
+    c = run.config
+    assert (run.num_nodes, run.gpus_per_node) == (4, 8)
+    assert (c.tp, c.pp, c.ep, c.mbs, c.sequence_parallel) == (1, 4, 8, 1, True)
+    m = run.require_model()
+    assert (m.num_experts, m.moe_top_k, m.vocab_size, m.num_layers) == (8, 2, 32000, 32)
+    assert any(n.startswith("--tokenizer-model") and "not needed" in n for n in run.notes)
+    assert parse_megatron_args(text).num_nodes == 1  # the script's default
+
+
+def test_megatron_gpt3_example_script_vocab_from_bpe_files():
+    """examples/gpt3/train_gpt3_175b_distributed.sh: --vocab-file/--merge-file without
+    --tokenizer-type is GPT-2 BPE (50257)."""
+    run = parse_megatron_args((MEGATRON_EXAMPLES / "train_gpt3_175b_distributed.sh").read_text())
+    assert (run.config.tp, run.config.pp) == (8, 16)
+    m = run.require_model()
+    assert (m.num_layers, m.hidden_size, m.vocab_size, m.ffn_hidden_size) == (96, 12288, 50257,
+                                                                              49152)
+    assert (run.seq_len, run.global_batch_size) == (2048, 1536)
+
+
+def test_unset_script_variable_names_the_env_option():
+    with pytest.raises(ConfigError) as e:
+        parse_megatron_args('L=${NUM_LAYERS}\ntorchrun pretrain_gpt.py --num-layers $L '
+                            "--hidden-size 64 --num-attention-heads 4 --vocab-size 100 "
+                            "--position-embedding-type rope")
+    assert str(e.value) == ("--num-layers '${NUM_LAYERS}': the value is $NUM_LAYERS, which the "
+                            "script takes from the environment; pass --env NUM_LAYERS=VALUE")
+    run = parse_megatron_args('L=${NUM_LAYERS:-4}\ntorchrun pretrain_gpt.py --num-layers $L '
+                              "--hidden-size 64 --num-attention-heads 4 --vocab-size 100 "
+                              "--position-embedding-type rope", env={"NUM_LAYERS": "6"})
+    assert run.require_model().num_layers == 6
+
+
+def test_pasted_block_with_lost_newlines_reads_every_flag():
+    """A backslash-continued block pasted as one line (the newlines lost) reads as the shell
+    would have read it with them."""
+    text = ("--num-layers 4 \\ --hidden-size 64 \\ --num-attention-heads 4 \\ "
+            "--tensor-model-parallel-size 2 \\ --vocab-size 100 \\ --position-embedding-type rope")
+    run = parse_megatron_args(text)
+    assert run.config.tp == 2 and run.require_model().hidden_size == 64
+    assert any("newline was lost" in n for n in run.notes)
+
+
+@pytest.mark.parametrize(("tokenizer", "vocab"), [
+    ("--tokenizer-type GPT2BPETokenizer", 50257),
+    ("--tokenizer-type Llama2Tokenizer", 32000),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.2-1B", 128256),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model /models/Qwen2.5-72B", 152064),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen3-4B", 151936),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model deepseek-ai/DeepSeek-V2-Lite",
+     102400),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1", 32000),
+])
+def test_tokenizer_vocabulary_sizes(tokenizer, vocab):
+    """Published config.json vocab_size of each tokenizer's model (oracle/frameworks/data/
+    tokenizers.json)."""
+    run = parse_megatron_args(f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                              "--position-embedding-type rope "
+                              f"{tokenizer}")
+    assert run.require_model().vocab_size == vocab

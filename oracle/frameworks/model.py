@@ -11,6 +11,10 @@ from the catalog.
 
 from __future__ import annotations
 
+import json
+import re
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -104,10 +108,41 @@ class ImportedArchitecture(Spec):
     v_head_dim: int | None = None
     mtp_num_layers: int | None = None
     tokenizer_model: str | None = None
+    tokenizer_type: str | None = None
 
 
 def _spell(raw: RawArgs, dest: str) -> str:
     return spell(dest, raw.flavor)
+
+
+TOKENIZERS_FILE = Path(__file__).parent / "data" / "tokenizers.json"
+
+
+@cache
+def tokenizer_table() -> list[dict[str, Any]]:
+    """The tokenizer -> vocabulary size table (``data/tokenizers.json``, sources per entry)."""
+    return json.loads(TOKENIZERS_FILE.read_text())["tokenizers"]
+
+
+def vocab_from_tokenizer(tokenizer_type: str | None, tokenizer_model: str | None,
+                         has_vocab_files: bool) -> tuple[int, str] | None:
+    """The vocabulary size of a named tokenizer and a statement of where it comes from: the
+    model name first (``--tokenizer-model``: a catalog model, then the table), then the type
+    (``--vocab-file`` with ``--merge-file`` and no type is GPT-2 BPE, Megatron-LM's legacy
+    default)."""
+    if tokenizer_model:
+        twin = catalog_by_tokenizer(tokenizer_model)
+        if twin is not None:
+            return twin.vocab_size, f"the catalog model {twin.name}"
+        for entry in tokenizer_table():
+            pattern = entry.get("model")
+            if pattern and re.fullmatch(pattern, tokenizer_model.strip(), re.I):
+                return entry["vocab_size"], f"{entry['name']}: {entry['source']}"
+    kind = tokenizer_type or ("GPT2BPETokenizer" if has_vocab_files else None)
+    for entry in tokenizer_table():
+        if kind and entry.get("type") == kind:
+            return entry["vocab_size"], f"{entry['name']}: {entry['source']}"
+    return None
 
 
 def catalog_by_tokenizer(name: str | None) -> ModelSpec | None:
@@ -135,15 +170,17 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
     vocab = arch.vocab_size or arch.padded_vocab_size
     vocab_note = ""
     if vocab is None:
-        twin = catalog_by_tokenizer(arch.tokenizer_model)
-        if twin is None:
-            tok = f"tokenizer {arch.tokenizer_model!r} is not a catalog model" if \
-                arch.tokenizer_model else f"no {_spell(raw, 'tokenizer_model')} either"
+        found = vocab_from_tokenizer(arch.tokenizer_type, arch.tokenizer_model,
+                                     raw.has_vocab_files)
+        if found is None:
+            named = " / ".join(repr(t) for t in (arch.tokenizer_type, arch.tokenizer_model) if t)
+            tok = f"tokenizer {named} is not in tune-cp's tokenizer table" if named else \
+                f"no {_spell(raw, 'tokenizer_model')} either"
             return None, (f"the vocabulary size is unknown: no {_spell(raw, 'vocab_size')}, "
-                          f"and {tok}"), []
-        vocab = twin.vocab_size
-        vocab_note = f"vocab_size: {vocab} (from the catalog model {twin.name}, tokenizer " \
-                     f"{arch.tokenizer_model})"
+                          f"and {tok}; add {_spell(raw, 'vocab_size')} N, or pass --model"), []
+        vocab, origin_text = found
+        shown = arch.tokenizer_model or arch.tokenizer_type or "--vocab-file/--merge-file"
+        vocab_note = f"vocab_size: {vocab} (tokenizer {shown}; {origin_text})"
     stated: list[str] = []
     fdefaults = MODEL_DEFAULTS[raw.flavor]
     origin = FRAMEWORK_NAME[raw.flavor]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from oracle.frameworks.keys import (
     fmt_value,
     load_model_chain,
     read_yaml_mapping,
+    refused_architecture,
     resolve_placeholders,
     scan_megatron,
     spell,
@@ -176,7 +178,8 @@ class ImportedRun(Spec):
 # ------------------------------------------------------------------------------- importers
 
 
-def parse_megatron_args(text: str, *, model: ModelSpec | None = None) -> ImportedRun:
+def parse_megatron_args(text: str, *, model: ModelSpec | None = None,
+                        env: Mapping[str, str] | None = None) -> ImportedRun:
     """Read the arguments of a Megatron-LM launch.
 
     ``text`` is shell text: line continuations, ``--flag value`` / ``--flag=value``, flags
@@ -187,7 +190,7 @@ def parse_megatron_args(text: str, *, model: ModelSpec | None = None) -> Importe
     virtual stages from ``--num-layers-per-virtual-pipeline-stage`` and the MoE defaults
     (dispatcher, expert-tensor size) depend on the model.
     """
-    raw = scan_megatron(text)
+    raw = scan_megatron(text, env)
     return _interpret(raw, "Megatron-LM arguments", model, model_file=None)
 
 
@@ -227,6 +230,11 @@ def parse_primus_config(
                              "next to the experiment or in a models/ folder above it")
         else:
             chain = load_model_chain(found, env, raw.notes)
+    refused = refused_architecture({**chain, **overrides})
+    if refused:
+        raise ConfigError(f"Primus experiment {path.name} (model {model_name}): tune-cp does not "
+                          f"model {refused}; it models decoder-only transformers (dense, MoE, "
+                          "MLA, sliding-window attention)")
     for key, value in chain.items():  # the model chain sets keys the overrides do not
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value
@@ -308,7 +316,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
     kw["mbs"] = _batch(r)
     kw["sequence_parallel"] = r.get("sequence_parallel", state=kw["tp"] > 1)
-    kw |= _recompute(r)
+    kw |= _recompute(r, num_layers, kw["pp"] * kw["vpp"])
     kw |= _sharding(r)
     kw["dispatcher"] = _dispatcher(r) if is_moe else Dispatcher.ALLTOALL
     precision, fp8_format, recipe = _precision(r)
@@ -416,10 +424,36 @@ def _batch(r: _Reader) -> int:
     return r.get("micro_batch_size")
 
 
-def _recompute(r: _Reader) -> dict[str, Any]:
+def _layer_ids(r: _Reader, num_layers: int | None, chunks: int) -> int:
+    """Primus ``recompute_layer_ids`` (global layer ids recomputed in full) as the block method's
+    count per pipeline chunk: the fewest ids any chunk holds (the chunk that keeps the most
+    activations decides the peak), with the even split of ``num_layers`` over the chunks."""
+    text = r.get("recompute_layer_ids", state=False)
+    try:
+        ids = sorted({int(x) for x in re.split(r"[,\s\[\]]+", str(text)) if x})
+    except ValueError:
+        raise r.fail("recompute_layer_ids", "must be layer numbers separated by commas, such "
+                     "as \"0,3,4\"") from None
+    if num_layers is None:
+        raise r.fail("recompute_layer_ids", "needs the number of layers; add num_layers or "
+                     "pass --model")
+    per = -(-num_layers // chunks)
+    counts = [sum(1 for i in ids if c * per <= i < (c + 1) * per) for c in range(chunks)]
+    fewest = min(counts)
+    r.raw.note(f"recompute_layer_ids ({len(ids)} layers) is read as full recompute with the "
+               f"block method of {fewest} layers per pipeline chunk (the fewest any of the "
+               f"{chunks} chunks holds: {', '.join(map(str, counts))}); tune-cp recomputes the "
+               "same number of layers in every chunk")
+    return fewest
+
+
+def _recompute(r: _Reader, num_layers: int | None = None, chunks: int = 1) -> dict[str, Any]:
     """Recompute granularity, method, layers and modules, checked as Megatron-Core's
     ``TransformerConfig.__post_init__`` checks them (full needs a method and a layer count;
-    selective takes neither)."""
+    selective takes neither). Primus ``recompute_layer_ids`` stands for the method and count;
+    a block count above the layers a chunk holds recomputes them all (Megatron-LM
+    ``_checkpointed_forward``: ``layer_number < recompute_num_layers``), so it is read as
+    that many."""
     granularity = r.get("recompute_granularity")
     modules = r.get("recompute_modules", state=False)
     if r.get("recompute_activations", state=False):
@@ -437,6 +471,11 @@ def _recompute(r: _Reader) -> dict[str, Any]:
                        "no recomputation")
         return {"recompute": Recompute.NONE}
     if granularity == "full":
+        if r.given("recompute_layer_ids"):
+            if method is not None or layers is not None:
+                r.raw.note("recompute_layer_ids takes precedence over recompute_method / "
+                           "recompute_num_layers (Primus)")
+            method, layers = "block", _layer_ids(r, num_layers, chunks)
         if method is None or layers is None:
             what = r.spell("recompute_method") if method is None else r.spell(
                 "recompute_num_layers")
@@ -445,6 +484,12 @@ def _recompute(r: _Reader) -> dict[str, Any]:
                          f"{r.spell('recompute_num_layers')} N")
         if method == "block" and layers == 0:
             r.raw.note("full recompute with the block method and 0 layers recomputes nothing")
+        if method == "block" and num_layers is not None and num_layers % chunks == 0 \
+                and layers > num_layers // chunks:
+            per = num_layers // chunks
+            r.raw.note(f"{r.label('recompute_num_layers')} {layers} is more than the {per} "
+                       f"layers a pipeline chunk holds: Megatron-LM recomputes all {per}")
+            layers = per
         return {"recompute": Recompute.FULL, "recompute_method": RecomputeMethod(method),
                 "recompute_layers": layers}
     if method is not None or layers is not None:
