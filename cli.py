@@ -534,7 +534,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)
     imported = None if run is None else {
-        "source": run.source, "unknown": run.unknown, "ignored": run.ignored,
+        "source": run.source, "unknown": run.unknown, "unmodelled": run.unmodelled,
+        "ignored": run.ignored,
         "defaults": run.defaults, "notes": run.notes + notes}
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
@@ -546,10 +547,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     echo(f"check: {describe_setting(model, cluster, training)}")
     if imported is not None:
         echo(f"imported from the {run.source}")
-        for what in ("unknown", "defaults", "notes"):
+        for what in ("unmodelled", "unknown", "defaults", "notes"):
             if imported[what]:
                 label = {"unknown": "unknown arguments (ignored)", "defaults": "defaults taken",
-                         "notes": "notes"}[what]
+                         "notes": "notes",
+                         "unmodelled": "warning: these change memory or time and are not "
+                                       "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
     echo(f"config: {describe_config(outcome.ctx.cfg)}")
     echo()

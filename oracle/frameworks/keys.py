@@ -22,11 +22,13 @@ Megatron-LM flag and the Primus key are two spellings of it (:func:`spell`).
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +350,24 @@ LAUNCHER_WORDS = frozenset({
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 ALL_KEYS: dict[str, Key] = {**CONFIG_KEYS, **MODEL_KEYS, **{d: u.key for d, u in UNMODELED.items()}}
+# Every dest tune-cp reads (the classification of data/megatron_flags.json calls them "read").
+READ_DESTS = frozenset(ALL_KEYS) | frozenset(ARCH_REFUSED)
+
+MEGATRON_FLAGS_FILE = Path(__file__).parent / "data" / "megatron_flags.json"
+
+
+@cache
+def megatron_flags() -> dict[str, dict[str, Any]]:
+    """Megatron-LM flag -> {dest, arity (0, 1 or "*"), group, effect (read / none /
+    unmodelled)}: ``data/megatron_flags.json``, generated from ``arguments.py`` by
+    :mod:`oracle.frameworks.gen_megatron_flags`."""
+    return json.loads(MEGATRON_FLAGS_FILE.read_text())["flags"]
+
+
+@cache
+def dest_effects() -> dict[str, str]:
+    """Megatron dest -> effect (for Primus keys, which use the dests)."""
+    return {info["dest"]: info["effect"] for info in megatron_flags().values()}
 
 
 def megatron_flag(dest: str) -> str:
@@ -385,6 +405,7 @@ class RawArgs:
     num_nodes: int | None = None
     gpus_per_node: int | None = None
     has_vocab_files: bool = False  # --vocab-file and --merge-file (GPT-2 BPE without a type)
+    unmodelled: list[str] = field(default_factory=list)  # change memory or time; not modelled
 
     def has(self, dest: str) -> bool:
         return self.values.get(dest) is not None
@@ -631,6 +652,26 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
         if dest is not None:
             raw.note(f"{name}: Megatron-LM spells it {hyphenated} (underscored flags are Primus's "
                      "command line); read as such")
+    known = megatron_flags().get(name)
+    if dest is None and known is not None:
+        arity = known["arity"]
+        if arity == 0:
+            values = [inline] if inline is not None else []
+        else:
+            values, i = _take(words, i, inline, many=arity == "*")
+        shown = " ".join([name, *values])
+        refused = refused_architecture({known["dest"]: values[0] if values else True})
+        if refused:
+            raise ConfigError(f"{shown}: tune-cp does not model {refused}; it models "
+                              "decoder-only transformers (dense, MoE, MLA, sliding-window "
+                              "attention)")
+        if known["dest"] == "merge_file":
+            raw.has_vocab_files = True
+        if known["effect"] == "unmodelled":
+            raw.unmodelled.append(shown)
+        else:
+            raw.ignored.append(name)
+        return i
     if dest is None:
         as_dest = bare.replace("-", "_")
         values, i = _take(words, i, inline, many=True)

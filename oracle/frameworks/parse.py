@@ -23,6 +23,7 @@ from oracle.frameworks.keys import (
     fmt_value,
     load_model_chain,
     read_yaml_mapping,
+    dest_effects,
     refused_architecture,
     resolve_placeholders,
     scan_megatron,
@@ -147,6 +148,7 @@ class ImportedRun(Spec):
     model_file: str | None = None
     model_missing: str = ""
     unknown: list[str] = []
+    unmodelled: list[str] = []
     ignored: list[str] = []
     defaults: list[str] = []
     notes: list[str] = []
@@ -244,7 +246,10 @@ def parse_primus_config(
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value
             raw.labels[key] = key
-        elif IGNORED.fullmatch(key):
+        elif dest_effects().get(key) == "unmodelled":
+            if value not in (None, False):
+                raw.unmodelled.append(f"{key}: {fmt_value(value)}")
+        elif dest_effects().get(key) in ("none", "read") or IGNORED.fullmatch(key):
             raw.ignored.append(key)
         else:
             raw.unknown.append(f"{key}: {value}")
@@ -349,6 +354,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         model_file=model_file,
         model_missing=missing,
         unknown=raw.unknown,
+        unmodelled=list(dict.fromkeys(raw.unmodelled)),
         ignored=list(dict.fromkeys(raw.ignored)),
         defaults=r.defaults,
         notes=raw.notes,
