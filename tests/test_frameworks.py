@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oracle.catalog import load_gpu, load_model
+from oracle.catalog import load_gpu, load_model, model_entries
+from oracle.frameworks.keys import megatron_flags
 from oracle.frameworks import (
     Fp8Format,
     canonical_config,
@@ -100,8 +101,9 @@ def test_megatron_export_model_flags():
     assert model_part == [
         "--num-layers 56", "--hidden-size 6144", "--ffn-hidden-size 16384",
         "--num-attention-heads 48", "--group-query-attention", "--num-query-groups 8",
-        "--swiglu", "--normalization RMSNorm", "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear", "--position-embedding-type rope", "--attention-dropout 0.0",
+        "--swiglu", "--normalization RMSNorm", "--norm-epsilon 1e-05",
+        "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+        "--position-embedding-type rope", "--rotary-base 1000000", "--attention-dropout 0.0",
         "--hidden-dropout 0.0", "--vocab-size 32768", "--num-experts 8",
         "--moe-ffn-hidden-size 16384", "--moe-router-topk 2",
     ]
@@ -111,7 +113,11 @@ def test_megatron_export_model_flags():
                      "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
                      "--moe-shared-expert-intermediate-size 2048",
                      "--moe-layer-freq '([0]*3+[1]*58)'", "--moe-router-enable-expert-bias",
-                     "--mtp-num-layers 1"):
+                     "--mtp-num-layers 1", "--moe-router-score-function sigmoid",
+                     "--moe-router-num-groups 8", "--moe-router-group-topk 4",
+                     "--moe-router-topk-scaling-factor 2.5", "--position-embedding-type yarn",
+                     "--rotary-scaling-factor 40.0",
+                     "--yarn-original-max-position-embeddings 4096", "--norm-epsilon 1e-06"):
         assert expected in flags
 
 
@@ -889,3 +895,44 @@ def test_tokenizer_vocabulary_sizes(tokenizer, vocab):
                               "--position-embedding-type rope "
                               f"{tokenizer}")
     assert run.require_model().vocab_size == vocab
+
+
+ARCH_IGNORED_FIELDS = {"name", "family", "source", "default_seq_len", "default_global_batch_size"}
+
+
+@pytest.mark.parametrize("name", list(model_entries()))
+def test_exported_megatron_flags_define_the_catalog_model(name):
+    """The exported flags, checked against the flag names of the current arguments.py (data/
+    megatron_flags.json, generated from it), read back to the same ModelSpec field by field."""
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    text = to_megatron_args(m, cluster, training, ParallelConfig(tp=8, ep=8 if m.is_moe else 1))
+    assert "# not expressible" not in text
+    flags = [w for line in text.splitlines() if not line.startswith("#")
+             for w in line.split() if w.startswith("--")]
+    known = megatron_flags()
+    assert [f for f in flags if f not in known] == []
+    run = parse_megatron_args(text)
+    assert run.unknown == [] and run.unmodelled == ["--overlap-grad-reduce",
+                                                    "--overlap-param-gather"]
+    back = run.require_model()
+    for field_name in type(m).model_fields:
+        if field_name not in ARCH_IGNORED_FIELDS:
+            assert getattr(back, field_name) == getattr(m, field_name), field_name
+
+
+def test_mixtral_8x22b_export_keeps_its_rope_base():
+    m = load_model("mixtral-8x22b")
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=4, gpus_per_node=8)
+    text = to_megatron_args(m, cluster, TrainingSpec(seq_len=8192, global_batch_size=512),
+                            ParallelConfig(tp=2, pp=4, ep=8))
+    assert "--rotary-base 1000000 \\" in text.splitlines()
+    oss = to_megatron_args(load_model("gpt-oss-120b"), cluster,
+                           TrainingSpec(seq_len=4096, global_batch_size=128),
+                           ParallelConfig(tp=1, pp=4, ep=8))
+    for line in ("--quick-geglu", "--window-size 127,0", "--window-attn-skip-freq 2",
+                 "--softmax-type learnable", "--glu-linear-offset 1.0",
+                 "--activation-func-clamp-value 7.0", "--position-embedding-type yarn"):
+        assert line in [x.rstrip(" \\") for x in oss.splitlines()]
+    assert "--swiglu \\" not in oss.splitlines()

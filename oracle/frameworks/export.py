@@ -28,8 +28,12 @@ from typing import Any
 
 from oracle.frameworks.keys import Fp8Format, megatron_flag
 from oracle.memory import pipeline_chunks
+from oracle.frameworks.model import LLAMA3_ORIGINAL_POSITIONS
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
+    Activation,
+    RopeScaling,
+    RouterScore,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -190,8 +194,8 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
     missing: list[str] = []
     if model.ffn_hidden_size:
         out.append(("ffn_hidden_size", model.ffn_hidden_size))
-    elif model.is_moe:
-        missing.append("no dense MLP (Megatron-LM defaults --ffn-hidden-size to 4 x hidden)")
+    elif model.is_moe and model.num_dense_layers:
+        missing.append("dense layers without a dense MLP width")
     out.append(("num_attention_heads", model.num_attention_heads))
     if model.mla is not None:
         out.append(("multi_latent_attention", True))
@@ -206,9 +210,20 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
             out += [("group_query_attention", True), ("num_query_groups", model.num_kv_heads)]
         if model.head_dim * model.num_attention_heads != model.hidden_size:
             out.append(("kv_channels", model.head_dim))
-    if model.gated_mlp:
+    if model.activation is Activation.QUICK_GEGLU:
+        out.append(("quick_geglu", True))  # a gated MLP with the quick-GELU gate
+        if not model.gated_mlp:
+            missing.append("quick-GeGLU without a gated MLP")
+    elif model.gated_mlp:
         out.append(("swiglu", True))
-    out.append(("normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if model.activation is Activation.SQUARED_RELU:
+        out.append(("squared_relu", True))
+    if model.activation_clamp:
+        out.append(("activation_func_clamp_value", model.activation_clamp))
+    if model.glu_linear_offset:
+        out.append(("glu_linear_offset", model.glu_linear_offset))
+    out += [("normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"),
+            ("norm_epsilon", model.norm_epsilon)]
     if not model.tied_embeddings:
         out.append(("untie_embeddings_and_output_weights", True))
     biases = (model.qkv_bias, model.attn_out_bias, model.mlp_bias)
@@ -224,8 +239,22 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
     if model.qk_norm:
         out.append(("qk_layernorm", True))
     learned = model.position_embedding is PositionEmbedding.LEARNED
-    out += [("position_embedding_type", "learned_absolute" if learned else "rope"),
-            ("attention_dropout", model.attention_dropout),
+    yarn = model.rope_scaling is RopeScaling.YARN
+    out.append(("position_embedding_type", "learned_absolute" if learned else
+                "yarn" if yarn else "rope"))
+    if not learned:
+        out.append(("rotary_base", _number(model.rotary_base)))
+    if yarn:
+        out.append(("rotary_scaling_factor", model.rope_scaling_factor))
+        if model.rope_original_max_position_embeddings:
+            out.append(("yarn_original_max_position_embeddings",
+                        model.rope_original_max_position_embeddings))
+    elif model.rope_scaling is RopeScaling.LLAMA3:
+        out += [("use_rope_scaling", True), ("rope_scaling_factor", model.rope_scaling_factor)]
+        if model.rope_original_max_position_embeddings not in (0, LLAMA3_ORIGINAL_POSITIONS):
+            missing.append(f"llama3 rope scaling from {model.rope_original_max_position_embeddings}"
+                           f" positions (Megatron-LM fixes {LLAMA3_ORIGINAL_POSITIONS})")
+    out += [("attention_dropout", model.attention_dropout),
             ("hidden_dropout", model.hidden_dropout),
             ("vocab_size", model.vocab_size)]
     if model.is_moe:
@@ -240,14 +269,36 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
             out.append(("moe_layer_freq", f"([0]*{dense}+[1]*{moe})"))
         if model.router_expert_bias:
             out.append(("moe_router_enable_expert_bias", True))
+        if model.shared_expert_gate:
+            out.append(("moe_shared_expert_gate", True))
+        if model.router_score is not RouterScore.SOFTMAX:
+            out.append(("moe_router_score_function", model.router_score.value))
+        if model.router_num_groups:
+            out += [("moe_router_num_groups", model.router_num_groups),
+                    ("moe_router_group_topk", model.router_group_topk)]
+        if model.router_topk_scaling_factor != 1:
+            out.append(("moe_router_topk_scaling_factor", model.router_topk_scaling_factor))
     if model.num_mtp_layers:
         out.append(("mtp_num_layers", model.num_mtp_layers))
-    if model.sliding_window:
-        missing.append(f"sliding-window attention ({model.num_sliding_window_layers} layers, "
-                       f"window {model.sliding_window})")
+    if model.sliding_window and model.num_sliding_window_layers:
+        # --window-size LEFT,0 attends LEFT earlier tokens and the token itself
+        out.append(("window_size", f"{model.sliding_window - 1},0"))
+        every = model.num_sliding_window_layers >= model.num_layers
+        alternate = model.num_sliding_window_layers == model.num_layers - model.num_layers // 2
+        if alternate and not every:
+            out.append(("window_attn_skip_freq", 2))
+        elif not every:
+            missing.append(f"sliding-window attention on {model.num_sliding_window_layers} of "
+                           f"{model.num_layers} layers (Megatron-LM: every layer, or every "
+                           "layer but each N-th)")
     if model.attention_sinks:
-        missing.append("attention sinks")
+        out.append(("softmax_type", "learnable"))  # a learnable sink logit per head
     return out, missing
+
+
+def _number(value: float) -> int | float:
+    """An integral float as an int (``--rotary-base`` is an int flag in arguments.py)."""
+    return int(value) if float(value).is_integer() else value
 
 
 def _render_flag(dest: str, value: Any) -> str:

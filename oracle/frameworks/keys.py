@@ -194,6 +194,27 @@ MODEL_KEYS: dict[str, Key] = {
     "mtp_num_layers": _int(0),
     "tokenizer_model": Key(Kind.STR),
     "tokenizer_type": Key(Kind.STR),
+    # settings that define the model without changing memory or time (read so that the
+    # model read back is the model exported; TransformerConfig / arguments.py at d98e8a64dd)
+    "rotary_base": Key(Kind.FLOAT),
+    "use_rope_scaling": BOOL,
+    "rope_scaling_factor": Key(Kind.FLOAT),
+    "rotary_scaling_factor": Key(Kind.FLOAT),  # YaRN factor (--position-embedding-type yarn)
+    "yarn_original_max_position_embeddings": _int(),
+    # arguments.py: --norm-epsilon (dest layernorm_epsilon); Primus model YAMLs: norm_epsilon
+    "norm_epsilon": Key(Kind.FLOAT, flag="--norm-epsilon"),
+    "quick_geglu": BOOL,
+    "squared_relu": BOOL,
+    "activation_func_clamp_value": Key(Kind.FLOAT),
+    "glu_linear_offset": Key(Kind.FLOAT),
+    "window_size": Key(Kind.STR),  # "left,right" (TE window); sliding-window attention
+    "window_attn_skip_freq": Key(Kind.STR),  # every N-th layer full attention (or a pattern)
+    "softmax_type": Key(Kind.CHOICE, choices=("vanilla", "off-by-one", "learnable")),
+    "moe_shared_expert_gate": BOOL,
+    "moe_router_score_function": Key(Kind.CHOICE, choices=("softmax", "sigmoid")),
+    "moe_router_num_groups": _int(),
+    "moe_router_group_topk": _int(),
+    "moe_router_topk_scaling_factor": Key(Kind.FLOAT),
 }
 
 
@@ -351,7 +372,7 @@ ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 ALL_KEYS: dict[str, Key] = {**CONFIG_KEYS, **MODEL_KEYS, **{d: u.key for d, u in UNMODELED.items()}}
 # Every dest tune-cp reads (the classification of data/megatron_flags.json calls them "read").
-READ_DESTS = frozenset(ALL_KEYS) | frozenset(ARCH_REFUSED)
+READ_DESTS = frozenset(ALL_KEYS) | frozenset(ARCH_REFUSED) | {"layernorm_epsilon"}
 
 MEGATRON_FLAGS_FILE = Path(__file__).parent / "data" / "megatron_flags.json"
 
