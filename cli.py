@@ -248,15 +248,21 @@ def load_specs(
     if defaults is not None:
         entry = model_entries().get(model.name)
         why = f": {entry.default_source}" if entry and entry.default_source else ""
+        # a model file or config.json has no published batch: say whose defaults these are
+        whose = (f"{model.name} default" if entry is not None else
+                 "tune-cp's default for a model file (seq: max_position_embeddings up to 8192; "
+                 "gbs: 256)")
         if gpus_per_node is None:
             defaults.append(f"--gpus-per-node {cluster.gpus_per_node} (usual {gpu.name} node)")
         if seq_len is None and gbs is None:
             defaults.append(f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
-                            f"({model.name} defaults{why})")
+                            f"({whose}s{why})" if entry is not None else
+                            f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
+                            f"({whose})")
         elif seq_len is None:
-            defaults.append(f"--seq-len {training.seq_len} ({model.name} default{why})")
+            defaults.append(f"--seq-len {training.seq_len} ({whose}{why})")
         elif gbs is None:
-            defaults.append(f"--gbs {training.global_batch_size} ({model.name} default{why})")
+            defaults.append(f"--gbs {training.global_batch_size} ({whose}{why})")
     return model, cluster, training
 
 
@@ -484,12 +490,15 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     """
     run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
+    defaults: list[str] = []  # stated like search states its defaults
+    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--gpu {gpu_name} (default; pass --gpu for the GPU you run on)")
     if run is None:
         if model_name is None or nodes is None:
             fail(f"--{'model' if model_name is None else 'nodes'} is required (or describe the "
                  f"run with --megatron-args / --primus-config)")
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
-                                              seq_len, gbs, precision)
+                                              seq_len, gbs, precision, defaults)
         cfg = build_config(config)
     else:
         model = run.require_model()
@@ -539,12 +548,15 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         "defaults": run.defaults, "notes": run.notes + notes}
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
-                   "training": training.model_dump(mode="json"), **outcome.to_json(),
+                   "training": training.model_dump(mode="json"), "defaults": defaults,
+                   **outcome.to_json(),
                    "projection": projection.model_dump() if projection else None,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
     echo(f"check: {describe_setting(model, cluster, training)}")
+    if defaults:
+        echo("defaults: " + "; ".join(defaults))
     if imported is not None:
         echo(f"imported from the {run.source}")
         for what in ("unmodelled", "unknown", "defaults", "notes"):

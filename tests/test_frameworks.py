@@ -3,12 +3,14 @@ Megatron-Bridge recipe overrides. Exact flag names, round trips, stated defaults
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
 import yaml
 
-from oracle.catalog import load_gpu, load_model, model_entries
+from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
 from oracle.frameworks.keys import megatron_flags
 from oracle.frameworks import (
     Fp8Format,
@@ -936,3 +938,66 @@ def test_mixtral_8x22b_export_keeps_its_rope_base():
                  "--activation-func-clamp-value 7.0", "--position-embedding-type yarn"):
         assert line in [x.rstrip(" \\") for x in oss.splitlines()]
     assert "--swiglu \\" not in oss.splitlines()
+
+
+HF_DIR = Path(__file__).parent / "data" / "hf"
+
+
+def test_mistral_sliding_window_changes_the_long_sequence_projection():
+    """mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096 on every layer; at seq 32768
+    attention sees at most 4097 keys, so the step is shorter than with full causal attention."""
+    from oracle.projection import project
+
+    cfg_json = json.loads((HF_DIR / "mistral-7b-v0.1.json").read_text())
+    windowed = model_from_hf_config(cfg_json, name="mistral")
+    full = model_from_hf_config(cfg_json | {"sliding_window": None}, name="mistral")
+    assert (windowed.sliding_window, windowed.num_sliding_window_layers) == (4096, 32)
+    assert (full.sliding_window, windowed.norm_epsilon, windowed.rotary_base) == (0, 1e-5, 1e4)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=1, gpus_per_node=8)
+    training = TrainingSpec(seq_len=32768, global_batch_size=8)
+    cfg = ParallelConfig(tp=8)
+    step_w = project(windowed, cluster, training, resolve_config(cfg, windowed, cluster,
+                                                                  training)).step_time_s
+    step_f = project(full, cluster, training, resolve_config(cfg, full, cluster,
+                                                              training)).step_time_s
+    assert step_w < 0.9 * step_f
+
+
+def test_hf_config_rope_router_and_unmodelled_keys():
+    ds = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+          "num_hidden_layers": 61, "vocab_size": 129280, "intermediate_size": 18432,
+          "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+          "n_shared_experts": 1, "first_k_dense_replace": 3, "topk_method": "noaux_tc",
+          "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+          "scoring_func": "sigmoid", "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+          "rms_norm_eps": 1e-6, "rope_theta": 10000,
+          "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}
+    m = model_from_hf_config(ds, name="deepseek-v3")
+    catalog = load_model("deepseek-v3")
+    for f in ("router_score", "router_num_groups", "router_group_topk",
+              "router_topk_scaling_factor", "rope_scaling", "rope_scaling_factor",
+              "rope_original_max_position_embeddings", "norm_epsilon", "rotary_base"):
+        assert getattr(m, f) == getattr(catalog, f), f
+    with pytest.raises(ConfigError, match="final_logit_softcapping 30.0 changes the model"):
+        model_from_hf_config(ds | {"final_logit_softcapping": 30.0})
+    with pytest.raises(ConfigError, match="rope_scaling 'longrope'"):
+        model_from_hf_config(ds | {"rope_scaling": {"rope_type": "longrope", "factor": 4}})
+
+
+def test_check_states_its_defaults_and_reads_a_launch_script(run_cli):
+    """`check` names the GPU it assumed; a Megatron-LM example script is checked from its path
+    with the environment value it reads (--env), and gives the layout it launches."""
+    script = str(MEGATRON_EXAMPLES / "train_mixtral_8x7b_distributed.sh")
+    code, out, _ = run_cli("check", "--megatron-args", script, "--env", "SLURM_NNODES=4")
+    assert "defaults: --gpu mi355x (default; pass --gpu for the GPU you run on)" in out
+    assert "check: imported on 4 x 8 mi355x (32 GPUs), seq 4096, gbs 256" in out
+    assert "config: TP1 PP4 VPP1 CP1 EP8 ETP1 DP8, mbs 1, ga 32" in out
+    assert "warning: these change memory or time and are not modelled: " \
+           "--no-masked-softmax-fusion; --overlap-param-gather; --overlap-grad-reduce" in out
+    code, out, _ = run_cli("check", "--model", str(HF_DIR / "mistral-7b-v0.1.json"), "--nodes",
+                           "1", "--gpu", "h100")
+    assert "defaults: --gpus-per-node 8 (usual h100 node); --seq-len 8192 --gbs 256 (tune-cp's " \
+           "default for a model file" in out
+    code, _, err = run_cli("check", "--megatron-args", script, "--env", "=4")
+    assert code == 2 and "--env '=4': write NAME=VALUE" in err
