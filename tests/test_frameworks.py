@@ -1001,3 +1001,73 @@ def test_check_states_its_defaults_and_reads_a_launch_script(run_cli):
            "default for a model file" in out
     code, _, err = run_cli("check", "--megatron-args", script, "--env", "=4")
     assert code == 2 and "--env '=4': write NAME=VALUE" in err
+
+
+PRIMUS_EXAMPLES = (Path(__file__).parent / "data" / "primus_examples" / "examples" / "megatron"
+                   / "configs" / "MI355X")
+
+
+@pytest.mark.parametrize(("name", "layout"), [
+    # name: (tp, pp, ep, recompute, recompute_layers) read from the experiment and its model YAML
+    ("llama2_70B-BF16-pretrain", (1, 1, 1, "full", 80)),  # sequence_parallel: 1
+    ("llama3.1_8B-FP8-pretrain", (1, 1, 1, "none", None)),
+    ("llama3.1_70B-BF16-pretrain", (1, 1, 1, "full", 30)),
+    ("qwen2.5_7B-BF16-pretrain", (1, 1, 1, "none", None)),
+    ("qwen3_30B_A3B-BF16-pretrain", (1, 1, 8, "full", 5)),
+    ("deepseek_v2_lite-BF16-pretrain", (1, 1, 8, "none", None)),
+    ("deepseek_v3-BF16-pretrain", (1, 16, 8, "full", 2)),  # recompute_layer_ids
+    ("grok1-BF16-pretrain", (1, 4, 8, "full", 4)),  # block 8 > the 4 layers of a chunk
+    ("mixtral_8x22B_v0.1-BF16-pretrain", (1, 4, 8, "full", 0)),
+    ("gpt_oss_20B-BF16-pretrain", (1, 1, 8, "none", None)),
+])
+def test_primus_mi355x_examples_check(name, layout):
+    """Primus fd1eeabbad MI355X examples (copies in tests/data/primus_examples, in Primus's
+    layout, so the model YAML and its extends: chain are found)."""
+    run = parse_primus_config(PRIMUS_EXAMPLES / f"{name}.yaml", env={})
+    c = run.config
+    m = run.require_model()
+    assert (c.tp, c.pp, c.ep, c.recompute.value, c.recompute_layers) == layout
+    if name.startswith("llama2_70B"):
+        assert c.sequence_parallel is True  # written sequence_parallel: 1
+    if name.startswith("deepseek_v3"):
+        assert m.vocab_size == 129280 and m.mla is not None
+    assert m.vocab_size > 1000
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("mamba_370M-pretrain", "does not model Mamba layers (model_type mamba"),
+    ("zebra_llama_1B-pretrain", "does not model Mamba layers"),
+    ("deepseek_v4_flash-BF16-pretrain", "does not model DeepSeek-V4 compressed sparse attention"),
+    ("qwen3_5_35B_A3B-BF16-pretrain", "does not model linear-attention layers "
+                                      "(experimental_attention_variant)"),
+])
+def test_primus_mi355x_examples_refused_with_the_reason(name, reason):
+    with pytest.raises(ConfigError) as e:
+        parse_primus_config(PRIMUS_EXAMPLES / f"{name}.yaml", env={})
+    assert reason in str(e.value) and "\n" not in str(e.value)
+
+
+def test_primus_interleaved_moe_example_names_what_is_not_modelled():
+    run = parse_primus_config(PRIMUS_EXAMPLES / "llama4_17B128E-BF16-pretrain.yaml", env={})
+    with pytest.raises(ConfigError, match="moe_layer_freq 2 interleaves dense and MoE layers"):
+        run.require_model()
+
+
+def test_primus_layout_that_is_the_embedding_loss_split(tmp_path):
+    """Primus qwen3_235B_A22B MI355X: "Et*5|t*6|...|t*5,L" on pp 4 is the embedding_loss split
+    with 4 virtual stages per rank (94 layers + embedding + loss = 16 x 6)."""
+    layout = "Et*5|" + "t*6|" * 14 + "t*5,L"
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"modules": {"pre_trainer": {"framework": "megatron",
+        "overrides": {"pipeline_model_parallel_size": 4, "expert_model_parallel_size": 8,
+                      "pipeline_model_parallel_layout": layout}}}}))
+    run = parse_primus_config(exp, model=load_model("qwen3-235b-a22b"), env={})
+    assert (run.config.pp, run.config.vpp) == (4, 4)
+    assert run.config.pipeline_split is PipelineSplit.EMBEDDING_LOSS
+    assert not any("custom pipeline layouts are not modeled" in n for n in run.notes)
+    other = yaml.safe_dump({"modules": {"pre_trainer": {"framework": "megatron", "overrides": {
+        "pipeline_model_parallel_size": 4, "pipeline_model_parallel_layout":
+            "Et*4|" + "t*6|" * 14 + "t*6,L"}}}})
+    exp.write_text(other)
+    run = parse_primus_config(exp, model=load_model("qwen3-235b-a22b"), env={})
+    assert any("custom pipeline layouts are not modeled" in n for n in run.notes)

@@ -325,6 +325,12 @@ def sliding_layers(raw: RawArgs, arch: ImportedArchitecture, layers: int) -> tup
             return 0, 0, ""
         if n == 2:
             return left + 1, count, ""
+    pattern = layer_pattern(str(freq))  # a list: 1 where the layer is windowed
+    if pattern is not None and len(pattern) == layers:
+        if all(pattern):
+            return left + 1, layers, ""
+        if [bool(v) for v in pattern] == [i % 2 == 0 for i in range(layers)]:
+            return left + 1, layers - layers // 2, ""
     return 0, 0, (f"{_spell(raw, 'window_attn_skip_freq')} {freq}: tune-cp models sliding "
                   "windows on every layer or on every other layer (2)")
 

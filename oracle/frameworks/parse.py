@@ -316,9 +316,14 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         if kw["etp"] is None:
             r.defaults.append("expert_tensor_parallel_size: tensor_model_parallel_size "
                               f"({FRAMEWORK_NAME[r.flavor]} default)")
-    split = _pipeline_split(r)
-    kw["pipeline_split"] = split
-    kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
+    layout = _layout(r, num_layers, kw["pp"])
+    if layout is not None:
+        split, kw["vpp"] = layout
+        kw["pipeline_split"] = split
+    else:
+        split = _pipeline_split(r)
+        kw["pipeline_split"] = split
+        kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
     kw["mbs"] = _batch(r)
     kw["sequence_parallel"] = r.get("sequence_parallel", state=kw["tp"] > 1)
     kw |= _recompute(r, num_layers, kw["pp"] * kw["vpp"])
@@ -359,6 +364,43 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         defaults=r.defaults,
         notes=raw.notes,
     )
+
+
+LAYOUT_ITEM = re.compile(r"([EtLm])(?:\*(\d+))?")
+
+
+def _layout(r: _Reader, num_layers: int | None, pp: int) -> tuple[PipelineSplit, int] | None:
+    """``pipeline_model_parallel_layout`` ("Et*5|t*6|...|t*5,L": ``|`` between virtual stages,
+    E embedding, t a decoder layer, L the loss) when it is one of the splits tune-cp models:
+    every stage the same number of layers (even), or the embedding and the loss taking one
+    layer's place in the first and last stage (embedding_loss). None when absent or another
+    layout (then noted as not modelled)."""
+    text = r.get("pipeline_model_parallel_layout", state=False)
+    if not text or num_layers is None:
+        return None
+    stages = [s.replace(",", "").replace(" ", "") for s in str(text).split("|")]
+    counts, marks = [], []
+    for stage in stages:
+        items = LAYOUT_ITEM.findall(stage)
+        if "".join(k + (f"*{n}" if n else "") for k, n in items) != stage:
+            return None
+        counts.append(sum(int(n or 1) for k, n in items if k == "t"))
+        marks.append("".join(k for k, _ in items if k in "ELm"))
+    if len(stages) % pp or sum(counts) != num_layers or "m" in "".join(marks):
+        return None
+    if marks[0] != "E" or marks[-1] != "L" or any(marks[1:-1]) or len(stages) < 2:
+        return None
+    vpp = len(stages) // pp
+    if len(set(counts)) == 1:
+        split = PipelineSplit.EVEN
+    elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
+        split = PipelineSplit.EMBEDDING_LOSS
+    else:
+        return None
+    r.raw.values.pop("pipeline_model_parallel_layout", None)  # read: no "not modelled" note
+    r.raw.note(f"pipeline_model_parallel_layout {text} is the {split.value} split over "
+               f"{len(stages)} virtual stages (pp {pp} x vpp {vpp})")
+    return split, vpp
 
 
 def _pipeline_split(r: _Reader) -> PipelineSplit:
@@ -432,8 +474,9 @@ def _batch(r: _Reader) -> int:
 
 def _layer_ids(r: _Reader, num_layers: int | None, chunks: int) -> int:
     """Primus ``recompute_layer_ids`` (global layer ids recomputed in full) as the block method's
-    count per pipeline chunk: the fewest ids any chunk holds (the chunk that keeps the most
-    activations decides the peak), with the even split of ``num_layers`` over the chunks."""
+    count per pipeline chunk: the ids in the first chunk (pipeline rank 0, which holds the most
+    micro-batches in flight and so decides the peak), with the even split of ``num_layers``
+    over the chunks."""
     text = r.get("recompute_layer_ids", state=False)
     try:
         ids = sorted({int(x) for x in re.split(r"[,\s\[\]]+", str(text)) if x})
@@ -445,12 +488,12 @@ def _layer_ids(r: _Reader, num_layers: int | None, chunks: int) -> int:
                      "pass --model")
     per = -(-num_layers // chunks)
     counts = [sum(1 for i in ids if c * per <= i < (c + 1) * per) for c in range(chunks)]
-    fewest = min(counts)
+    first = counts[0]
     r.raw.note(f"recompute_layer_ids ({len(ids)} layers) is read as full recompute with the "
-               f"block method of {fewest} layers per pipeline chunk (the fewest any of the "
-               f"{chunks} chunks holds: {', '.join(map(str, counts))}); tune-cp recomputes the "
-               "same number of layers in every chunk")
-    return fewest
+               f"block method of {first} layers per pipeline chunk (the first chunk's count; "
+               f"the {chunks} chunks hold {', '.join(map(str, counts))}); tune-cp recomputes "
+               "the same number of layers in every chunk")
+    return min(first, per)
 
 
 def _recompute(r: _Reader, num_layers: int | None = None, chunks: int = 1) -> dict[str, Any]:
