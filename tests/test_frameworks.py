@@ -1071,3 +1071,35 @@ def test_primus_layout_that_is_the_embedding_loss_split(tmp_path):
     exp.write_text(other)
     run = parse_primus_config(exp, model=load_model("qwen3-235b-a22b"), env={})
     assert any("custom pipeline layouts are not modeled" in n for n in run.notes)
+
+
+def test_fp4_is_exported_and_read_back_as_fp4():
+    """Precision has one source (TrainingSpec.precision): the Megatron-LM export writes
+    --fp4-format e2m1 --fp4-recipe nvfp4 (TransformerConfig.fp4 / fp4_recipe), reads back as
+    FP4; Primus writes fp4 (trainer_base.yaml), Megatron-Bridge bf16_with_nvfp4_mixed()."""
+    m = load_model("llama3-8b")
+    cluster = ClusterSpec(gpu=load_gpu("b200"), num_nodes=1, gpus_per_node=8)
+    training = TrainingSpec(seq_len=8192, global_batch_size=128, precision=Precision.FP4)
+    cfg = ParallelConfig(tp=1)
+    text = to_megatron_args(m, cluster, training, cfg)
+    assert text.splitlines()[0].endswith("gbs 128, fp4 nvfp4")
+    assert "--fp4-format e2m1 \\" in text.splitlines() and "--fp4-recipe nvfp4 \\" in \
+        text.splitlines()
+    assert parse_megatron_args(text).precision is Precision.FP4
+    assert "      fp4: e2m1" in to_primus_overrides(m, cluster, training, cfg).splitlines()
+    assert "cfg.mixed_precision = bf16_with_nvfp4_mixed()" in to_nemo_overrides(
+        m, cluster, training, cfg)
+    assert config_json(resolve_config(cfg, m, cluster, training), training)["precision"] == "fp4"
+
+
+def test_primus_export_keys_are_primus_defaults_or_explained():
+    from oracle.frameworks.export import primus_default_keys
+
+    m, cl, tr, _ = amd_reference()
+    text = to_primus_overrides(m, cl, tr, ParallelConfig(pp=4, ep=8, dispatcher=Dispatcher.FLEX,
+                                                         recompute=Recompute.SELECTIVE))
+    keys = [line.split(":")[0].strip() for line in text.splitlines() if line.startswith("      ")]
+    extra = [k for k in keys if k not in primus_default_keys()]
+    assert extra == ["recompute_modules", "moe_flex_dispatcher_backend"]
+    assert ("# recompute_modules, moe_flex_dispatcher_backend: Megatron-LM arguments that are in "
+            "none of Primus's YAML defaults") in text

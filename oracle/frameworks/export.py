@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from oracle.frameworks.keys import Fp8Format, megatron_flag
@@ -42,6 +44,7 @@ from oracle.specs import (
     ParallelConfig,
     PipelineSplit,
     PositionEmbedding,
+    Precision,
     Recompute,
     RecomputeMethod,
     Schedule,
@@ -49,6 +52,8 @@ from oracle.specs import (
     resolve_config,
 )
 
+FP4_FORMAT = "e2m1"  # TransformerConfig.fp4 (--fp4-format): the only FP4 element format
+FP4_RECIPE = "nvfp4"  # --fp4-recipe: NVFP4BlockScaling, what Precision.FP4 models
 FLEX_BACKEND = "deepep"  # tune-cp's flex dispatcher is DeepEP (--moe-flex-dispatcher-backend)
 FSDP_STRATEGY = "optim_grads_params"  # full sharding, what tune-cp's fsdp models
 UNFUSED_BACKEND = "unfused"  # --attention-backend that materialises the attention scores
@@ -103,7 +108,8 @@ def _refuse_zero_bubble(c: ParallelConfig, framework: str) -> None:
 def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: ParallelConfig,
             prefix: str = "# ") -> list[str]:
     recompute = c.recompute.value
-    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else "bf16"
+    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else (
+        "fp4 nvfp4" if training.precision is Precision.FP4 else "bf16")
     sharding = ("fsdp" if c.fsdp else "distributed optimizer" if c.distributed_optimizer
                 else "replicated optimizer")
     if not c.grad_reduce_in_fp32:
@@ -182,6 +188,8 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
         out.append(("grad_reduce_in_bf16", True))
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
+    elif training.precision is Precision.FP4:
+        out += [("fp4", FP4_FORMAT), ("fp4_recipe", FP4_RECIPE)]
     if not training.flash_attention:
         out.append(("attention_backend", UNFUSED_BACKEND))
     return out
@@ -413,6 +421,8 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
         out.append(("fp8", None))
+    if training.precision is Precision.FP4:  # trainer_base.yaml: fp4: null
+        out.append(("fp4", FP4_FORMAT))
     out.append(("patch_zero_bubble", zero_bubble))
     if zero_bubble:
         out.append(("enable_zero_bubble", True))
@@ -438,8 +448,23 @@ def to_primus_overrides(
         "  pre_trainer:",
         "    overrides:",
     ]
-    lines += [f"      {key}: {_yaml(value)}" for key, value in primus_overrides(model, training, c)]
+    pairs = primus_overrides(model, training, c)
+    extra = [k for k, _ in pairs if k not in primus_default_keys()]
+    if extra:
+        lines.insert(len(lines) - 3, f"# {', '.join(extra)}: Megatron-LM arguments that are in "
+                     "none of Primus's YAML defaults; Primus passes overrides to Megatron-LM's "
+                     "arguments as they are")
+    lines += [f"      {key}: {_yaml(value)}" for key, value in pairs]
     return "\n".join(lines) + "\n"
+
+
+PRIMUS_KEYS_FILE = Path(__file__).parent / "data" / "primus_keys.json"
+
+
+@cache
+def primus_default_keys() -> frozenset[str]:
+    """Keys Primus's own YAML defaults define (``data/primus_keys.json``, with its source)."""
+    return frozenset(json.loads(PRIMUS_KEYS_FILE.read_text())["keys"])
 
 
 # ------------------------------------------------------------------------- Megatron-Bridge
@@ -498,7 +523,9 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out += [("model.moe_token_dispatcher_type", json.dumps(c.dispatcher.value)),
                 ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
                 ("model.moe_grouped_gemm", "True")]
-    out.append(("mixed_precision", "bf16_mixed()"))
+    fp4 = training.precision is Precision.FP4 and c.fp8_recipe is None
+    # Megatron-Bridge training/mixed_precision.py: bf16_with_nvfp4_mixed (NVFP4BlockScaling)
+    out.append(("mixed_precision", "bf16_with_nvfp4_mixed()" if fp4 else "bf16_mixed()"))
     if not c.grad_reduce_in_fp32:
         # MixedPrecisionConfig.setup copies its grad_reduce_in_fp32 (bf16_mixed(): True) into
         # the DDP config, so the mixed-precision field decides; the ddp line states the result
@@ -529,7 +556,7 @@ def to_nemo_overrides(
         f"# run on {cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs (e.g. a NeMo-Run "
         f"executor with nodes={cluster.num_nodes}, ntasks_per_node={cluster.gpus_per_node})",
         "import torch",
-        "from megatron.bridge.training.mixed_precision import bf16_mixed",
+        "from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_nvfp4_mixed",
     ]
     if not training.flash_attention:
         lines.append("from megatron.core.transformer.enums import AttnBackend")

@@ -141,6 +141,9 @@ CONFIG_KEYS: dict[str, Key] = {
     "fp8_recipe": Key(
         Kind.CHOICE, choices=("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
     ),
+    # TransformerConfig.fp4 (--fp4-format e2m1) with --fp4-recipe nvfp4 (NVFP4BlockScaling)
+    "fp4": Key(Kind.CHOICE, choices=("e2m1", "nvfp4"), flag="--fp4-format"),
+    "fp4_recipe": Key(Kind.CHOICE, choices=("nvfp4", "custom")),
     "attention_backend": Key(
         Kind.CHOICE, choices=("flash", "fused", "unfused", "local", "auto")
     ),
@@ -278,7 +281,6 @@ UNMODELED: dict[str, Unmodeled] = {
     "distribute_saved_activations": Unmodeled(
         BOOL, "distributing checkpointed activations over tp is not modeled"),
     "tp_comm_overlap": Unmodeled(BOOL, "tensor-parallel communication overlap is not modeled"),
-    "fp4": Unmodeled(Key(Kind.STR, flag="--fp4-format"), "FP4 training is not modeled"),
 }
 
 def _on(value: Any) -> bool:

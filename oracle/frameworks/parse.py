@@ -600,6 +600,14 @@ def _dispatcher(r: _Reader) -> Dispatcher:
 def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | None]:
     """``--bf16`` / ``--fp16`` / ``--fp8-format`` with ``--fp8-recipe`` (default delayed)."""
     fp8 = r.get("fp8", state=False)
+    fp4 = r.get("fp4", state=False)
+    if fp4 is not None:
+        if fp8 is not None:
+            raise r.fail("fp4", f"cannot be used with {r.spell('fp8')} (Megatron-Core rejects "
+                         "fp4 and fp8 together); keep one")
+        if (r.get("fp4_recipe", state=False) or "nvfp4") == "custom":
+            raise r.fail("fp4_recipe", "a custom FP4 quantizer is not modeled; use nvfp4")
+        return Precision.FP4, None, None
     bf16 = r.get("bf16", state=r.flavor is Flavor.PRIMUS)
     fp16 = r.get("fp16", state=False)
     if fp16:
