@@ -625,8 +625,8 @@ def models_cmd(as_json: bool) -> None:
 def gpus_cmd(as_json: bool) -> None:
     """List the GPU catalog."""
     entries = list(gpu_entries().values())
-    if as_json:
-        emit_json([e.to_spec().model_dump(mode="json") | {"aliases": e.aliases} for e in entries])
+    if as_json:  # the catalog's entry format: what --gpu FILE reads (one entry per file)
+        emit_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
         return
     click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
                f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
