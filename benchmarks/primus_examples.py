@@ -5,7 +5,7 @@ refused, and why. Prints one table per folder and the counts.
 
     python benchmarks/primus_examples.py /path/to/Primus [FOLDER ...]
 
-Measured on AMD-AGI/Primus fd1eeabbad (2026-08-22); the numbers are in docs/frameworks.md.
+Measured on AMD-AGI/Primus fd1eeabbad (2026-08-22); the counts are in the README.
 """
 
 from __future__ import annotations
