@@ -162,7 +162,21 @@ def test_megatron_export_launcher_line():
 def test_primus_export_of_amd_reference():
     text = to_primus_overrides(*amd_reference())
     body = [ln for ln in text.splitlines() if not ln.startswith("#")]
-    assert body == [
+    # then the model, in Primus keys (they override the model YAML with the checked model)
+    assert body[28:] == [
+        "      swiglu: true", "      quick_geglu: false", "      squared_relu: false",
+        "      untie_embeddings_and_output_weights: true", "      add_bias_linear: false",
+        "      add_qkv_bias: false", "      qk_layernorm: false",
+        "      group_query_attention: true", "      multi_latent_attention: false",
+        "      use_rope_scaling: false", "      moe_router_enable_expert_bias: false",
+        "      num_layers: 56", "      hidden_size: 6144", "      ffn_hidden_size: 16384",
+        "      num_attention_heads: 48", "      num_query_groups: 8",
+        "      normalization: RMSNorm", "      norm_epsilon: 1e-05",
+        "      position_embedding_type: rope", "      rotary_base: 1000000",
+        "      attention_dropout: 0.0", "      hidden_dropout: 0.0", "      vocab_size: 32768",
+        "      num_experts: 8", "      moe_ffn_hidden_size: 16384", "      moe_router_topk: 2",
+    ]
+    assert body[:28] == [
         "modules:",
         "  pre_trainer:",
         "    overrides:",
@@ -1103,3 +1117,21 @@ def test_primus_export_keys_are_primus_defaults_or_explained():
     assert extra == ["recompute_modules", "moe_flex_dispatcher_backend"]
     assert ("# recompute_modules, moe_flex_dispatcher_backend: Megatron-LM arguments that are in "
             "none of Primus's YAML defaults") in text
+
+
+@pytest.mark.parametrize("name", list(model_entries()))
+def test_exported_primus_overrides_define_the_catalog_model(name, tmp_path):
+    """The Primus export carries the model (Primus keys override the model YAML): read back
+    without --model it gives the same ModelSpec, and its keys are Primus defaults or named."""
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    path = tmp_path / "exp.yaml"
+    path.write_text(to_primus_overrides(m, cluster, training,
+                                        ParallelConfig(tp=8, ep=8 if m.is_moe else 1)))
+    run = parse_primus_config(path, env={})
+    assert run.unknown == []
+    back = run.require_model()
+    for field_name in type(m).model_fields:
+        if field_name not in ARCH_IGNORED_FIELDS:
+            assert getattr(back, field_name) == getattr(m, field_name), field_name

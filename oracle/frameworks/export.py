@@ -431,6 +431,34 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     return out
 
 
+# Megatron-LM flags without value whose Primus spelling is a key with the opposite value
+PRIMUS_NEGATED = {"disable_bias_linear": "add_bias_linear"}
+# Model switches written whatever their value: Primus's defaults (language_model.yaml) differ
+# from Megatron-LM's (SwiGLU, untied, no biases), so an unwritten switch would change the model.
+PRIMUS_EXPLICIT = ("swiglu", "quick_geglu", "squared_relu", "untie_embeddings_and_output_weights",
+                   "add_bias_linear", "add_qkv_bias", "qk_layernorm", "group_query_attention",
+                   "multi_latent_attention", "use_rope_scaling",
+                   "moe_router_enable_expert_bias")
+
+
+def primus_model_overrides(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The model as Primus keys (the Megatron-LM model arguments with Primus's spellings and
+    every switch written), and what they cannot say; they override the experiment's model YAML
+    with the model tune-cp checked."""
+    pairs, missing = megatron_model_args(model)
+    # Megatron-LM's defaults for the switches the flags leave out (add_bias_linear: on)
+    values: dict[str, Any] = {k: k == "add_bias_linear" for k in PRIMUS_EXPLICIT}
+    for dest, value in pairs:
+        if dest in PRIMUS_NEGATED:
+            values[PRIMUS_NEGATED[dest]] = not value
+        else:
+            values[dest] = value
+    if not model.is_moe:
+        for key in ("moe_router_enable_expert_bias",):
+            values.pop(key)
+    return list(values.items()), missing
+
+
 def to_primus_overrides(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
 ) -> str:
@@ -448,7 +476,12 @@ def to_primus_overrides(
         "  pre_trainer:",
         "    overrides:",
     ]
-    pairs = primus_overrides(model, training, c)
+    model_pairs, missing = primus_model_overrides(model)
+    taken = {k for k, _ in model_pairs}
+    pairs = [(k, v) for k, v in primus_overrides(model, training, c) if k not in taken]
+    pairs += model_pairs
+    if missing:
+        lines.insert(len(lines) - 3, f"# not expressible as Primus keys: {'; '.join(missing)}")
     extra = [k for k, _ in pairs if k not in primus_default_keys()]
     if extra:
         lines.insert(len(lines) - 3, f"# {', '.join(extra)}: Megatron-LM arguments that are in "
