@@ -212,6 +212,13 @@ def test_primus_export_of_amd_reference():
 def test_nemo_export_of_amd_reference():
     text = to_nemo_overrides(*amd_reference())
     lines = [ln for ln in text.splitlines() if ln.startswith("cfg.")]
+    model_block = text.split("# the model tune-cp checked (mixtral-8x22b), on the recipe's "
+                             "model provider\n")[1].splitlines()
+    assert model_block[:3] == ["cfg.model.num_layers = 56", "cfg.model.hidden_size = 6144",
+                               "cfg.model.ffn_hidden_size = 16384"]
+    assert "cfg.model.rotary_base = 1000000" in model_block
+    assert "cfg.model.activation_func = F.silu" in model_block
+    lines = lines[:len(lines) - len(model_block)]
     assert lines == [
         "cfg.model.tensor_model_parallel_size = 1",
         "cfg.model.pipeline_model_parallel_size = 4",
@@ -1135,3 +1142,26 @@ def test_exported_primus_overrides_define_the_catalog_model(name, tmp_path):
     for field_name in type(m).model_fields:
         if field_name not in ARCH_IGNORED_FIELDS:
             assert getattr(back, field_name) == getattr(m, field_name), field_name
+
+
+@pytest.mark.parametrize("name", list(model_entries()))
+def test_exported_bridge_fields_are_provider_fields(name):
+    """Every cfg.model field the Megatron-Bridge export writes is a field of GPTModelProvider or
+    the Megatron-Core config it extends (data/bridge_model_fields.json), and the model block
+    sets the rope base, norm epsilon, activation and router of the checked model."""
+    from oracle.frameworks.export import bridge_model_fields
+
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("h200"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    text = to_nemo_overrides(m, cluster, training, ParallelConfig(tp=8, ep=8 if m.is_moe else 1))
+    fields = {line.split(" = ")[0][len("cfg.model."):]: line.split(" = ", 1)[1]
+              for line in text.splitlines() if line.startswith("cfg.model.")}
+    assert [f for f in fields if f not in bridge_model_fields()] == []
+    assert fields["layernorm_epsilon"] == repr(m.norm_epsilon)
+    assert fields["num_layers"] == str(m.num_layers) and fields["vocab_size"] == str(m.vocab_size)
+    if m.position_embedding.value == "rope":
+        assert fields["rotary_base"] == str(int(m.rotary_base))
+    if m.activation.value == "quick_geglu":
+        assert fields["activation_func"] == "quick_gelu" and fields["window_size"] == "(127, 0)"
+        assert fields["softmax_type"] == '"learnable"'

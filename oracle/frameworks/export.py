@@ -573,6 +573,73 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     return out
 
 
+# Megatron-LM model arguments -> Megatron-Bridge model-provider fields (GPTModelProvider and the
+# TransformerConfig it extends); the flags without a field are handled in nemo_model_assignments
+BRIDGE_FIELD = {
+    "norm_epsilon": "layernorm_epsilon", "num_experts": "num_moe_experts",
+}
+BRIDGE_SKIP = frozenset({"group_query_attention", "swiglu", "quick_geglu", "squared_relu",
+                         "untie_embeddings_and_output_weights", "disable_bias_linear",
+                         "use_rope_scaling", "rotary_scaling_factor",
+                         "yarn_original_max_position_embeddings", "window_size"})
+ACTIVATION_IMPORT = {  # Megatron-Core modules of the activation functions
+    "F.silu": "import torch.nn.functional as F",
+    "F.gelu": "import torch.nn.functional as F",
+    "quick_gelu": "from megatron.core.activations import quick_gelu",
+    "squared_relu": "from megatron.core.activations import squared_relu",
+}
+
+
+def nemo_model_assignments(model: ModelSpec) -> tuple[list[tuple[str, str]], list[str]]:
+    """(cfg.model field, Python expression) pairs that set the recipe's model provider to the
+    checked model, and the imports they need."""
+    pairs, _ = megatron_model_args(model)
+    values = dict(pairs)
+    out: list[tuple[str, str]] = []
+    for dest, value in pairs:
+        if dest in BRIDGE_SKIP:
+            continue
+        expr = value if dest == "moe_layer_freq" else (
+            json.dumps(value) if isinstance(value, str) else repr(value))
+        out.append((f"model.{BRIDGE_FIELD.get(dest, dest)}", expr))
+    if model.mla is None and "num_query_groups" not in values:
+        out.append(("model.num_query_groups", repr(model.num_kv_heads)))
+    if model.activation is Activation.QUICK_GEGLU:
+        act, gated = "quick_gelu", True
+    elif model.activation is Activation.SQUARED_RELU:
+        act, gated = "squared_relu", model.gated_mlp
+    else:
+        act, gated = ("F.silu" if model.gated_mlp else "F.gelu"), model.gated_mlp
+    out += [("model.gated_linear_unit", repr(gated)), ("model.activation_func", act),
+            ("model.share_embeddings_and_output_weights", repr(model.tied_embeddings)),
+            ("model.add_bias_linear", repr("disable_bias_linear" not in values))]
+    if model.rope_scaling is RopeScaling.LLAMA3:
+        out += [("model.rope_scaling", "True"),
+                ("model.rope_scaling_factor", repr(model.rope_scaling_factor))]
+    elif model.rope_scaling is RopeScaling.YARN:
+        if model.mla is not None:  # MLATransformerConfig's YaRN fields (rope_type selects it)
+            out += [("model.rope_type", '"yarn"'),
+                    ("model.rotary_scaling_factor", repr(model.rope_scaling_factor)),
+                    ("model.original_max_position_embeddings",
+                     repr(model.rope_original_max_position_embeddings))]
+        else:
+            out += [("model.yarn_rotary_scaling_factor", repr(model.rope_scaling_factor)),
+                    ("model.yarn_original_max_position_embeddings",
+                     repr(model.rope_original_max_position_embeddings or None))]
+    if "window_size" in values:
+        out.append(("model.window_size", f"({model.sliding_window - 1}, 0)"))
+    return out, [ACTIVATION_IMPORT[act]]
+
+
+BRIDGE_FIELDS_FILE = Path(__file__).parent / "data" / "bridge_model_fields.json"
+
+
+@cache
+def bridge_model_fields() -> frozenset[str]:
+    """Field names of a Megatron-Bridge model provider (``data/bridge_model_fields.json``)."""
+    return frozenset(json.loads(BRIDGE_FIELDS_FILE.read_text())["fields"])
+
+
 def to_nemo_overrides(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
 ) -> str:
@@ -593,6 +660,10 @@ def to_nemo_overrides(
     ]
     if not training.flash_attention:
         lines.append("from megatron.core.transformer.enums import AttnBackend")
+    model_lines, imports = nemo_model_assignments(model)
+    lines += imports
     lines.append("")
     lines += [f"cfg.{path} = {expr}" for path, expr in nemo_assignments(model, training, c)]
+    lines += ["", f"# the model tune-cp checked ({model.name}), on the recipe's model provider"]
+    lines += [f"cfg.{path} = {expr}" for path, expr in model_lines]
     return "\n".join(lines) + "\n"
