@@ -509,6 +509,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         gpu = load_gpu(gpu_name)
         cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=n,
                         gpus_per_node=gpus_per_node or run.gpus_per_node or gpu.gpus_per_node)
+        model_parallel = run.config.tp * run.config.pp * run.config.cp
+        if nodes is None and cluster.world_size % model_parallel:
+            need = -(-model_parallel // cluster.gpus_per_node)
+            notes.append(f"the launch says {n} node(s) x {cluster.gpus_per_node} GPUs, but its "
+                         f"tp x pp x cp needs a multiple of {model_parallel} GPUs: pass --nodes "
+                         f"{need} (or a multiple) to check the layout it describes")
         training = run.training_spec(model, cluster)
         explicit = {k: v for k, v in (("seq_len", seq_len), ("global_batch_size", gbs)) if v}
         if ctx.get_parameter_source("precision") is not click.core.ParameterSource.DEFAULT:

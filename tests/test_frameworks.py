@@ -1165,3 +1165,14 @@ def test_exported_bridge_fields_are_provider_fields(name):
     if m.activation.value == "quick_geglu":
         assert fields["activation_func"] == "quick_gelu" and fields["window_size"] == "(127, 0)"
         assert fields["softmax_type"] == '"learnable"'
+
+
+def test_gpt3_example_script_names_the_nodes_its_layout_needs(run_cli):
+    """train_gpt3_175b_distributed.sh hard-codes NUM_NODES=1 ("Change for multinode config") with
+    TP8 x PP16: check says how many nodes the layout needs; with them it is legal."""
+    script = str(MEGATRON_EXAMPLES / "train_gpt3_175b_distributed.sh")
+    code, out, _ = run_cli("check", "--megatron-args", script, "--gpu", "h100")
+    assert code == 1 and "pass --nodes 16 (or a multiple)" in out
+    code, out, _ = run_cli("check", "--megatron-args", script, "--gpu", "h100", "--nodes", "16")
+    assert "config: TP8 PP16 VPP1 CP1 EP1 ETP8 DP1, mbs 1, ga 1536" in out
+    assert "vocab_size: 50257 (tokenizer --vocab-file/--merge-file; GPT-2 BPE" in out
