@@ -1176,3 +1176,16 @@ def test_gpt3_example_script_names_the_nodes_its_layout_needs(run_cli):
     code, out, _ = run_cli("check", "--megatron-args", script, "--gpu", "h100", "--nodes", "16")
     assert "config: TP8 PP16 VPP1 CP1 EP1 ETP8 DP1, mbs 1, ga 1536" in out
     assert "vocab_size: 50257 (tokenizer --vocab-file/--merge-file; GPT-2 BPE" in out
+
+
+def test_primus_mxfp4_recipe_is_read_and_stated(tmp_path):
+    """Primus llama3.1_8B-MXFP4-pretrain.yaml writes fp4: e2m1 with fp4_recipe: mxfp4 (AMD's
+    MXFP4); tune-cp's fp4 is NVFP4, so it says it checks bf16 instead of failing on the value."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"modules": {"pre_trainer": {"framework": "megatron",
+        "overrides": {"fp4": "e2m1", "fp4_recipe": "mxfp4"}}}}))
+    run = parse_primus_config(exp, model=load_model("llama3-8b"), env={})
+    assert run.precision is Precision.BF16
+    assert any(n.startswith("fp4_recipe mxfp4: MXFP4 GEMMs are not modeled") for n in run.notes)
+    assert parse_megatron_args("--fp4-format e2m1", model=load_model("llama3-8b")).precision \
+        is Precision.FP4

@@ -143,7 +143,8 @@ CONFIG_KEYS: dict[str, Key] = {
     ),
     # TransformerConfig.fp4 (--fp4-format e2m1) with --fp4-recipe nvfp4 (NVFP4BlockScaling)
     "fp4": Key(Kind.CHOICE, choices=("e2m1", "nvfp4"), flag="--fp4-format"),
-    "fp4_recipe": Key(Kind.CHOICE, choices=("nvfp4", "custom")),
+    # mxfp4: Primus's AMD MXFP4 recipe (not a Megatron-LM choice)
+    "fp4_recipe": Key(Kind.CHOICE, choices=("nvfp4", "mxfp4", "custom")),
     "attention_backend": Key(
         Kind.CHOICE, choices=("flash", "fused", "unfused", "local", "auto")
     ),

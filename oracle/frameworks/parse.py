@@ -605,8 +605,13 @@ def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | Non
         if fp8 is not None:
             raise r.fail("fp4", f"cannot be used with {r.spell('fp8')} (Megatron-Core rejects "
                          "fp4 and fp8 together); keep one")
-        if (r.get("fp4_recipe", state=False) or "nvfp4") == "custom":
+        recipe = r.get("fp4_recipe", state=False) or "nvfp4"
+        if recipe == "custom":
             raise r.fail("fp4_recipe", "a custom FP4 quantizer is not modeled; use nvfp4")
+        if recipe == "mxfp4":
+            r.raw.note(f"{r.label('fp4_recipe')} mxfp4: MXFP4 GEMMs are not modeled (tune-cp's "
+                       "fp4 is NVFP4); checked as bf16, so time and FP4 weight copies are off")
+            return Precision.BF16, None, None
         return Precision.FP4, None, None
     bf16 = r.get("bf16", state=r.flavor is Flavor.PRIMUS)
     fp16 = r.get("fp16", state=False)
