@@ -42,6 +42,8 @@ from oracle.specs import ConfigError
 #: Largest user file read (16 MiB): the largest Hugging Face config.json is a few KiB, the
 #: published runs CSV about 100 KiB; a bigger file is not a configuration.
 MAX_INPUT_BYTES = 16 * 2**20
+#: Largest training log read (``calibrate --log``): logs of long runs reach hundreds of MiB.
+MAX_LOG_BYTES = 512 * 2**20
 #: Deepest nesting of lists and mappings in a JSON/YAML file (real ones nest under 10 deep).
 MAX_NESTING = 64
 #: Most values in a JSON/YAML file once every alias is expanded where it is used.
@@ -66,7 +68,7 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def check_regular_file(path: str | Path, what: str) -> Path:
+def check_regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> Path:
     """``path`` as a Path once it is known to name a regular file no larger than the limit;
     else a one-line ConfigError (checked with ``stat``, before anything is opened)."""
     p = Path(path)
@@ -83,9 +85,10 @@ def check_regular_file(path: str | Path, what: str) -> Path:
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} {show_name(p)} is not a regular file (a device, FIFO or "
                           f"socket); give a file")
-    if st.st_size > MAX_INPUT_BYTES:
+    limit = MAX_INPUT_BYTES if max_bytes is None else max_bytes
+    if st.st_size > limit:
         raise ConfigError(f"{what} {show_name(p)} is {st.st_size:,} bytes; at most "
-                          f"{MAX_INPUT_BYTES:,} bytes are read")
+                          f"{limit:,} bytes are read")
     return p
 
 
