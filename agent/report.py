@@ -146,6 +146,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
              "llm": "the LLM phase"}[r.best_phase]
     regret = f"; the agent's best is {100 * r.regret:.1f}% below the oracle's optimum" if r.regret is not None else ""
     out.append(f"  found by {found}{regret}")
+    for note in (b.projection.evidence, b.projection.mfu_note):
+        if note:
+            out.append(f"  note: {note}")
     if seed_best is not None and seed_best.legal and r.best_phase != "seed":
         out.append(f"  seed phase reached {seed_best.throughput:,.0f} tokens/s/GPU with "
                    f"{', '.join(s.move for s in r.seed.steps) or 'no improving move'}")
