@@ -201,13 +201,13 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         lower=1e-6, upper=1e-2,
     ),
     ConstantDef(
-        "chunk_start_serial_fraction", "fraction", 0.5, 0.6, False,
+        "chunk_start_serial_fraction", "fraction", 0.5, 2.0, False,
         "fraction of the first layer of a pipeline chunk of a dropless MoE stage during which "
         "host and GPU do not overlap: the chunk starts with an empty GPU queue after the "
         "schedule's boundary work, so the host's issue time and the GPU time add there instead "
         "of taking their smooth maximum (oracle.projection.chunk_boundary_host)",
         "prior: half (between an empty queue for the whole first layer, 1, and a host that "
-        "catches up at once, 0); wide",
+        "catches up at once, 0); very wide (sigma 2 in logit space): the published runs decide",
     ),
     ConstantDef(
         "host_gpu_overlap_exponent", "positive", 1.71, 0.5, False,
