@@ -68,7 +68,7 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def gib(n: int | float) -> str:
+def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
@@ -419,7 +419,11 @@ def export_option(f: Callable) -> Callable:
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 cfg: ParallelConfig) -> str:
-    from oracle.frameworks import to_megatron_args, to_nemo_overrides, to_primus_overrides
+    from oracle.frameworks import (
+        to_megatron_args,
+        to_nemo_overrides,
+        to_primus_overrides,
+    )
 
     fn = {"megatron": to_megatron_args, "primus": to_primus_overrides,
           "nemo": to_nemo_overrides}[fmt]
@@ -521,9 +525,13 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                   constraints=constraints)
     if outcome.batch_error is not None:
         fail(outcome.batch_error.message)
-    projection = None
+    projection = interval = None
     if outcome.memory is not None:  # the layout exists (it may still be out of memory)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+        from oracle.uncertainty import load_residuals
+
+        interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
+                                             projection.tokens_per_s_per_gpu)
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)
     imported = None if run is None else {
@@ -533,6 +541,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
                    "training": training.model_dump(mode="json"), **outcome.to_json(),
                    "projection": projection.model_dump() if projection else None,
+                   "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
@@ -553,6 +562,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if projection is not None:
         for line in render_projection(projection):
             echo(line)
+        if interval is not None:
+            echo(f"interval: {interval.text()}")
         echo()
     if outcome.legal:
         mem = outcome.memory
@@ -684,6 +695,12 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
+@click.option("--verify", "verify_n", type=click.IntRange(1, 20), default=None, metavar="N",
+              help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
+                   "N best distinct candidates to --verify-dir, ready to run and to feed back "
+                   "with `tune-cp calibrate --log`.")
+@click.option("--verify-dir", default="tune-cp-verify", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
 @export_option
 @overhead_options
@@ -698,7 +715,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None, grad_reduce_in_bf16: bool) -> None:
+               calibration: str | None, grad_reduce_in_bf16: bool, verify_n: int | None,
+               verify_dir: str) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -745,8 +763,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     result.defaults[:0] = defaults
     if trials_out:
         with open(trials_out, "w") as fh:
-            for t in result.trials:
-                fh.write(json.dumps(t.to_json()) + "\n")
+            fh.writelines(json.dumps(t.to_json()) + "\n" for t in result.trials)
     from agent.report import render_search, search_json
 
     if pareto_path:
@@ -755,8 +772,18 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         pareto_plot(result, pareto_path, pareto_color)
     exported = (export_text(export_fmt, model, cluster, training, result.best.config)
                 if export_fmt else None)
+    verified: list[str] = []
+    if verify_n:
+        from agent.verify import write_verify
+
+        try:
+            verified = [str(p) for p in write_verify(result, verify_n, verify_dir)]
+        except OSError as e:
+            fail(f"--verify-dir {verify_dir!r}: cannot write there ({e.strerror})")
     if as_json:
         data = search_json(result, timings)
+        if verify_n:
+            data["verify"] = {"dir": verify_dir, "candidates": verified}
         if exported is not None:
             data["export"] = exported
         if pareto_path:
@@ -767,6 +794,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         click.echo(line, err=exported is not None)
     if pareto_path:
         click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+    if verified:
+        click.echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
+                   f"({', '.join(os.path.basename(v) for v in verified)}); see "
+                   f"{verify_dir}/README.txt", err=exported is not None)
     if exported is not None:
         click.echo(exported)
 
@@ -872,8 +903,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             continue
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
-        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} {'MFU':>6} "
-                f"{'cluster tok/s':>13}")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
+                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -886,8 +917,11 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
                       f"mbs{c['mbs']}")
+            iv = q.interval
+            band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
+                    if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
@@ -899,21 +933,65 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+    classes = sorted({q.interval["class_used"] for p in plans for q in p.points
+                      if q.feasible and q.interval})
+    if classes:
+        click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
+                   + "; ".join(classes) + " (oracle/catalog/residuals.json)")
     if plot_path:
         click.echo(f"plot: {plot_path}")
 
 
 @main.command("calibrate")
-@click.option("--runs", "runs_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--runs", "runs_path", default=None, type=click.Path(dir_okay=False),
               help="CSV of measured runs with the columns of published_runs.csv.")
+@click.option("--log", "log_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="A training log of your cluster (Megatron-LM / Primus, torchtitan); "
+                   "repeatable. Refits the constants with the published runs as the prior.")
+@click.option("--config", "log_config", default=None, type=click.Path(dir_okay=False),
+              help="The launch arguments beside the logs: Megatron-LM arguments (a file), or a "
+                   "torchtitan job TOML (torchtitan logs do not print their configuration).")
+@click.option("--model", "model_name", default=None,
+              help="The model of the logs (catalog name or config.json) when their arguments do "
+                   "not describe it.")
+@click.option("--gpu", "gpu_name", default=None, help="The logs' GPU (--log: required).")
+@click.option("--nodes", type=click.IntRange(1, 1 << 16), default=None,
+              help="Nodes of the logged runs when the log does not print its world size.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="GPUs per node  [default: the GPU's usual node size]")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
-    """Fit the time model's constants on measured runs (published or your own logs)."""
+def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
+                  model_name: str | None, gpu_name: str | None, nodes: int | None,
+                  gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
+    """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
+    cluster from its training logs (--log)."""
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
 
+    if bool(runs_path) == bool(log_paths):
+        fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
+    if log_paths:
+        from oracle.refit import calibrate_from_logs, read_log_runs
+
+        if gpu_name is None:
+            fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")
+        for p in log_paths:
+            if not os.path.isfile(p):
+                fail(f"--log {p!r}: no such file")
+        gpu = load_gpu(gpu_name)
+        runs = read_log_runs(list(log_paths), gpu=gpu,
+                             gpus_per_node=gpus_per_node or gpu.gpus_per_node,
+                             model=load_model(model_name) if model_name else None, nodes=nodes,
+                             config=log_config)
+        result = calibrate_from_logs(runs, out_path)
+        if as_json:
+            emit_json(result.to_json())
+            return
+        click.echo(result.summary())
+        return
+    assert runs_path is not None
     if not os.path.isfile(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
     report = calibrate(runs_path, out_path)
