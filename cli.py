@@ -248,15 +248,21 @@ def load_specs(
     if defaults is not None:
         entry = model_entries().get(model.name)
         why = f": {entry.default_source}" if entry and entry.default_source else ""
+        # a model file or config.json has no published batch: say whose defaults these are
+        whose = (f"{model.name} default" if entry is not None else
+                 "tune-cp's default for a model file (seq: max_position_embeddings up to 8192; "
+                 "gbs: 256)")
         if gpus_per_node is None:
             defaults.append(f"--gpus-per-node {cluster.gpus_per_node} (usual {gpu.name} node)")
         if seq_len is None and gbs is None:
             defaults.append(f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
-                            f"({model.name} defaults{why})")
+                            f"({whose}s{why})" if entry is not None else
+                            f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
+                            f"({whose})")
         elif seq_len is None:
-            defaults.append(f"--seq-len {training.seq_len} ({model.name} default{why})")
+            defaults.append(f"--seq-len {training.seq_len} ({whose}{why})")
         elif gbs is None:
-            defaults.append(f"--gbs {training.global_batch_size} ({model.name} default{why})")
+            defaults.append(f"--gbs {training.global_batch_size} ({whose}{why})")
     return model, cluster, training
 
 
@@ -430,17 +436,43 @@ def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: Trai
     return fn(model, cluster, training, cfg)
 
 
-def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None):
-    """An imported launch (or None), read with the model when --model is given."""
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items (what a launch script reads from the environment)."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not name.replace("_", "a").isalnum() or name[0].isdigit() \
+                and not name.isdigit():
+            fail(f"--env {item!r}: write NAME=VALUE (a shell variable name, or a script "
+                 "argument number such as 1=VALUE)")
+        env[name] = value
+    return env
+
+
+def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None,
+               env_items: Sequence[str] = ()):
+    """An imported launch (or None), read with the model when --model is given. --megatron-args
+    takes the text or the path of a launch script; --env values stand for the environment the
+    script (or the Primus YAML's ${VAR:default} placeholders) would read."""
+    from pathlib import Path
+
     from oracle.frameworks import parse_megatron_args, parse_primus_config
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
     model = load_model(model_name) if model_name else None
+    env = parse_env(env_items)
     if megatron_args is not None:
-        return parse_megatron_args(megatron_args, model=model)
+        text = megatron_args
+        if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
+                and Path(text).is_file():
+            try:
+                text = Path(text).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                fail(f"cannot read the launch script {megatron_args!r}: {e}")
+        return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
-        return parse_primus_config(primus_config, model=model, env=os.environ)
+        return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
     return None
 
 
@@ -460,10 +492,15 @@ NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of the
 @calibration_option
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
-@click.option("--megatron-args", default=None, metavar="ARGS",
+@click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
-                   "(a torchrun line or a script's argument block; unknown arguments are listed "
-                   "and ignored). Flags given explicitly override what it sets.")
+                   "(a torchrun line or a script's argument block) or the path of its launch "
+                   "script (assignments, arrays and ${VAR:-default} are expanded; unknown "
+                   "arguments are listed and ignored). Flags given explicitly override what it "
+                   "sets.")
+@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
+              help="A value the launch script or Primus YAML reads from the environment (or "
+                   "N=VALUE for the script's argument N); repeatable.")
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
@@ -473,20 +510,23 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, memory_margin: float, overheads: Sequence[str],
               allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
-              megatron_args: str | None, primus_config: str | None, export_fmt: str | None,
-              **config: Any) -> None:
+              megatron_args: str | None, env_items: Sequence[str], primus_config: str | None,
+              export_fmt: str | None, **config: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    run = import_run(megatron_args, primus_config, model_name)
+    run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
+    defaults: list[str] = []  # stated like search states its defaults
+    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--gpu {gpu_name} (default; pass --gpu for the GPU you run on)")
     if run is None:
         if model_name is None or nodes is None:
             fail(f"--{'model' if model_name is None else 'nodes'} is required (or describe the "
                  f"run with --megatron-args / --primus-config)")
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
-                                              seq_len, gbs, precision)
+                                              seq_len, gbs, precision, defaults)
         cfg = build_config(config)
     else:
         model = run.require_model()
@@ -497,6 +537,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         gpu = load_gpu(gpu_name)
         cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=n,
                         gpus_per_node=gpus_per_node or run.gpus_per_node or gpu.gpus_per_node)
+        model_parallel = run.config.tp * run.config.pp * run.config.cp
+        if nodes is None and cluster.world_size % model_parallel:
+            need = -(-model_parallel // cluster.gpus_per_node)
+            notes.append(f"the launch says {n} node(s) x {cluster.gpus_per_node} GPUs, but its "
+                         f"tp x pp x cp needs a multiple of {model_parallel} GPUs: pass --nodes "
+                         f"{need} (or a multiple) to check the layout it describes")
         training = run.training_spec(model, cluster)
         explicit = {k: v for k, v in (("seq_len", seq_len), ("global_batch_size", gbs)) if v}
         if ctx.get_parameter_source("precision") is not click.core.ParameterSource.DEFAULT:
@@ -535,23 +581,29 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)
     imported = None if run is None else {
-        "source": run.source, "unknown": run.unknown, "ignored": run.ignored,
+        "source": run.source, "unknown": run.unknown, "unmodelled": run.unmodelled,
+        "ignored": run.ignored,
         "defaults": run.defaults, "notes": run.notes + notes}
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
-                   "training": training.model_dump(mode="json"), **outcome.to_json(),
+                   "training": training.model_dump(mode="json"), "defaults": defaults,
+                   **outcome.to_json(),
                    "projection": projection.model_dump() if projection else None,
                    "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
     echo(f"check: {describe_setting(model, cluster, training)}")
+    if defaults:
+        echo("defaults: " + "; ".join(defaults))
     if imported is not None:
         echo(f"imported from the {run.source}")
-        for what in ("unknown", "defaults", "notes"):
+        for what in ("unmodelled", "unknown", "defaults", "notes"):
             if imported[what]:
                 label = {"unknown": "unknown arguments (ignored)", "defaults": "defaults taken",
-                         "notes": "notes"}[what]
+                         "notes": "notes",
+                         "unmodelled": "warning: these change memory or time and are not "
+                                       "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
     echo(f"config: {describe_config(outcome.ctx.cfg)}")
     echo()
@@ -614,8 +666,8 @@ def models_cmd(as_json: bool) -> None:
 def gpus_cmd(as_json: bool) -> None:
     """List the GPU catalog."""
     entries = list(gpu_entries().values())
-    if as_json:
-        emit_json([e.to_spec().model_dump(mode="json") | {"aliases": e.aliases} for e in entries])
+    if as_json:  # the catalog's entry format: what --gpu FILE reads (one entry per file)
+        emit_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
         return
     click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
                f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
