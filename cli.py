@@ -345,6 +345,26 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
     return lines
 
 
+def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
+    """One line when plan rows project an MFU above the best published MFU of their class
+    (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
+    from oracle.calibrate import mfu_class
+    from oracle.catalog import load_gpu
+    from oracle.constants import load_calibration
+
+    arch = load_gpu(p.gpu).architecture
+    key = mfu_class(model.is_moe, arch, precision)
+    ceil = ((load_calibration(calibration).fitted_on or {}).get("mfu_ceilings") or {}).get(key)
+    above = [q.nodes for q in p.points if q.feasible and q.mfu and ceil and q.mfu > ceil["mfu"]]
+    if not above:
+        return ""
+    return (f"MFU above the best published {100 * ceil['mfu']:.1f}% for {key} (row "
+            f"{ceil['row']}, {ceil['model']} on {ceil['gpu']}) at {', '.join(map(str, above))} "
+            f"nodes: those layouts spend most of the step in large GEMMs at the fitted GEMM "
+            f"efficiency with little bubble or exposed communication (`tune-cp check` shows the "
+            f"breakdown); verify the GEMM throughput at these shapes before relying on it")
+
+
 def render_projection(p: Projection, top: int = 6) -> list[str]:
     lines = [
         f"projection: {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, "
@@ -354,6 +374,10 @@ def render_projection(p: Projection, top: int = 6) -> list[str]:
     shown = ", ".join(f"{k} {v:.2f} s ({100 * v / p.step_time_s:.0f}%)" for v, k in parts[:top])
     lines.append(f"where the step goes: {shown}")
     lines.append(f"(time model: {p.calibration})")
+    if p.evidence:
+        lines.append(f"note: {p.evidence}")
+    if p.mfu_note:
+        lines.append(f"note: {p.mfu_note}")
     return lines
 
 
@@ -955,6 +979,9 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
             click.echo(line)
+        note = plan_mfu_note(model, p, precision, calibration)
+        if note:
+            click.echo(f"  note: {note}")
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
