@@ -12,15 +12,12 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
 from oracle import params as P
-from oracle.catalog import gpu_entries, load_gpu, load_model, model_entries
-from oracle.memory import TERMS, MemoryOverheads
-from oracle.projection import Projection, project
 from oracle.specs import (
     GIB,
     ClusterSpec,
@@ -37,8 +34,53 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from solver.check import CheckOutcome, check_configuration
 from solver.rules import DEFAULT_MEMORY_MARGIN
+
+if TYPE_CHECKING:
+    from oracle.memory import MemoryOverheads
+    from oracle.projection import Projection
+    from solver.check import CheckOutcome
+
+# Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
+# specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
+# and the plots (matplotlib) are imported by the commands that use them (benchmarks/cli.py).
+
+
+def load_model(name: str) -> ModelSpec:
+    from oracle.catalog import load_model as load
+
+    return load(name)
+
+
+def load_gpu(name: str) -> Any:
+    from oracle.catalog import load_gpu as load
+
+    return load(name)
+
+
+def model_entries() -> dict[str, Any]:
+    from oracle.catalog import model_entries as entries
+
+    return entries()
+
+
+def gpu_entries() -> dict[str, Any]:
+    from oracle.catalog import gpu_entries as entries
+
+    return entries()
+
+
+def project(*args: Any, **kwargs: Any) -> Projection:
+    from oracle.projection import project as run
+
+    return run(*args, **kwargs)
+
+
+def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
+    from solver.check import check_configuration as run
+
+    return run(*args, **kwargs)
+
 
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
@@ -207,6 +249,8 @@ def parse_size(name: str, raw: str) -> int:
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
+    from oracle.memory import MemoryOverheads
+
     fields = MemoryOverheads.model_fields
     values: dict[str, Any] = {}
     for item in items:
@@ -315,6 +359,8 @@ def shown_stages(n: int, peak: int) -> list[int]:
 
 
 def render_memory(outcome: CheckOutcome) -> list[str]:
+    from oracle.memory import TERMS
+
     mem = outcome.memory
     assert mem is not None
     stages = shown_stages(len(mem.stages), mem.peak_stage)
@@ -404,6 +450,8 @@ def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: Trai
 
 def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None):
     """An imported launch (or None), read with the model when --model is given."""
+    if megatron_args is None and primus_config is None:
+        return None
     from oracle.frameworks import parse_megatron_args, parse_primus_config
 
     if megatron_args is not None and primus_config is not None:
@@ -681,15 +729,15 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     tune-cp --model mixtral-8x22b --nodes 4
     tune-cp --model llama3-70b --gpu h100 --nodes 8 --constraint 'cp==1' --top 5 --json
     """
-    from agent.llm import LlmBudget, make_lm
-    from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
-    from solver.constraints import as_constraints
-
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--gpu {gpu_name} (default)")
     model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
                                           gbs, precision, defaults)
+    from agent.llm import LlmBudget, make_lm
+    from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
+    from solver.constraints import as_constraints
+
     lm = None
     if lm_model:
         if "/" not in lm_model:

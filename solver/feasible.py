@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from ortools.sat.python import cp_model
+from solver.cpsat import cp_model
 
 from oracle.memory import MemoryOverheads
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec

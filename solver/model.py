@@ -31,7 +31,7 @@ from itertools import product
 from typing import Any
 
 import numpy as np
-from ortools.sat.python import cp_model
+from solver.cpsat import cp_model
 
 from oracle import memory as M
 from oracle.specs import (

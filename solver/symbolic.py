@@ -23,7 +23,7 @@ from operator import itemgetter
 from typing import Any, Union
 
 import numpy as np
-from ortools.sat.python import cp_model, cp_model_helper
+from solver.cpsat import cp_model, cp_model_helper
 
 Value = Union[int, "Sym"]
 #: Value sets are tracked through + and * while their product stays this small.
