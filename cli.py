@@ -7,11 +7,15 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -116,6 +120,57 @@ def gib(n: int | float) -> str:
 
 def enum_choice(enum: type) -> click.Choice:
     return click.Choice([e.value for e in enum], case_sensitive=False)
+
+
+class Progress:
+    """A progress line on stderr, drawn only when stderr is a terminal (never into a pipe or a
+    file, never on stdout, so ``--json`` output is untouched); erased when done."""
+
+    WIDTH = 24
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.on = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def _draw(self, text: str) -> None:
+        if self.on:
+            width = shutil.get_terminal_size((80, 24)).columns - 1
+            sys.stderr.write("\r" + text[:width].ljust(width))
+            sys.stderr.flush()
+
+    def bar(self, done: int, total: int, what: str) -> None:
+        """``done`` of ``total`` steps (``total`` may be an estimate), then ``what``."""
+        total = max(total, done, 1)
+        fill = round(self.WIDTH * done / total)
+        self._draw(f"{self.label} [{'#' * fill}{'.' * (self.WIDTH - fill)}] {done}/{total} "
+                   f"{what} ({time.monotonic() - self.t0:.0f} s)")
+
+    @contextlib.contextmanager
+    def ticking(self, what: str) -> Iterator[None]:
+        """Redraw ``what`` with the elapsed seconds every half second while the block runs."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(0.5):
+                self._draw(f"{self.label}: {what} ({time.monotonic() - self.t0:.0f} s)")
+
+        worker = threading.Thread(target=tick, daemon=True) if self.on else None
+        if worker:
+            self._draw(f"{self.label}: {what}")
+            worker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if worker:
+                worker.join()
+            self.close()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- options
@@ -853,8 +908,6 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
              calibration: str | None, grad_reduce_in_bf16: bool) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
-    import time
-
     from agent.plan import plan, training_for_precision
 
     model = load_model(model_name)
@@ -865,18 +918,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
-    t0 = time.monotonic()
-
-    def progress(msg: str) -> None:
-        if time.monotonic() - t0 > 1.0:
-            click.echo(f"  planning {msg} ...", err=True)
-
+    bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points,
                  overheads=parse_overheads(overheads), memory_margin=memory_margin,
-                 calibration=calibration, progress=progress,
+                 calibration=calibration, progress=bar.bar,
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
+    bar.close()
     if plot_path:
         from agent.plots import plan_plot
 
@@ -937,7 +986,8 @@ def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
 
     if not os.path.isfile(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
-    report = calibrate(runs_path, out_path)
+    with Progress("calibrate").ticking(f"fitting the time model on {runs_path}"):
+        report = calibrate(runs_path, out_path)
     if not report.rows_used:
         fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
              f"represented ({len(report.rows_skipped)} rows skipped)")
