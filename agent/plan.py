@@ -120,10 +120,10 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
     The enumerations of one model share the tables that do not depend on the cluster
     (``solver.model.oracle_cache``)."""
     ov = overheads or MemoryOverheads()
-    out = []
     counts: list[int] = []  # node counts enumerated per GPU planned so far
     first_guess = max_nodes.bit_length() + points
-    for g_index, (gpu, gpn) in enumerate(gpus):
+
+    def plan_gpu(g_index: int, gpu: GpuSpec, gpn: int) -> GpuPlan:
         training = training_for(gpu)
         price = (prices or {}).get(gpu.name)
         cache: dict[int, PlanPoint] = {}
@@ -144,24 +144,25 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                                       memory_margin, calibration, grad_reduce_in_fp32)
             return cache[n]
 
-        lo, hi = 0, 1
-        while hi <= max_nodes and not point(hi).feasible:
-            lo, hi = hi, hi * 2
-        if hi > max_nodes:
-            out.append(GpuPlan(gpu.name, gpn, None, [], price,
-                               f"no feasible configuration up to {max_nodes} nodes"))
+        try:
+            lo, hi = 0, 1
+            while hi <= max_nodes and not point(hi).feasible:
+                lo, hi = hi, hi * 2
+            if hi > max_nodes:
+                return GpuPlan(gpu.name, gpn, None, [], price,
+                               f"no feasible configuration up to {max_nodes} nodes")
+            while hi - lo > 1:  # smallest feasible in (lo, hi]
+                mid = (lo + hi) // 2
+                if point(mid).feasible:
+                    hi = mid
+                else:
+                    lo = mid
+            table = node_counts(hi, max_nodes, points)
+            return GpuPlan(gpu.name, gpn, hi, [point(n) for n in table], price)
+        finally:
             counts.append(len(cache))
-            continue
-        while hi - lo > 1:  # smallest feasible in (lo, hi]
-            mid = (lo + hi) // 2
-            if point(mid).feasible:
-                hi = mid
-            else:
-                lo = mid
-        table = node_counts(hi, max_nodes, points)
-        pts = [point(n) for n in table]
-        out.append(GpuPlan(gpu.name, gpn, hi, pts, price))
-        counts.append(len(cache))
+
+    out = [plan_gpu(i, gpu, gpn) for i, (gpu, gpn) in enumerate(gpus)]
     if progress:
         progress(sum(counts), sum(counts), "done")
     return out

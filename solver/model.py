@@ -31,7 +31,6 @@ from itertools import product
 from typing import Any
 
 import numpy as np
-from solver.cpsat import cp_model
 
 from oracle import memory as M
 from oracle.specs import (
@@ -48,6 +47,7 @@ from oracle.specs import (
     resolve_config,
 )
 from solver.constraints import compile_expr
+from solver.cpsat import cp_model
 from solver.problem import Problem
 from solver.rules import (
     FP8_ARCHITECTURES_MX,

@@ -50,7 +50,6 @@ from oracle.specs import (
     validation_message,
 )
 
-
 # --------------------------------------------------------------------------- defaults tables
 
 # Defaults of the settings tune-cp reads, with where they are set. Megatron-LM: arguments.py and
