@@ -56,10 +56,15 @@ with open(out, "w") as fh:
 sys.exit(code)
 """
 
-#: Imports the modules listed in the file named by the first argument, in that order.
+#: Imports the modules listed in the file named by the first argument: tune-cp's own first (in
+#: the order they finished loading), then the rest. (``sys.modules`` lists a module once it has
+#: finished loading, after what it imported: importing ``ortools.sat.python.cp_model`` before
+#: ``solver.cpsat`` would load pandas, which the command did not.)
 IMPORTER = """
 import importlib, sys
-for name in open(sys.argv[1]).read().split():
+names = open(sys.argv[1]).read().split()
+own = [n for n in names if n.split(".")[0] in ("cli", "oracle", "solver", "agent")]
+for name in own + [n for n in names if n not in own]:
     try:
         importlib.import_module(name)
     except Exception:
