@@ -38,7 +38,7 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.defaults import DEFAULT_MEMORY_MARGIN
 
 if TYPE_CHECKING:
     from oracle.memory import MemoryOverheads

@@ -58,3 +58,53 @@ def test_cp_model_without_pandas_still_has_its_pandas_helpers():
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                           text=True, check=True)
     assert proc.stdout.split() == ["Series", "3"]
+
+
+class _Terminal:
+    """A stand-in stderr that says it is a terminal and keeps what is written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_bar_draws_only_on_a_terminal(monkeypatch):
+    import cli
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    bar = cli.Progress("planning")
+    bar.bar(3, 4, "h100: 16 nodes")
+    bar.close()
+    assert "planning [##################......] 3/4 h100: 16 nodes" in term.text
+    assert term.text.endswith("\r\x1b[K")  # the line is erased when done
+
+
+def test_plan_reports_progress_that_ends_exact(run_cli):
+    from agent.plan import plan, training_for_precision
+    from oracle.catalog import load_gpu, load_model
+    from oracle.specs import Precision
+
+    calls: list[tuple[int, int, str]] = []
+    model = load_model("llama3-8b")
+    plans = plan(model, [(load_gpu("h100"), 8), (load_gpu("b200"), 8)],
+                 training_for_precision(8192, 128, Precision.BF16), max_nodes=4, points=2,
+                 progress=lambda done, total, what: calls.append((done, total, what)))
+    evaluated = sum(len(p.points) for p in plans)  # every node count here is a table row
+    assert [c[0] for c in calls] == list(range(evaluated + 1))
+    assert calls[-1] == (evaluated, evaluated, "done")
+    assert all(done <= total for done, total, _ in calls)
+    assert calls[0][2] == "h100: 1 node"
+    # without a terminal nothing is drawn: the CLI's stderr stays empty
+    code, out, err = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes",
+                             "2", "--points", "2")
+    assert code == 0 and err == "" and "fits from 1 node" in out
