@@ -222,7 +222,7 @@ def fit(prep: PreparedRows, iterations: int = 40) -> tuple[Layout, np.ndarray, d
 
     lam = 1e-2
     robust = np.ones(len(prep.rows))
-    for outer in range(4):
+    for _outer in range(4):
         rw = prep.weight * robust
         r = full(theta, rw)
         cost = float(r @ r)

@@ -396,7 +396,7 @@ class CalibrationTable:
 
 def table_from_json(data: dict[str, Any], where: str = "calibration file") -> CalibrationTable:
     unknown = set(data.get("defaults", {})) - set(CONSTANT_NAMES)
-    for arch, vals in data.get("architectures", {}).items():
+    for vals in data.get("architectures", {}).values():
         unknown |= set(vals) - set(CONSTANT_NAMES)
     if unknown:
         raise ConfigError(

@@ -890,7 +890,7 @@ def combine(
 
 
 class StageMemory(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     stage: int
     decoder_layers: int
@@ -904,7 +904,7 @@ class MemoryReport(BaseModel):
     ``dominant_term`` is the largest term of the most loaded stage, ``dominant_group`` the largest
     of :data:`TERM_GROUPS`."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     stages: list[StageMemory]
     peak_stage: int
