@@ -7,22 +7,23 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
 from oracle import params as P
-from oracle.catalog import gpu_entries, load_gpu, load_model, model_entries
 from oracle.inputs import check_output_path, one_line
-from oracle.memory import TERMS, MemoryOverheads
-from oracle.projection import Projection, project
 from oracle.specs import (
     GIB,
     ClusterSpec,
@@ -39,8 +40,53 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from solver.check import CheckOutcome, check_configuration
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.defaults import DEFAULT_MEMORY_MARGIN
+
+if TYPE_CHECKING:
+    from oracle.memory import MemoryOverheads
+    from oracle.projection import Projection
+    from solver.check import CheckOutcome
+
+# Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
+# specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
+# and the plots (matplotlib) are imported by the commands that use them (benchmarks/cli.py).
+
+
+def load_model(name: str) -> ModelSpec:
+    from oracle.catalog import load_model as load
+
+    return load(name)
+
+
+def load_gpu(name: str) -> Any:
+    from oracle.catalog import load_gpu as load
+
+    return load(name)
+
+
+def model_entries() -> dict[str, Any]:
+    from oracle.catalog import model_entries as entries
+
+    return entries()
+
+
+def gpu_entries() -> dict[str, Any]:
+    from oracle.catalog import gpu_entries as entries
+
+    return entries()
+
+
+def project(*args: Any, **kwargs: Any) -> Projection:
+    from oracle.projection import project as run
+
+    return run(*args, **kwargs)
+
+
+def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
+    from solver.check import check_configuration as run
+
+    return run(*args, **kwargs)
+
 
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
@@ -119,6 +165,57 @@ def gib(n: float) -> str:
 
 def enum_choice(enum: type) -> click.Choice:
     return click.Choice([e.value for e in enum], case_sensitive=False)
+
+
+class Progress:
+    """A progress line on stderr, drawn only when stderr is a terminal (never into a pipe or a
+    file, never on stdout, so ``--json`` output is untouched); erased when done."""
+
+    WIDTH = 24
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.on = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def _draw(self, text: str) -> None:
+        if self.on:
+            width = shutil.get_terminal_size((80, 24)).columns - 1
+            sys.stderr.write("\r" + text[:width].ljust(width))
+            sys.stderr.flush()
+
+    def bar(self, done: int, total: int, what: str) -> None:
+        """``done`` of ``total`` steps (``total`` may be an estimate), then ``what``."""
+        total = max(total, done, 1)
+        fill = round(self.WIDTH * done / total)
+        self._draw(f"{self.label} [{'#' * fill}{'.' * (self.WIDTH - fill)}] {done}/{total} "
+                   f"{what} ({time.monotonic() - self.t0:.0f} s)")
+
+    @contextlib.contextmanager
+    def ticking(self, what: str) -> Iterator[None]:
+        """Redraw ``what`` with the elapsed seconds every half second while the block runs."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(0.5):
+                self._draw(f"{self.label}: {what} ({time.monotonic() - self.t0:.0f} s)")
+
+        worker = threading.Thread(target=tick, daemon=True) if self.on else None
+        if worker:
+            self._draw(f"{self.label}: {what}")
+            worker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if worker:
+                worker.join()
+            self.close()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- options
@@ -266,6 +363,8 @@ def finite_number(what: str, raw: str) -> float:
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
+    from oracle.memory import MemoryOverheads
+
     fields = MemoryOverheads.model_fields
     values: dict[str, Any] = {}
     for item in items:
@@ -377,6 +476,8 @@ def shown_stages(n: int, peak: int) -> list[int]:
 
 
 def render_memory(outcome: CheckOutcome) -> list[str]:
+    from oracle.memory import TERMS
+
     mem = outcome.memory
     assert mem is not None
     stages = shown_stages(len(mem.stages), mem.peak_stage)
@@ -401,6 +502,26 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
     return lines
 
 
+def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
+    """One line when plan rows project an MFU above the best published MFU of their class
+    (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
+    from oracle.calibrate import mfu_class
+    from oracle.catalog import load_gpu
+    from oracle.constants import load_calibration
+
+    arch = load_gpu(p.gpu).architecture
+    key = mfu_class(model.is_moe, arch, precision)
+    ceil = ((load_calibration(calibration).fitted_on or {}).get("mfu_ceilings") or {}).get(key)
+    above = [q.nodes for q in p.points if q.feasible and q.mfu and ceil and q.mfu > ceil["mfu"]]
+    if not above:
+        return ""
+    return (f"MFU above the best published {100 * ceil['mfu']:.1f}% for {key} (row "
+            f"{ceil['row']}, {ceil['model']} on {ceil['gpu']}) at {', '.join(map(str, above))} "
+            f"nodes: those layouts spend most of the step in large GEMMs at the fitted GEMM "
+            f"efficiency with little bubble or exposed communication (`tune-cp check` shows the "
+            f"breakdown); verify the GEMM throughput at these shapes before relying on it")
+
+
 def render_projection(p: Projection, top: int = 6) -> list[str]:
     lines = [
         f"projection: {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, "
@@ -410,6 +531,10 @@ def render_projection(p: Projection, top: int = 6) -> list[str]:
     shown = ", ".join(f"{k} {v:.2f} s ({100 * v / p.step_time_s:.0f}%)" for v, k in parts[:top])
     lines.append(f"where the step goes: {shown}")
     lines.append(f"(time model: {p.calibration})")
+    if p.evidence:
+        lines.append(f"note: {p.evidence}")
+    if p.mfu_note:
+        lines.append(f"note: {p.mfu_note}")
     return lines
 
 
@@ -490,6 +615,9 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     """An imported launch (or None), read with the model when --model is given. --megatron-args
     takes the text or the path of a launch script; --env values stand for the environment the
     script (or the Primus YAML's ${VAR:default} placeholders) would read."""
+    if megatron_args is None and primus_config is None:
+        parse_env(env_items)  # a malformed --env is refused all the same
+        return None
 
     from oracle.frameworks import parse_megatron_args, parse_primus_config
     from oracle.inputs import is_file, read_text
@@ -827,11 +955,16 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     tune-cp --model mixtral-8x22b --nodes 4
     tune-cp --model llama3-70b --gpu h100 --nodes 8 --constraint 'cp==1' --top 5 --json
     """
+    defaults: list[str] = []
+    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--gpu {gpu_name} (default)")
+    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
+                                          gbs, precision, defaults)
     from agent.llm import LlmBudget, make_lm
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
     from solver.constraints import as_constraints
 
-    # every flag is checked before any file is read or any work starts (issue 16)
+    # every flag and output path is checked before any work starts (issue 16)
     hard = as_constraints(constraints)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text) if baseline_text else None
@@ -845,11 +978,6 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
-    defaults: list[str] = []
-    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
-        defaults.append(f"--gpu {gpu_name} (default)")
-    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
-                                          gbs, precision, defaults)
     lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
         top_k=top_k, constraints=hard, preferences=prefs, baseline=baseline,
@@ -971,8 +1099,6 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
              calibration: str | None, grad_reduce_in_bf16: bool) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
-    import time
-
     from agent.plan import plan, training_for_precision
 
     if plot_path is not None:
@@ -985,18 +1111,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
-    t0 = time.monotonic()
-
-    def progress(msg: str) -> None:
-        if time.monotonic() - t0 > 1.0:
-            click.echo(f"  planning {msg} ...", err=True)
-
+    bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points,
                  overheads=parse_overheads(overheads), memory_margin=memory_margin,
-                 calibration=calibration, progress=progress,
+                 calibration=calibration, progress=bar.bar,
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
+    bar.close()
     if plot_path:
         from agent.plots import plan_plot
 
@@ -1040,6 +1162,9 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
             click.echo(line)
+        note = plan_mfu_note(model, p, precision, calibration)
+        if note:
+            click.echo(f"  note: {note}")
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
@@ -1082,7 +1207,6 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     cluster from its training logs (--log)."""
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
-
     from oracle.inputs import check_regular_file, exists
 
     if bool(runs_path) == bool(log_paths):
@@ -1115,7 +1239,8 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     if not exists(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
     check_regular_file(runs_path, "--runs file")
-    report = calibrate(runs_path, out_path)
+    with Progress("calibrate").ticking(f"fitting the time model on {runs_path}"):
+        report = calibrate(runs_path, out_path)
     if not report.rows_used:
         fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
              f"represented ({len(report.rows_skipped)} rows skipped)")

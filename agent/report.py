@@ -181,6 +181,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                       if r.ranked.lower[fastest] <= r.ranked.lower[r.answer_index] * 1.005 + 1e-9
                       and r.ranked.lower[fastest] >= r.ranked.lower[r.answer_index]
                       else "its lower bound is lower"))
+    for note in (b.projection.evidence, b.projection.mfu_note):
+        if note:
+            out.append(f"  note: {note}")
     if seed_best is not None and seed_best.legal and r.best_phase != "seed":
         out.append(f"  seed phase reached {seed_best.throughput:,.0f} tokens/s/GPU with "
                    f"{', '.join(s.move for s in r.seed.steps) or 'no improving move'}")

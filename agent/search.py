@@ -361,7 +361,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
         # etp following tp)
         kept = {k: goal[k] for k in ("etp", "pipeline_split") if k not in todo}
 
-        def trial(change: tuple[str, ...]) -> Trial:
+        def trial(change: tuple[str, ...], cur: Trial = cur, kept: dict = kept) -> Trial:
             keys = [k for f in change for k in (RECOMPUTE_FIELDS if f == "recompute" else (f,))]
             return ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
 

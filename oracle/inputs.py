@@ -35,8 +35,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from oracle.specs import ConfigError
 
 #: Largest user file read (16 MiB): the largest Hugging Face config.json is a few KiB, the
@@ -186,8 +184,10 @@ def parse_json(text: str, where: str) -> Any:
 def parse_yaml(text: str, where: str) -> Any:
     """YAML (safe loader: aliases share the anchored object), checked with
     :func:`check_tree`."""
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -200,20 +200,31 @@ def parse_yaml(text: str, where: str) -> Any:
     return check_tree(data, where)
 
 
-class _Loader(yaml.SafeLoader):
+def _loader() -> Any:
     """PyYAML's safe loader, refusing nesting beyond :data:`MAX_NESTING` while composing (so
-    5,000 nested ``[`` never reach Python's recursion limit)."""
+    5,000 nested ``[`` never reach Python's recursion limit); built on first use (start-up
+    imports no YAML)."""
+    global _LOADER
+    if _LOADER is None:
+        import yaml
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102
-        self._depth = getattr(self, "_depth", 0) + 1
-        try:
-            if self._depth > MAX_NESTING + 1:
-                mark = self.peek_event().start_mark
-                raise yaml.YAMLError(f"nesting deeper than {MAX_NESTING} at line "
-                                     f"{mark.line + 1}")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+        class Loader(yaml.SafeLoader):
+            def compose_node(self, parent: Any, index: Any) -> Any:
+                self._depth = getattr(self, "_depth", 0) + 1
+                try:
+                    if self._depth > MAX_NESTING + 1:
+                        mark = self.peek_event().start_mark
+                        raise yaml.YAMLError(f"nesting deeper than {MAX_NESTING} at line "
+                                             f"{mark.line + 1}")
+                    return super().compose_node(parent, index)
+                finally:
+                    self._depth -= 1
+
+        _LOADER = Loader
+    return _LOADER
+
+
+_LOADER: Any = None
 
 
 def read_mapping(path: str | Path, what: str, fmt: str | None = None) -> dict[str, Any]:

@@ -35,7 +35,8 @@ Rules (each documented where it is applied):
   Megatron-Bridge / NeMo / Primus recipes (Transformer Engine userbuffers), for torchtitan only
   with async TP (``Async TP`` / ``AsyncTP`` in the settings), for other Megatron-LM runs only
   when the settings name ``--tp-comm-overlap``; off elsewhere. FP8 ``rowwise`` (torchao) sets
-  ``fp8_rowwise``.
+  ``fp8_rowwise``. A model or workload named ``tokendrop`` / ``token-drop`` sets
+  ``moe_dropless=False`` (capacity-factor MoE: no host-device synchronisation per layer).
 * **MoE dispatcher**: Megatron-Bridge's MoE performance recipes use the flex dispatcher
   (``moe_flex_dispatcher_backend`` ``hybridep`` or ``deepep``: DeepSeek-V3, Qwen3-30B-A3B,
   GPT-OSS, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200, B300 and
@@ -335,7 +336,11 @@ def row_traits(row: dict[str, str], software: str) -> RunTraits:
     precision = row.get("precision", "").lower()
     rowwise = ("rowwise" in precision or "row-wise" in precision) and (
         "fp8" in precision or "float8" in precision)
-    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise)
+    # token-drop MoE runs say so in the model / workload name (Megatron-Bridge "(tokendrop)":
+    # moe_expert_capacity_factor 1.0, moe_pad_expert_input_to_capacity); dropless otherwise
+    named = (row.get("model", "") + " " + row.get("workload", "") + " " + settings).lower()
+    dropless = not re.search(r"token\s*-?\s*drop", named)
+    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise, moe_dropless=dropless)
 
 
 def row_dispatcher(row: dict[str, str], model: ModelSpec, gpu_name: str) -> Dispatcher:

@@ -24,7 +24,7 @@ MAX_GPUS = 1 << 20
 class Spec(BaseModel):
     """Base of every spec: immutable, unknown keys rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 # --------------------------------------------------------------------------------------- enums

@@ -24,12 +24,14 @@ import ast
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, field_validator
 
 from oracle.specs import ConfigError, ParallelConfig, Spec
-from solver.symbolic import Arith, Value
+
+if TYPE_CHECKING:  # compile_expr works on the solver's values; a check needs no OR-Tools
+    from solver.symbolic import Arith, Value
 
 #: Names a constraint may use: the parallel sizes, mbs, and the derived dp and ga.
 NAMES: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga")

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ortools.sat.python import cp_model
-
 from oracle.specs import GIB, ClusterSpec, ConfigError, Recompute
+from solver.cpsat import cp_model
 from solver.feasible import single_solve_solver, solved_axes
 from solver.model import LegalityModel
 from solver.problem import Problem

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from ortools.sat.python import cp_model
-
 from oracle.memory import MemoryOverheads
 from oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
 from solver.attribution import PROBE_AXES, attribute, attribution_walk
@@ -28,6 +26,7 @@ from solver.constraints import (
     as_constraints,
     compile_expr,
 )
+from solver.cpsat import cp_model
 from solver.model import LegalityModel
 from solver.problem import Problem
 from solver.rules import DEFAULT_MEMORY_MARGIN, RULES

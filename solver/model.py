@@ -31,7 +31,6 @@ from itertools import product
 from typing import Any
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from oracle import memory as M
 from oracle.specs import (
@@ -48,6 +47,7 @@ from oracle.specs import (
     resolve_config,
 )
 from solver.constraints import compile_expr
+from solver.cpsat import cp_model
 from solver.problem import Problem
 from solver.rules import (
     FP8_ARCHITECTURES_MX,
@@ -106,12 +106,29 @@ _CACHES: OrderedDict[tuple[Any, ...], OracleCache] = OrderedDict()
 CACHE_PROBLEMS = 4
 
 
+#: The tables of :class:`OracleCache` that do not depend on the cluster (node count, GPU), per
+#: (model, training, overheads), shared by the caches of every cluster (``tune-cp plan`` builds
+#: models for many node counts and GPUs): ``act`` (``activation_units`` takes no cluster and
+#: reads no dp or ga; its key holds every field it reads), ``pu`` (``param_units``: the model and
+#: the layout), ``stages`` and ``chunk_max`` (the model's pipeline geometry).
+_SHARED: OrderedDict[tuple[Any, ...], tuple[dict, dict, dict, dict]] = OrderedDict()
+
+
 def oracle_cache(problem: Problem) -> OracleCache:
     """The :class:`OracleCache` of ``problem``'s model, cluster, training and overheads."""
     key = (problem.model, problem.cluster, problem.training, problem.overheads)
     cache = _CACHES.get(key)
     if cache is None:
         cache = _CACHES[key] = OracleCache(problem)
+        common = (problem.model, problem.training, problem.overheads)
+        shared = _SHARED.get(common)
+        if shared is None:
+            shared = _SHARED[common] = (cache.act, cache.pu, cache.stages, cache.chunk_max)
+            while len(_SHARED) > CACHE_PROBLEMS:
+                _SHARED.popitem(last=False)
+        else:
+            _SHARED.move_to_end(common)
+        cache.act, cache.pu, cache.stages, cache.chunk_max = shared
         while len(_CACHES) > CACHE_PROBLEMS:
             _CACHES.popitem(last=False)
     else:

@@ -59,14 +59,11 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from solver.defaults import DEFAULT_MEMORY_MARGIN
 
 if TYPE_CHECKING:
     from solver.constraints import HardConstraint
 
-#: Default ``--memory-margin``: the share of HBM kept free for what the model does not know
-#: (allocator behaviour of a specific framework build, stray buffers). The named overhead terms
-#: (context, collectives, fragmentation) are already inside the estimate.
-DEFAULT_MEMORY_MARGIN = 0.05
 PPM = 1_000_000
 
 

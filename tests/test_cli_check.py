@@ -151,7 +151,6 @@ def test_amd_8_node_mixtral_within_10_percent(run_json):
 
 def test_calibrate_command(run_cli, tmp_path):
     import csv
-
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"

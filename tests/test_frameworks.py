@@ -4,14 +4,12 @@ Megatron-Bridge recipe overrides. Exact flag names, round trips, stated defaults
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
 import yaml
 
 from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
-from oracle.frameworks.keys import megatron_flags
 from oracle.frameworks import (
     Fp8Format,
     canonical_config,
@@ -21,6 +19,7 @@ from oracle.frameworks import (
     to_nemo_overrides,
     to_primus_overrides,
 )
+from oracle.frameworks.keys import megatron_flags
 from oracle.specs import (
     ClusterSpec,
     ConfigError,

@@ -123,7 +123,14 @@ def load_gpu(name_or_path: str) -> GpuSpec:
         raise _unknown("gpu", name_or_path, entries)
     data = _read_mapping(path, "GPU")
     try:
-        return GpuEntry(**data).to_spec()
+        spec = GpuEntry(**data).to_spec()
+        from oracle.constants import architecture_key
+
+        try:
+            architecture_key(spec.architecture)
+        except ConfigError as e:
+            raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+        return spec
     except ValidationError as e:
         raise ConfigError(f"GPU file {show_name(path)}: {validation_message(e)}") from e
     except TypeError as e:

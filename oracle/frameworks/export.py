@@ -29,13 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from oracle.frameworks.keys import Fp8Format, megatron_flag
-from oracle.memory import pipeline_chunks
 from oracle.frameworks.model import LLAMA3_ORIGINAL_POSITIONS
+from oracle.memory import pipeline_chunks
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     Activation,
-    RopeScaling,
-    RouterScore,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -47,6 +45,8 @@ from oracle.specs import (
     Precision,
     Recompute,
     RecomputeMethod,
+    RopeScaling,
+    RouterScore,
     Schedule,
     TrainingSpec,
     resolve_config,

@@ -128,7 +128,7 @@ def dataclass_flags(git_dir: str, commit: str, name: str, exclude: set[str],
         dest = node.target.id
         if dest in exclude or dest.startswith("_"):
             continue
-        default, meta, init = node.value, {}, True
+        default, meta = node.value, {}
         if isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "field":
             kw = {k.arg: k.value for k in node.value.keywords}
             if _literal(kw.get("init")) is False:

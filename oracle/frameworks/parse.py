@@ -19,11 +19,11 @@ from oracle.frameworks.keys import (
     Flavor,
     Fp8Format,
     RawArgs,
+    dest_effects,
     find_model_file,
     fmt_value,
     load_model_chain,
     read_yaml_mapping,
-    dest_effects,
     refused_architecture,
     resolve_placeholders,
     scan_megatron,
@@ -52,7 +52,6 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-
 
 # --------------------------------------------------------------------------- defaults tables
 
