@@ -19,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
+#: Most decoder layers a model may have: four times the deepest published one (Llama 3.1 405B,
+#: 126). The pipeline-stage tables grow with the layer count; at 512 a search with its
+#: explanation ends in seconds, at 100,000 it ran for minutes (issue 16).
+MAX_LAYERS = 512
 
 
 class Spec(BaseModel):
@@ -167,7 +171,7 @@ class ModelSpec(Spec):
 
     name: str = Field(min_length=1)
     family: str = Field(default="custom", description="llama, mixtral, qwen3_moe, ...")
-    num_layers: int = Field(ge=1, le=100_000)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
     hidden_size: int = Field(ge=1, le=MAX_DIM)
     ffn_hidden_size: int = Field(ge=0, le=MAX_DIM, description="dense MLP width; 0 if none")
     num_attention_heads: int = Field(ge=1, le=MAX_DIM)

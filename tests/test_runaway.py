@@ -133,3 +133,19 @@ def test_dimensions_beyond_64_bits_are_an_input_error(run_cli, tmp_path):
     assert code in (1, 2) and "internal error" not in err
     if code == 2:
         assert "too large for the solver's 64-bit arithmetic" in err and err.count("\n") == 1
+
+
+def test_layer_count_bounded(run_cli, tmp_path):
+    """100,000 layers ran for minutes in the pipeline-stage tables: at most MAX_LAYERS (512)."""
+    import json
+
+    from oracle.specs import MAX_LAYERS
+
+    cfg = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "num_hidden_layers": 100000, "vocab_size": 32000,
+           "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, _, err = run_cli("--model", str(path), "--gpu", "mi355x", "--nodes", "1")
+    assert code == 2 and err.count("\n") == 1
+    assert f"num_layers: Input should be less than or equal to {MAX_LAYERS}" in err

@@ -532,7 +532,7 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     return str(value)
 
 
-#: Longest layer pattern evaluated: ModelSpec's most layers (a longer one matches no model).
+#: Longest layer pattern evaluated (a longer one matches no model: ModelSpec allows 512 layers).
 MAX_PATTERN_LAYERS = 100_000
 
 
