@@ -513,7 +513,7 @@ def run_scenario(sc: Scenario, cache: WorkerCache | None = None) -> dict[str, An
             row.update(status="infeasible", feasible=0, reason=" ".join(str(got).split()))
             return row
         row.update(result_columns(got, sc))
-    except Exception as e:  # a scenario's failure is its row, never the sweep's
+    except Exception as e:  # noqa: BLE001 - a scenario's failure is its row, not the sweep's
         row.update(status="error", reason=error_text(e))
     return row
 
@@ -649,7 +649,7 @@ class LocalEngine:
                     row.update(status="error",
                                reason=f"worker process died running this scenario ({e})")
                     yield sc, row
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - the row says why
                     row = base_row(sc)
                     row.update(status="error", reason=error_text(e))
                     yield sc, row
@@ -731,7 +731,7 @@ class RayEngine:
         ray = self.ray
         try:
             self._init()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - one line for the user
             raise ConfigError(f"--ray {self.address}: cannot start or reach Ray "
                               f"({error_text(e)})") from None
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
@@ -747,7 +747,7 @@ class RayEngine:
                 sc = self.refs.pop(ref)
                 try:
                     row = ray.get(ref)
-                except Exception as e:  # the task raised, or its worker died
+                except Exception as e:  # noqa: BLE001 - the task raised, or its worker died
                     row = base_row(sc)
                     cause = getattr(e, "cause", None)
                     row.update(status="error", reason="Ray task failed: " + error_text(cause or e))
@@ -759,7 +759,7 @@ class RayEngine:
             for ref in list(self.refs):
                 try:
                     ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001 - best effort on the way out
+                except Exception:  # noqa: BLE001, S110 - best effort on the way out
                     pass
         self.refs.clear()
         if self.started:
@@ -788,8 +788,8 @@ def output_format(path: str) -> str:
 
 def require_pyarrow():
     try:
-        import pyarrow  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow
+        import pyarrow.parquet
     except ImportError:
         raise ConfigError(f"--out *.parquet needs pyarrow: {PARQUET_EXTRA}; or write .csv")
     import pyarrow
@@ -921,7 +921,7 @@ class Progress:
 
 
 def _hms(s: float) -> str:
-    s = int(round(s))
+    s = round(s)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
@@ -1043,6 +1043,20 @@ def make_engine(workers: int, ray: str | None, share_tables: bool = True) -> Any
     return SerialEngine()
 
 
-__all__ = ["COLUMNS", "Grid", "GridError", "LocalEngine", "RayEngine", "Scenario",
-           "SerialEngine", "SweepReport", "WorkerCache", "load_grid", "make_engine",
-           "run_scenario", "run_sweep", "write_rows", "read_rows"]
+__all__ = [
+    "COLUMNS",
+    "Grid",
+    "GridError",
+    "LocalEngine",
+    "RayEngine",
+    "Scenario",
+    "SerialEngine",
+    "SweepReport",
+    "WorkerCache",
+    "load_grid",
+    "make_engine",
+    "read_rows",
+    "run_scenario",
+    "run_sweep",
+    "write_rows",
+]
