@@ -311,7 +311,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
 
     def strings(key: str) -> tuple[str, ...]:
         v = data.get(key)
-        if v is None:
+        if v is None or v == []:
             return ()
         items = _as_list(key, v)
         for s in items:
