@@ -925,10 +925,14 @@ def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
 @click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
               help="Draw the cost / time-to-train frontier per model and the best layout per "
                    "cell into this folder (PNG).")
+@click.option("--table", "show_table", is_flag=True,
+              help="Also print the rows as a compact table (scenario, layout, throughput, "
+                   "MFU, peak memory, days, GPU-hours, cost).")
 @click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | None,
-              resume: bool, plot_dir: str | None, no_progress: bool, as_json: bool) -> None:
+              resume: bool, plot_dir: str | None, show_table: bool, no_progress: bool,
+              as_json: bool) -> None:
     """Run a grid of scenarios (models x GPUs x nodes x sequence x batch x precision), each one
     search, into one table.
 
@@ -965,6 +969,12 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
     if as_json:
         emit_json(summary)
     else:
+        if show_table:
+            from agent.sweep import render_table
+
+            for line in render_table(report.rows):
+                click.echo(line)
+            click.echo("")
         click.echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
                    f"{report.resumed} kept from {out_path}) on {report.engine}: {report.ok} ok, "
                    f"{report.infeasible} infeasible, {report.failed} failed -> {out_path}")

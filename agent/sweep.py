@@ -539,6 +539,8 @@ def interval_of(result: Any) -> tuple[float | None, float | None]:
     for holder, name in ((result, "best_interval"), (result, "interval"),
                          (getattr(result, "best", None), "interval")):
         iv = getattr(holder, name, None) if holder is not None else None
+        if callable(iv):
+            iv = iv()
         if iv is None:
             continue
         if isinstance(iv, Mapping):
@@ -1028,9 +1030,44 @@ def run_sweep(scenarios: Sequence[Scenario], out: str, engine: Any = None, *,
             report.ok += r["status"] == "ok"
             report.infeasible += r["status"] == "infeasible"
             report.failed += r["status"] == "error"
-    if progress is not None:
+    if progress is not None and todo:
         progress.draw(final=True)
     return report
+
+
+def layout_label(r: Mapping[str, Any]) -> str:
+    """``TP2 PP1 VPP1 CP1 EP1 mbs2 rc none`` of a row with a configuration."""
+    rc = r["recompute"]
+    if rc == "full":
+        rc = f"full{r['recompute_layers'] if r['recompute_layers'] is not None else ''}"
+    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} mbs{r['mbs']} "
+            f"rc {rc}")
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A compact text table of sweep rows (``tune-cp sweep --table``)."""
+    width = max([len("scenario")] + [len(r["scenario_id"]) for r in rows])
+    lines = [f"{'scenario':{width}} {'status':10} {'best layout':36} {'tok/s/GPU':>9} "
+             f"{'MFU':>6} {'peak GiB':>8} {'days':>8} {'GPU-hours':>10} {'cost':>10} "
+             f"{'feasible':>8}"]
+
+    def num(v: Any, fmt: str) -> str:
+        return format(v, fmt) if v is not None else "-"
+
+    for r in rows:
+        if r["status"] != "ok":
+            why = r["reason"] or ""
+            if "; fix: " in why:  # the explanation's remedy says most in one line
+                why = why[why.index("; fix: ") + 2:]
+            lines.append(f"{r['scenario_id']:{width}} {r['status']:10} "
+                         f"{why[:110] + ('...' if len(why) > 110 else '')}")
+            continue
+        lines.append(
+            f"{r['scenario_id']:{width}} {'ok':10} {layout_label(r):36} "
+            f"{r['tokens_per_s_per_gpu']:>9,.0f} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>8.1f} "
+            f"{num(r['days'], '>8.1f')} {num(r['gpu_hours'], '>10,.0f')} "
+            f"{num(r['cost'], '>10,.0f')} {r['feasible']:>8,}")
+    return lines
 
 
 def make_engine(workers: int, ray: str | None, share_tables: bool = True) -> Any:

@@ -93,10 +93,14 @@ def test_time_and_cost_columns_follow_the_plan_formulas(small):
         assert float(r["cost"]) == pytest.approx(float(r["gpu_hours"]) * price, rel=1e-12)
         assert float(r["peak_gib"]) == pytest.approx(int(r["peak_bytes"]) / 2**30)
         assert int(r["peak_bytes"]) <= int(r["hbm_limit_bytes"])
-        # no interval in this search result yet: the columns stay empty
-        assert r["tokens_per_s_per_gpu_low"] == r["tokens_per_s_per_gpu_high"] == ""
+        # the interval when the search result carries one (both ends or neither)
+        lo, hi = r["tokens_per_s_per_gpu_low"], r["tokens_per_s_per_gpu_high"]
+        assert (lo == "") == (hi == "")
+        if lo:
+            assert float(lo) <= per_gpu <= float(hi)
 
 
+@pytest.mark.slow
 def test_same_grid_same_file_with_local_processes(small, tmp_path):
     g, out, _ = small
     other = str(tmp_path / "workers.csv")
@@ -155,6 +159,7 @@ def test_a_failing_scenario_is_a_row_and_the_rest_completes(small, tmp_path):
     assert report.failed == 1 and report.ok == 2
 
 
+@pytest.mark.slow
 def test_impossible_scenario_gives_the_reason_and_the_sweep_completes(tmp_path, run_cli):
     g = grid_file(tmp_path, "models: [llama3.1-405b, llama3-8b]\ngpus: [h100]\nnodes: [1]\n")
     out = tmp_path / "impossible.csv"
@@ -255,3 +260,26 @@ def test_nothing_of_ray_is_imported_without_it(small):
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, check=True)
     assert got.stdout.strip().splitlines()[-1] == "False False False"
+
+
+def test_shared_tables_give_the_rows_of_fresh_tables(small):
+    """The worker cache hands one node count's memory tables to the next: the rows (best
+    configuration, its peak bytes, the feasible count) equal those of a fresh cache per
+    scenario, and the sharing happened."""
+    import solver.model as SM
+    from agent.sweep import WorkerCache, run_scenario
+
+    g, out, _ = small
+    scenarios = load_grid(g).scenarios
+    shared = WorkerCache()
+    SM._CACHES.clear()
+    rows = [run_scenario(s, shared) for s in scenarios]
+    assert shared.hits >= 2  # the second node count of each GPU found its tables
+    fresh = []
+    for s in scenarios:
+        SM._CACHES.clear()
+        c = WorkerCache()
+        c.enabled = False
+        fresh.append(run_scenario(s, c))
+    assert rows == fresh
+    assert rows == read_rows(out)

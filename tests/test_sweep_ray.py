@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a Ray cluster starts in 5-20 s
 
 from agent.sweep import RayEngine, SerialEngine, load_grid, read_rows, run_sweep
 
