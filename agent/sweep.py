@@ -424,6 +424,8 @@ class WorkerCache:
         try:
             from solver import model as SM
 
+            if hasattr(SM, "_SHARED"):
+                return  # the solver shares its node-independent tables across clusters itself
             key = (model, cluster, training, overheads)
             if key in SM._CACHES:
                 return
@@ -457,6 +459,16 @@ class _ProblemView:
 
 #: The cache of this process (a worker of a pool, a Ray worker, or the main process).
 WORKER = WorkerCache()
+
+
+def clear_solver_caches() -> None:
+    """Forget every table the CP-SAT models memoise in this process (for measurements)."""
+    from solver import model as SM
+
+    SM._CACHES.clear()
+    shared = getattr(SM, "_SHARED", None)
+    if shared is not None:
+        shared.clear()
 
 
 def _init_worker(share_tables: bool = True) -> None:
@@ -793,7 +805,7 @@ def require_pyarrow():
         import pyarrow
         import pyarrow.parquet
     except ImportError:
-        raise ConfigError(f"--out *.parquet needs pyarrow: {PARQUET_EXTRA}; or write .csv")
+        raise ConfigError(f"--out *.parquet needs pyarrow: {PARQUET_EXTRA}; or write .csv") from None
     import pyarrow
 
     return pyarrow

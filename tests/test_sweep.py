@@ -255,29 +255,27 @@ def test_nothing_of_ray_is_imported_without_it(small):
     import subprocess
 
     code = ("import sys, cli; cli.run(['sweep', '--help']); "
-            "import agent.sweep; print('ray' in sys.modules, 'pyarrow' in sys.modules, "
-            "'matplotlib' in sys.modules)")
+            "import agent.sweep; print('ray' in sys.modules, 'matplotlib' in sys.modules)")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, check=True)
-    assert got.stdout.strip().splitlines()[-1] == "False False False"
+    # (pyarrow is not checked: OR-Tools' cp_model imports pandas, which may import it)
+    assert got.stdout.strip().splitlines()[-1] == "False False"
 
 
 def test_shared_tables_give_the_rows_of_fresh_tables(small):
-    """The worker cache hands one node count's memory tables to the next: the rows (best
-    configuration, its peak bytes, the feasible count) equal those of a fresh cache per
-    scenario, and the sharing happened."""
-    import solver.model as SM
-    from agent.sweep import WorkerCache, run_scenario
+    """Memory tables kept from one node count to the next (the worker cache, or the solver's
+    own sharing across clusters) give the rows (best configuration, its peak bytes, the
+    feasible count) of tables built afresh for every scenario."""
+    from agent.sweep import WorkerCache, clear_solver_caches, run_scenario
 
     g, out, _ = small
     scenarios = load_grid(g).scenarios
+    clear_solver_caches()
     shared = WorkerCache()
-    SM._CACHES.clear()
     rows = [run_scenario(s, shared) for s in scenarios]
-    assert shared.hits >= 2  # the second node count of each GPU found its tables
     fresh = []
     for s in scenarios:
-        SM._CACHES.clear()
+        clear_solver_caches()
         c = WorkerCache()
         c.enabled = False
         fresh.append(run_scenario(s, c))
