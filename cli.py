@@ -68,7 +68,7 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def gib(n: int | float) -> str:
+def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
@@ -248,15 +248,21 @@ def load_specs(
     if defaults is not None:
         entry = model_entries().get(model.name)
         why = f": {entry.default_source}" if entry and entry.default_source else ""
+        # a model file or config.json has no published batch: say whose defaults these are
+        whose = (f"{model.name} default" if entry is not None else
+                 "tune-cp's default for a model file (seq: max_position_embeddings up to 8192; "
+                 "gbs: 256)")
         if gpus_per_node is None:
             defaults.append(f"--gpus-per-node {cluster.gpus_per_node} (usual {gpu.name} node)")
         if seq_len is None and gbs is None:
             defaults.append(f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
-                            f"({model.name} defaults{why})")
+                            f"({whose}s{why})" if entry is not None else
+                            f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
+                            f"({whose})")
         elif seq_len is None:
-            defaults.append(f"--seq-len {training.seq_len} ({model.name} default{why})")
+            defaults.append(f"--seq-len {training.seq_len} ({whose}{why})")
         elif gbs is None:
-            defaults.append(f"--gbs {training.global_batch_size} ({model.name} default{why})")
+            defaults.append(f"--gbs {training.global_batch_size} ({whose}{why})")
     return model, cluster, training
 
 
@@ -395,24 +401,54 @@ def export_option(f: Callable) -> Callable:
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 cfg: ParallelConfig) -> str:
-    from oracle.frameworks import to_megatron_args, to_nemo_overrides, to_primus_overrides
+    from oracle.frameworks import (
+        to_megatron_args,
+        to_nemo_overrides,
+        to_primus_overrides,
+    )
 
     fn = {"megatron": to_megatron_args, "primus": to_primus_overrides,
           "nemo": to_nemo_overrides}[fmt]
     return fn(model, cluster, training, cfg)
 
 
-def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None):
-    """An imported launch (or None), read with the model when --model is given."""
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items (what a launch script reads from the environment)."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not name.replace("_", "a").isalnum() or name[0].isdigit() \
+                and not name.isdigit():
+            fail(f"--env {item!r}: write NAME=VALUE (a shell variable name, or a script "
+                 "argument number such as 1=VALUE)")
+        env[name] = value
+    return env
+
+
+def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None,
+               env_items: Sequence[str] = ()):
+    """An imported launch (or None), read with the model when --model is given. --megatron-args
+    takes the text or the path of a launch script; --env values stand for the environment the
+    script (or the Primus YAML's ${VAR:default} placeholders) would read."""
+    from pathlib import Path
+
     from oracle.frameworks import parse_megatron_args, parse_primus_config
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
     model = load_model(model_name) if model_name else None
+    env = parse_env(env_items)
     if megatron_args is not None:
-        return parse_megatron_args(megatron_args, model=model)
+        text = megatron_args
+        if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
+                and Path(text).is_file():
+            try:
+                text = Path(text).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                fail(f"cannot read the launch script {megatron_args!r}: {e}")
+        return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
-        return parse_primus_config(primus_config, model=model, env=os.environ)
+        return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
     return None
 
 
@@ -432,10 +468,15 @@ NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of the
 @calibration_option
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
-@click.option("--megatron-args", default=None, metavar="ARGS",
+@click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
-                   "(a torchrun line or a script's argument block; unknown arguments are listed "
-                   "and ignored). Flags given explicitly override what it sets.")
+                   "(a torchrun line or a script's argument block) or the path of its launch "
+                   "script (assignments, arrays and ${VAR:-default} are expanded; unknown "
+                   "arguments are listed and ignored). Flags given explicitly override what it "
+                   "sets.")
+@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
+              help="A value the launch script or Primus YAML reads from the environment (or "
+                   "N=VALUE for the script's argument N); repeatable.")
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
@@ -445,20 +486,23 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, memory_margin: float, overheads: Sequence[str],
               allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
-              megatron_args: str | None, primus_config: str | None, export_fmt: str | None,
-              **config: Any) -> None:
+              megatron_args: str | None, env_items: Sequence[str], primus_config: str | None,
+              export_fmt: str | None, **config: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    run = import_run(megatron_args, primus_config, model_name)
+    run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
+    defaults: list[str] = []  # stated like search states its defaults
+    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--gpu {gpu_name} (default; pass --gpu for the GPU you run on)")
     if run is None:
         if model_name is None or nodes is None:
             fail(f"--{'model' if model_name is None else 'nodes'} is required (or describe the "
                  f"run with --megatron-args / --primus-config)")
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
-                                              seq_len, gbs, precision)
+                                              seq_len, gbs, precision, defaults)
         cfg = build_config(config)
     else:
         model = run.require_model()
@@ -469,6 +513,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         gpu = load_gpu(gpu_name)
         cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=n,
                         gpus_per_node=gpus_per_node or run.gpus_per_node or gpu.gpus_per_node)
+        model_parallel = run.config.tp * run.config.pp * run.config.cp
+        if nodes is None and cluster.world_size % model_parallel:
+            need = -(-model_parallel // cluster.gpus_per_node)
+            notes.append(f"the launch says {n} node(s) x {cluster.gpus_per_node} GPUs, but its "
+                         f"tp x pp x cp needs a multiple of {model_parallel} GPUs: pass --nodes "
+                         f"{need} (or a multiple) to check the layout it describes")
         training = run.training_spec(model, cluster)
         explicit = {k: v for k, v in (("seq_len", seq_len), ("global_batch_size", gbs)) if v}
         if ctx.get_parameter_source("precision") is not click.core.ParameterSource.DEFAULT:
@@ -497,28 +547,39 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                   constraints=constraints)
     if outcome.batch_error is not None:
         fail(outcome.batch_error.message)
-    projection = None
+    projection = interval = None
     if outcome.memory is not None:  # the layout exists (it may still be out of memory)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+        from oracle.uncertainty import load_residuals
+
+        interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
+                                             projection.tokens_per_s_per_gpu)
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)
     imported = None if run is None else {
-        "source": run.source, "unknown": run.unknown, "ignored": run.ignored,
+        "source": run.source, "unknown": run.unknown, "unmodelled": run.unmodelled,
+        "ignored": run.ignored,
         "defaults": run.defaults, "notes": run.notes + notes}
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
-                   "training": training.model_dump(mode="json"), **outcome.to_json(),
+                   "training": training.model_dump(mode="json"), "defaults": defaults,
+                   **outcome.to_json(),
                    "projection": projection.model_dump() if projection else None,
+                   "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
     echo(f"check: {describe_setting(model, cluster, training)}")
+    if defaults:
+        echo("defaults: " + "; ".join(defaults))
     if imported is not None:
         echo(f"imported from the {run.source}")
-        for what in ("unknown", "defaults", "notes"):
+        for what in ("unmodelled", "unknown", "defaults", "notes"):
             if imported[what]:
                 label = {"unknown": "unknown arguments (ignored)", "defaults": "defaults taken",
-                         "notes": "notes"}[what]
+                         "notes": "notes",
+                         "unmodelled": "warning: these change memory or time and are not "
+                                       "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
     echo(f"config: {describe_config(outcome.ctx.cfg)}")
     echo()
@@ -529,6 +590,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if projection is not None:
         for line in render_projection(projection):
             echo(line)
+        if interval is not None:
+            echo(f"interval: {interval.text()}")
         echo()
     if outcome.legal:
         mem = outcome.memory
@@ -579,8 +642,8 @@ def models_cmd(as_json: bool) -> None:
 def gpus_cmd(as_json: bool) -> None:
     """List the GPU catalog."""
     entries = list(gpu_entries().values())
-    if as_json:
-        emit_json([e.to_spec().model_dump(mode="json") | {"aliases": e.aliases} for e in entries])
+    if as_json:  # the catalog's entry format: what --gpu FILE reads (one entry per file)
+        emit_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
         return
     click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
                f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
@@ -660,6 +723,12 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
+@click.option("--verify", "verify_n", type=click.IntRange(1, 20), default=None, metavar="N",
+              help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
+                   "N best distinct candidates to --verify-dir, ready to run and to feed back "
+                   "with `tune-cp calibrate --log`.")
+@click.option("--verify-dir", default="tune-cp-verify", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
 @export_option
 @overhead_options
@@ -674,7 +743,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None, grad_reduce_in_bf16: bool) -> None:
+               calibration: str | None, grad_reduce_in_bf16: bool, verify_n: int | None,
+               verify_dir: str) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -721,8 +791,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     result.defaults[:0] = defaults
     if trials_out:
         with open(trials_out, "w") as fh:
-            for t in result.trials:
-                fh.write(json.dumps(t.to_json()) + "\n")
+            fh.writelines(json.dumps(t.to_json()) + "\n" for t in result.trials)
     from agent.report import render_search, search_json
 
     if pareto_path:
@@ -731,8 +800,18 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         pareto_plot(result, pareto_path, pareto_color)
     exported = (export_text(export_fmt, model, cluster, training, result.best.config)
                 if export_fmt else None)
+    verified: list[str] = []
+    if verify_n:
+        from agent.verify import write_verify
+
+        try:
+            verified = [str(p) for p in write_verify(result, verify_n, verify_dir)]
+        except OSError as e:
+            fail(f"--verify-dir {verify_dir!r}: cannot write there ({e.strerror})")
     if as_json:
         data = search_json(result, timings)
+        if verify_n:
+            data["verify"] = {"dir": verify_dir, "candidates": verified}
         if exported is not None:
             data["export"] = exported
         if pareto_path:
@@ -743,6 +822,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         click.echo(line, err=exported is not None)
     if pareto_path:
         click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+    if verified:
+        click.echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
+                   f"({', '.join(os.path.basename(v) for v in verified)}); see "
+                   f"{verify_dir}/README.txt", err=exported is not None)
     if exported is not None:
         click.echo(exported)
 
@@ -848,8 +931,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             continue
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
-        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} {'MFU':>6} "
-                f"{'cluster tok/s':>13}")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
+                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -862,8 +945,11 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
                       f"mbs{c['mbs']}")
+            iv = q.interval
+            band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
+                    if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
@@ -872,21 +958,65 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+    classes = sorted({q.interval["class_used"] for p in plans for q in p.points
+                      if q.feasible and q.interval})
+    if classes:
+        click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
+                   + "; ".join(classes) + " (oracle/catalog/residuals.json)")
     if plot_path:
         click.echo(f"plot: {plot_path}")
 
 
 @main.command("calibrate")
-@click.option("--runs", "runs_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--runs", "runs_path", default=None, type=click.Path(dir_okay=False),
               help="CSV of measured runs with the columns of published_runs.csv.")
+@click.option("--log", "log_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="A training log of your cluster (Megatron-LM / Primus, torchtitan); "
+                   "repeatable. Refits the constants with the published runs as the prior.")
+@click.option("--config", "log_config", default=None, type=click.Path(dir_okay=False),
+              help="The launch arguments beside the logs: Megatron-LM arguments (a file), or a "
+                   "torchtitan job TOML (torchtitan logs do not print their configuration).")
+@click.option("--model", "model_name", default=None,
+              help="The model of the logs (catalog name or config.json) when their arguments do "
+                   "not describe it.")
+@click.option("--gpu", "gpu_name", default=None, help="The logs' GPU (--log: required).")
+@click.option("--nodes", type=click.IntRange(1, 1 << 16), default=None,
+              help="Nodes of the logged runs when the log does not print its world size.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="GPUs per node  [default: the GPU's usual node size]")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
-    """Fit the time model's constants on measured runs (published or your own logs)."""
+def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
+                  model_name: str | None, gpu_name: str | None, nodes: int | None,
+                  gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
+    """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
+    cluster from its training logs (--log)."""
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
 
+    if bool(runs_path) == bool(log_paths):
+        fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
+    if log_paths:
+        from oracle.refit import calibrate_from_logs, read_log_runs
+
+        if gpu_name is None:
+            fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")
+        for p in log_paths:
+            if not os.path.isfile(p):
+                fail(f"--log {p!r}: no such file")
+        gpu = load_gpu(gpu_name)
+        runs = read_log_runs(list(log_paths), gpu=gpu,
+                             gpus_per_node=gpus_per_node or gpu.gpus_per_node,
+                             model=load_model(model_name) if model_name else None, nodes=nodes,
+                             config=log_config)
+        result = calibrate_from_logs(runs, out_path)
+        if as_json:
+            emit_json(result.to_json())
+            return
+        click.echo(result.summary())
+        return
+    assert runs_path is not None
     if not os.path.isfile(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
     report = calibrate(runs_path, out_path)

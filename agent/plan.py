@@ -39,6 +39,8 @@ class PlanPoint:
     days: float | None
     gpu_hours: float | None
     cost: float | None
+    #: the 80 % interval of tokens_per_s_per_gpu (oracle.uncertainty), as in search --json
+    interval: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -77,6 +79,9 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     tok = scores["tokens_per_s_per_gpu"]
     i = max(range(len(configs)), key=lambda j: (tok[j], -j))
     per_gpu = float(tok[i])
+    from oracle.uncertainty import load_residuals
+
+    interval = load_residuals().interval(model, cluster, training, configs[i], per_gpu).to_json()
     cluster_tps = per_gpu * world
     seconds = tokens / cluster_tps if tokens else None
     gpu_hours = world * seconds / SECONDS_PER_HOUR if seconds is not None else None
@@ -87,6 +92,7 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
         cluster_tokens_per_s=cluster_tps,
         days=seconds / SECONDS_PER_DAY if seconds is not None else None,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
+        interval=interval,
     )
 
 

@@ -112,7 +112,21 @@ def test_gpus_listing(run_cli, run_json):
     assert code == 0 and "mi355x" in out and "gb200" in out
     code, data = run_json("gpus")
     h100 = next(g for g in data if g["name"] == "h100")
-    assert h100["peak_bf16_flops"] == 989e12 and h100["hbm_bytes"] == 80 * 2**30
+    assert h100["peak_bf16_tflops"] == 989 and h100["hbm_gib"] == 80
+
+
+def test_gpus_json_entry_is_a_gpu_file(run_cli, run_json, tmp_path):
+    """`gpus --json` prints the schema `--gpu FILE` reads (issue 13)."""
+    import json
+
+    code, data = run_json("gpus")
+    mine = next(g for g in data if g["name"] == "mi355x") | {"name": "my-mi355x", "aliases": []}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(mine))
+    base = ("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "8")
+    code_a, a = run_json(*base, "--gpu", "mi355x")
+    code_b, b = run_json(*base, "--gpu", str(path))
+    assert b["cluster"]["gpu"] == "my-mi355x" and b["memory"] == a["memory"]
 
 
 def test_check_json_has_projection(run_json):

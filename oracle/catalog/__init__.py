@@ -307,10 +307,74 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
             "sliding_window": cfg.get("sliding_window") or 0,
             "num_sliding_window_layers": sum(1 for t in layer_types if t == "sliding_attention"),
         }
+    spec |= _hf_rope_and_norm(cfg, model_type)
+    spec |= _hf_sliding_window(cfg, model_type, spec["num_layers"])
+    if family == "gpt_oss":
+        # openai/gpt-oss modeling: glu = gate * sigmoid(1.702 gate) * (up + 1), both clamped
+        # at swiglu_limit (Megatron-LM --quick-geglu --glu-linear-offset 1.0
+        # --activation-func-clamp-value 7.0)
+        spec |= {"activation": "quick_geglu", "glu_linear_offset": GPT_OSS_LINEAR_OFFSET,
+                 "activation_clamp": float(cfg.get("swiglu_limit") or GPT_OSS_CLAMP)}
+    if family == "deepseek_v3":
+        spec |= {"router_score": "sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
+                 "router_num_groups": int(cfg.get("n_group") or 0),
+                 "router_group_topk": int(cfg.get("topk_group") or 0),
+                 "router_topk_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
+        if spec["router_num_groups"] <= 1:
+            spec["router_num_groups"] = spec["router_group_topk"] = 0
+    if family == "qwen2_moe" and spec.get("num_shared_experts"):
+        spec["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock.shared_expert_gate
+    for key in UNMODELLED_HF_KEYS:
+        if cfg.get(key) not in (None, False, 0):
+            raise ConfigError(f"config.json {key} {cfg[key]!r} changes the model and is not "
+                              "modelled by tune-cp")
     try:
         return ModelSpec(**spec)
     except ValidationError as e:
         raise ConfigError(validation_message(e)) from e
+
+
+GPT_OSS_LINEAR_OFFSET = 1.0  # openai/gpt-oss: (up + 1)
+GPT_OSS_CLAMP = 7.0  # openai/gpt-oss config.json swiglu_limit
+HF_DEFAULT_ROPE_THETA = 10000.0  # transformers PretrainedConfig default rope_theta
+UNMODELLED_HF_KEYS = ("attn_logit_softcapping", "final_logit_softcapping",
+                      "router_logit_softcapping")
+
+
+def _hf_rope_and_norm(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """``rope_theta``, ``rope_scaling`` (llama3 / yarn; other kinds are refused) and the norm
+    epsilon (``rms_norm_eps``)."""
+    out: dict[str, Any] = {"rotary_base": float(cfg.get("rope_theta") or HF_DEFAULT_ROPE_THETA)}
+    eps = cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
+    if eps:
+        out["norm_epsilon"] = float(eps)
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type") or scaling.get("type")
+        if kind in ("llama3", "yarn"):
+            out |= {"rope_scaling": kind,
+                    "rope_scaling_factor": float(scaling.get("factor") or 1.0),
+                    "rope_original_max_position_embeddings":
+                        int(scaling.get("original_max_position_embeddings") or 0)}
+        elif kind not in (None, "default"):
+            raise ConfigError(f"config.json rope_scaling {kind!r} (model_type {model_type}) is "
+                              "not modelled; tune-cp reads llama3 and yarn rope scaling")
+    return out
+
+
+def _hf_sliding_window(cfg: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """Mistral / Mixtral ``sliding_window``: every layer; Qwen2/3 only with
+    ``use_sliding_window`` (on every layer from ``max_window_layers``: refused unless all)."""
+    window = cfg.get("sliding_window")
+    if model_type in ("mistral", "mixtral") and window:
+        return {"sliding_window": int(window), "num_sliding_window_layers": layers}
+    if model_type.startswith("qwen") and cfg.get("use_sliding_window") and window:
+        if int(cfg.get("max_window_layers") or 0) not in (0,):
+            raise ConfigError(f"config.json use_sliding_window with max_window_layers "
+                              f"{cfg.get('max_window_layers')} (sliding windows on part of the "
+                              "layers) is not modelled")
+        return {"sliding_window": int(window), "num_sliding_window_layers": layers}
+    return {}
 
 
 def catalog_model_names() -> list[str]:
