@@ -1056,11 +1056,16 @@ def layout_label(r: Mapping[str, Any]) -> str:
             f"rc {rc}")
 
 
+def interval_text(r: Mapping[str, Any]) -> str:
+    lo, hi = r.get("tokens_per_s_per_gpu_low"), r.get("tokens_per_s_per_gpu_high")
+    return "-" if lo is None or hi is None else f"{lo:,.0f}-{hi:,.0f}"
+
+
 def render_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """A compact text table of sweep rows (``tune-cp sweep --table``)."""
     width = max([len("scenario")] + [len(r["scenario_id"]) for r in rows])
     lines = [f"{'scenario':{width}} {'status':10} {'best layout':36} {'tok/s/GPU':>9} "
-             f"{'MFU':>6} {'peak GiB':>8} {'days':>8} {'GPU-hours':>10} {'cost':>10} "
+             f"{'80% interval':>13} {'MFU':>6} {'peak GiB':>8} {'days':>8} {'GPU-hours':>10} {'cost':>10} "
              f"{'feasible':>8}"]
 
     def num(v: Any, fmt: str) -> str:
@@ -1076,7 +1081,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             continue
         lines.append(
             f"{r['scenario_id']:{width}} {'ok':10} {layout_label(r):36} "
-            f"{r['tokens_per_s_per_gpu']:>9,.0f} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>8.1f} "
+            f"{r['tokens_per_s_per_gpu']:>9,.0f} {interval_text(r):>13} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>8.1f} "
             f"{num(r['days'], '>8.1f')} {num(r['gpu_hours'], '>10,.0f')} "
             f"{num(r['cost'], '>10,.0f')} {r['feasible']:>8,}")
     return lines
