@@ -1255,6 +1255,85 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     click.echo(format_constants(report.table))
 
 
+# ------------------------------------------------------------------------------- sweep
+
+
+@main.command("sweep")
+@click.argument("grid_path", metavar="GRID.yaml", type=click.Path(dir_okay=False))
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Result table: FILE.csv, or FILE.parquet (needs pip install "
+                   "'tune-cp[sweep]'). One row per scenario, sorted by scenario.")
+@click.option("--workers", type=AsciiIntRange(1, 1024), default=1, show_default=True,
+              help="Local processes (1: this process). With --ray: the CPUs of a local Ray "
+                   "cluster started here.")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Run each scenario as a Ray task: 'auto' joins this machine's Ray cluster "
+                   "or starts a local one; else a cluster address (ray://head:10001). Needs "
+                   "pip install 'tune-cp[ray]'.")
+@click.option("--resume", is_flag=True,
+              help="Keep the rows already in --out (same scenario, same inputs) and run only the "
+                   "rest; rows with status error run again.")
+@click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
+              help="Draw the cost / time-to-train frontier per model and the best layout per "
+                   "cell into this folder (PNG).")
+@click.option("--table", "show_table", is_flag=True,
+              help="Also print the rows as a compact table (scenario, layout, throughput, "
+                   "MFU, peak memory, days, GPU-hours, cost).")
+@click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | None,
+              resume: bool, plot_dir: str | None, show_table: bool, no_progress: bool,
+              as_json: bool) -> None:
+    """Run a grid of scenarios (models x GPUs x nodes x sequence x batch x precision), each one
+    search, into one table.
+
+    \b
+    tune-cp sweep benchmarks/grids/example.yaml --out results.csv
+    tune-cp sweep grid.yaml --out results.parquet --workers 8 --resume
+    tune-cp sweep grid.yaml --out results.csv --ray auto --plot plots/
+    """
+    from agent.sweep import Progress, load_grid, make_engine, output_format, run_sweep
+
+    output_format(out_path)
+    grid = load_grid(grid_path)
+    if plot_dir:
+        from agent.sweep_plots import check_plot_dir
+
+        check_plot_dir(plot_dir)
+    engine = make_engine(workers, ray_address)
+    progress = Progress(len(grid.scenarios), enabled=not no_progress)
+    try:
+        report = run_sweep(grid.scenarios, out_path, engine, resume=resume, progress=progress)
+    except KeyboardInterrupt:
+        click.echo(f"\ntune-cp: interrupted; {out_path} holds the rows written so far "
+                   f"(run again with --resume to finish)", err=True)
+        sys.exit(130)
+    plots: list[str] = []
+    if plot_dir:
+        from agent.sweep_plots import sweep_plots
+
+        plots = sweep_plots(report.rows, plot_dir, grid.name)
+    summary = {"grid": grid_path, "out": out_path, "scenarios": report.total,
+               "computed": report.computed, "resumed": report.resumed, "ok": report.ok,
+               "infeasible": report.infeasible, "failed": report.failed,
+               "engine": report.engine, "plots": plots}
+    if as_json:
+        emit_json(summary)
+    else:
+        if show_table:
+            from agent.sweep import render_table
+
+            for line in render_table(report.rows):
+                click.echo(line)
+            click.echo("")
+        click.echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
+                   f"{report.resumed} kept from {out_path}) on {report.engine}: {report.ok} ok, "
+                   f"{report.infeasible} infeasible, {report.failed} failed -> {out_path}")
+        for p in plots:
+            click.echo(f"plot: {p}")
+    sys.exit(EXIT_ILLEGAL if report.failed else 0)
+
+
 # ------------------------------------------------------------------------- entry point
 
 
