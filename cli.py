@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import click
 from pydantic import ValidationError
 
 from oracle import params as P
+from oracle.inputs import check_output_path, one_line
 from oracle.specs import (
     GIB,
     ClusterSpec,
@@ -92,6 +94,37 @@ EXIT_USAGE = 2
 # ----------------------------------------------------------------------------- plumbing
 
 
+class AsciiIntRange(click.IntRange):
+    """An integer option written in ASCII digits with an optional leading minus (no ``+``,
+    underscores, spaces, or non-ASCII digits such as fullwidth or Arabic-Indic ones, which
+    Python's ``int()`` would take), at most 19 digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,19}", value):
+            self.fail(f"{value!r} is not an integer (write ASCII digits, e.g. 8)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float option that also refuses NaN and infinities (which pass click's range check)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from oracle.inputs import NUMBER_SPELLING
+
+        if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf") and (
+                len(value) > MAX_NUMBER_CHARS or not NUMBER_SPELLING.fullmatch(value.strip())):
+            self.fail(f"{value[:40]!r} is not a number (write ASCII digits, e.g. 0.1)", param,
+                      ctx)
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+#: Longest number a flag may spell (digits, sign, point, exponent).
+MAX_NUMBER_CHARS = 64
+
+
 class UserError(click.ClickException):
     """A one-line input error (exit 2)."""
 
@@ -110,8 +143,20 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         fail(f"invalid {kind}: {validation_message(e)}")
 
 
+def strict_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, infinities) replaced by ``null``, so that
+    ``--json`` output is always strict JSON (RFC 8259 has no NaN/Infinity)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict_json(v) for v in data]
+    return data
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
 
 
 def gib(n: float) -> str:
@@ -188,14 +233,14 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
                               "or a tune-cp model YAML/JSON file."),
             click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
                          help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
-            click.option("--nodes", type=click.IntRange(1, 1 << 20), required=required,
+            click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
                          help="Number of nodes."),
-            click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+            click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
                          help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
                               "GB200/GB300 trays]"),
-            click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+            click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
                          help="Sequence length  [default: the model's usual one]"),
-            click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+            click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
                          help="Global batch size in sequences  [default: the model's reference]"),
             click.option("--precision", type=enum_choice(Precision), default="bf16",
                          show_default=True, help="Training precision."),
@@ -220,19 +265,19 @@ def grad_dtype_option(f: Callable) -> Callable:
 def config_options(f: Callable) -> Callable:
     for opt in reversed(
         [
-            click.option("--tp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--tp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Tensor-parallel size."),
-            click.option("--pp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+            click.option("--pp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
                          help="Pipeline-parallel size."),
-            click.option("--vpp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+            click.option("--vpp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
                          help="Virtual pipeline stages per rank (interleaved schedule when > 1)."),
-            click.option("--cp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--cp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Context-parallel size."),
-            click.option("--ep", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--ep", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Expert-parallel size."),
-            click.option("--etp", type=click.IntRange(1, 1 << 20), default=None,
+            click.option("--etp", type=AsciiIntRange(1, 1 << 20), default=None,
                          help="Expert tensor-parallel size  [default: tp]"),
-            click.option("--mbs", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--mbs", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Micro-batch size."),
             click.option("--recompute", type=enum_choice(Recompute), default="none",
                          show_default=True, help="Activation recomputation granularity."),
@@ -240,7 +285,7 @@ def config_options(f: Callable) -> Callable:
                          default="block", show_default=True,
                          help="Full recompute: block (first N layers of each virtual stage) or "
                               "uniform (groups of N)."),
-            click.option("--recompute-layers", type=click.IntRange(0, 100_000), default=None,
+            click.option("--recompute-layers", type=AsciiIntRange(0, 100_000), default=None,
                          help="Full recompute: N layers per virtual stage  [default: all]"),
             click.option("--recompute-modules", default=None,
                          help="Selective recompute modules, comma separated  [default: core_attn]"),
@@ -281,7 +326,7 @@ def overhead_options(f: Callable) -> Callable:
              "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable).",
     )(f)
     f = click.option(
-        "--memory-margin", type=click.FloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
+        "--memory-margin", type=FiniteFloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
         show_default=True, help="Fraction of HBM kept free beyond the modelled terms (0 allowed).",
     )(f)
     f = click.option(
@@ -298,9 +343,23 @@ def parse_size(name: str, raw: str) -> int:
     """``512MiB``, ``2GiB``, ``1073741824`` -> bytes."""
     match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)", raw.strip())
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in SIZE_UNITS:
+    if match is None or unit not in SIZE_UNITS or len(raw) > MAX_NUMBER_CHARS:
         fail(f"--overhead {name}: {raw!r} is not a size (e.g. 512MiB, 2GiB, 1073741824)")
-    return round(float(match.group(1)) * SIZE_UNITS[unit])
+    size = float(match.group(1)) * SIZE_UNITS[unit]
+    if not size < MAX_SIZE_BYTES:
+        fail(f"--overhead {name}: {raw!r} is not a size below 1 EiB (2**60 bytes)")
+    return round(size)
+
+
+#: Largest size ``--overhead NAME_bytes=`` takes (1 EiB; keeps byte sums within int64).
+MAX_SIZE_BYTES = 2**60
+
+
+def finite_number(what: str, raw: str) -> float:
+    """``raw`` as a finite float spelled in ASCII, else a one-line user error naming ``what``."""
+    from oracle.inputs import parse_number
+
+    return parse_number(raw.strip(), what)
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
@@ -321,10 +380,7 @@ def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
                 fail(f"--overhead backward_working_set: {raw!r} must be true or false")
             values[name] = flag in ("true", "1", "yes", "on")
         else:
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                fail(f"--overhead {name}: {raw!r} is not a number")
+            values[name] = finite_number(f"--overhead {name}", raw)
     return build("--overhead", MemoryOverheads, **values)
 
 
@@ -513,6 +569,10 @@ def main() -> None:
 
 
 EXPORTERS = ("megatron", "primus", "nemo")
+#: Extensions ``--pareto`` / ``--plot`` draw to (matplotlib's vector and raster formats).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+#: Extensions ``--trials-out`` writes (JSON lines).
+TRIALS_SUFFIXES = (".jsonl", ".json")
 
 
 def export_option(f: Callable) -> Callable:
@@ -558,9 +618,9 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     if megatron_args is None and primus_config is None:
         parse_env(env_items)  # a malformed --env is refused all the same
         return None
-    from pathlib import Path
 
     from oracle.frameworks import parse_megatron_args, parse_primus_config
+    from oracle.inputs import is_file, read_text
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
@@ -569,11 +629,8 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     if megatron_args is not None:
         text = megatron_args
         if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
-                and Path(text).is_file():
-            try:
-                text = Path(text).read_text()
-            except (OSError, UnicodeDecodeError) as e:
-                fail(f"cannot read the launch script {megatron_args!r}: {e}")
+                and is_file(text):
+            text = read_text(text, "launch script")
         return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
         return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
@@ -673,10 +730,9 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                   memory_margin=memory_margin,
                                   allow_cross_scale_up=allow_cross_scale_up,
                                   constraints=constraints)
-    if outcome.batch_error is not None:
-        fail(outcome.batch_error.message)
     projection = interval = None
-    if outcome.memory is not None:  # the layout exists (it may still be out of memory)
+    unprojectable = any(v.rule == "precision" for v in outcome.violations)
+    if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
         from oracle.uncertainty import load_residuals
 
@@ -789,6 +845,23 @@ BASELINE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "reco
                  "pipeline_split")
 
 
+def write_trials(result: Any, path: str) -> None:
+    """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
+    from solver.check import config_json
+
+    ranked, training = result.ranked, result.training
+    with open(path, "w") as fh:
+        for t in result.trials:
+            fh.write(json.dumps(strict_json(t.to_json()), allow_nan=False) + "\n")
+        for rank, i in enumerate(ranked.order.tolist(), start=1):
+            row = {"phase": "exhaustive ranking", "label": f"rank {rank}",
+                   "config": config_json(ranked.configs[i], training), "legal": True,
+                   "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
+                   "tokens_per_s_per_gpu": float(ranked.tokens[i]),
+                   "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
+            fh.write(json.dumps(strict_json(row), allow_nan=False) + "\n")
+
+
 def parse_baseline(text: str) -> ParallelConfig:
     """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration."""
     values: dict[str, Any] = {}
@@ -814,7 +887,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 
 @main.command("search")
 @cluster_options
-@click.option("--top", "top_k", type=click.IntRange(1, 1000), default=10, show_default=True,
+@click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
               help="How many configurations to list.")
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable).")
@@ -834,16 +907,19 @@ def parse_baseline(text: str) -> ParallelConfig:
                    "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]")
 @click.option("--lm-base-url", default=None, metavar="URL",
               help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. http://127.0.0.1:8000/v1")
-@click.option("--lm-rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+@click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
               help="Planner rounds (one LM call each).")
-@click.option("--lm-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+@click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0, show_default=True,
               help="Seconds one LM call may take.")
-@click.option("--lm-budget", type=click.FloatRange(1, 86400), default=180.0, show_default=True,
+@click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0, show_default=True,
               help="Seconds the whole LLM phase may take.")
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
-              help="Write every evaluated candidate as JSON lines.")
+              help="Write every evaluated candidate as JSON lines (.jsonl): first each "
+                   "configuration the baseline, seed, LLM and attribution steps judged (legal or "
+                   "not, with its violations), then every configuration of the exhaustive "
+                   "ranking, best first (phase \"exhaustive ranking\", with its rank).")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
-@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+@click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
                    "order).")
 @click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
@@ -851,7 +927,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
-@click.option("--verify", "verify_n", type=click.IntRange(1, 20), default=None, metavar="N",
+@click.option("--verify", "verify_n", type=AsciiIntRange(1, 20), default=None, metavar="N",
               help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
                    "N best distinct candidates to --verify-dir, ready to run and to feed back "
                    "with `tune-cp calibrate --log`.")
@@ -888,17 +964,24 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
     from solver.constraints import as_constraints
 
-    lm = None
+    # every flag and output path is checked before any work starts (issue 16)
+    hard = as_constraints(constraints)
+    prefs = tuple(Preference.parse(p) for p in preferences)
+    baseline = parse_baseline(baseline_text) if baseline_text else None
+    mem_overheads = parse_overheads(overheads)
     if lm_model:
-        if "/" not in lm_model:
+        provider, _, lm_id = lm_model.partition("/")
+        if not provider.strip() or not lm_id.strip():
             fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
                  f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
-        lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout)
+    if trials_out is not None:
+        check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
+    if pareto_path is not None:
+        check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+    lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
-        top_k=top_k, constraints=as_constraints(constraints),
-        preferences=tuple(Preference.parse(p) for p in preferences),
-        baseline=parse_baseline(baseline_text) if baseline_text else None,
-        allow_fp8=allow_fp8, overheads=parse_overheads(overheads), memory_margin=memory_margin,
+        top_k=top_k, constraints=hard, preferences=prefs, baseline=baseline,
+        allow_fp8=allow_fp8, overheads=mem_overheads, memory_margin=memory_margin,
         allow_cross_scale_up=allow_cross_scale_up, calibration=calibration, goal=goal,
         lm=lm, lm_name=lm_model,
         budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
@@ -918,8 +1001,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         sys.exit(EXIT_ILLEGAL)
     result.defaults[:0] = defaults
     if trials_out:
-        with open(trials_out, "w") as fh:
-            fh.writelines(json.dumps(t.to_json()) + "\n" for t in result.trials)
+        write_trials(result, trials_out)
     from agent.report import render_search, search_json
 
     if pareto_path:
@@ -958,6 +1040,10 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         click.echo(exported)
 
 
+#: Highest price per GPU-hour taken (keeps costs finite; no GPU rents for more).
+MAX_PRICE_PER_GPU_HOUR = 1e6
+
+
 def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
     """``2.5`` (every GPU) or ``h100=2.5,b200=4.1`` -> price per GPU-hour by GPU name."""
     if not text:
@@ -965,13 +1051,10 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, sep, raw = item.rpartition("=")
-        try:
-            price = float(raw)
-        except ValueError:
-            fail(f"--price-per-gpu-hour {item!r}: {raw!r} is not a number; write 2.5 or "
-                 f"h100=2.5,b200=4")
-        if price < 0:
-            fail(f"--price-per-gpu-hour {item!r}: a price cannot be negative")
+        price = finite_number(f"--price-per-gpu-hour {item!r}", raw.strip())
+        if not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
+            fail(f"--price-per-gpu-hour {item!r}: a price is a finite number from 0 to "
+                 f"{MAX_PRICE_PER_GPU_HOUR:g} per GPU-hour")
         if not sep:
             out.update(dict.fromkeys(gpus, price))
             continue
@@ -987,21 +1070,21 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Catalog name, a Hugging Face config.json, or a tune-cp model file.")
 @click.option("--gpu", "gpu_names", default="mi355x", show_default=True,
               help="One or several GPUs, comma separated (e.g. h100,b200,mi355x).")
-@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
               help="GPUs per node  [default: each GPU's usual node size]")
-@click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+@click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
               help="Sequence length  [default: the model's usual one]")
-@click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+@click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
               help="Global batch size  [default: the model's reference]")
 @click.option("--precision", type=enum_choice(Precision), default="bf16", show_default=True,
               help="Training precision (FP8 falls back to BF16 on GPUs without FP8).")
-@click.option("--tokens", type=click.FloatRange(1, 1e18), default=None,
+@click.option("--tokens", type=FiniteFloatRange(1, 1e18), default=None,
               help="Tokens to train, e.g. 15e12: adds time to train, GPU-hours and cost.")
 @click.option("--price-per-gpu-hour", "prices", default=None, metavar="PRICE|GPU=PRICE,...",
               help="Cost per GPU-hour, one for all or per GPU (h100=2.5,b200=4).")
-@click.option("--max-nodes", type=click.IntRange(1, 1 << 16), default=1024, show_default=True,
+@click.option("--max-nodes", type=AsciiIntRange(1, 1 << 16), default=1024, show_default=True,
               help="Largest node count considered.")
-@click.option("--points", type=click.IntRange(1, 16), default=6, show_default=True,
+@click.option("--points", type=AsciiIntRange(1, 16), default=6, show_default=True,
               help="Node counts in the table: the smallest that fits, then powers of two.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw throughput and time to train against nodes to this PNG.")
@@ -1018,6 +1101,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
     from agent.plan import plan, training_for_precision
 
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
     model = load_model(model_name)
     names = [n.strip() for n in gpu_names.split(",") if n.strip()]
     if not names:
@@ -1083,6 +1168,9 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+    click.echo("Left out: the seed phase's extra selective-recompute sets (mlp on dense models, "
+               "moe_act+layernorm on MoE), which `tune-cp search` also tries at one node count "
+               "and which can be a little faster.")
     classes = sorted({q.interval["class_used"] for p in plans for q in p.points
                       if q.feasible and q.interval})
     if classes:
@@ -1105,9 +1193,9 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
               help="The model of the logs (catalog name or config.json) when their arguments do "
                    "not describe it.")
 @click.option("--gpu", "gpu_name", default=None, help="The logs' GPU (--log: required).")
-@click.option("--nodes", type=click.IntRange(1, 1 << 16), default=None,
+@click.option("--nodes", type=AsciiIntRange(1, 1 << 16), default=None,
               help="Nodes of the logged runs when the log does not print its world size.")
-@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
               help="GPUs per node  [default: the GPU's usual node size]")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the fitted constants here (pass it back with --calibration).")
@@ -1119,17 +1207,23 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     cluster from its training logs (--log)."""
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
+    from oracle.inputs import check_regular_file, exists
 
     if bool(runs_path) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
+    if out_path is not None:
+        check_output_path(out_path, "calibrate --out", (".json",))
     if log_paths:
         from oracle.refit import calibrate_from_logs, read_log_runs
 
         if gpu_name is None:
             fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")
         for p in log_paths:
-            if not os.path.isfile(p):
+            if not exists(p):
                 fail(f"--log {p!r}: no such file")
+            check_regular_file(p, "--log file")
+        if log_config is not None:
+            check_regular_file(log_config, "--config file")
         gpu = load_gpu(gpu_name)
         runs = read_log_runs(list(log_paths), gpu=gpu,
                              gpus_per_node=gpus_per_node or gpu.gpus_per_node,
@@ -1142,8 +1236,9 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
         click.echo(result.summary())
         return
     assert runs_path is not None
-    if not os.path.isfile(runs_path):
+    if not exists(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
+    check_regular_file(runs_path, "--runs file")
     with Progress("calibrate").ticking(f"fitting the time model on {runs_path}"):
         report = calibrate(runs_path, out_path)
     if not report.rows_used:
@@ -1168,7 +1263,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
               help="Result table: FILE.csv, or FILE.parquet (needs pip install "
                    "'tune-cp[sweep]'). One row per scenario, sorted by scenario.")
-@click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
+@click.option("--workers", type=AsciiIntRange(1, 1024), default=1, show_default=True,
               help="Local processes (1: this process). With --ray: the CPUs of a local Ray "
                    "cluster started here.")
 @click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
@@ -1257,15 +1352,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         click.echo("tune-cp: aborted", err=True)
         return 130
     except click.ClickException as e:
-        click.echo(f"tune-cp: error: {e.format_message()}".splitlines()[0], err=True)
+        click.echo(f"tune-cp: error: {one_line(e.format_message())}", err=True)
         return e.exit_code
     except ConfigError as e:
-        click.echo(f"tune-cp: error: {e}", err=True)
+        click.echo(f"tune-cp: error: {one_line(str(e))}", err=True)
         return EXIT_USAGE
     except Exception as e:  # a bug: one line, the traceback only when asked for
         if os.environ.get("TUNE_CP_DEBUG"):
             raise
-        click.echo(f"tune-cp: internal error: {type(e).__name__}: {e} "
+        click.echo(f"tune-cp: internal error: {type(e).__name__}: {one_line(str(e))[:500]} "
                    f"(set TUNE_CP_DEBUG=1 for the traceback)", err=True)
         return 3
     return 0

@@ -24,6 +24,7 @@ share of throughput worth giving up for it); a configuration that does not satis
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from agent.llm import (
     run_llm_phase,
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
+from oracle.inputs import finite, parse_number
 from oracle.memory import MemoryOverheads
 from oracle.projection import ConfigBatch, score_configs
 from oracle.specs import (
@@ -60,9 +62,9 @@ from oracle.specs import (
 )
 from oracle.uncertainty import Interval, load_residuals
 from solver.constraints import HardConstraint, SoftObjective, axis_values
-from solver.explain import explain_infeasible
+from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
+from solver.rules import DEFAULT_MEMORY_MARGIN, RULES, training_precision
 from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -94,11 +96,11 @@ class Preference:
         if not sep:
             cond, w = text, "0.1"
         try:
-            weight = float(w)
-        except ValueError:
+            weight = parse_number(w.strip(), "weight")
+        except ConfigError:
             raise ConfigError(f"preference {text!r}: weight {w!r} is not a number; write "
                               f"'CONDITION:0.1'") from None
-        if not 0 < weight <= MAX_PREFERENCE_WEIGHT:
+        if not (math.isfinite(weight) and 0 < weight <= MAX_PREFERENCE_WEIGHT):
             raise ConfigError(f"preference {text!r}: weight {weight:g} must be in "
                               f"(0, {MAX_PREFERENCE_WEIGHT:g}]")
         obj = SoftObjective.of(cond)
@@ -419,6 +421,17 @@ def _change(cfg: ParallelConfig, goal: dict[str, Any], f: str) -> str:
     return f"{f} {show(getattr(cfg, f))} -> {show(goal[f])}"
 
 
+def precision_explanation(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                          refused: Sequence[Any]) -> Explanation:
+    """The explanation when the training precision itself is illegal on the GPU."""
+    fixes = ["--precision bf16"] + (["--precision fp8"] if cluster.gpu.peak_fp8_flops else [])
+    return Explanation(
+        feasible=False, conflict=("precision",), relaxations=tuple(fixes), gpu=cluster.gpu.name,
+        setting=f"{model.name} on {cluster.num_nodes} x {cluster.gpus_per_node} "
+                f"{cluster.gpu.name} (seq {training.seq_len}, gbs {training.global_batch_size}, "
+                f"{training.precision.value}: {refused[0].message})")
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
            opts: SearchOptions) -> SearchResult:
     """Run the whole search. Raises :class:`NoFeasibleConfiguration` (with an explanation)
@@ -426,6 +439,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     defaults: list[str] = []
+    refused = training_precision(cluster, training)
+    if refused:  # no layout can fix it: say so before enumerating
+        raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
@@ -619,7 +635,8 @@ def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive
                 rnd.rejected.append(f"constraint {h.expr[:80]!r}: {e}")
         for o in hints.soft_objectives[:MAX_ITEMS]:
             try:
-                w = min(max(float(o.weight), 0.01), MAX_PREFERENCE_WEIGHT)
+                w = finite(o.weight, "weight")  # NaN would survive min/max clamping
+                w = min(max(w, 0.01), MAX_PREFERENCE_WEIGHT)
                 p = Preference.parse(f"{o.expr[:300]}:{w}", origin="llm")
                 prefs.append(Preference(p.condition, p.weight, o.rationale[:300], "llm"))
                 rnd.accepted.append(f"preference {p.condition} (weight {p.weight:g})")

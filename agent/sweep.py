@@ -215,18 +215,18 @@ def _per_gpu(key: str, value: Any, gpus: Sequence[tuple[str, GpuSpec]], check: C
 
 def load_grid(path: str) -> Grid:
     """Read and validate a grid file; every error is one line naming the key and the value."""
-    import yaml
-
     from oracle.catalog import load_gpu, load_model
+    from oracle.inputs import exists, parse_yaml, read_text
 
     p = Path(path)
-    if not p.is_file():
+
+    if not exists(path):
         raise GridError(f"grid file {path!r}: no such file")
+    # regular file, size, UTF-8, nesting, alias expansion, int64, finite (oracle/inputs.py)
     try:
-        data = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = " ".join(str(e).split())[:160]
-        raise GridError(f"grid file {path!r}: not valid YAML ({first})") from None
+        data = parse_yaml(read_text(path, "grid file"), f"grid file {path!r}")
+    except ConfigError as e:
+        raise GridError(str(e)) from None
     if not isinstance(data, dict):
         raise GridError(f"grid file {path!r}: expected a mapping of keys ({', '.join(GRID_KEYS)})")
     for k in data:

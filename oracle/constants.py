@@ -394,45 +394,84 @@ class CalibrationTable:
         }
 
 
-def table_from_json(data: dict[str, Any], where: str = "calibration file") -> CalibrationTable:
-    unknown = set(data.get("defaults", {})) - set(CONSTANT_NAMES)
-    for vals in data.get("architectures", {}).values():
-        unknown |= set(vals) - set(CONSTANT_NAMES)
+#: Top-level keys of a calibration file (what :meth:`CalibrationTable.to_json` writes).
+CALIBRATION_KEYS = ("_about", "fitted_on", "constants", "software_factors", "defaults",
+                    "architectures", "software")
+
+
+def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {key!r} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _constant_value(c: ConstantDef, raw: Any, where: str, key: str) -> float:
+    """A calibration value: a finite number within the constant's range (an efficiency or
+    factor also above 0: the time model divides by it)."""
+    from oracle.inputs import finite
+
+    v = finite(raw, f"{where}: {key}")
+    strict = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
+    if not ((v > c.lower if strict else v >= c.lower) and v <= c.upper):
+        low = f"> {c.lower:g}" if strict else f">= {c.lower:g}"
+        raise ConfigError(f"{where}: {key} = {raw!r} is outside the constant's range "
+                          f"({low} and <= {c.upper:g})")
+    return v
+
+
+def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTable:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a mapping (the output of `tune-cp calibrate "
+                          f"--out`), got {type(data).__name__}")
+    extra = sorted(set(data) - set(CALIBRATION_KEYS))
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; a calibration file has "
+                          f"{', '.join(CALIBRATION_KEYS)}")
+    if not data.get("defaults") and not data.get("architectures"):
+        raise ConfigError(f"{where}: no 'defaults' or 'architectures' constants; write the "
+                          f"file with `tune-cp calibrate --out`")
+    defaults = _mapping(data.get("defaults"), where, "defaults")
+    archs = _mapping(data.get("architectures"), where, "architectures")
+    unknown = set(defaults) - set(CONSTANT_NAMES)
+    for arch, vals in archs.items():
+        unknown |= set(_mapping(vals, where, f"architectures.{arch}")) - set(CONSTANT_NAMES)
     if unknown:
         raise ConfigError(
             f"{where}: unknown constant(s) {sorted(unknown)}; known: {', '.join(CONSTANT_NAMES)}"
         )
-    soft = data.get("software", {}) or {}
+    soft = _mapping(data.get("software"), where, "software")
     for stack, vals in soft.items():
-        if stack not in SOFTWARE_STACKS or set(vals) - set(SOFTWARE_BY_NAME):
+        if stack not in SOFTWARE_STACKS or set(_mapping(vals, where, f"software.{stack}")) \
+                - set(SOFTWARE_BY_NAME):
             raise ConfigError(
                 f"{where}: software entry {stack!r} must be one of {', '.join(SOFTWARE_STACKS)} "
                 f"with factors {', '.join(SOFTWARE_BY_NAME)}"
             )
     return CalibrationTable(
-        defaults={k: float(v) for k, v in data.get("defaults", {}).items()},
+        defaults={k: _constant_value(BY_NAME[k], v, where, f"defaults.{k}")
+                  for k, v in defaults.items()},
         architectures={
-            a: {k: float(v) for k, v in vals.items()}
-            for a, vals in data.get("architectures", {}).items()
+            a: {k: _constant_value(BY_NAME[k], v, where, f"architectures.{a}.{k}")
+                for k, v in vals.items()}
+            for a, vals in archs.items()
         },
-        about=data.get("_about", ""),
+        about=str(data.get("_about", "")),
         fitted_on=data.get("fitted_on"),
-        software={s: {k: float(v) for k, v in vals.items()} for s, vals in soft.items()},
+        software={s: {k: _constant_value(SOFTWARE_BY_NAME[k], v, where, f"software.{s}.{k}")
+                      for k, v in vals.items()} for s, vals in soft.items()},
     )
 
 
 def load_calibration(path: str | Path | None = None) -> CalibrationTable:
     """The calibration file at ``path``, or the one shipped in ``oracle/catalog``."""
+    from oracle.inputs import parse_json, read_text, show_name
+
     if path is None:
         return _default_table()
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read calibration file {str(p)!r}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"calibration file {str(p)!r} is not valid JSON: {e.msg}") from e
-    return table_from_json(data, f"calibration file {str(p)!r}")
+    where = f"calibration file {show_name(path)}"
+    return table_from_json(parse_json(read_text(path, "calibration file"), where), where)
 
 
 @cache

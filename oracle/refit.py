@@ -187,10 +187,9 @@ def read_log_runs(paths: list[str], *, gpu: GpuSpec, gpus_per_node: int,
     """Every log as a measured run; a log that cannot be represented says why."""
     config_text = ""
     if config is not None and not config.endswith(".toml"):
-        try:
-            config_text = Path(config).read_text()
-        except OSError as e:
-            raise ConfigError(f"--config {config!r}: cannot read it ({e.strerror})") from None
+        from oracle.inputs import read_text
+
+        config_text = read_text(config, "--config file")
     out = []
     for p in paths:
         m = read_log(p)

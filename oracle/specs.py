@@ -19,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
+#: Most decoder layers a model may have: four times the deepest published one (Llama 3.1 405B,
+#: 126). The pipeline-stage tables grow with the layer count; at 512 a search with its
+#: explanation ends in seconds, at 100,000 it ran for minutes (issue 16).
+MAX_LAYERS = 512
 
 
 class Spec(BaseModel):
@@ -167,7 +171,7 @@ class ModelSpec(Spec):
 
     name: str = Field(min_length=1)
     family: str = Field(default="custom", description="llama, mixtral, qwen3_moe, ...")
-    num_layers: int = Field(ge=1, le=100_000)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
     hidden_size: int = Field(ge=1, le=MAX_DIM)
     ffn_hidden_size: int = Field(ge=0, le=MAX_DIM, description="dense MLP width; 0 if none")
     num_attention_heads: int = Field(ge=1, le=MAX_DIM)
@@ -310,6 +314,14 @@ class ClusterSpec(Spec):
     gpu: GpuSpec
     num_nodes: int = Field(ge=1, le=MAX_GPUS)
     gpus_per_node: int = Field(ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _world_size(self) -> ClusterSpec:
+        if self.num_nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs = "
+                             f"{self.num_nodes * self.gpus_per_node:,} GPUs; at most {MAX_GPUS:,} "
+                             f"GPUs in all")
+        return self
 
     @property
     def world_size(self) -> int:

@@ -55,6 +55,7 @@ from solver.rules import (
     layers_per_chunk,
     split_slots,
     tp_shape_ok,
+    training_precision,
 )
 from solver.space import OptimizerChoice, RecomputeOption
 from solver.symbolic import Arith, Sym, Value
@@ -433,10 +434,14 @@ def enc_recompute(m: LegalityModel) -> Value:
 
 
 def enc_precision(m: LegalityModel) -> Value:
-    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4."""
+    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4; NVFP4 training needs FP4
+    tensor cores (``rules.training_precision``: false for every layout)."""
     gpu = m.p.cluster.gpu
+    precision_ok = not training_precision(m.p.cluster, m.p.training)
 
     def ok(f: int) -> bool:
+        if not precision_ok:
+            return False
         r = FP8[f]
         if r is None:
             return True

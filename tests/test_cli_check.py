@@ -74,13 +74,14 @@ def test_bad_input_is_one_line_exit_2(run_cli, tmp_path):
 def test_gbs_not_divisible(run_cli):
     code, out, err = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
                              "--ep", "8", "--gbs", "100")
-    assert code == 2 and out == ""
-    assert err == ("tune-cp: error: global batch (100) is not divisible by mbs x dp (1 x 8 = 8); "
-                   "choose gbs in {96, 104}\n")
-    code, _, err = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
+    # a broken rule (issue 16: exit 1, not 2), reported as the verdict
+    assert code == 1 and err == ""
+    assert ("verdict: illegal\n  [batch] global batch (100) is not divisible by mbs x dp "
+            "(1 x 8 = 8); choose gbs in {96, 104}\n") in out
+    code, out, _ = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
                            "--ep", "8", "--gbs", "200", "--mbs", "2")
-    assert err == ("tune-cp: error: global batch (200) is not divisible by mbs x dp (2 x 8 = 16); "
-                   "choose gbs in {192, 208} or mbs in {1, 5, 25}\n")
+    assert code == 1 and ("[batch] global batch (200) is not divisible by mbs x dp (2 x 8 = 16); "
+                          "choose gbs in {192, 208} or mbs in {1, 5, 25}\n") in out
 
 
 def test_overhead_override(run_json):

@@ -15,9 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
+from oracle.inputs import exists, finite, is_dir, read_mapping, show_name
 from oracle.specs import (
     GIB,
     ConfigError,
@@ -99,34 +99,13 @@ def _unknown(kind: str, name: str, entries: dict[str, Any]) -> ConfigError:
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return ConfigError(
-        f"unknown {kind} {name!r}: {hint}choose one of {', '.join(names)}, "
+        f"unknown {kind} {show_name(name)}: {hint}choose one of {', '.join(names)}, "
         f"or pass a path to a {'config.json' if kind == 'model' else 'YAML/JSON GPU file'}"
     )
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from e
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} "
-            f"column {e.colno}"
-        ) from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} file {str(path)!r} is not valid YAML: {e}".splitlines()[0]) from e
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{what} file {str(path)!r} must hold a mapping of keys to values, "
-            f"got {type(data).__name__}"
-        )
-    return data
+    return read_mapping(path, f"{what} file")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -140,7 +119,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     if canonical is not None:
         return entries[canonical].to_spec()
     path = Path(name_or_path)
-    if not (_looks_like_path(name_or_path) or path.exists()):
+    if not (_looks_like_path(name_or_path) or exists(path)):
         raise _unknown("gpu", name_or_path, entries)
     data = _read_mapping(path, "GPU")
     try:
@@ -153,9 +132,9 @@ def load_gpu(name_or_path: str) -> GpuSpec:
             raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
         return spec
     except ValidationError as e:
-        raise ConfigError(f"GPU file {str(path)!r}: {validation_message(e)}") from e
+        raise ConfigError(f"GPU file {show_name(path)}: {validation_message(e)}") from e
     except TypeError as e:
-        raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+        raise ConfigError(f"GPU file {show_name(path)}: {e}") from e
 
 
 # ---------------------------------------------------------------------------------- models
@@ -184,9 +163,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if canonical is not None:
         return entries[canonical].to_spec()
     path = Path(name_or_path)
-    if path.is_dir() and (path / "config.json").exists():
+    if is_dir(path) and exists(path / "config.json"):
         path = path / "config.json"
-    if not (_looks_like_path(name_or_path) or path.exists()):
+    if not (_looks_like_path(name_or_path) or exists(path)):
         raise _unknown("model", name_or_path, entries)
     data = _read_mapping(path, "model")
     label = path.parent.name if path.name == "config.json" else path.stem
@@ -196,11 +175,11 @@ def load_model(name_or_path: str) -> ModelSpec:
         data.setdefault("name", label or "custom")
         return ModelSpec(**data)
     except ValidationError as e:
-        raise ConfigError(f"model file {str(path)!r}: {validation_message(e)}") from e
+        raise ConfigError(f"model file {show_name(path)}: {validation_message(e)}") from e
     except ConfigError as e:
-        raise ConfigError(f"model file {str(path)!r}: {e}") from e
+        raise ConfigError(f"model file {show_name(path)}: {e}") from e
     except TypeError as e:
-        raise ConfigError(f"model file {str(path)!r}: {e}") from e
+        raise ConfigError(f"model file {show_name(path)}: {e}") from e
 
 
 HF_FAMILIES = {
@@ -221,6 +200,14 @@ def _need(cfg: dict[str, Any], key: str, family: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise ConfigError(f"a {family} config.json needs {key!r}, which is missing")
     value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _int(cfg: dict[str, Any], key: str, default: int) -> int:
+    """An optional integer of a config.json (``default`` when absent, null or 0)."""
+    value = cfg.get(key) or default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key!r} must be an integer, got {value!r}")
     return value
@@ -248,11 +235,11 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
         "vocab_size": _need(cfg, "vocab_size", family),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "ffn_hidden_size": cfg.get("intermediate_size") or 0,
-        "default_seq_len": min(int(cfg.get("max_position_embeddings") or 4096), 8192),
+        "default_seq_len": min(_int(cfg, "max_position_embeddings", 4096), 8192),
         "source": f"Hugging Face config.json (model_type {model_type})",
     }
     if cfg.get("attention_dropout"):
-        spec["attention_dropout"] = float(cfg["attention_dropout"])
+        spec["attention_dropout"] = finite(cfg["attention_dropout"], "'attention_dropout'")
     if family in ("qwen2", "qwen2_moe"):
         spec["qkv_bias"] = True
     if family in ("qwen3", "qwen3_moe"):
@@ -271,7 +258,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
             "moe_top_k": _need(cfg, "num_experts_per_tok", family),
             "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
         }
-        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+        if cfg.get("mlp_only_layers") or _int(cfg, "decoder_sparse_step", 1) != 1:
             raise ConfigError(
                 "mlp_only_layers / decoder_sparse_step != 1 (interleaved dense layers) are not "
                 "supported; only leading dense layers are"

@@ -32,9 +32,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from oracle.frameworks.shell import UNSET, describe_unset, unset_name
+from oracle.inputs import is_file, read_mapping
 from oracle.specs import ConfigError
 
 
@@ -479,6 +478,8 @@ def fmt_value(value: Any) -> str:
 PATH_KEYS = frozenset({"tokenizer_model"})  # file paths tune-cp reads only as names
 SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
 WHOLE_NUMBER = re.compile(r"[+-]?\d+")
+#: Most digits of an integer read from a placeholder or a YAML string (int64 has 19).
+MAX_INT_DIGITS = 19
 TRUE_WORDS = {"true": True, "false": False}
 
 
@@ -531,12 +532,16 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     return str(value)
 
 
+#: Longest layer pattern evaluated (a longer one matches no model: ModelSpec allows 512 layers).
+MAX_PATTERN_LAYERS = 100_000
+
+
 def layer_pattern(text: str) -> list[int] | None:
     """Evaluate a Megatron-LM layer pattern such as ``([0]*3+[1]*58)`` (list literals of
     integers joined by ``+`` and ``*``; ``arguments.py::moe_freq_type``) without ``eval``."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
         return None
 
     def ev(node: ast.AST) -> Any:
@@ -546,12 +551,21 @@ def layer_pattern(text: str) -> list[int] | None:
             return node.value
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
             left, right = ev(node.left), ev(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list | int) \
+                    and isinstance(right, list | int) and (isinstance(left, list)
+                                                           != isinstance(right, list)):
+                seq, n = (left, right) if isinstance(left, list) else (right, left)
+                if len(seq) * max(n, 0) > MAX_PATTERN_LAYERS:  # checked before it is built
+                    raise ValueError(f"longer than {MAX_PATTERN_LAYERS} layers")
+            result = left + right if isinstance(node.op, ast.Add) else left * right
+            if isinstance(result, list) and len(result) > MAX_PATTERN_LAYERS:
+                raise ValueError(f"longer than {MAX_PATTERN_LAYERS} layers")
+            return result
         raise ValueError(ast.dump(node))
 
     try:
         result = ev(tree)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return None
     if not isinstance(result, list) or not all(isinstance(v, int) for v in result):
         return None
@@ -753,22 +767,9 @@ PRIMUS_FLOAT = re.compile(r"^-?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|\d+[e
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML file holding a mapping; every failure is a one-line ConfigError."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {problem}{where}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {str(path)!r} must hold a mapping of keys to values, got "
-                          f"{type(data).__name__}")
-    return data
+    """A YAML file holding a mapping; every failure is a one-line ConfigError
+    (:func:`oracle.inputs.read_mapping`: regular file, size, UTF-8, nesting, aliases)."""
+    return read_mapping(path, what, fmt="yaml")
 
 
 def resolve_placeholders(obj: Any, env: Mapping[str, str], notes: list[str], where: str) -> Any:
@@ -801,7 +802,7 @@ def resolve_placeholders(obj: Any, env: Mapping[str, str], notes: list[str], whe
     lowered = text.lower()
     if lowered in TRUE_WORDS:
         return TRUE_WORDS[lowered]
-    if WHOLE_NUMBER.fullmatch(text):
+    if WHOLE_NUMBER.fullmatch(text) and len(text) <= MAX_INT_DIGITS:
         return int(text)
     if PRIMUS_FLOAT.fullmatch(text):
         return float(text)
@@ -819,15 +820,15 @@ def find_model_file(experiment: Path, name: str) -> Path | None:
     ``primus/configs/models/megatron/``) in the experiment's folder or any folder above it."""
     candidate = Path(name)
     if candidate.is_absolute():
-        return candidate if candidate.is_file() else None
+        return candidate if is_file(candidate) else None
     here = experiment.resolve().parent
-    if (here / candidate).is_file():
+    if is_file(here / candidate):
         return here / candidate
     for folder in (here, *here.parents):
         for sub in ("models", "models/megatron", "configs/models/megatron",
                     "primus/configs/models/megatron"):
             path = folder / sub / candidate
-            if path.is_file():
+            if is_file(path):
                 return path
     return None
 
@@ -839,14 +840,18 @@ def load_model_chain(path: Path, env: Mapping[str, str], notes: list[str],
     data = resolve_placeholders(read_yaml_mapping(path, "Primus model file"), env, notes,
                                 f"{path.name}: ")
     bases = data.pop("extends", None) or []
+    if not isinstance(bases, str | list) or not all(isinstance(b, str) for b in
+                                                    ([bases] if isinstance(bases, str) else bases)):
+        raise ConfigError(f"{path.name}: extends: {_show(bases)} must name preset files (a name "
+                          f"or a list of names)")
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
         base_path = path.parent / str(base)
-        if base_path.is_file() and base_path.resolve() in seen | {path.resolve()}:
+        if is_file(base_path) and base_path.resolve() in seen | {path.resolve()}:
             notes.append(f"model preset {base} (extended by {path.name}) extends itself; "
                          "skipped")
             continue
-        if not base_path.is_file():
+        if not is_file(base_path):
             notes.append(f"model preset {base} (extended by {path.name}) was not found next to "
                          "it; its keys take Primus's language_model.yaml defaults")
             continue

@@ -104,7 +104,9 @@ def _median_after_warmup(values: list[tuple[int, float]]) -> tuple[float | None,
 def read_log(path: str | Path) -> LogMeasurement:
     """Read a Megatron-LM / Primus or torchtitan training log (see module docstring). Raises a
     one-line ConfigError when the file has no iteration line of either framework."""
-    p = Path(path)
+    from oracle.inputs import MAX_LOG_BYTES, check_regular_file
+
+    p = check_regular_file(path, "--log file", max_bytes=MAX_LOG_BYTES)
     try:
         text = p.read_text(errors="replace")
     except OSError as e:
@@ -238,7 +240,9 @@ TITAN_KEYS = {
 def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
     """The settings of a torchtitan job TOML that tune-cp models (:data:`TITAN_KEYS`)."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        from oracle.inputs import read_text
+
+        data = tomllib.loads(read_text(path, "--config file"))
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"--config {str(path)!r}: not a readable torchtitan TOML ({e})") from None
     out: dict[str, Any] = {}

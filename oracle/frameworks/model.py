@@ -225,9 +225,14 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         stated.append(f"ffn_hidden_size: {ffn} ({origin} default for hidden_size {h})")
     mla = None
     if get("multi_latent_attention"):
-        mla = MlaSpec(q_lora_rank=arch.q_lora_rank or 0, kv_lora_rank=get("kv_lora_rank"),
-                      qk_nope_head_dim=get("qk_head_dim"),
-                      qk_rope_head_dim=get("qk_pos_emb_head_dim"), v_head_dim=get("v_head_dim"))
+        try:
+            mla = MlaSpec(q_lora_rank=arch.q_lora_rank or 0, kv_lora_rank=get("kv_lora_rank"),
+                          qk_nope_head_dim=get("qk_head_dim"),
+                          qk_rope_head_dim=get("qk_pos_emb_head_dim"),
+                          v_head_dim=get("v_head_dim"))
+        except ValidationError as e:
+            raise ConfigError(f"the multi-latent attention described by the {source} is not "
+                              f"valid: {validation_message(e)}") from e
         kv_heads, head_dim = a, mla.qk_nope_head_dim + mla.qk_rope_head_dim
     else:
         kv_heads = arch.num_query_groups if get("group_query_attention") else a
