@@ -7,20 +7,23 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
 from oracle import params as P
-from oracle.catalog import gpu_entries, load_gpu, load_model, model_entries
-from oracle.memory import TERMS, MemoryOverheads
-from oracle.projection import Projection, project
+from oracle.inputs import check_output_path, one_line
 from oracle.specs import (
     GIB,
     ClusterSpec,
@@ -37,13 +40,89 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from solver.check import CheckOutcome, check_configuration
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.defaults import DEFAULT_MEMORY_MARGIN
+
+if TYPE_CHECKING:
+    from oracle.memory import MemoryOverheads
+    from oracle.projection import Projection
+    from solver.check import CheckOutcome
+
+# Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
+# specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
+# and the plots (matplotlib) are imported by the commands that use them (benchmarks/cli.py).
+
+
+def load_model(name: str) -> ModelSpec:
+    from oracle.catalog import load_model as load
+
+    return load(name)
+
+
+def load_gpu(name: str) -> Any:
+    from oracle.catalog import load_gpu as load
+
+    return load(name)
+
+
+def model_entries() -> dict[str, Any]:
+    from oracle.catalog import model_entries as entries
+
+    return entries()
+
+
+def gpu_entries() -> dict[str, Any]:
+    from oracle.catalog import gpu_entries as entries
+
+    return entries()
+
+
+def project(*args: Any, **kwargs: Any) -> Projection:
+    from oracle.projection import project as run
+
+    return run(*args, **kwargs)
+
+
+def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
+    from solver.check import check_configuration as run
+
+    return run(*args, **kwargs)
+
 
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
 
 # ----------------------------------------------------------------------------- plumbing
+
+
+class AsciiIntRange(click.IntRange):
+    """An integer option written in ASCII digits with an optional leading minus (no ``+``,
+    underscores, spaces, or non-ASCII digits such as fullwidth or Arabic-Indic ones, which
+    Python's ``int()`` would take), at most 19 digits."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,19}", value):
+            self.fail(f"{value!r} is not an integer (write ASCII digits, e.g. 8)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float option that also refuses NaN and infinities (which pass click's range check)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from oracle.inputs import NUMBER_SPELLING
+
+        if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf") and (
+                len(value) > MAX_NUMBER_CHARS or not NUMBER_SPELLING.fullmatch(value.strip())):
+            self.fail(f"{value[:40]!r} is not a number (write ASCII digits, e.g. 0.1)", param,
+                      ctx)
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+#: Longest number a flag may spell (digits, sign, point, exponent).
+MAX_NUMBER_CHARS = 64
 
 
 class UserError(click.ClickException):
@@ -64,16 +143,79 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         fail(f"invalid {kind}: {validation_message(e)}")
 
 
+def strict_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, infinities) replaced by ``null``, so that
+    ``--json`` output is always strict JSON (RFC 8259 has no NaN/Infinity)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict_json(v) for v in data]
+    return data
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
 
 
-def gib(n: int | float) -> str:
+def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
 def enum_choice(enum: type) -> click.Choice:
     return click.Choice([e.value for e in enum], case_sensitive=False)
+
+
+class Progress:
+    """A progress line on stderr, drawn only when stderr is a terminal (never into a pipe or a
+    file, never on stdout, so ``--json`` output is untouched); erased when done."""
+
+    WIDTH = 24
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.on = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def _draw(self, text: str) -> None:
+        if self.on:
+            width = shutil.get_terminal_size((80, 24)).columns - 1
+            sys.stderr.write("\r" + text[:width].ljust(width))
+            sys.stderr.flush()
+
+    def bar(self, done: int, total: int, what: str) -> None:
+        """``done`` of ``total`` steps (``total`` may be an estimate), then ``what``."""
+        total = max(total, done, 1)
+        fill = round(self.WIDTH * done / total)
+        self._draw(f"{self.label} [{'#' * fill}{'.' * (self.WIDTH - fill)}] {done}/{total} "
+                   f"{what} ({time.monotonic() - self.t0:.0f} s)")
+
+    @contextlib.contextmanager
+    def ticking(self, what: str) -> Iterator[None]:
+        """Redraw ``what`` with the elapsed seconds every half second while the block runs."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(0.5):
+                self._draw(f"{self.label}: {what} ({time.monotonic() - self.t0:.0f} s)")
+
+        worker = threading.Thread(target=tick, daemon=True) if self.on else None
+        if worker:
+            self._draw(f"{self.label}: {what}")
+            worker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if worker:
+                worker.join()
+            self.close()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- options
@@ -91,14 +233,14 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
                               "or a tune-cp model YAML/JSON file."),
             click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
                          help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
-            click.option("--nodes", type=click.IntRange(1, 1 << 20), required=required,
+            click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
                          help="Number of nodes."),
-            click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+            click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
                          help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
                               "GB200/GB300 trays]"),
-            click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+            click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
                          help="Sequence length  [default: the model's usual one]"),
-            click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+            click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
                          help="Global batch size in sequences  [default: the model's reference]"),
             click.option("--precision", type=enum_choice(Precision), default="bf16",
                          show_default=True, help="Training precision."),
@@ -123,19 +265,19 @@ def grad_dtype_option(f: Callable) -> Callable:
 def config_options(f: Callable) -> Callable:
     for opt in reversed(
         [
-            click.option("--tp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--tp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Tensor-parallel size."),
-            click.option("--pp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+            click.option("--pp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
                          help="Pipeline-parallel size."),
-            click.option("--vpp", type=click.IntRange(1, 100_000), default=1, show_default=True,
+            click.option("--vpp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
                          help="Virtual pipeline stages per rank (interleaved schedule when > 1)."),
-            click.option("--cp", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--cp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Context-parallel size."),
-            click.option("--ep", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--ep", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Expert-parallel size."),
-            click.option("--etp", type=click.IntRange(1, 1 << 20), default=None,
+            click.option("--etp", type=AsciiIntRange(1, 1 << 20), default=None,
                          help="Expert tensor-parallel size  [default: tp]"),
-            click.option("--mbs", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+            click.option("--mbs", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
                          help="Micro-batch size."),
             click.option("--recompute", type=enum_choice(Recompute), default="none",
                          show_default=True, help="Activation recomputation granularity."),
@@ -143,7 +285,7 @@ def config_options(f: Callable) -> Callable:
                          default="block", show_default=True,
                          help="Full recompute: block (first N layers of each virtual stage) or "
                               "uniform (groups of N)."),
-            click.option("--recompute-layers", type=click.IntRange(0, 100_000), default=None,
+            click.option("--recompute-layers", type=AsciiIntRange(0, 100_000), default=None,
                          help="Full recompute: N layers per virtual stage  [default: all]"),
             click.option("--recompute-modules", default=None,
                          help="Selective recompute modules, comma separated  [default: core_attn]"),
@@ -184,7 +326,7 @@ def overhead_options(f: Callable) -> Callable:
              "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable).",
     )(f)
     f = click.option(
-        "--memory-margin", type=click.FloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
+        "--memory-margin", type=FiniteFloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
         show_default=True, help="Fraction of HBM kept free beyond the modelled terms (0 allowed).",
     )(f)
     f = click.option(
@@ -201,12 +343,28 @@ def parse_size(name: str, raw: str) -> int:
     """``512MiB``, ``2GiB``, ``1073741824`` -> bytes."""
     match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)", raw.strip())
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in SIZE_UNITS:
+    if match is None or unit not in SIZE_UNITS or len(raw) > MAX_NUMBER_CHARS:
         fail(f"--overhead {name}: {raw!r} is not a size (e.g. 512MiB, 2GiB, 1073741824)")
-    return round(float(match.group(1)) * SIZE_UNITS[unit])
+    size = float(match.group(1)) * SIZE_UNITS[unit]
+    if not size < MAX_SIZE_BYTES:
+        fail(f"--overhead {name}: {raw!r} is not a size below 1 EiB (2**60 bytes)")
+    return round(size)
+
+
+#: Largest size ``--overhead NAME_bytes=`` takes (1 EiB; keeps byte sums within int64).
+MAX_SIZE_BYTES = 2**60
+
+
+def finite_number(what: str, raw: str) -> float:
+    """``raw`` as a finite float spelled in ASCII, else a one-line user error naming ``what``."""
+    from oracle.inputs import parse_number
+
+    return parse_number(raw.strip(), what)
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
+    from oracle.memory import MemoryOverheads
+
     fields = MemoryOverheads.model_fields
     values: dict[str, Any] = {}
     for item in items:
@@ -222,10 +380,7 @@ def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
                 fail(f"--overhead backward_working_set: {raw!r} must be true or false")
             values[name] = flag in ("true", "1", "yes", "on")
         else:
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                fail(f"--overhead {name}: {raw!r} is not a number")
+            values[name] = finite_number(f"--overhead {name}", raw)
     return build("--overhead", MemoryOverheads, **values)
 
 
@@ -248,15 +403,21 @@ def load_specs(
     if defaults is not None:
         entry = model_entries().get(model.name)
         why = f": {entry.default_source}" if entry and entry.default_source else ""
+        # a model file or config.json has no published batch: say whose defaults these are
+        whose = (f"{model.name} default" if entry is not None else
+                 "tune-cp's default for a model file (seq: max_position_embeddings up to 8192; "
+                 "gbs: 256)")
         if gpus_per_node is None:
             defaults.append(f"--gpus-per-node {cluster.gpus_per_node} (usual {gpu.name} node)")
         if seq_len is None and gbs is None:
             defaults.append(f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
-                            f"({model.name} defaults{why})")
+                            f"({whose}s{why})" if entry is not None else
+                            f"--seq-len {training.seq_len} --gbs {training.global_batch_size} "
+                            f"({whose})")
         elif seq_len is None:
-            defaults.append(f"--seq-len {training.seq_len} ({model.name} default{why})")
+            defaults.append(f"--seq-len {training.seq_len} ({whose}{why})")
         elif gbs is None:
-            defaults.append(f"--gbs {training.global_batch_size} ({model.name} default{why})")
+            defaults.append(f"--gbs {training.global_batch_size} ({whose}{why})")
     return model, cluster, training
 
 
@@ -315,6 +476,8 @@ def shown_stages(n: int, peak: int) -> list[int]:
 
 
 def render_memory(outcome: CheckOutcome) -> list[str]:
+    from oracle.memory import TERMS
+
     mem = outcome.memory
     assert mem is not None
     stages = shown_stages(len(mem.stages), mem.peak_stage)
@@ -339,6 +502,26 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
     return lines
 
 
+def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
+    """One line when plan rows project an MFU above the best published MFU of their class
+    (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
+    from oracle.calibrate import mfu_class
+    from oracle.catalog import load_gpu
+    from oracle.constants import load_calibration
+
+    arch = load_gpu(p.gpu).architecture
+    key = mfu_class(model.is_moe, arch, precision)
+    ceil = ((load_calibration(calibration).fitted_on or {}).get("mfu_ceilings") or {}).get(key)
+    above = [q.nodes for q in p.points if q.feasible and q.mfu and ceil and q.mfu > ceil["mfu"]]
+    if not above:
+        return ""
+    return (f"MFU above the best published {100 * ceil['mfu']:.1f}% for {key} (row "
+            f"{ceil['row']}, {ceil['model']} on {ceil['gpu']}) at {', '.join(map(str, above))} "
+            f"nodes: those layouts spend most of the step in large GEMMs at the fitted GEMM "
+            f"efficiency with little bubble or exposed communication (`tune-cp check` shows the "
+            f"breakdown); verify the GEMM throughput at these shapes before relying on it")
+
+
 def render_projection(p: Projection, top: int = 6) -> list[str]:
     lines = [
         f"projection: {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, "
@@ -348,6 +531,10 @@ def render_projection(p: Projection, top: int = 6) -> list[str]:
     shown = ", ".join(f"{k} {v:.2f} s ({100 * v / p.step_time_s:.0f}%)" for v, k in parts[:top])
     lines.append(f"where the step goes: {shown}")
     lines.append(f"(time model: {p.calibration})")
+    if p.evidence:
+        lines.append(f"note: {p.evidence}")
+    if p.mfu_note:
+        lines.append(f"note: {p.mfu_note}")
     return lines
 
 
@@ -382,6 +569,10 @@ def main() -> None:
 
 
 EXPORTERS = ("megatron", "primus", "nemo")
+#: Extensions ``--pareto`` / ``--plot`` draw to (matplotlib's vector and raster formats).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+#: Extensions ``--trials-out`` writes (JSON lines).
+TRIALS_SUFFIXES = (".jsonl", ".json")
 
 
 def export_option(f: Callable) -> Callable:
@@ -395,24 +586,54 @@ def export_option(f: Callable) -> Callable:
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 cfg: ParallelConfig) -> str:
-    from oracle.frameworks import to_megatron_args, to_nemo_overrides, to_primus_overrides
+    from oracle.frameworks import (
+        to_megatron_args,
+        to_nemo_overrides,
+        to_primus_overrides,
+    )
 
     fn = {"megatron": to_megatron_args, "primus": to_primus_overrides,
           "nemo": to_nemo_overrides}[fmt]
     return fn(model, cluster, training, cfg)
 
 
-def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None):
-    """An imported launch (or None), read with the model when --model is given."""
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items (what a launch script reads from the environment)."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not name.replace("_", "a").isalnum() or name[0].isdigit() \
+                and not name.isdigit():
+            fail(f"--env {item!r}: write NAME=VALUE (a shell variable name, or a script "
+                 "argument number such as 1=VALUE)")
+        env[name] = value
+    return env
+
+
+def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None,
+               env_items: Sequence[str] = ()):
+    """An imported launch (or None), read with the model when --model is given. --megatron-args
+    takes the text or the path of a launch script; --env values stand for the environment the
+    script (or the Primus YAML's ${VAR:default} placeholders) would read."""
+    if megatron_args is None and primus_config is None:
+        parse_env(env_items)  # a malformed --env is refused all the same
+        return None
+
     from oracle.frameworks import parse_megatron_args, parse_primus_config
+    from oracle.inputs import is_file, read_text
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
     model = load_model(model_name) if model_name else None
+    env = parse_env(env_items)
     if megatron_args is not None:
-        return parse_megatron_args(megatron_args, model=model)
+        text = megatron_args
+        if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
+                and is_file(text):
+            text = read_text(text, "launch script")
+        return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
-        return parse_primus_config(primus_config, model=model, env=os.environ)
+        return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
     return None
 
 
@@ -432,10 +653,15 @@ NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of the
 @calibration_option
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
-@click.option("--megatron-args", default=None, metavar="ARGS",
+@click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
-                   "(a torchrun line or a script's argument block; unknown arguments are listed "
-                   "and ignored). Flags given explicitly override what it sets.")
+                   "(a torchrun line or a script's argument block) or the path of its launch "
+                   "script (assignments, arrays and ${VAR:-default} are expanded; unknown "
+                   "arguments are listed and ignored). Flags given explicitly override what it "
+                   "sets.")
+@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
+              help="A value the launch script or Primus YAML reads from the environment (or "
+                   "N=VALUE for the script's argument N); repeatable.")
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
@@ -445,20 +671,23 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, memory_margin: float, overheads: Sequence[str],
               allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
-              megatron_args: str | None, primus_config: str | None, export_fmt: str | None,
-              **config: Any) -> None:
+              megatron_args: str | None, env_items: Sequence[str], primus_config: str | None,
+              export_fmt: str | None, **config: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    run = import_run(megatron_args, primus_config, model_name)
+    run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
+    defaults: list[str] = []  # stated like search states its defaults
+    if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--gpu {gpu_name} (default; pass --gpu for the GPU you run on)")
     if run is None:
         if model_name is None or nodes is None:
             fail(f"--{'model' if model_name is None else 'nodes'} is required (or describe the "
                  f"run with --megatron-args / --primus-config)")
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
-                                              seq_len, gbs, precision)
+                                              seq_len, gbs, precision, defaults)
         cfg = build_config(config)
     else:
         model = run.require_model()
@@ -469,6 +698,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         gpu = load_gpu(gpu_name)
         cluster = build("cluster", ClusterSpec, gpu=gpu, num_nodes=n,
                         gpus_per_node=gpus_per_node or run.gpus_per_node or gpu.gpus_per_node)
+        model_parallel = run.config.tp * run.config.pp * run.config.cp
+        if nodes is None and cluster.world_size % model_parallel:
+            need = -(-model_parallel // cluster.gpus_per_node)
+            notes.append(f"the launch says {n} node(s) x {cluster.gpus_per_node} GPUs, but its "
+                         f"tp x pp x cp needs a multiple of {model_parallel} GPUs: pass --nodes "
+                         f"{need} (or a multiple) to check the layout it describes")
         training = run.training_spec(model, cluster)
         explicit = {k: v for k, v in (("seq_len", seq_len), ("global_batch_size", gbs)) if v}
         if ctx.get_parameter_source("precision") is not click.core.ParameterSource.DEFAULT:
@@ -495,30 +730,40 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                   memory_margin=memory_margin,
                                   allow_cross_scale_up=allow_cross_scale_up,
                                   constraints=constraints)
-    if outcome.batch_error is not None:
-        fail(outcome.batch_error.message)
-    projection = None
-    if outcome.memory is not None:  # the layout exists (it may still be out of memory)
+    projection = interval = None
+    unprojectable = any(v.rule == "precision" for v in outcome.violations)
+    if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
         projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+        from oracle.uncertainty import load_residuals
+
+        interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
+                                             projection.tokens_per_s_per_gpu)
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
                 if export_fmt else None)
     imported = None if run is None else {
-        "source": run.source, "unknown": run.unknown, "ignored": run.ignored,
+        "source": run.source, "unknown": run.unknown, "unmodelled": run.unmodelled,
+        "ignored": run.ignored,
         "defaults": run.defaults, "notes": run.notes + notes}
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
-                   "training": training.model_dump(mode="json"), **outcome.to_json(),
+                   "training": training.model_dump(mode="json"), "defaults": defaults,
+                   **outcome.to_json(),
                    "projection": projection.model_dump() if projection else None,
+                   "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
     echo(f"check: {describe_setting(model, cluster, training)}")
+    if defaults:
+        echo("defaults: " + "; ".join(defaults))
     if imported is not None:
         echo(f"imported from the {run.source}")
-        for what in ("unknown", "defaults", "notes"):
+        for what in ("unmodelled", "unknown", "defaults", "notes"):
             if imported[what]:
                 label = {"unknown": "unknown arguments (ignored)", "defaults": "defaults taken",
-                         "notes": "notes"}[what]
+                         "notes": "notes",
+                         "unmodelled": "warning: these change memory or time and are not "
+                                       "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
     echo(f"config: {describe_config(outcome.ctx.cfg)}")
     echo()
@@ -529,6 +774,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if projection is not None:
         for line in render_projection(projection):
             echo(line)
+        if interval is not None:
+            echo(f"interval: {interval.text()}")
         echo()
     if outcome.legal:
         mem = outcome.memory
@@ -579,8 +826,8 @@ def models_cmd(as_json: bool) -> None:
 def gpus_cmd(as_json: bool) -> None:
     """List the GPU catalog."""
     entries = list(gpu_entries().values())
-    if as_json:
-        emit_json([e.to_spec().model_dump(mode="json") | {"aliases": e.aliases} for e in entries])
+    if as_json:  # the catalog's entry format: what --gpu FILE reads (one entry per file)
+        emit_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
         return
     click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
                f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
@@ -596,6 +843,23 @@ BASELINE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "reco
                  "recompute_layers", "recompute_modules", "sequence_parallel",
                  "distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8_recipe",
                  "pipeline_split")
+
+
+def write_trials(result: Any, path: str) -> None:
+    """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
+    from solver.check import config_json
+
+    ranked, training = result.ranked, result.training
+    with open(path, "w") as fh:
+        for t in result.trials:
+            fh.write(json.dumps(strict_json(t.to_json()), allow_nan=False) + "\n")
+        for rank, i in enumerate(ranked.order.tolist(), start=1):
+            row = {"phase": "exhaustive ranking", "label": f"rank {rank}",
+                   "config": config_json(ranked.configs[i], training), "legal": True,
+                   "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
+                   "tokens_per_s_per_gpu": float(ranked.tokens[i]),
+                   "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
+            fh.write(json.dumps(strict_json(row), allow_nan=False) + "\n")
 
 
 def parse_baseline(text: str) -> ParallelConfig:
@@ -623,7 +887,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 
 @main.command("search")
 @cluster_options
-@click.option("--top", "top_k", type=click.IntRange(1, 1000), default=10, show_default=True,
+@click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
               help="How many configurations to list.")
 @click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
               help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable).")
@@ -643,16 +907,19 @@ def parse_baseline(text: str) -> ParallelConfig:
                    "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]")
 @click.option("--lm-base-url", default=None, metavar="URL",
               help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. http://127.0.0.1:8000/v1")
-@click.option("--lm-rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+@click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
               help="Planner rounds (one LM call each).")
-@click.option("--lm-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+@click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0, show_default=True,
               help="Seconds one LM call may take.")
-@click.option("--lm-budget", type=click.FloatRange(1, 86400), default=180.0, show_default=True,
+@click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0, show_default=True,
               help="Seconds the whole LLM phase may take.")
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
-              help="Write every evaluated candidate as JSON lines.")
+              help="Write every evaluated candidate as JSON lines (.jsonl): first each "
+                   "configuration the baseline, seed, LLM and attribution steps judged (legal or "
+                   "not, with its violations), then every configuration of the exhaustive "
+                   "ranking, best first (phase \"exhaustive ranking\", with its rank).")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
-@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+@click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
                    "order).")
 @click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
@@ -660,6 +927,12 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
+@click.option("--verify", "verify_n", type=AsciiIntRange(1, 20), default=None, metavar="N",
+              help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
+                   "N best distinct candidates to --verify-dir, ready to run and to feed back "
+                   "with `tune-cp calibrate --log`.")
+@click.option("--verify-dir", default="tune-cp-verify", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
 @export_option
 @overhead_options
@@ -674,33 +947,41 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                memory_margin: float,
                overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None, grad_reduce_in_bf16: bool) -> None:
+               calibration: str | None, grad_reduce_in_bf16: bool, verify_n: int | None,
+               verify_dir: str) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
     tune-cp --model mixtral-8x22b --nodes 4
     tune-cp --model llama3-70b --gpu h100 --nodes 8 --constraint 'cp==1' --top 5 --json
     """
-    from agent.llm import LlmBudget, make_lm
-    from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
-    from solver.constraints import as_constraints
-
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--gpu {gpu_name} (default)")
     model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
                                           gbs, precision, defaults)
-    lm = None
+    from agent.llm import LlmBudget, make_lm
+    from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
+    from solver.constraints import as_constraints
+
+    # every flag and output path is checked before any work starts (issue 16)
+    hard = as_constraints(constraints)
+    prefs = tuple(Preference.parse(p) for p in preferences)
+    baseline = parse_baseline(baseline_text) if baseline_text else None
+    mem_overheads = parse_overheads(overheads)
     if lm_model:
-        if "/" not in lm_model:
+        provider, _, lm_id = lm_model.partition("/")
+        if not provider.strip() or not lm_id.strip():
             fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
                  f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
-        lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout)
+    if trials_out is not None:
+        check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
+    if pareto_path is not None:
+        check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+    lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
-        top_k=top_k, constraints=as_constraints(constraints),
-        preferences=tuple(Preference.parse(p) for p in preferences),
-        baseline=parse_baseline(baseline_text) if baseline_text else None,
-        allow_fp8=allow_fp8, overheads=parse_overheads(overheads), memory_margin=memory_margin,
+        top_k=top_k, constraints=hard, preferences=prefs, baseline=baseline,
+        allow_fp8=allow_fp8, overheads=mem_overheads, memory_margin=memory_margin,
         allow_cross_scale_up=allow_cross_scale_up, calibration=calibration, goal=goal,
         lm=lm, lm_name=lm_model,
         budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
@@ -720,9 +1001,7 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         sys.exit(EXIT_ILLEGAL)
     result.defaults[:0] = defaults
     if trials_out:
-        with open(trials_out, "w") as fh:
-            for t in result.trials:
-                fh.write(json.dumps(t.to_json()) + "\n")
+        write_trials(result, trials_out)
     from agent.report import render_search, search_json
 
     if pareto_path:
@@ -731,8 +1010,18 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         pareto_plot(result, pareto_path, pareto_color)
     exported = (export_text(export_fmt, model, cluster, training, result.best.config)
                 if export_fmt else None)
+    verified: list[str] = []
+    if verify_n:
+        from agent.verify import write_verify
+
+        try:
+            verified = [str(p) for p in write_verify(result, verify_n, verify_dir)]
+        except OSError as e:
+            fail(f"--verify-dir {verify_dir!r}: cannot write there ({e.strerror})")
     if as_json:
         data = search_json(result, timings)
+        if verify_n:
+            data["verify"] = {"dir": verify_dir, "candidates": verified}
         if exported is not None:
             data["export"] = exported
         if pareto_path:
@@ -743,8 +1032,16 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         click.echo(line, err=exported is not None)
     if pareto_path:
         click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+    if verified:
+        click.echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
+                   f"({', '.join(os.path.basename(v) for v in verified)}); see "
+                   f"{verify_dir}/README.txt", err=exported is not None)
     if exported is not None:
         click.echo(exported)
+
+
+#: Highest price per GPU-hour taken (keeps costs finite; no GPU rents for more).
+MAX_PRICE_PER_GPU_HOUR = 1e6
 
 
 def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
@@ -754,13 +1051,10 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, sep, raw = item.rpartition("=")
-        try:
-            price = float(raw)
-        except ValueError:
-            fail(f"--price-per-gpu-hour {item!r}: {raw!r} is not a number; write 2.5 or "
-                 f"h100=2.5,b200=4")
-        if price < 0:
-            fail(f"--price-per-gpu-hour {item!r}: a price cannot be negative")
+        price = finite_number(f"--price-per-gpu-hour {item!r}", raw.strip())
+        if not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
+            fail(f"--price-per-gpu-hour {item!r}: a price is a finite number from 0 to "
+                 f"{MAX_PRICE_PER_GPU_HOUR:g} per GPU-hour")
         if not sep:
             out.update(dict.fromkeys(gpus, price))
             continue
@@ -776,21 +1070,21 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Catalog name, a Hugging Face config.json, or a tune-cp model file.")
 @click.option("--gpu", "gpu_names", default="mi355x", show_default=True,
               help="One or several GPUs, comma separated (e.g. h100,b200,mi355x).")
-@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
               help="GPUs per node  [default: each GPU's usual node size]")
-@click.option("--seq-len", type=click.IntRange(1, 1 << 24), default=None,
+@click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
               help="Sequence length  [default: the model's usual one]")
-@click.option("--gbs", type=click.IntRange(1, 1 << 30), default=None,
+@click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
               help="Global batch size  [default: the model's reference]")
 @click.option("--precision", type=enum_choice(Precision), default="bf16", show_default=True,
               help="Training precision (FP8 falls back to BF16 on GPUs without FP8).")
-@click.option("--tokens", type=click.FloatRange(1, 1e18), default=None,
+@click.option("--tokens", type=FiniteFloatRange(1, 1e18), default=None,
               help="Tokens to train, e.g. 15e12: adds time to train, GPU-hours and cost.")
 @click.option("--price-per-gpu-hour", "prices", default=None, metavar="PRICE|GPU=PRICE,...",
               help="Cost per GPU-hour, one for all or per GPU (h100=2.5,b200=4).")
-@click.option("--max-nodes", type=click.IntRange(1, 1 << 16), default=1024, show_default=True,
+@click.option("--max-nodes", type=AsciiIntRange(1, 1 << 16), default=1024, show_default=True,
               help="Largest node count considered.")
-@click.option("--points", type=click.IntRange(1, 16), default=6, show_default=True,
+@click.option("--points", type=AsciiIntRange(1, 16), default=6, show_default=True,
               help="Node counts in the table: the smallest that fits, then powers of two.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw throughput and time to train against nodes to this PNG.")
@@ -805,10 +1099,10 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
              calibration: str | None, grad_reduce_in_bf16: bool) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
-    import time
-
     from agent.plan import plan, training_for_precision
 
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
     model = load_model(model_name)
     names = [n.strip() for n in gpu_names.split(",") if n.strip()]
     if not names:
@@ -817,18 +1111,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
-    t0 = time.monotonic()
-
-    def progress(msg: str) -> None:
-        if time.monotonic() - t0 > 1.0:
-            click.echo(f"  planning {msg} ...", err=True)
-
+    bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points,
                  overheads=parse_overheads(overheads), memory_margin=memory_margin,
-                 calibration=calibration, progress=progress,
+                 calibration=calibration, progress=bar.bar,
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
+    bar.close()
     if plot_path:
         from agent.plots import plan_plot
 
@@ -848,8 +1138,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             continue
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
-        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} {'MFU':>6} "
-                f"{'cluster tok/s':>13}")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
+                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -862,34 +1152,95 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
                       f"mbs{c['mbs']}")
+            iv = q.interval
+            band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
+                    if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
             click.echo(line)
+        note = plan_mfu_note(model, p, precision, calibration)
+        if note:
+            click.echo(f"  note: {note}")
     click.echo("")
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+    click.echo("Left out: the seed phase's extra selective-recompute sets (mlp on dense models, "
+               "moe_act+layernorm on MoE), which `tune-cp search` also tries at one node count "
+               "and which can be a little faster.")
+    classes = sorted({q.interval["class_used"] for p in plans for q in p.points
+                      if q.feasible and q.interval})
+    if classes:
+        click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
+                   + "; ".join(classes) + " (oracle/catalog/residuals.json)")
     if plot_path:
         click.echo(f"plot: {plot_path}")
 
 
 @main.command("calibrate")
-@click.option("--runs", "runs_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--runs", "runs_path", default=None, type=click.Path(dir_okay=False),
               help="CSV of measured runs with the columns of published_runs.csv.")
+@click.option("--log", "log_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="A training log of your cluster (Megatron-LM / Primus, torchtitan); "
+                   "repeatable. Refits the constants with the published runs as the prior.")
+@click.option("--config", "log_config", default=None, type=click.Path(dir_okay=False),
+              help="The launch arguments beside the logs: Megatron-LM arguments (a file), or a "
+                   "torchtitan job TOML (torchtitan logs do not print their configuration).")
+@click.option("--model", "model_name", default=None,
+              help="The model of the logs (catalog name or config.json) when their arguments do "
+                   "not describe it.")
+@click.option("--gpu", "gpu_name", default=None, help="The logs' GPU (--log: required).")
+@click.option("--nodes", type=AsciiIntRange(1, 1 << 16), default=None,
+              help="Nodes of the logged runs when the log does not print its world size.")
+@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
+              help="GPUs per node  [default: the GPU's usual node size]")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
-    """Fit the time model's constants on measured runs (published or your own logs)."""
+def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
+                  model_name: str | None, gpu_name: str | None, nodes: int | None,
+                  gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
+    """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
+    cluster from its training logs (--log)."""
     from oracle.calibrate import calibrate
     from oracle.constants import format_constants
+    from oracle.inputs import check_regular_file, exists
 
-    if not os.path.isfile(runs_path):
+    if bool(runs_path) == bool(log_paths):
+        fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
+    if out_path is not None:
+        check_output_path(out_path, "calibrate --out", (".json",))
+    if log_paths:
+        from oracle.refit import calibrate_from_logs, read_log_runs
+
+        if gpu_name is None:
+            fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")
+        for p in log_paths:
+            if not exists(p):
+                fail(f"--log {p!r}: no such file")
+            check_regular_file(p, "--log file")
+        if log_config is not None:
+            check_regular_file(log_config, "--config file")
+        gpu = load_gpu(gpu_name)
+        runs = read_log_runs(list(log_paths), gpu=gpu,
+                             gpus_per_node=gpus_per_node or gpu.gpus_per_node,
+                             model=load_model(model_name) if model_name else None, nodes=nodes,
+                             config=log_config)
+        result = calibrate_from_logs(runs, out_path)
+        if as_json:
+            emit_json(result.to_json())
+            return
+        click.echo(result.summary())
+        return
+    assert runs_path is not None
+    if not exists(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
-    report = calibrate(runs_path, out_path)
+    check_regular_file(runs_path, "--runs file")
+    with Progress("calibrate").ticking(f"fitting the time model on {runs_path}"):
+        report = calibrate(runs_path, out_path)
     if not report.rows_used:
         fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
              f"represented ({len(report.rows_skipped)} rows skipped)")
@@ -902,6 +1253,85 @@ def calibrate_cmd(runs_path: str, out_path: str | None, as_json: bool) -> None:
         return
     click.echo(report.summary())
     click.echo(format_constants(report.table))
+
+
+# ------------------------------------------------------------------------------- sweep
+
+
+@main.command("sweep")
+@click.argument("grid_path", metavar="GRID.yaml", type=click.Path(dir_okay=False))
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Result table: FILE.csv, or FILE.parquet (needs pip install "
+                   "'tune-cp[sweep]'). One row per scenario, sorted by scenario.")
+@click.option("--workers", type=AsciiIntRange(1, 1024), default=1, show_default=True,
+              help="Local processes (1: this process). With --ray: the CPUs of a local Ray "
+                   "cluster started here.")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Run each scenario as a Ray task: 'auto' joins this machine's Ray cluster "
+                   "or starts a local one; else a cluster address (ray://head:10001). Needs "
+                   "pip install 'tune-cp[ray]'.")
+@click.option("--resume", is_flag=True,
+              help="Keep the rows already in --out (same scenario, same inputs) and run only the "
+                   "rest; rows with status error run again.")
+@click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
+              help="Draw the cost / time-to-train frontier per model and the best layout per "
+                   "cell into this folder (PNG).")
+@click.option("--table", "show_table", is_flag=True,
+              help="Also print the rows as a compact table (scenario, layout, throughput, "
+                   "MFU, peak memory, days, GPU-hours, cost).")
+@click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | None,
+              resume: bool, plot_dir: str | None, show_table: bool, no_progress: bool,
+              as_json: bool) -> None:
+    """Run a grid of scenarios (models x GPUs x nodes x sequence x batch x precision), each one
+    search, into one table.
+
+    \b
+    tune-cp sweep benchmarks/grids/example.yaml --out results.csv
+    tune-cp sweep grid.yaml --out results.parquet --workers 8 --resume
+    tune-cp sweep grid.yaml --out results.csv --ray auto --plot plots/
+    """
+    from agent.sweep import Progress, load_grid, make_engine, output_format, run_sweep
+
+    output_format(out_path)
+    grid = load_grid(grid_path)
+    if plot_dir:
+        from agent.sweep_plots import check_plot_dir
+
+        check_plot_dir(plot_dir)
+    engine = make_engine(workers, ray_address)
+    progress = Progress(len(grid.scenarios), enabled=not no_progress)
+    try:
+        report = run_sweep(grid.scenarios, out_path, engine, resume=resume, progress=progress)
+    except KeyboardInterrupt:
+        click.echo(f"\ntune-cp: interrupted; {out_path} holds the rows written so far "
+                   f"(run again with --resume to finish)", err=True)
+        sys.exit(130)
+    plots: list[str] = []
+    if plot_dir:
+        from agent.sweep_plots import sweep_plots
+
+        plots = sweep_plots(report.rows, plot_dir, grid.name)
+    summary = {"grid": grid_path, "out": out_path, "scenarios": report.total,
+               "computed": report.computed, "resumed": report.resumed, "ok": report.ok,
+               "infeasible": report.infeasible, "failed": report.failed,
+               "engine": report.engine, "plots": plots}
+    if as_json:
+        emit_json(summary)
+    else:
+        if show_table:
+            from agent.sweep import render_table
+
+            for line in render_table(report.rows):
+                click.echo(line)
+            click.echo("")
+        click.echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
+                   f"{report.resumed} kept from {out_path}) on {report.engine}: {report.ok} ok, "
+                   f"{report.infeasible} infeasible, {report.failed} failed -> {out_path}")
+        for p in plots:
+            click.echo(f"plot: {p}")
+    sys.exit(EXIT_ILLEGAL if report.failed else 0)
 
 
 # ------------------------------------------------------------------------- entry point
@@ -922,15 +1352,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         click.echo("tune-cp: aborted", err=True)
         return 130
     except click.ClickException as e:
-        click.echo(f"tune-cp: error: {e.format_message()}".splitlines()[0], err=True)
+        click.echo(f"tune-cp: error: {one_line(e.format_message())}", err=True)
         return e.exit_code
     except ConfigError as e:
-        click.echo(f"tune-cp: error: {e}", err=True)
+        click.echo(f"tune-cp: error: {one_line(str(e))}", err=True)
         return EXIT_USAGE
     except Exception as e:  # a bug: one line, the traceback only when asked for
         if os.environ.get("TUNE_CP_DEBUG"):
             raise
-        click.echo(f"tune-cp: internal error: {type(e).__name__}: {e} "
+        click.echo(f"tune-cp: internal error: {type(e).__name__}: {one_line(str(e))[:500]} "
                    f"(set TUNE_CP_DEBUG=1 for the traceback)", err=True)
         return 3
     return 0

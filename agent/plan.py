@@ -39,6 +39,8 @@ class PlanPoint:
     days: float | None
     gpu_hours: float | None
     cost: float | None
+    #: the 80 % interval of tokens_per_s_per_gpu (oracle.uncertainty), as in search --json
+    interval: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -67,8 +69,9 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32)
+    # the removal counts are not shown: without them the enumeration costs about 40% less
     enum = enumerate_feasible(model, cluster, training, space, overheads=overheads,
-                              memory_margin=margin)
+                              memory_margin=margin, count_removed=False)
     world = cluster.world_size
     if enum.empty:
         return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
@@ -77,6 +80,9 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     tok = scores["tokens_per_s_per_gpu"]
     i = max(range(len(configs)), key=lambda j: (tok[j], -j))
     per_gpu = float(tok[i])
+    from oracle.uncertainty import load_residuals
+
+    interval = load_residuals().interval(model, cluster, training, configs[i], per_gpu).to_json()
     cluster_tps = per_gpu * world
     seconds = tokens / cluster_tps if tokens else None
     gpu_hours = world * seconds / SECONDS_PER_HOUR if seconds is not None else None
@@ -87,6 +93,7 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
         cluster_tokens_per_s=cluster_tps,
         days=seconds / SECONDS_PER_DAY if seconds is not None else None,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
+        interval=interval,
     )
 
 
@@ -106,41 +113,64 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
          max_nodes: int = 1024, points: int = 6, overheads: MemoryOverheads | None = None,
          memory_margin: float = DEFAULT_MEMORY_MARGIN, calibration: str | None = None,
-         progress: Callable[[str], None] | None = None,
+         progress: Callable[[int, int, str], None] | None = None,
          grad_reduce_in_fp32: bool = True) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
     configuration (doubling, then bisecting), then a table over node counts.
-    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16)."""
+    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16).
+
+    ``progress(done, total, what)`` is called before each node count is enumerated: ``done``
+    node counts enumerated so far, ``total`` an estimate of how many there will be (exact for a
+    GPU once its smallest node count is known; until then the count of the GPUs already planned,
+    else doubling up to ``max_nodes`` and the table), ``what`` the GPU and node count.
+    The enumerations of one model share the tables that do not depend on the cluster
+    (``solver.model.oracle_cache``)."""
     ov = overheads or MemoryOverheads()
-    out = []
-    for gpu, gpn in gpus:
+    counts: list[int] = []  # node counts enumerated per GPU planned so far
+    first_guess = max_nodes.bit_length() + points
+
+    def plan_gpu(g_index: int, gpu: GpuSpec, gpn: int) -> GpuPlan:
         training = training_for(gpu)
         price = (prices or {}).get(gpu.name)
         cache: dict[int, PlanPoint] = {}
+        table: list[int] | None = None  # the table's node counts, once the smallest is known
+
+        def estimate() -> int:
+            guess = round(sum(counts) / len(counts)) if counts else first_guess
+            here = (len(cache) + sum(n not in cache for n in table) if table is not None
+                    else max(guess, len(cache) + 1))
+            return sum(counts) + here + guess * (len(gpus) - g_index - 1)
 
         def point(n: int) -> PlanPoint:
             if n not in cache:
                 if progress:
-                    progress(f"{gpu.name}: {n} node{'s' if n != 1 else ''}")
+                    progress(sum(counts) + len(cache), estimate(),
+                             f"{gpu.name}: {n} node{'s' if n != 1 else ''}")
                 cache[n] = plan_point(model, gpu, n, gpn, training, tokens, price, ov,
                                       memory_margin, calibration, grad_reduce_in_fp32)
             return cache[n]
 
-        lo, hi = 0, 1
-        while hi <= max_nodes and not point(hi).feasible:
-            lo, hi = hi, hi * 2
-        if hi > max_nodes:
-            out.append(GpuPlan(gpu.name, gpn, None, [], price,
-                               f"no feasible configuration up to {max_nodes} nodes"))
-            continue
-        while hi - lo > 1:  # smallest feasible in (lo, hi]
-            mid = (lo + hi) // 2
-            if point(mid).feasible:
-                hi = mid
-            else:
-                lo = mid
-        pts = [point(n) for n in node_counts(hi, max_nodes, points)]
-        out.append(GpuPlan(gpu.name, gpn, hi, pts, price))
+        try:
+            lo, hi = 0, 1
+            while hi <= max_nodes and not point(hi).feasible:
+                lo, hi = hi, hi * 2
+            if hi > max_nodes:
+                return GpuPlan(gpu.name, gpn, None, [], price,
+                               f"no feasible configuration up to {max_nodes} nodes")
+            while hi - lo > 1:  # smallest feasible in (lo, hi]
+                mid = (lo + hi) // 2
+                if point(mid).feasible:
+                    hi = mid
+                else:
+                    lo = mid
+            table = node_counts(hi, max_nodes, points)
+            return GpuPlan(gpu.name, gpn, hi, [point(n) for n in table], price)
+        finally:
+            counts.append(len(cache))
+
+    out = [plan_gpu(i, gpu, gpn) for i, (gpu, gpn) in enumerate(gpus)]
+    if progress:
+        progress(sum(counts), sum(counts), "done")
     return out
 
 

@@ -39,6 +39,18 @@ def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
                      "hbm_bytes": r.cluster.gpu.hbm_bytes,
                      "limit_bytes": r.best.outcome.limit_bytes}
     row["score"] = float(r.ranked.adjusted[i])
+    if r.ranked.intervals:
+        row["interval"] = r.ranked.intervals[i].to_json()
+    return row
+
+
+def group_row(r: SearchResult, g: Any) -> dict[str, Any]:
+    """A distinct configuration: its head as a ranked row, plus ``variants`` (the members the
+    oracle cannot tell apart from it, as ranked rows), ``near_tie`` and ``answer``."""
+    row = ranked_row(r, g.head)
+    row["variants"] = [ranked_row(r, i) for i in g.variants]
+    row["near_tie"] = g.near_tie
+    row["answer"] = g.answer
     return row
 
 
@@ -51,7 +63,7 @@ def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
 def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
     """Everything the text report says. Deterministic for the same inputs unless ``timings``
     adds the wall-clock seconds of each phase."""
-    top = [ranked_row(r, int(i)) for i in r.ranked.order[: r.options.top_k]]
+    top = [group_row(r, g) for g in r.groups]
     enum = r.enumeration
     return {
         "model": r.model.name,
@@ -59,7 +71,11 @@ def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
                     "gpus_per_node": r.cluster.gpus_per_node, "world_size": r.cluster.world_size},
         "training": r.training.model_dump(mode="json"),
         "defaults": r.defaults,
-        "best": trial_json(r.best) | {"phase": r.best_phase},
+        "best": trial_json(r.best) | {"phase": r.best_phase} | (
+            {"interval": r.interval.to_json()} if r.interval else {}),
+        "answer_rule": r.rule,
+        "near_tie_band": r.near_tie_band,
+        "oracle_best": ranked_row(r, int(r.ranked.order[0])),
         "top": top,
         "baseline": trial_json(r.baseline) if r.baseline is not None else None,
         "baseline_source": r.baseline_source,
@@ -107,6 +123,11 @@ def short_layout(c: ParallelConfig) -> str:
     return s + f" DP{c.dp}"
 
 
+def variant_label(c: ParallelConfig) -> str:
+    return f"{short_layout(c)} mbs {c.mbs}" + (
+        "" if c.recompute is Recompute.NONE else f" recompute {recompute_label(c)}")
+
+
 def pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
@@ -146,6 +167,23 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
              "llm": "the LLM phase"}[r.best_phase]
     regret = f"; the agent's best is {100 * r.regret:.1f}% below the oracle's optimum" if r.regret is not None else ""
     out.append(f"  found by {found}{regret}")
+    if r.interval is not None:
+        out.append(f"  interval: {r.interval.text()}")
+    out.append(f"  rule: {r.rule}")
+    fastest = int(r.ranked.order[0])
+    if r.answer_index is not None and fastest != r.answer_index and r.ranked.intervals:
+        c = r.ranked.configs[fastest]
+        iv = r.ranked.intervals[fastest]
+        out.append(f"  the oracle's fastest is {short_layout(c)}, mbs {c.mbs}, recompute "
+                   f"{recompute_label(c)}: {iv.projected:,.0f} tokens/s/GPU "
+                   f"({iv.low:,.0f}-{iv.high:,.0f}, class {iv.used.key}); "
+                   + ("its lower bound ties with the answer's (within 0.5%): the less exotic wins"
+                      if r.ranked.lower[fastest] <= r.ranked.lower[r.answer_index] * 1.005 + 1e-9
+                      and r.ranked.lower[fastest] >= r.ranked.lower[r.answer_index]
+                      else "its lower bound is lower"))
+    for note in (b.projection.evidence, b.projection.mfu_note):
+        if note:
+            out.append(f"  note: {note}")
     if seed_best is not None and seed_best.legal and r.best_phase != "seed":
         out.append(f"  seed phase reached {seed_best.throughput:,.0f} tokens/s/GPU with "
                    f"{', '.join(s.move for s in r.seed.steps) or 'no improving move'}")
@@ -162,18 +200,35 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         if w != r.llm.reason:
             out.append(f"  warning: {w}")
     out.append("")
-    out.append(f"top {min(r.options.top_k, len(r.ranked.order))} of {len(enum.configs):,}:")
-    head = (f"{'#':>3}  {'layout':32} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
-            f"{'HBM':>5} {'tok/s/GPU':>10} {'MFU':>6} {'step s':>7}")
+    nconf = sum(len(g.members) for g in r.groups)
+    out.append(f"top {len(r.groups)} distinct configurations of {len(enum.configs):,} "
+               f"({nconf} configurations; projections within 0.1% are one row, variants below "
+               f"it; * the answer, ~ a near tie: within {100 * r.near_tie_band:.1f}% of the "
+               f"answer, the median error of the projected ratio of two published runs):")
+    head = (f"{'#':>4}  {'layout':32} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
+            f"{'HBM':>5} {'tok/s/GPU':>10} {'80% interval':>15} {'MFU':>6} {'step s':>7}")
     out.append(head)
     s = r.ranked.scores
     hbm = cl.gpu.hbm_bytes / GIB
-    for rank, i in enumerate(r.ranked.order[: r.options.top_k], 1):
-        c = r.ranked.configs[int(i)]
-        out.append(f"{rank:>3}  {short_layout(c):32} {c.mbs:>3} {c.ga:>4} {recompute_label(c):10} "
-                   f"{r.ranked.peak_bytes[int(i)] / GIB:>9.1f} {hbm:>5.0f} "
-                   f"{s['tokens_per_s_per_gpu'][int(i)]:>10,.0f} {100 * s['mfu'][int(i)]:>5.1f}% "
-                   f"{s['step_time_s'][int(i)]:>7.2f}")
+    for rank, g in enumerate(r.groups, 1):
+        i = g.head
+        c = r.ranked.configs[i]
+        mark = "*" if g.answer else "~" if g.near_tie else " "
+        iv = r.ranked.intervals[i] if r.ranked.intervals else None
+        band = f"{iv.low:,.0f}-{iv.high:,.0f}" if iv else ""
+        out.append(f"{rank:>3}{mark}  {short_layout(c):32} {c.mbs:>3} {c.ga:>4} "
+                   f"{recompute_label(c):10} {r.ranked.peak_bytes[i] / GIB:>9.1f} {hbm:>5.0f} "
+                   f"{s['tokens_per_s_per_gpu'][i]:>10,.0f} {band:>15} "
+                   f"{100 * s['mfu'][i]:>5.1f}% {s['step_time_s'][i]:>7.2f}")
+        if g.variants:
+            shown = [variant_label(r.ranked.configs[v]) for v in g.variants[:6]]
+            more = f", +{len(g.variants) - 6} more" if len(g.variants) > 6 else ""
+            out.append(f"      = {', '.join(shown)}{more}")
+    classes = sorted({r.ranked.intervals[g.head].used.key for g in r.groups}
+                     if r.ranked.intervals else set())
+    if classes:
+        out.append("  intervals: 10th-90th percentile of the out-of-fold residuals of class "
+                   + "; ".join(classes) + " (oracle/catalog/residuals.json)")
     out.append("")
     out.extend(render_best_memory(b))
     if timings:

@@ -5,6 +5,17 @@ same oracle (projection). Without an LLM the exhaustive ranking is the answer; t
 still runs so that each gain over the baseline is attributed to a change, and the regret says
 how far the single-axis moves got from the oracle's optimum.
 
+Distinct configurations and the answer (:func:`group_ranked`, :func:`choose_answer`): each
+projection carries an 80 % interval from the out-of-fold residuals of its class
+(:mod:`oracle.uncertainty`). Configurations whose adjusted projections lie within
+:data:`GROUP_TOLERANCE` of each other cannot be told apart by the oracle and are one row, headed by
+its least exotic member (:func:`exotic_key`), its variants listed. The answer is the configuration
+with the highest lower bound of its interval (the class's 10th percentile x the adjusted
+projection); lower bounds within :data:`ANSWER_TIE` of it are a tie, broken by the least
+exotic. Rows whose projection is within the near-tie band of the answer (the median error with
+which the out-of-fold projections order two published configurations of one model, GPU and
+source, from the residuals file) are marked as near ties: a short run should decide between them.
+
 Ranking: projected tokens/s/GPU, adjusted by preferences (soft objectives, from ``--prefer`` or
 the LLM planner reading ``--goal``): each preference is a condition with a weight ``w`` (the
 share of throughput worth giving up for it); a configuration that does not satisfy it scores
@@ -13,6 +24,7 @@ share of throughput worth giving up for it); a configuration that does not satis
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +44,7 @@ from agent.llm import (
     run_llm_phase,
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
+from oracle.inputs import finite, parse_number
 from oracle.memory import MemoryOverheads
 from oracle.projection import ConfigBatch, score_configs
 from oracle.specs import (
@@ -47,13 +60,20 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from oracle.uncertainty import Interval, load_residuals
 from solver.constraints import HardConstraint, SoftObjective, axis_values
-from solver.explain import explain_infeasible
+from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
+from solver.rules import DEFAULT_MEMORY_MARGIN, RULES, training_precision
 from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
+#: projections closer than this (relative) are one distinct configuration: the oracle cannot tell
+#: them apart (the same projection to the precision the table prints, far below the ~8 % median
+#: error of the projected ratio of two published runs).
+GROUP_TOLERANCE = 0.001
+#: lower bounds closer than this (relative) tie for the answer; the least exotic wins.
+ANSWER_TIE = 0.005
 
 
 @dataclass(frozen=True)
@@ -76,11 +96,11 @@ class Preference:
         if not sep:
             cond, w = text, "0.1"
         try:
-            weight = float(w)
-        except ValueError:
+            weight = parse_number(w.strip(), "weight")
+        except ConfigError:
             raise ConfigError(f"preference {text!r}: weight {w!r} is not a number; write "
                               f"'CONDITION:0.1'") from None
-        if not 0 < weight <= MAX_PREFERENCE_WEIGHT:
+        if not (math.isfinite(weight) and 0 < weight <= MAX_PREFERENCE_WEIGHT):
             raise ConfigError(f"preference {text!r}: weight {weight:g} must be in "
                               f"(0, {MAX_PREFERENCE_WEIGHT:g}]")
         obj = SoftObjective.of(cond)
@@ -128,6 +148,30 @@ class Ranked:
     adjusted: np.ndarray
     order: np.ndarray  # indices, best first
     scores: dict[str, np.ndarray]
+    intervals: list[Interval] = field(default_factory=list)  # one per configuration
+
+    @property
+    def lower(self) -> np.ndarray:
+        """Adjusted score x the interval's low / projected (the lower bound the answer uses)."""
+        if not self.intervals:
+            return self.adjusted.copy()
+        f = np.array([iv.low / iv.projected if iv.projected else 0.0 for iv in self.intervals])
+        return self.adjusted * f
+
+
+@dataclass
+class Group:
+    """A distinct configuration: ``head`` (its least exotic member) and every member (indices
+    into ``Ranked.configs``, best projection first), within :data:`GROUP_TOLERANCE`."""
+
+    head: int
+    members: list[int]
+    near_tie: bool = False
+    answer: bool = False
+
+    @property
+    def variants(self) -> list[int]:
+        return [i for i in self.members if i != self.head]
 
 
 @dataclass
@@ -151,6 +195,14 @@ class SearchResult:
     defaults: list[str]
     trials: list[Trial]
     timings: dict[str, float]
+    groups: list[Group] = field(default_factory=list)  # the top distinct configurations
+    answer_index: int | None = None  # index into ranked.configs of the rule's answer
+    rule: str = ""
+    near_tie_band: float = 0.0
+    interval: Interval | None = None  # of the best
+
+    def best_interval(self) -> Interval | None:
+        return self.interval
 
     @property
     def speedup(self) -> float | None:
@@ -181,7 +233,65 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     adj = adjusted_scores(configs, tokens, prefs)
     # best first; ties broken by the enumeration's deterministic order
     order = np.lexsort((np.arange(len(adj)), -adj)) if len(adj) else np.zeros(0, dtype=int)
-    return Ranked(configs, peak, tokens, adj, order, scores)
+    intervals = load_residuals().intervals(model, cluster, training, configs, tokens) \
+        if configs else []
+    return Ranked(configs, peak, tokens, adj, order, scores, intervals)
+
+
+def exotic_key(c: ParallelConfig) -> tuple:
+    """How exotic a configuration is, least first: the number of mechanisms beyond a plain
+    layout it uses (interleaving, context parallelism, FP8, a zero-bubble schedule, FSDP), then
+    the interleaving depth, CP size, pipeline and tensor sizes and micro-batch."""
+    used = (c.vpp > 1, c.cp > 1, c.fp8_recipe is not None, c.schedule is Schedule.ZERO_BUBBLE,
+            bool(c.fsdp))
+    return (sum(used), c.vpp, c.cp, c.pp, c.tp, c.mbs)
+
+
+def choose_answer(ranked: Ranked) -> int:
+    """Index of the rule's answer: the highest lower bound; lower bounds within
+    :data:`ANSWER_TIE` of it tie, and the least exotic of those wins (then the higher
+    projection, then the enumeration order)."""
+    low = ranked.lower
+    top = float(low.max())
+    tied = np.flatnonzero(low >= top * (1 - ANSWER_TIE))
+    return int(min(tied, key=lambda i: (exotic_key(ranked.configs[i]), -ranked.adjusted[i], i)))
+
+
+def group_ranked(ranked: Ranked, k: int, answer: int, near_tie_band: float) -> list[Group]:
+    """The first ``k`` distinct configurations, best projection first: consecutive configurations
+    in the ranking within :data:`GROUP_TOLERANCE` of the group's first member are one group,
+    headed by its least exotic member (the answer heads the group it is in)."""
+    groups: list[Group] = []
+    top_score = 0.0
+    for i in (int(x) for x in ranked.order):
+        s = float(ranked.adjusted[i])
+        if groups and s >= top_score * (1 - GROUP_TOLERANCE):
+            groups[-1].members.append(i)
+            continue
+        if len(groups) == k:
+            break
+        groups.append(Group(i, [i]))
+        top_score = s
+    ans_score = float(ranked.adjusted[answer])
+    for g in groups:
+        g.head = answer if answer in g.members else min(
+            g.members, key=lambda i: (exotic_key(ranked.configs[i]), -ranked.adjusted[i], i))
+        g.answer = answer in g.members
+        s = float(ranked.adjusted[g.members[0]])
+        g.near_tie = not g.answer and abs(s / ans_score - 1) <= near_tie_band if ans_score else False
+    return groups
+
+
+def near_tie_band() -> float:
+    """The near-tie band: the median relative error of the projected ratio of two published
+    configurations (same model, GPU and source) in the out-of-fold residuals."""
+    pw = load_residuals().data.get("pairwise", {})
+    return float(np.exp(pw.get("median_abs_log_ratio_error", 0.0)) - 1)
+
+
+ANSWER_RULE = ("the answer is the configuration with the highest lower bound of its 80% interval "
+               "(lower bounds within 0.5% tie, the least exotic wins: fewest of interleaving, CP, "
+               "FP8, zero-bubble, FSDP, then the shallowest interleaving and smallest CP)")
 
 
 def default_baseline(ranked: Ranked) -> ParallelConfig:
@@ -251,7 +361,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
         # etp following tp)
         kept = {k: goal[k] for k in ("etp", "pipeline_split") if k not in todo}
 
-        def trial(change: tuple[str, ...]) -> Trial:
+        def trial(change: tuple[str, ...], cur: Trial = cur, kept: dict = kept) -> Trial:
             keys = [k for f in change for k in (RECOMPUTE_FIELDS if f == "recompute" else (f,))]
             return ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
 
@@ -311,6 +421,17 @@ def _change(cfg: ParallelConfig, goal: dict[str, Any], f: str) -> str:
     return f"{f} {show(getattr(cfg, f))} -> {show(goal[f])}"
 
 
+def precision_explanation(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                          refused: Sequence[Any]) -> Explanation:
+    """The explanation when the training precision itself is illegal on the GPU."""
+    fixes = ["--precision bf16"] + (["--precision fp8"] if cluster.gpu.peak_fp8_flops else [])
+    return Explanation(
+        feasible=False, conflict=("precision",), relaxations=tuple(fixes), gpu=cluster.gpu.name,
+        setting=f"{model.name} on {cluster.num_nodes} x {cluster.gpus_per_node} "
+                f"{cluster.gpu.name} (seq {training.seq_len}, gbs {training.global_batch_size}, "
+                f"{training.precision.value}: {refused[0].message})")
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
            opts: SearchOptions) -> SearchResult:
     """Run the whole search. Raises :class:`NoFeasibleConfiguration` (with an explanation)
@@ -318,6 +439,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     defaults: list[str] = []
+    refused = training_precision(cluster, training)
+    if refused:  # no layout can fix it: say so before enumerating
+        raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
@@ -361,8 +485,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     timings["seed_s"] = time.perf_counter() - t2
     base = seed.baseline
 
-    top = int(ranked.order[0])
-    exhaustive = ev.evaluate(ranked.configs[top], "exhaustive", "best of the feasible set")
+    top = choose_answer(ranked)
+    exhaustive = ev.evaluate(ranked.configs[top], "exhaustive",
+                             "best of the feasible set (highest lower bound)")
+    residuals = load_residuals()
     # the LLM phase
     reason = "no --lm given: seed phase and exhaustive ranking only"
     if opts.goal:
@@ -379,25 +505,39 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     def adj(t: Trial) -> float:
         return adjusted_scores([t.config], np.array([t.throughput]), prefs)[0] if t.legal else 0.0
 
+    def lower(t: Trial) -> float:
+        """The adjusted lower bound (the answer's rule), 0 for an illegal trial."""
+        if not t.legal:
+            return 0.0
+        iv = residuals.interval(model, cluster, training, t.config, t.throughput)
+        return adj(t) * (iv.low / iv.projected if iv.projected else 0.0)
+
     candidates = [("exhaustive", exhaustive), ("seed", seed.best)]
     if llm_best is not None:
         candidates.append(("llm", llm_best))
-    best_phase, best = max(candidates, key=lambda pt: (adj(pt[1]), pt[0] == "exhaustive"))
-    agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=adj)
+    # the exhaustive answer wins ties (it already took the least exotic of equal lower bounds)
+    best_phase, best = max(
+        candidates, key=lambda pt: (lower(pt[1]) * (1 + GROUP_TOLERANCE)
+                                    if pt[0] == "exhaustive" else lower(pt[1])))
+    agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=lower)
     regret = None
-    if adj(exhaustive) > 0:
-        regret = max(0.0, 1.0 - adj(agent_best) / adj(exhaustive))
+    if lower(exhaustive) > 0:
+        regret = max(0.0, 1.0 - lower(agent_best) / lower(exhaustive))
     attribution = attribute(ev, base, best.config, "attribution") if base.legal else []
     if base.legal and best_phase == "seed":
         attribution = list(seed.steps)
     costs = preference_costs(ranked, prefs)
+    band = near_tie_band()
+    groups = group_ranked(ranked, opts.top_k, top, band)
+    interval = residuals.interval(model, cluster, training, best.config, best.throughput)
     timings["total_s"] = time.perf_counter() - t0
     return SearchResult(
         model=model, cluster=cluster, training=training, options=opts, enumeration=enum,
         ranked=ranked, baseline=base, baseline_source=source, seed=seed, best=best,
         best_phase=best_phase, exhaustive_best=exhaustive, regret=regret,
         attribution=attribution, llm=llm, preference_costs=costs, defaults=defaults,
-        trials=ev.trials, timings=timings,
+        trials=ev.trials, timings=timings, groups=groups, answer_index=top, rule=ANSWER_RULE,
+        near_tie_band=band, interval=interval,
     )
 
 
@@ -495,7 +635,8 @@ def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive
                 rnd.rejected.append(f"constraint {h.expr[:80]!r}: {e}")
         for o in hints.soft_objectives[:MAX_ITEMS]:
             try:
-                w = min(max(float(o.weight), 0.01), MAX_PREFERENCE_WEIGHT)
+                w = finite(o.weight, "weight")  # NaN would survive min/max clamping
+                w = min(max(w, 0.01), MAX_PREFERENCE_WEIGHT)
                 p = Preference.parse(f"{o.expr[:300]}:{w}", origin="llm")
                 prefs.append(Preference(p.condition, p.weight, o.rationale[:300], "llm"))
                 rnd.accepted.append(f"preference {p.condition} (weight {p.weight:g})")

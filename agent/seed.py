@@ -83,7 +83,7 @@ def axis_moves(ev: Evaluator, cfg: ParallelConfig, allow_fp8: bool) -> Iterator[
     for pp in divisors(w):
         if pp != cfg.pp and pp <= m.num_layers:
             yield Move("pp", f"pp {cfg.pp}->{pp}", {"pp": pp})
-    for vpp in range(1, max(2, m.num_layers // max(cfg.pp, 1)) + 1):
+    for vpp in vpp_values(max(2, m.num_layers // max(cfg.pp, 1))):
         if vpp != cfg.vpp and cfg.pp > 1:
             yield Move("vpp", f"vpp {cfg.vpp}->{vpp}", {"vpp": vpp})
     for cp in divisors(w):
@@ -191,10 +191,23 @@ def try_move(ev: Evaluator, cfg: ParallelConfig, move: Move, phase: str) -> Tria
     return trial
 
 
+#: vpp values the seed phase tries one by one (1 .. this); above, only powers of two and the
+#: largest, so a 100,000-layer model or ``--baseline vpp=100000`` costs a few dozen moves.
+VPP_EXACT = 32
+
+
+def vpp_values(top: int) -> list[int]:
+    """1 .. ``top``: every value up to :data:`VPP_EXACT`, then powers of two, then ``top``."""
+    powers = (1 << b for b in range(VPP_EXACT.bit_length(), top.bit_length()))
+    return sorted({*range(1, min(top, VPP_EXACT) + 1), *(p for p in powers if p <= top), top})
+
+
 def _repair_candidates(ev: Evaluator, cfg: ParallelConfig) -> Iterator[ParallelConfig]:
-    """vpp down to 1, then recompute layers clamped to one virtual stage."""
+    """vpp down to 1 (the values of :func:`vpp_values` up to the largest that leaves each virtual
+    stage a layer), then recompute layers clamped to one virtual stage."""
     seen = set()
-    for vpp in range(cfg.vpp, 0, -1):
+    top = max(1, min(cfg.vpp, ev.model.num_layers // max(cfg.pp, 1)))
+    for vpp in reversed(vpp_values(top)):
         base = apply(cfg, {"vpp": vpp})
         options = [base]
         if cfg.recompute is Recompute.FULL and cfg.recompute_layers:

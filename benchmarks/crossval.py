@@ -55,6 +55,30 @@ class CrossValidation:
         return np.abs(self.projected / self.measured - 1)
 
 
+#: The classes the error is reported on (issue 12): interleaving depth, context parallelism,
+#: MoE or dense, GPU architecture.
+CLASSES = ("interleaving", "context parallel", "moe/dense", "architecture")
+
+
+def row_class(r: RunRow, name: str) -> str:
+    """The class of a row: ``interleaving`` by virtual stages per rank (1, 2-4, 5-12, > 12) with
+    layers per virtual stage, ``context parallel`` cp1 / cp2-4 / cp8+, ``moe/dense``,
+    ``architecture``."""
+    c, m = r.cfg, r.model
+    assert c is not None and m is not None and r.cluster is not None
+    if name == "interleaving":
+        if c.vpp == 1:
+            return "vpp1"
+        per = m.num_layers / (c.pp * c.vpp)
+        band = "vpp2-4" if c.vpp <= 4 else ("vpp5-12" if c.vpp <= 12 else "vpp>12")
+        return f"{band} ({'<=2' if per <= 2 else '>2'} layers/chunk)"
+    if name == "context parallel":
+        return "cp1" if c.cp == 1 else ("cp2-4" if c.cp <= 4 else "cp8+")
+    if name == "moe/dense":
+        return "moe" if m.is_moe else "dense"
+    return r.cluster.gpu.architecture or "generic"
+
+
 def assign_folds(rows: list[RunRow], folds: int = 5, seed: int = 0) -> np.ndarray:
     """Fold of every row: the distinct configurations (:func:`config_key`), sorted, shuffled with
     ``random.Random(seed)`` and dealt round-robin, so all rows of one configuration share a
@@ -177,6 +201,8 @@ def report(cv: CrossValidation) -> str:
 
     grouped("source", lambda r: r.source_id)
     grouped("gpu", lambda r: r.gpu_name)
+    for name in CLASSES:
+        grouped(name, lambda r, name=name: row_class(r, name))
     sp = group_spearman(cv.rows, cv.projected, cv.measured)
     vals = [rho for _, _, rho in sp if rho == rho]
     lines.append(

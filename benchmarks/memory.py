@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{ours:.1f}", f"{ours / pub - 1:+.0%}",
                       (src.get("peak_mem_note", "") or src["peak_mem"])[:60]))
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)))
     for row_id, why in skipped:
         print(f"row {row_id}: not representable ({why})")
     if table:

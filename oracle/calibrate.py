@@ -41,6 +41,7 @@ from oracle.constants import (
     SOFTWARE_FACTORS,
     SOFTWARE_STACKS,
     CalibrationTable,
+    architecture_key,
     load_calibration,
     prior_table,
     table_from_json,
@@ -99,7 +100,7 @@ def prepare(rows: Iterable[RunRow]) -> PreparedRows:
     return PreparedRows(
         rows=rows,
         work=concat_work(works),
-        archs=[r.cluster.gpu.architecture or "hopper" for r in rows],  # type: ignore[union-attr]
+        archs=[architecture_key(r.cluster.gpu.architecture) for r in rows],  # type: ignore
         software=[r.software for r in rows],
         measured=np.array([r.measured_tokens_per_s_per_gpu for r in rows], dtype=float),
         tokens_per_step=np.array(
@@ -221,7 +222,7 @@ def fit(prep: PreparedRows, iterations: int = 40) -> tuple[Layout, np.ndarray, d
 
     lam = 1e-2
     robust = np.ones(len(prep.rows))
-    for outer in range(4):
+    for _outer in range(4):
         rw = prep.weight * robust
         r = full(theta, rw)
         cost = float(r @ r)
@@ -277,6 +278,31 @@ def table_from_fit(
     )
 
 
+def mfu_class(is_moe: bool, architecture: str, precision: str) -> str:
+    """The class a published MFU ceiling is kept for: ``dense|moe / architecture / precision``."""
+    return f"{'moe' if is_moe else 'dense'}/{architecture_key(architecture)}/{precision}"
+
+
+def mfu_ceilings(prep: PreparedRows) -> dict[str, dict[str, Any]]:
+    """Best measured MFU of the prepared rows per :func:`mfu_class`, with the row that set it
+    (measured MFU = model FLOPs per token x measured tokens/s/GPU / the dense peak of the
+    precision the GEMMs run in, as :class:`oracle.projection.Projection` defines it)."""
+    from oracle.projection import _peak_for, model_flops_per_token_array
+
+    best: dict[str, dict[str, Any]] = {}
+    for r, measured in zip(prep.rows, prep.measured, strict=True):
+        assert r.model and r.cluster and r.training and r.cfg
+        flops = float(model_flops_per_token_array(r.model, r.training.seq_len,
+                                                  np.array([r.cfg.tp]))[0])
+        peak = _peak_for(r.cluster, r.training, r.cfg.fp8_recipe is not None)
+        mfu = flops * float(measured) / peak
+        key = mfu_class(r.model.is_moe, r.cluster.gpu.architecture, r.training.precision.value)
+        if key not in best or mfu > best[key]["mfu"]:
+            best[key] = {"mfu": round(mfu, 4), "row": r.row_id, "model": r.model.name,
+                         "gpu": r.cluster.gpu.name}
+    return dict(sorted(best.items()))
+
+
 @dataclass
 class CalibrationReport:
     """What :func:`calibrate` did: the table, which rows it used and skipped, the fit error."""
@@ -328,6 +354,12 @@ def calibrate_rows(
         "rows": [r.row_id for r in usable],
         "excluded_sources": sorted(excl),
         "architectures_fitted": layout.archs_present,
+        "gpus_fitted": sorted({r.cluster.gpu.name for r in usable}),  # type: ignore[union-attr]
+        "gpus_by_architecture": {
+            a: sorted({r.cluster.gpu.name for r in usable  # type: ignore[union-attr]
+                       if architecture_key(r.cluster.gpu.architecture) == a})  # type: ignore
+            for a in layout.archs_present
+        },
         "software_stacks_fitted": layout.software_present,
         "tokens_per_s_mape": round(stats["mape"], 4),
         "tokens_per_s_median_ape": round(stats["median_ape"], 4),
@@ -335,6 +367,7 @@ def calibrate_rows(
         "method": "MAP fit: log residuals / 0.15, Cauchy-robust (0.25), Gaussian priors in "
                   "logit/log space (oracle/calibrate.py)",
     }
+    header["mfu_ceilings"] = mfu_ceilings(prep)
     about = (
         f"tune-cp time-model constants fitted on {len(usable)} rows of {source_label} "
         f"({header['date']}); in-sample tokens/s/GPU MAPE {100 * stats['mape']:.1f}%"

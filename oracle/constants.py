@@ -30,6 +30,24 @@ from oracle.specs import ConfigError
 HERE = Path(__file__).parent
 CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
 ARCHITECTURES: tuple[str, ...] = ("ampere", "hopper", "blackwell", "cdna3", "cdna4")
+#: The architecture of a GPU file that states none: no published row stands behind it, so its
+#: per-architecture constants are the conservative ``generic`` priors of :data:`CONSTANTS`
+#: (at or below the lowest fitted value of any architecture), never the fitted defaults.
+GENERIC_ARCHITECTURE = "generic"
+#: What a GPU file's ``architecture`` may say ("" or omitted: ``generic``).
+KNOWN_ARCHITECTURES: tuple[str, ...] = (*ARCHITECTURES, GENERIC_ARCHITECTURE)
+
+
+def architecture_key(architecture: str) -> str:
+    """The constants key of a GPU's ``architecture`` ("" -> ``generic``); an unknown value is a
+    one-line error listing the known ones."""
+    a = (architecture or GENERIC_ARCHITECTURE).strip().lower()
+    if a not in KNOWN_ARCHITECTURES:
+        raise ConfigError(
+            f"unknown GPU architecture {architecture!r}; choose one of "
+            f"{', '.join(KNOWN_ARCHITECTURES)} (generic: conservative constants, no fitted rows)"
+        )
+    return a
 
 
 @dataclass(frozen=True)
@@ -63,7 +81,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "~85% of peak on A100, ~75% on H100, ~70% on B200, ~50-60% on MI300X/MI355X "
         "(vendor GEMM benchmarks and MLPerf-era reports)",
         priors=(("ampere", 0.85), ("hopper", 0.75), ("blackwell", 0.70), ("cdna3", 0.50),
-                ("cdna4", 0.60)),
+                ("cdna4", 0.60), ("generic", 0.40)),
     ),
     ConstantDef(
         "gemm_efficiency_fp8", "fraction", 0.65, 0.6, True,
@@ -71,7 +89,8 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "reference part as for BF16",
         "priors (order of magnitude): FP8 GEMMs reach a somewhat lower fraction of their "
         "doubled peak than BF16 (~65% on Hopper/Blackwell), lower on CDNA",
-        priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50)),
+        priors=(("hopper", 0.65), ("blackwell", 0.65), ("cdna3", 0.45), ("cdna4", 0.50),
+                ("generic", 0.35)),
     ),
     ConstantDef(
         "block_scaled_gemm_efficiency", "fraction", 0.93, 0.5, False,
@@ -86,6 +105,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "the random Hadamard transform of the wgrad inputs included)",
         "prior (order of magnitude): NVFP4 end-to-end speed-ups over MXFP8 of ~1.3-1.5x in "
         "the Megatron-Bridge summary imply well under the FP8 fraction of a 2x peak",
+        priors=(("generic", 0.30),),
     ),
     ConstantDef(
         "gemm_half_dim", "positive", 128.0, 0.5, True,
@@ -96,7 +116,9 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "is this times its peak over the BF16 peak (the fixed part of a GEMM takes as long at any "
         "precision; oracle.projection.gemm_half_dims)",
         "prior: 128 = one output-tile edge of common Hopper/Blackwell GEMM kernels (CUTLASS "
-        "128x128 / 128x256 tiles)",
+        "128x128 / 128x256 tiles); generic: 256 (larger tiles, worse small-GEMM behaviour "
+        "assumed)",
+        priors=(("generic", 256.0),),
         lower=8.0, upper=4096.0,
     ),
     ConstantDef(
@@ -114,7 +136,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "abstract); FlashAttention-3 up to 75% of H100 peak (Shah et al. 2024, abstract), "
         "backward lower; CDNA flash attention lower (order of magnitude)",
         priors=(("ampere", 0.55), ("hopper", 0.50), ("blackwell", 0.45), ("cdna3", 0.30),
-                ("cdna4", 0.35)),
+                ("cdna4", 0.35), ("generic", 0.25)),
     ),
     ConstantDef(
         "attention_head_dim_half", "positive", 64.0, 0.5, False,
@@ -129,20 +151,22 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "fraction of the HBM bandwidth memory-bound element-wise kernels reach (norms, "
         "activations, rope, residual adds, permutes, casts, cross-entropy, optimizer step)",
         "prior (order of magnitude): streaming kernels reach 80-90% of HBM peak, training "
-        "kernels with reductions and short tensors less",
+        "kernels with reductions and short tensors less; generic 0.55",
+        priors=(("generic", 0.55),),
     ),
     ConstantDef(
         "scale_up_efficiency", "fraction", 0.75, 0.5, True,
         "fraction of the per-GPU scale-up (NVLink / xGMI) bandwidth a collective's bus "
         "bandwidth reaches for large messages",
         "prior (order of magnitude): large-message NCCL/RCCL bus bandwidth is 65-80% of the "
-        "link rate",
-        priors=(("cdna3", 0.65), ("cdna4", 0.65)),
+        "link rate; generic 0.55",
+        priors=(("cdna3", 0.65), ("cdna4", 0.65), ("generic", 0.55)),
     ),
     ConstantDef(
         "nic_efficiency", "fraction", 0.75, 0.5, True,
         "fraction of the per-GPU NIC bandwidth a collective reaches across nodes",
-        "prior (order of magnitude): ~75% of the NIC line rate for large messages",
+        "prior (order of magnitude): ~75% of the NIC line rate for large messages; generic 0.55",
+        priors=(("generic", 0.55),),
     ),
     ConstantDef(
         "collective_latency_s", "positive", 10e-6, 0.7, False,
@@ -161,6 +185,29 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "prior (order of magnitude): ~10 us of eager PyTorch dispatch and launch per operation; "
         "shared (a property of the framework and host CPU, not of the GPU architecture)",
         lower=1e-8, upper=1e-3,
+    ),
+    ConstantDef(
+        "pipeline_chunk_host_s", "positive", 200e-6, 0.7, False,
+        "host time of the pipeline schedule at one model-chunk boundary and direction (Megatron-"
+        "Core schedules.py: switching the virtual pipeline rank, posting the chunk's isend / "
+        "irecv and waiting on the receive, deallocating the sent output tensor, the DDP and "
+        "parameter-gather hooks of the chunk, the forward_step / backward_step wrappers); a "
+        "dense or token-drop stage hides it behind the GPU's queue, a dropless MoE stage (one "
+        "host-device synchronisation per layer) exposes it at each of its 2 vpp boundaries per "
+        "micro-batch (oracle.projection.chunk_boundary_host)",
+        "prior (order of magnitude): a few hundred microseconds of Python per chunk in "
+        "forward_backward_pipelining_with_interleaving (two NCCL p2p calls of ~20-50 us each, "
+        "tensor allocation and bookkeeping); shared (host and framework, not GPU)",
+        lower=1e-6, upper=1e-2,
+    ),
+    ConstantDef(
+        "chunk_start_serial_fraction", "fraction", 0.5, 2.0, False,
+        "fraction of the first layer of a pipeline chunk of a dropless MoE stage during which "
+        "host and GPU do not overlap: the chunk starts with an empty GPU queue after the "
+        "schedule's boundary work, so the host's issue time and the GPU time add there instead "
+        "of taking their smooth maximum (oracle.projection.chunk_boundary_host)",
+        "prior: half (between an empty queue for the whole first layer, 1, and a host that "
+        "catches up at once, 0); very wide (sigma 2 in logit space): the published runs decide",
     ),
     ConstantDef(
         "host_gpu_overlap_exponent", "positive", 1.71, 0.5, False,
@@ -304,8 +351,13 @@ class CalibrationTable:
     def constants(self, arch: str, software: str = REFERENCE_SOFTWARE) -> dict[str, float]:
         """Every constant for one architecture (override, else default, else prior), with the
         software stack's factors applied to the kernel efficiencies (capped below 1)."""
+        arch = architecture_key(arch)
         out = {c.name: c.prior for c in CONSTANTS}
         out.update(self.defaults)
+        if arch not in self.architectures:
+            # no fitted values for this architecture: its own priors, not the shared defaults
+            # (generic: the conservative priors)
+            out.update({c.name: c.prior_for(arch) for c in CONSTANTS if c.per_arch})
         out.update(self.architectures.get(arch, {}))
         f = self.software_factors(software)
         out["attention_efficiency"] = min(0.999, out["attention_efficiency"] * f["attention_factor"])
@@ -342,45 +394,84 @@ class CalibrationTable:
         }
 
 
-def table_from_json(data: dict[str, Any], where: str = "calibration file") -> CalibrationTable:
-    unknown = set(data.get("defaults", {})) - set(CONSTANT_NAMES)
-    for arch, vals in data.get("architectures", {}).items():
-        unknown |= set(vals) - set(CONSTANT_NAMES)
+#: Top-level keys of a calibration file (what :meth:`CalibrationTable.to_json` writes).
+CALIBRATION_KEYS = ("_about", "fitted_on", "constants", "software_factors", "defaults",
+                    "architectures", "software")
+
+
+def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {key!r} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _constant_value(c: ConstantDef, raw: Any, where: str, key: str) -> float:
+    """A calibration value: a finite number within the constant's range (an efficiency or
+    factor also above 0: the time model divides by it)."""
+    from oracle.inputs import finite
+
+    v = finite(raw, f"{where}: {key}")
+    strict = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
+    if not ((v > c.lower if strict else v >= c.lower) and v <= c.upper):
+        low = f"> {c.lower:g}" if strict else f">= {c.lower:g}"
+        raise ConfigError(f"{where}: {key} = {raw!r} is outside the constant's range "
+                          f"({low} and <= {c.upper:g})")
+    return v
+
+
+def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTable:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a mapping (the output of `tune-cp calibrate "
+                          f"--out`), got {type(data).__name__}")
+    extra = sorted(set(data) - set(CALIBRATION_KEYS))
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; a calibration file has "
+                          f"{', '.join(CALIBRATION_KEYS)}")
+    if not data.get("defaults") and not data.get("architectures"):
+        raise ConfigError(f"{where}: no 'defaults' or 'architectures' constants; write the "
+                          f"file with `tune-cp calibrate --out`")
+    defaults = _mapping(data.get("defaults"), where, "defaults")
+    archs = _mapping(data.get("architectures"), where, "architectures")
+    unknown = set(defaults) - set(CONSTANT_NAMES)
+    for arch, vals in archs.items():
+        unknown |= set(_mapping(vals, where, f"architectures.{arch}")) - set(CONSTANT_NAMES)
     if unknown:
         raise ConfigError(
             f"{where}: unknown constant(s) {sorted(unknown)}; known: {', '.join(CONSTANT_NAMES)}"
         )
-    soft = data.get("software", {}) or {}
+    soft = _mapping(data.get("software"), where, "software")
     for stack, vals in soft.items():
-        if stack not in SOFTWARE_STACKS or set(vals) - set(SOFTWARE_BY_NAME):
+        if stack not in SOFTWARE_STACKS or set(_mapping(vals, where, f"software.{stack}")) \
+                - set(SOFTWARE_BY_NAME):
             raise ConfigError(
                 f"{where}: software entry {stack!r} must be one of {', '.join(SOFTWARE_STACKS)} "
                 f"with factors {', '.join(SOFTWARE_BY_NAME)}"
             )
     return CalibrationTable(
-        defaults={k: float(v) for k, v in data.get("defaults", {}).items()},
+        defaults={k: _constant_value(BY_NAME[k], v, where, f"defaults.{k}")
+                  for k, v in defaults.items()},
         architectures={
-            a: {k: float(v) for k, v in vals.items()}
-            for a, vals in data.get("architectures", {}).items()
+            a: {k: _constant_value(BY_NAME[k], v, where, f"architectures.{a}.{k}")
+                for k, v in vals.items()}
+            for a, vals in archs.items()
         },
-        about=data.get("_about", ""),
+        about=str(data.get("_about", "")),
         fitted_on=data.get("fitted_on"),
-        software={s: {k: float(v) for k, v in vals.items()} for s, vals in soft.items()},
+        software={s: {k: _constant_value(SOFTWARE_BY_NAME[k], v, where, f"software.{s}.{k}")
+                      for k, v in vals.items()} for s, vals in soft.items()},
     )
 
 
 def load_calibration(path: str | Path | None = None) -> CalibrationTable:
     """The calibration file at ``path``, or the one shipped in ``oracle/catalog``."""
+    from oracle.inputs import parse_json, read_text, show_name
+
     if path is None:
         return _default_table()
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read calibration file {str(p)!r}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"calibration file {str(p)!r} is not valid JSON: {e.msg}") from e
-    return table_from_json(data, f"calibration file {str(p)!r}")
+    where = f"calibration file {show_name(path)}"
+    return table_from_json(parse_json(read_text(path, "calibration file"), where), where)
 
 
 @cache
@@ -388,6 +479,29 @@ def _default_table() -> CalibrationTable:
     if not CALIBRATION_PATH.exists():
         return table_from_json(prior_table())
     return table_from_json(json.loads(CALIBRATION_PATH.read_text()), str(CALIBRATION_PATH))
+
+
+def evidence_note(gpu_name: str, architecture: str, table: CalibrationTable) -> str:
+    """What measured rows stand behind a projection on this GPU: "" when the calibration was
+    fitted on rows of this very GPU; otherwise one line saying that it rests on rows of other
+    GPUs of its architecture, or on none (conservative ``generic`` constants or priors)."""
+    fitted = table.fitted_on or {}
+    gpus = set(fitted.get("gpus_fitted", []))
+    archs = set(fitted.get("architectures_fitted", []))
+    arch = architecture_key(architecture)
+    if gpu_name in gpus:
+        return ""
+    if arch == GENERIC_ARCHITECTURE:
+        return (f"no measured row of {gpu_name} or its architecture (none stated): conservative "
+                "generic constants; state `architecture` in the GPU file and verify on the "
+                "cluster")
+    if arch not in archs:
+        return (f"no measured row of {gpu_name} or of architecture {arch}: its constants are "
+                "priors, not fitted; verify on the cluster")
+    others = sorted(g for g in gpus if g in fitted.get("gpus_by_architecture", {}).get(arch, []))
+    via = f" ({', '.join(others)})" if others else ""
+    return (f"no measured row of {gpu_name}: constants of architecture {arch} fitted on other "
+            f"GPUs{via}")
 
 
 def utc_now() -> str:

@@ -56,6 +56,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from math import gcd
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -912,6 +913,27 @@ def vmax(values: Iterable[int]) -> int:
 # ======================================================================= 3. combination
 
 
+def stage_params(c: Any, pu: Any, is_moe: bool) -> tuple[Any, Any]:
+    """Parameters of one pipeline stage on one rank: ``(dense, expert)`` (dense: everything
+    replicated over the dense data-parallel group, experts: over the expert data-parallel group).
+    MTP layers copy the last layer's kind (MoE for MoE models) and add their own projection and
+    norms (``mtp_extra``). ``c`` needs ``dense_layers, moe_layers, mtp_layers, has_embedding,
+    has_output`` and ``pu`` the :class:`ParamUnits` fields; only ``+`` and ``*``, so ints, CP-SAT
+    expressions and numpy arrays all work (the time model calls it on arrays:
+    ``oracle.projection.build_work``)."""
+    moe_like = c.moe_layers + (c.mtp_layers if is_moe else 0)
+    dense_like = c.dense_layers + (0 if is_moe else c.mtp_layers)
+    dense_params = (
+        (dense_like + moe_like) * pu.attention
+        + dense_like * pu.dense_mlp
+        + moe_like * pu.moe_nonexpert
+        + c.mtp_layers * pu.mtp_extra
+        + c.has_embedding * pu.embedding
+        + c.has_output * pu.output
+    )
+    return dense_params, moe_like * pu.experts
+
+
 def combine(
     c: StageCounts,
     pu: ParamUnits,
@@ -925,17 +947,7 @@ def combine(
     (``Sharding``'s booleans) or decidable once the model is known (``is_moe``). The solver
     evaluates this very function on CP-SAT expressions."""
     is_moe = pu.moe_nonexpert > 0  # an MoE layer always has a router
-    moe_like = c.moe_layers + (c.mtp_layers if is_moe else 0)
-    dense_like = c.dense_layers + (0 if is_moe else c.mtp_layers)
-    dense_params = (
-        (dense_like + moe_like) * pu.attention
-        + dense_like * pu.dense_mlp
-        + moe_like * pu.moe_nonexpert
-        + c.mtp_layers * pu.mtp_extra
-        + c.has_embedding * pu.embedding
-        + c.has_output * pu.output
-    )
-    expert_params = moe_like * pu.experts
+    dense_params, expert_params = stage_params(c, pu, is_moe)
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
     gb = grad_bytes(sh.grad_reduce_in_fp32)
@@ -1018,7 +1030,7 @@ def coexisting_working_sets(logits: int, recompute_ws: int, backward_ws: int) ->
 
 
 class StageMemory(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     stage: int
     decoder_layers: int
@@ -1032,7 +1044,7 @@ class MemoryReport(BaseModel):
     ``dominant_term`` is the largest term of the most loaded stage, ``dominant_group`` the largest
     of :data:`TERM_GROUPS`."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     stages: list[StageMemory]
     peak_stage: int

@@ -101,6 +101,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -113,9 +114,10 @@ from oracle.constants import (
     POWER_REFERENCE_GPU,
     REFERENCE_SOFTWARE,
     CalibrationTable,
+    evidence_note,
     load_calibration,
 )
-from oracle.memory import param_units, pipeline_chunks, recompute_groups
+from oracle.memory import param_units, pipeline_chunks, recompute_groups, stage_params
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -166,6 +168,21 @@ ATTENTION_BWD_FLOPS_RATIO = 2.5
 #: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
 #: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
 KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
+#: Megatron-Core DDP bucket size when ``--ddp-bucket-size`` is unset: ``max(40M, 1M x dp_cp
+#: size)`` parameters (megatron/core/distributed/distributed_data_parallel_config.py,
+#: ``bucket_size`` docstring; megatron/training ``resolve_ddp_bucket_size``). Model chunks after
+#: the first are one bucket each (``disable_bucketing=(model_chunk_idx > 0)`` in get_model).
+DDP_BUCKET_MIN_PARAMS = 40_000_000
+DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+#: Host operations of one context-parallel ring step and direction (Transformer Engine
+#: ``AttnFuncWithCPAndKVP2P``, Megatron's default ``cp_comm_type p2p``): isend, irecv, their
+#: wait, up to two flash-attention calls (the load-balanced halves of the step's block) and the
+#: softmax-LSE / output correction; order-of-magnitude count.
+CP_OPS_PER_RING_STEP = 6.0
+#: Bytes per output element of the per-step output correction of ring attention: read the fp32
+#: running output (4), write it (4), read the step's bf16 partial output (2) (TE
+#: ``flash_attn_fwd_out_correction``); forward, backward moves twice (element-wise convention).
+CP_CORRECTION_BYTES_PER_ELEMENT = 10.0
 #: Zero-bubble (ZB-H1) keeps ~1/3 of the 1F1B bubble (Qi et al. 2023, "Zero Bubble Pipeline
 #: Parallelism"); DualPipe is represented by the same factor.
 ZERO_BUBBLE_FACTOR = 1.0 / 3.0
@@ -240,10 +257,17 @@ class RunTraits:
     reduce-scatter run between the GEMMs.
     ``fp8_rowwise``: the FP8 recipe is torchao's row-wise scaling (see
     :data:`CAST_BYTES_PER_ELEMENT`); ignored without FP8.
+    ``moe_dropless``: MoE layers route without a capacity limit (Megatron-Core's default,
+    ``--moe-expert-capacity-factor`` unset): each layer copies its token counts to the host, so
+    the host cannot run ahead of the GPU across it (:func:`host_exposed`, and at every pipeline
+    chunk boundary :func:`chunk_boundary_host`). False: token-drop (``--moe-expert-capacity-factor
+    1.0 --moe-pad-expert-input-to-capacity``): fixed shapes, no synchronisation, the host runs
+    ahead as for a dense layer. Ignored for dense models.
     """
 
     tp_comm_overlap: bool = True
     fp8_rowwise: bool = False
+    moe_dropless: bool = True
 
 
 DEFAULT_TRAITS = RunTraits()
@@ -285,6 +309,8 @@ class ConfigBatch:
     #: gradient buffer / DP reduction in fp32 (None: all True, the default)
     grad_fp32: np.ndarray | None = None
     fp8_rowwise: np.ndarray | None = None
+    #: dropless MoE routing (None: all True, the default; RunTraits.moe_dropless)
+    dropless: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -327,6 +353,7 @@ class ConfigBatch:
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
+            dropless=np.array([t.moe_dropless for t in traits], dtype=bool),
             grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
         )
 
@@ -357,6 +384,7 @@ class ConfigBatch:
         tp_comm_overlap: Any = True,
         fp8_rowwise: Any = False,
         grad_reduce_in_fp32: Any = True,
+        moe_dropless: Any = True,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
@@ -394,7 +422,7 @@ class ConfigBatch:
                 distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
             schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
             tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
-            grad_fp32=b(grad_reduce_in_fp32, bool),
+            grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -402,6 +430,7 @@ class ConfigBatch:
         return RunTraits(
             tp_comm_overlap=True if self.tp_overlap is None else bool(self.tp_overlap[i]),
             fp8_rowwise=False if self.fp8_rowwise is None else bool(self.fp8_rowwise[i]),
+            moe_dropless=True if self.dropless is None else bool(self.dropless[i]),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -655,8 +684,11 @@ def build_work(
     per_tok_slide = F.core_attention_flops(model, training.seq_len, True)
     w["attn_flops_full"] = (1 - frac_slide) * mbs * s * per_tok_full / (tp * cp)
     w["attn_flops_slide"] = frac_slide * mbs * s * per_tok_slide / (tp * cp)
-    w["attn_ctx_full"] = np.full(n, F.attention_context(model, training.seq_len, False))
-    w["attn_ctx_slide"] = np.full(n, F.attention_context(model, training.seq_len, True))
+    # under context parallelism every attention kernel sees one ring step's key block
+    # (cp_attention_block): its efficiency follows that length, not the whole context
+    kv_block = cp_attention_block(training.seq_len, cp)
+    w["attn_ctx_full"] = np.minimum(F.attention_context(model, training.seq_len, False), kv_block)
+    w["attn_ctx_slide"] = np.minimum(F.attention_context(model, training.seq_len, True), kv_block)
     w["attn_head_dim"] = np.full(n, d_attn)
     # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
     w["attn_exp_per_flop"] = np.full(n, 1.0 / (2.0 * 2.0 * d_attn))
@@ -668,7 +700,10 @@ def build_work(
     # --- element-wise bytes per micro-batch (forward; backward moves twice as much)
     qk_norm = T * rope_width * 4 if model.qk_norm else 0.0
     w["ew_attn_norm"] = Tsp * h * 4 + T * mla_norm_width * 4
-    w["ew_attn"] = w["ew_attn_norm"] + T * rope_width * 4 + Tsp * h * 6 + qk_norm
+    v_width = a_loc * (model.mla.v_head_dim if model.mla is not None else model.head_dim)
+    w["ew_cp_correction"] = cp_correction_bytes(T, v_width, cp)
+    w["ew_attn"] = (w["ew_attn_norm"] + T * rope_width * 4 + Tsp * h * 6 + qk_norm
+                    + w["ew_cp_correction"])
     act_bytes = (up + 1) * BF16
     w["ew_mlp_norm"] = Tsp * h * 4
     w["ew_mlp_act"] = T * f_loc * act_bytes
@@ -781,17 +816,13 @@ def build_work(
 
     uq, inv2 = _unique_rows(b.tp, b.pp, b.ep, b.etp)
     units = np.array([_param_units_tuple(model, *map(int, row)) for row in uq], dtype=f64)
-    pu = units[inv2]  # (n, 6): attention, dense_mlp, moe_nonexpert, experts, embedding, output
-    nd, nm = st[:, :, 0], st[:, :, 1]
-    mtp = st[:, :, 2]
-    dense_like = nd + (0 if mtp_moe else mtp)
-    moe_like = nm + (mtp if mtp_moe else 0)
-    w["st_params_dense"] = (
-        (dense_like + moe_like) * pu[:, None, 0] + dense_like * pu[:, None, 1]
-        + moe_like * pu[:, None, 2] + st[:, :, 3] * pu[:, None, 4]
-        + st[:, :, 4] * pu[:, None, 5]
-    )
-    w["st_params_expert"] = moe_like * pu[:, None, 3]
+    pu = units[inv2]  # (n, len(PARAM_UNIT_FIELDS))
+    # the memory model's own per-stage count (oracle.memory.stage_params), on arrays
+    counts = SimpleNamespace(dense_layers=st[:, :, 0], moe_layers=st[:, :, 1],
+                             mtp_layers=st[:, :, 2], has_embedding=st[:, :, 3],
+                             has_output=st[:, :, 4])
+    units_ns = SimpleNamespace(**{f: pu[:, None, i] for i, f in enumerate(PARAM_UNIT_FIELDS)})
+    w["st_params_dense"], w["st_params_expert"] = stage_params(counts, units_ns, model.is_moe)
 
     # --- data parallel
     dense_group = b.dp * b.cp
@@ -806,6 +837,7 @@ def build_work(
     w["fsdp"] = b.fsdp.astype(f64)
     w["grad_bytes"] = (np.full(n, FP32) if b.grad_fp32 is None
                        else np.where(b.grad_fp32, FP32, BF16))
+    w["dp_bucket_params"] = ddp_bucket_params(dense_group).astype(f64)
 
     # --- schedule and recompute
     w["m"] = b.ga.astype(f64)
@@ -815,14 +847,25 @@ def build_work(
     for mod, bit in MODULE_BITS.items():
         w[f"rc_{mod}"] = (sel & ((b.recompute_modules & bit) > 0)).astype(f64)
     w["has_moe"] = np.full(n, 1.0 if model.is_moe else 0.0)
+    # the host synchronises with the GPU once per MoE layer unless routing is token-drop with a
+    # dispatcher of fixed shapes: the flex dispatcher (DeepEP / HybridEP) returns its receive
+    # counts to the host even when the experts are padded to capacity (moe_host_sync)
+    dropless = np.ones(n, dtype=bool) if b.dropless is None else b.dropless
+    w["moe_sync"] = moe_host_sync(dropless, b.dispatcher).astype(f64)
+    w["pp_on"] = (b.pp > 1).astype(f64)
     w["local_experts"] = np.ceil(E / ep) if model.is_moe else np.zeros(n)
     return w
+
+
+#: The :class:`oracle.memory.ParamUnits` fields :func:`oracle.memory.stage_params` reads.
+PARAM_UNIT_FIELDS = ("attention", "dense_mlp", "moe_nonexpert", "experts", "embedding", "output",
+                     "mtp_extra")
 
 
 @lru_cache(maxsize=4096)
 def _param_units_cached(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple:
     pu = param_units(model, tp, pp, ep, etp)
-    return (pu.attention, pu.dense_mlp, pu.moe_nonexpert, pu.experts, pu.embedding, pu.output)
+    return tuple(getattr(pu, f) for f in PARAM_UNIT_FIELDS)
 
 
 def _param_units_tuple(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple:
@@ -864,7 +907,7 @@ def power_ratios(gpu: GpuSpec) -> tuple[float, float, float]:
     """``(reference peak / peak, units / reference units, TDP / reference TDP)`` of a GPU against
     its architecture's reference part (:data:`oracle.constants.POWER_REFERENCE_GPU`); all 1 when
     the GPU or the reference lacks ``tdp_w`` or ``compute_units`` (nothing is modelled)."""
-    ref_name = POWER_REFERENCE_GPU.get(gpu.architecture)
+    ref_name = POWER_REFERENCE_GPU.get(gpu.architecture or "")
     if ref_name is None or gpu.tdp_w is None or gpu.compute_units is None:
         return (1.0, 1.0, 1.0)
     from oracle.catalog import load_gpu
@@ -891,11 +934,15 @@ def sustained_rate(peak_ratio: Any, units_ratio: Any, tdp_ratio: Any, gamma: Any
             * np.asarray(tdp_ratio) ** g)
 
 
-def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any) -> np.ndarray:
+def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any,
+                    cp_steps: Any = 0.0) -> np.ndarray:
     """Host time to issue one layer's forward and backward (backward: twice the forward's
-    operations): ``3 x (attention + mlp [+ moe + moe_per_local_expert x local experts]) x
-    kernel_overhead_s`` with the counts of :data:`KERNELS_PER_LAYER`."""
-    ops = KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
+    operations): ``3 x (attention + mlp [+ moe + moe_per_local_expert x local experts] +
+    CP_OPS_PER_RING_STEP x cp_steps) x kernel_overhead_s`` with the counts of
+    :data:`KERNELS_PER_LAYER` (``cp_steps``: the ``cp - 1`` ring steps of context
+    parallelism)."""
+    ops = (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
+           + CP_OPS_PER_RING_STEP * np.asarray(cp_steps, dtype=np.float64))
     if moe:
         ops = ops + KERNELS_PER_LAYER["moe"] + KERNELS_PER_LAYER["moe_per_local_expert"] * \
             np.asarray(local_experts, dtype=np.float64)
@@ -924,6 +971,89 @@ def pipeline_p2p(
     t, v = np.asarray(t_send, dtype=np.float64), np.asarray(vpp, dtype=np.float64)
     inter = v * (np.maximum(0.0, t - overlap * fwd / v) + np.maximum(0.0, t - overlap * bwd / v))
     return np.where(np.asarray(sends) > 0, np.where(v > 1, inter, np.asarray(sends) * t), 0.0)
+
+
+def ddp_bucket_params(dp_cp: Any) -> np.ndarray:
+    """Parameters per gradient bucket of Megatron-Core's DDP at the default bucket size:
+    ``max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK x dp_cp)``. Worked example: dp_cp
+    64 -> 64e6 parameters, dp_cp 8 -> 40e6."""
+    return np.maximum(DDP_BUCKET_MIN_PARAMS,
+                      DDP_BUCKET_PARAMS_PER_DP_RANK * np.asarray(dp_cp, dtype=np.float64))
+
+
+def cp_attention_block(seq_len: int, cp: Any) -> np.ndarray:
+    """Key length one flash-attention call of a context-parallel ring step sees: each rank holds
+    two chunks of ``s / (2 cp)`` tokens (the load-balancing split of Megatron-Core / TE: chunk
+    i and 2 cp - 1 - i), and every step after the diagonal one runs the two halves of the step's
+    block separately, each over ``s / (2 cp)`` keys or queries. ``inf`` without CP (the whole
+    context). Worked example: s 8192, cp 4 -> 1024."""
+    c = np.asarray(cp, dtype=np.float64)
+    return np.where(c > 1, seq_len / (2.0 * c), np.inf)
+
+
+def cp_correction_bytes(tokens: Any, v_width: Any, cp: Any) -> np.ndarray:
+    """Forward bytes of ring attention's per-step output correction on one rank: ``(cp - 1) x
+    tokens x v_width x CP_CORRECTION_BYTES_PER_ELEMENT`` (``v_width``: local heads x value head
+    dim). Worked example: 2048 tokens, 8 x 128 values, cp 4: 3 x 2048 x 1024 x 10 = 62.9 MB."""
+    c = np.asarray(cp, dtype=np.float64)
+    return (c - 1) * np.asarray(tokens) * np.asarray(v_width) * CP_CORRECTION_BYTES_PER_ELEMENT
+
+
+def cp_ring_exposed(steps: Any, step_time: Any, attention: Any, alpha: Any) -> np.ndarray:
+    """Exposed ring exchange of one layer and direction: ``steps x [alpha + max(0, t_step -
+    attention / (steps + 1))]``: each of the ``cp - 1`` transfers hides behind one block of the
+    attention (``t_step`` includes its latency), and the receiving step then synchronises
+    with it (one more ``alpha``: the stream waits on the recv before the next block's kernel),
+    which no overlap hides. Worked example: 3 steps of 1 ms, attention 2 ms, alpha 10 us:
+    3 x (0.01 + 0.5) = 1.53 ms."""
+    n = np.asarray(steps, dtype=np.float64)
+    return np.where(n > 0, n * (alpha + np.maximum(0.0, step_time - attention / (n + 1))), 0.0)
+
+
+def chunk_boundary_host(
+    vpp: Any, chunk_host_s: Any, host_layer: Any, gpu_layer: Any, p: Any, dropless: Any,
+    serial: Any = 1.0,
+) -> np.ndarray:
+    """Host time a dropless MoE pipeline stage exposes at its chunk boundaries, per micro-batch.
+
+    A pipeline stage runs ``vpp`` model chunks per micro-batch in each direction (1 for 1F1B).
+    At every chunk boundary the schedule's host work (model-chunk switch, posting the isend /
+    irecv of the exchange, deallocating the sent output, the DDP hooks: ``chunk_host_s`` per
+    boundary and direction, ``pipeline_chunk_host_s``) runs while the GPU has nothing queued:
+    a dropless MoE layer synchronises host and device every layer (token counts), so the host
+    has no run-ahead to hide it. The first layer of each chunk then starts with an empty queue:
+    for the fraction ``serial`` (``chunk_start_serial_fraction``) of it host and GPU times add
+    instead of taking the smooth maximum of :func:`host_exposed`: ``vpp x [2 chunk_host_s +
+    serial x (host + gpu - (host^p + gpu^p)^(1/p))]``. Dense or token-drop layers let the host
+    run ahead, so none of it is exposed (0). Worked example, vpp 24, 0.2 ms, host 8 ms, GPU
+    16 ms, p 2, serial 1: 24 x (0.4 + 24 - 17.89) = 156.3 ms."""
+    v = np.asarray(vpp, dtype=np.float64)
+    lost = np.asarray(serial) * (
+        np.asarray(host_layer) - host_exposed(host_layer, gpu_layer, p))  # host + gpu - smax
+    return np.asarray(dropless) * v * (2.0 * np.asarray(chunk_host_s) + lost)
+
+
+def moe_host_sync(dropless: Any, dispatcher: Any) -> np.ndarray:
+    """Whether a MoE layer makes the host wait for the GPU once per layer (1) or lets it run
+    ahead as a dense layer does (0). Dropless routing copies the token counts per expert to the
+    host (Megatron-Core's token dispatchers: ``cuda_sync_point``); token-drop with padding to
+    capacity (``moe_pad_expert_input_to_capacity``) has fixed shapes and no synchronisation with
+    the ``alltoall`` / ``allgather`` dispatchers, but the ``flex`` dispatcher (DeepEP, HybridEP)
+    returns its received-token counts to the host in any case (DeepEP ``dispatch`` returns
+    ``num_recv_tokens_per_expert_list``, a host list). ``dispatcher``: the :data:`DISPATCH_CODE`
+    codes."""
+    return np.asarray(dropless, dtype=bool) | (np.asarray(dispatcher) == DISPATCH_CODE[
+        Dispatcher.FLEX])
+
+
+def dp_exposed(total: Any, last_bucket: Any, window: Any, overlap: Any) -> np.ndarray:
+    """Exposed time of an overlapped data-parallel collective: ``max(last_bucket, total -
+    overlap x window)``. The collective is issued bucket by bucket while the backward (reduce-
+    scatter) or forward (parameter all-gather) runs, but the bucket that fills last (the first
+    layers' gradients, after the last backward) and the first bucket of the next step's forward
+    (its parameters are needed before any layer runs) cannot overlap anything. Worked example:
+    total 1 s, last bucket 0.1 s, window 2 s, overlap 0.8: max(0.1, -0.6) = 0.1 s."""
+    return np.maximum(np.asarray(last_bucket), np.asarray(total) - np.asarray(overlap) * window)
 
 
 def pipeline_time(
@@ -1041,8 +1171,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
-    host_dense = layer_host_time(False, 0.0, kern)
-    host_moe = layer_host_time(True, w["local_experts"], kern)
+    host_dense = layer_host_time(False, 0.0, kern, w["cp_steps"])
+    host_moe = layer_host_time(True, w["local_experts"], kern, w["cp_steps"])
 
     # ---- TP
     t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
@@ -1064,9 +1194,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     cp_bw = link(w["cp_intra"])
     cp_step_f = np.where(w["cp_steps"] > 0, alpha + w["cp_bytes"] / cp_bw, 0.0)
     cp_step_b = np.where(w["cp_steps"] > 0, alpha + 2 * w["cp_bytes"] / cp_bw, 0.0)
-    blocks = w["cp_steps"] + 1
-    cp_f = w["cp_steps"] * np.maximum(0.0, cp_step_f - core_f / blocks)
-    cp_b = w["cp_steps"] * np.maximum(0.0, cp_step_b - core_b / blocks)
+    cp_f = cp_ring_exposed(w["cp_steps"], cp_step_f, core_f, alpha)
+    cp_b = cp_ring_exposed(w["cp_steps"], cp_step_b, core_b, alpha)
 
     # ---- EP (per direction: dispatch + combine)
     lat = alpha * (1 + np.log2(np.maximum(w["ep_n"], 1)))
@@ -1148,9 +1277,17 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         + comm_mlp_b + rc_dense
     gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
         + comm_moe_b + rc_moe
+    p_host = c["host_gpu_overlap_exponent"]
+    drop = w["moe_sync"]
+    moe_host_exp = np.where(drop > 0, host_exposed(host_moe, gpu_moe, p_host),
+                            np.maximum(0.0, host_moe - gpu_moe))
     bucket["kernel_overhead"] = (
         nd * col(np.maximum(0.0, host_dense - gpu_dense))
-        + nm * col(host_exposed(host_moe, gpu_moe, c["host_gpu_overlap_exponent"]) * w["has_moe"])
+        + nm * col(moe_host_exp * w["has_moe"])
+        # pipeline chunk boundaries of a dropless MoE stage (chunk_boundary_host)
+        + (nm > 0) * col(w["pp_on"] * w["has_moe"] * chunk_boundary_host(
+            w["vpp"], c["pipeline_chunk_host_s"], host_moe, gpu_moe, p_host, drop,
+            c["chunk_start_serial_fraction"]))
     )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
@@ -1164,6 +1301,21 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     fwd_s = (
         nd * col(dense_fwd) + nm * col(moe_fwd) + ne * col(emb_f) + no * col(out_f)
         + nmtp * col(g_mtp)
+    )
+
+    # ---- link time of the layer traffic (hidden or not) per micro-batch and stage, forward
+    # and backward, on the scale-up links [0] and the NICs [1]: the DP collectives share them
+    tp_raw_f = (2.0 + w["tp_shared_blocks"]) * w["tp_fwd_per_block"] * t_tp
+    tp_raw_b = (2.0 + w["tp_shared_blocks"]) * w["tp_bwd_per_block"] * t_tp
+    cp_raw_f = w["cp_steps"] * cp_step_f
+    cp_raw_b = w["cp_steps"] * cp_step_b
+    ep_up = w["ep_active"] * 2 * w["ep_intra_bytes"] / up_bw
+    ep_nic = w["ep_active"] * 2 * w["ep_inter_bytes"] / nic_bw
+    tpi, cpi = w["tp_intra"], w["cp_intra"]
+    link_busy = tuple(
+        tuple(nl * col(tp_raw * (tpi if k == 0 else 1 - tpi) + cp_raw * (cpi if k == 0 else 1 - cpi))
+              + nm * col(ep_up if k == 0 else ep_nic) for k in (0, 1))
+        for tp_raw, cp_raw in ((tp_raw_f, cp_raw_f), (tp_raw_b, cp_raw_b))
     )
 
     # ---- data parallel and FSDP
@@ -1180,8 +1332,12 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     ov_dp = col(c["dp_comm_overlap"])
     stage_mb = sum(bucket.values())
     bwd_s = stage_mb - fwd_s
-    bucket["pp_p2p"] = valid * pipeline_p2p(col(t_send), col(w["pp_sends"]), col(w["vpp"]),
-                                            fwd_s, bwd_s, col(c["pp_comm_overlap"]))
+    # interleaved: every chunk's receive is a synchronisation the overlap cannot hide (the
+    # next chunk's kernels wait on it): one latency per chunk and direction
+    pp_sync = np.where(w["vpp"] > 1, w["pp_sends"] * alpha, 0.0)
+    bucket["pp_p2p"] = valid * (pipeline_p2p(col(t_send), col(w["pp_sends"]), col(w["vpp"]),
+                                             fwd_s, bwd_s, col(c["pp_comm_overlap"]))
+                                + col(pp_sync))
     stage_mb = stage_mb + bucket["pp_p2p"]
     fsdp = col(w["fsdp"])
     dist = col(w["dist_opt"])
@@ -1190,10 +1346,25 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     )
     bucket["dp_comm"] = fsdp_mb * valid
     stage_mb = stage_mb + bucket["dp_comm"]
+    # the last gradient bucket and the next step's first parameter bucket are exposed
+    # (dp_exposed); chunk 0 is bucketed, later chunks are one bucket each but finish earlier
+    bucket_p = col(w["dp_bucket_params"])
+    vv = col(w["vpp"])
+    bd = np.minimum(bucket_p, pd / vv)
+    be = np.minimum(bucket_p, pe / vv)
+    rs_last = _collective(gbytes * bd, nd_n, bw_dd, alpha_c) + _collective(gbytes * be, ne_n,
+                                                                            bw_de, alpha_c)
+    ag_first = _collective(BF16 * bd, nd_n, bw_dd, alpha_c) + _collective(BF16 * be, ne_n,
+                                                                           bw_de, alpha_c)
+    # the window is shared with the layer traffic on the same links (dp_window)
+    busy_f, busy_b = link_busy
+    dp_on_nic = col(1.0 - w["dp_dense_intra"])
+    win_b = np.maximum(0.0, bwd_s - np.where(dp_on_nic > 0, busy_b[1], busy_b[0]))
+    win_f = np.maximum(0.0, fwd_s - np.where(dp_on_nic > 0, busy_f[1], busy_f[0]))
     dp_step = (1 - fsdp) * np.where(
         dist > 0,
-        np.maximum(0.0, rs - ov_dp * bwd_s) + np.maximum(0.0, ag - ov_dp * fwd_s),
-        np.maximum(0.0, 2 * rs - ov_dp * bwd_s),
+        dp_exposed(rs, rs_last, win_b, ov_dp) + dp_exposed(ag, ag_first, win_f, ov_dp),
+        dp_exposed(2 * rs, 2 * rs_last, win_b, ov_dp),
     )
     sharded = (dist > 0) | (fsdp > 0)
     local = np.where(sharded, pd / nd_n + pe / ne_n, pd + pe)
@@ -1250,6 +1421,12 @@ class Projection(BaseModel):
     critical_stage: int
     label: str
     calibration: str
+    #: "" when the calibration was fitted on rows of this GPU; else what the projection rests on
+    #: (:func:`oracle.constants.evidence_note`)
+    evidence: str = ""
+    #: "" unless the projected MFU is above the best published MFU of its class (dense or MoE,
+    #: architecture, precision): then what makes it higher (:func:`mfu_note`)
+    mfu_note: str = ""
 
 
 def _peak_for(cluster: ClusterSpec, training: TrainingSpec, fp8_active: bool) -> float:
@@ -1350,7 +1527,40 @@ def project(
         critical_stage=int(res["critical_stage"][0]),
         label=cfg.label(),
         calibration=table.about or "priors",
+        evidence=evidence_note(cluster.gpu.name, cluster.gpu.architecture, table),
+        mfu_note=mfu_note(float(res["mfu"][0]), {k: float(res[k][0]) for k in BREAKDOWN},
+                          float(res["step_time_s"][0]), model.is_moe,
+                          cluster.gpu.architecture, training.precision.value, table),
     )
+
+
+#: Breakdown entries that are GEMM work (what an MFU above the published ceiling rests on).
+GEMM_TERMS = ("attention_gemm", "mlp_gemm", "expert_gemm", "router")
+#: Exposed communication entries of the breakdown.
+COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm")
+
+
+def mfu_note(mfu: float, breakdown: dict[str, float], step_s: float, is_moe: bool,
+             architecture: str, precision: str, table: CalibrationTable) -> str:
+    """One line when a projected MFU is above the best MFU any published run of its class
+    reached (``fitted_on.mfu_ceilings`` of the calibration file, written by
+    :func:`oracle.calibrate.mfu_ceilings`): the ceiling, the row that set it, and what the
+    projection's step consists of (GEMM share, bubble, exposed communication), so a user sees
+    what makes it higher; "" otherwise or when the calibration has no ceilings."""
+    from oracle.calibrate import mfu_class
+
+    ceil = ((table.fitted_on or {}).get("mfu_ceilings") or {}).get(
+        mfu_class(is_moe, architecture, precision))
+    if not ceil or mfu <= ceil["mfu"]:
+        return ""
+    gemm = sum(breakdown.get(k, 0.0) for k in GEMM_TERMS) / step_s
+    comm = sum(breakdown.get(k, 0.0) for k in COMM_TERMS) / step_s
+    bubble = breakdown.get("pipeline_bubble", 0.0) / step_s
+    return (f"MFU {100 * mfu:.1f}% is above the best published {100 * ceil['mfu']:.1f}% for "
+            f"{mfu_class(is_moe, architecture, precision)} (row {ceil['row']}, {ceil['model']} on "
+            f"{ceil['gpu']}); it rests on GEMMs taking {100 * gemm:.0f}% of the step at the fitted "
+            f"GEMM efficiency, a {100 * bubble:.0f}% pipeline bubble and {100 * comm:.0f}% exposed "
+            f"communication: verify the GEMM throughput at these shapes on the cluster")
 
 
 def work_fields() -> list[str]:

@@ -35,7 +35,8 @@ Rules (each documented where it is applied):
   Megatron-Bridge / NeMo / Primus recipes (Transformer Engine userbuffers), for torchtitan only
   with async TP (``Async TP`` / ``AsyncTP`` in the settings), for other Megatron-LM runs only
   when the settings name ``--tp-comm-overlap``; off elsewhere. FP8 ``rowwise`` (torchao) sets
-  ``fp8_rowwise``.
+  ``fp8_rowwise``. A model or workload named ``tokendrop`` / ``token-drop`` sets
+  ``moe_dropless=False`` (capacity-factor MoE: no host-device synchronisation per layer).
 * **MoE dispatcher**: Megatron-Bridge's MoE performance recipes use the flex dispatcher
   (``moe_flex_dispatcher_backend`` ``hybridep`` or ``deepep``: DeepSeek-V3, Qwen3-30B-A3B,
   GPT-OSS, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200, B300 and
@@ -55,6 +56,7 @@ Rules (each documented where it is applied):
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,12 +130,19 @@ def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", name)
 
 
+#: Longest number a cell may hold (digits and sign): anything longer is not a measurement, and
+#: an integer over 4,300 digits would not even convert.
+MAX_CELL_DIGITS = 40
+
+
 def _num(text: str) -> float | None:
     text = (text or "").strip().replace(",", "")
     if not text or text.lower() in ("n/a", "na", "none", "-"):
         return None
     m = re.fullmatch(r"[-+]?\d+(\.\d+)?", text)
-    return float(text) if m else None
+    if not m or len(text) > MAX_CELL_DIGITS:
+        return None
+    return float(text)
 
 
 def _int(text: str) -> int | None:
@@ -327,7 +336,11 @@ def row_traits(row: dict[str, str], software: str) -> RunTraits:
     precision = row.get("precision", "").lower()
     rowwise = ("rowwise" in precision or "row-wise" in precision) and (
         "fp8" in precision or "float8" in precision)
-    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise)
+    # token-drop MoE runs say so in the model / workload name (Megatron-Bridge "(tokendrop)":
+    # moe_expert_capacity_factor 1.0, moe_pad_expert_input_to_capacity); dropless otherwise
+    named = (row.get("model", "") + " " + row.get("workload", "") + " " + settings).lower()
+    dropless = not re.search(r"token\s*-?\s*drop", named)
+    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise, moe_dropless=dropless)
 
 
 def row_dispatcher(row: dict[str, str], model: ModelSpec, gpu_name: str) -> Dispatcher:
@@ -364,9 +377,14 @@ def parse_row(row: dict[str, str]) -> RunRow:
         measured_model_tflops_per_gpu=_num(row.get("model_tflops_per_gpu", "")),
         software=software_stack(row.get("framework", "")),
     )
+    measured = out.measured_tokens_per_s_per_gpu
+    if measured is not None and measured <= 0:
+        out.measured_tokens_per_s_per_gpu = None
+        out.reason = f"tokens_per_sec_per_gpu {measured:g} is not a positive throughput"
+        return out
     try:
         _fill(out, row)
-    except (ConfigError, ValidationError, ValueError) as e:
+    except (ConfigError, ValidationError, ValueError, OverflowError) as e:
         out.reason = f"cannot build specs: {str(e).splitlines()[0]}"
     return out
 
@@ -499,19 +517,27 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
 
 def read_runs(path: str | Path) -> list[RunRow]:
     """Every row of a runs CSV (see module docstring)."""
-    p = Path(path)
+    from oracle.inputs import read_text, show_name
+
+    text = read_text(path, "runs file")
+    reader = csv.DictReader(io.StringIO(text, newline=""), restval="", strict=True)
     try:
-        with p.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ConfigError(
-                    f"runs file {str(p)!r} lacks column(s) {missing}; use the columns of "
-                    f"published_runs.csv"
-                )
-            return [parse_row(r) for r in reader]
-    except OSError as e:
-        raise ConfigError(f"cannot read runs file {str(p)!r}: {e.strerror}") from e
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(
+                f"runs file {show_name(path)} lacks column(s) {missing}; use the columns of "
+                f"published_runs.csv"
+            )
+        rows = []
+        for r in reader:
+            if None in r:  # more cells than columns
+                raise ConfigError(f"runs file {show_name(path)} line {reader.line_num}: more "
+                                  f"cells than the {len(reader.fieldnames or [])} columns")
+            rows.append(parse_row(r))
+        return rows
+    except csv.Error as e:
+        raise ConfigError(f"runs file {show_name(path)} is not valid CSV at line "
+                          f"{reader.line_num}: {e}") from None
 
 
 def scored_rows(rows: list[RunRow]) -> list[RunRow]:

@@ -19,12 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
+#: Most decoder layers a model may have: four times the deepest published one (Llama 3.1 405B,
+#: 126). The pipeline-stage tables grow with the layer count; at 512 a search with its
+#: explanation ends in seconds, at 100,000 it ran for minutes (issue 16).
+MAX_LAYERS = 512
 
 
 class Spec(BaseModel):
     """Base of every spec: immutable, unknown keys rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 # --------------------------------------------------------------------------------------- enums
@@ -109,6 +113,35 @@ class PipelineSplit(StrEnum):
     EMBEDDING_LOSS = "embedding_loss"
 
 
+class RopeScaling(StrEnum):
+    """Rotary-embedding frequency scaling: ``llama3`` (Megatron-LM ``--use-rope-scaling
+    --rope-scaling-factor F``; HF ``rope_type llama3``), ``yarn`` (``--position-embedding-type
+    yarn --rotary-scaling-factor F``; HF ``rope_type yarn``)."""
+
+    NONE = "none"
+    LLAMA3 = "llama3"
+    YARN = "yarn"
+
+
+class Activation(StrEnum):
+    """MLP activation. ``default``: Megatron-LM's default for the MLP kind (SwiGLU when
+    ``gated_mlp``, GELU otherwise); ``quick_geglu``: gpt-oss's ``x sigmoid(1.702 x)`` gate
+    (``--quick-geglu``); ``squared_relu``: Nemotron (``--squared-relu``). The MLP's matmul
+    FLOPs and weights follow ``gated_mlp`` only; the activation's elementwise cost is the same
+    kind of term for all of them."""
+
+    DEFAULT = "default"
+    QUICK_GEGLU = "quick_geglu"
+    SQUARED_RELU = "squared_relu"
+
+
+class RouterScore(StrEnum):
+    """MoE router score function (Megatron-LM ``--moe-router-score-function``)."""
+
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+
+
 class Vendor(StrEnum):
     NVIDIA = "nvidia"
     AMD = "amd"
@@ -138,7 +171,7 @@ class ModelSpec(Spec):
 
     name: str = Field(min_length=1)
     family: str = Field(default="custom", description="llama, mixtral, qwen3_moe, ...")
-    num_layers: int = Field(ge=1, le=100_000)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
     hidden_size: int = Field(ge=1, le=MAX_DIM)
     ffn_hidden_size: int = Field(ge=0, le=MAX_DIM, description="dense MLP width; 0 if none")
     num_attention_heads: int = Field(ge=1, le=MAX_DIM)
@@ -159,6 +192,21 @@ class ModelSpec(Spec):
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     sliding_window: int = Field(default=0, ge=0, description="window of sliding-window layers")
     num_sliding_window_layers: int = Field(default=0, ge=0)
+    # Settings that define the model but do not change memory or time; kept so that exports
+    # train the model that was checked (defaults: Megatron-LM's).
+    rotary_base: float = Field(default=10000.0, gt=0, description="RoPE theta (--rotary-base)")
+    rope_scaling: RopeScaling = RopeScaling.NONE
+    rope_scaling_factor: float = Field(default=1.0, ge=1.0)
+    rope_original_max_position_embeddings: int = Field(default=0, ge=0, le=1 << 28)
+    norm_epsilon: float = Field(default=1e-5, gt=0, lt=1, description="--norm-epsilon")
+    activation: Activation = Activation.DEFAULT
+    activation_clamp: float = Field(default=0.0, ge=0, description="0: no clamp (gpt-oss 7)")
+    glu_linear_offset: float = Field(default=0.0, description="gpt-oss: 1 (x_linear + 1)")
+    shared_expert_gate: bool = Field(default=False, description="sigmoid gate on shared experts")
+    router_score: RouterScore = RouterScore.SOFTMAX
+    router_num_groups: int = Field(default=0, ge=0, description="0: no group-limited routing")
+    router_group_topk: int = Field(default=0, ge=0)
+    router_topk_scaling_factor: float = Field(default=1.0, gt=0)
     # mixture of experts
     num_experts: int = Field(default=0, ge=0, le=1 << 16)
     moe_top_k: int = Field(default=0, ge=0, le=1 << 16)
@@ -266,6 +314,14 @@ class ClusterSpec(Spec):
     gpu: GpuSpec
     num_nodes: int = Field(ge=1, le=MAX_GPUS)
     gpus_per_node: int = Field(ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _world_size(self) -> ClusterSpec:
+        if self.num_nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs = "
+                             f"{self.num_nodes * self.gpus_per_node:,} GPUs; at most {MAX_GPUS:,} "
+                             f"GPUs in all")
+        return self
 
     @property
     def world_size(self) -> int:

@@ -111,7 +111,8 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
         "dispatcher": cfg.dispatcher.value,
         "schedule": cfg.schedule_.value,
-        "precision": "fp8" if cfg.fp8_recipe is not None else "bf16",
+        # one source of truth: the training precision (an FP8 recipe means fp8)
+        "precision": "fp8" if cfg.fp8_recipe is not None else training.precision.value,
         "fp8_recipe": cfg.fp8_recipe.value if cfg.fp8_recipe is not None else None,
         "pipeline_split": cfg.pipeline_split.value if cfg.pipeline_split else None,
     }

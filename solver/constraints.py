@@ -24,12 +24,14 @@ import ast
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, field_validator
 
 from oracle.specs import ConfigError, ParallelConfig, Spec
-from solver.symbolic import Arith, Value
+
+if TYPE_CHECKING:  # compile_expr works on the solver's values; a check needs no OR-Tools
+    from solver.symbolic import Arith, Value
 
 #: Names a constraint may use: the parallel sizes, mbs, and the derived dp and ga.
 NAMES: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga")
@@ -69,20 +71,57 @@ def parse(text: str) -> tuple[ast.expr, str]:
     src = text.strip()
     if not src:
         raise ConfigError(f"empty constraint; write e.g. 'ep * etp <= 8' over {', '.join(NAMES)}")
+    if len(src) > MAX_EXPR_CHARS:
+        raise ConfigError(f"constraint '{src[:60]}...' is {len(src):,} characters; at most "
+                          f"{MAX_EXPR_CHARS:,} (split it into several --constraint)")
     try:
         tree = ast.parse(src, mode="eval").body
     except SyntaxError as e:
         raise ConfigError(f"constraint '{src}' is not an expression ({e.msg}); use {GRAMMAR} "
                           f"over {', '.join(NAMES)}") from None
+    except (RecursionError, MemoryError):
+        raise ConfigError(f"constraint '{src[:60]}...' nests too deeply; at most "
+                          f"{MAX_EXPR_DEPTH} levels") from None
+    depth = _depth(tree)
+    if depth > MAX_EXPR_DEPTH:
+        raise ConfigError(f"constraint '{src[:60]}{'...' if len(src) > 60 else ''}' nests "
+                          f"{depth} levels deep; at most {MAX_EXPR_DEPTH}")
     return tree, _kind(tree, src)
+
+
+#: Longest constraint or preference (characters) and deepest nesting of its syntax tree: far
+#: beyond any real one (``pp in {2, 4} and ep * etp <= 8`` is 4 deep), small enough that
+#: parsing and compiling stay instant and never reach Python's recursion limit.
+MAX_EXPR_CHARS = 2000
+MAX_EXPR_DEPTH = 64
+#: Largest integer a constraint may hold, and the largest magnitude any of its
+#: subexpressions may reach over the search space: CP-SAT works in signed 64-bit integers.
+MAX_EXPR_INT = 2**62
+
+
+def _depth(tree: ast.AST) -> int:
+    """Depth of a syntax tree, without recursion (operands of one and/or count once)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_EXPR_DEPTH:
+            return d
+        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _kind(node: ast.AST, src: str) -> str:
     """Check ``node`` against the grammar; return ``condition`` or ``number``."""
-    seg = ast.get_source_segment(src, node) or type(node).__name__
+    def seg() -> str:  # only for messages: computing it per node would be quadratic
+        return ast.get_source_segment(src, node) or type(node).__name__
+
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, int):
             raise _error(src, f"{node.value!r} is not an integer")
+        if abs(node.value) > MAX_EXPR_INT:
+            raise _error(src, f"an integer of {len(str(node.value))} digits is beyond int64 "
+                              f"(|n| <= 2**62)")
         return "number"
     if isinstance(node, ast.Name):
         if node.id not in NAMES:
@@ -101,11 +140,11 @@ def _kind(node: ast.AST, src: str) -> str:
     if isinstance(node, ast.UnaryOp):
         if isinstance(node.op, ast.USub | ast.UAdd):
             if _kind(node.operand, src) != "number":
-                raise _error(src, f"'{seg}' negates a condition")
+                raise _error(src, f"'{seg()}' negates a condition")
             return "number"
         if isinstance(node.op, ast.Not):
             if _kind(node.operand, src) != "condition":
-                raise _error(src, f"'{seg}' applies 'not' to a number")
+                raise _error(src, f"'{seg()}' applies 'not' to a number")
             return "condition"
         raise _error(src, f"'{_BAD_OPS.get(type(node.op), type(node.op).__name__)}' is not allowed")
     if isinstance(node, ast.BoolOp):
@@ -127,7 +166,7 @@ def _kind(node: ast.AST, src: str) -> str:
                 raise _error(src, f"'{ast.get_source_segment(src, x)}' is a condition where a "
                                   f"comparison needs a number")
         return "condition"
-    raise _error(src, f"'{seg}' is not allowed")
+    raise _error(src, f"'{seg()}' is not allowed")
 
 
 def _int_set(node: ast.AST, src: str) -> frozenset[int]:
@@ -143,6 +182,8 @@ def _int_set(node: ast.AST, src: str) -> frozenset[int]:
         if not (isinstance(v, ast.Constant) and isinstance(v.value, int)
                 and not isinstance(v.value, bool)):
             raise _error(src, f"'{ast.get_source_segment(src, e)}' in a set is not an integer")
+        if abs(v.value) > MAX_EXPR_INT:
+            raise _error(src, "an integer in a set is beyond int64 (|n| <= 2**62)")
         out.add(sign * v.value)
     return frozenset(out)
 
@@ -191,6 +232,26 @@ def evaluate(tree: ast.AST, env: Mapping[str, int]) -> int | bool:
     raise AssertionError(f"unchecked node {type(tree).__name__}")
 
 
+def _bounds(v: Value) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (v.lo, v.hi)
+
+
+def _check_range(op: str, a: Value, b: Value) -> None:
+    """Refuse ``a op b`` when its value could leave CP-SAT's 64-bit range over the space (a
+    one-line error instead of an overflow inside OR-Tools)."""
+    (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
+    if op == "*":
+        ends = [x * y for x in (alo, ahi) for y in (blo, bhi)]
+    elif op in ("+", "-"):
+        ends = [alo + blo, ahi + bhi] if op == "+" else [alo - bhi, ahi - blo]
+    else:
+        ends = [alo, ahi]
+    if max(abs(e) for e in ends) > MAX_EXPR_INT:
+        raise ConfigError(f"a constraint's '{op}' reaches values beyond int64 over the search "
+                          f"space (up to {max(abs(e) for e in ends):.3g}); keep every "
+                          f"subexpression within 2**62")
+
+
 def compile_expr(tree: ast.AST, env: Mapping[str, Value], ar: Arith) -> Value:
     """The CP-SAT value of a checked tree: a :class:`~solver.symbolic.Sym` (0/1 for a
     condition) over the model's variables ``env``; every variable it creates is determined."""
@@ -201,6 +262,7 @@ def compile_expr(tree: ast.AST, env: Mapping[str, Value], ar: Arith) -> Value:
     if isinstance(tree, ast.BinOp):
         a, b = compile_expr(tree.left, env, ar), compile_expr(tree.right, env, ar)
         op = _BINOPS[type(tree.op)]
+        _check_range(op, a, b)
         if op == "+":
             return a + b
         if op == "-":
@@ -229,6 +291,7 @@ def compile_expr(tree: ast.AST, env: Mapping[str, Value], ar: Arith) -> Value:
                 parts.append(inside if isinstance(op, ast.In) else ar.negate(inside))
                 continue
             right = compile_expr(node, env, ar)
+            _check_range("-", left, right)
             diff = left - right
             if isinstance(op, ast.LtE):
                 parts.append(ar.le(diff, 0, "le"))

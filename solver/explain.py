@@ -18,13 +18,13 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ortools.sat.python import cp_model
-
-from oracle.specs import GIB, ClusterSpec, Recompute
+from oracle.specs import GIB, ClusterSpec, ConfigError, Recompute
+from solver.cpsat import cp_model
 from solver.feasible import single_solve_solver, solved_axes
 from solver.model import LegalityModel
 from solver.problem import Problem
@@ -36,6 +36,7 @@ from solver.space import (
     SearchSpace,
     default_space,
     max_layers_per_chunk,
+    recompute_layer_values,
     selective_options,
 )
 
@@ -63,6 +64,17 @@ FAMILY_WORDS: dict[str, str] = {
 NODE_BOUND = frozenset({"hbm", "world_size", "batch", "expert_layout", "scale_up"})
 #: Largest multiple of the user's node count the node scan tries.
 MAX_NODE_FACTOR = 64
+#: Node counts above the user's tried one by one before the scan doubles.
+LINEAR_NODE_SCAN = 16
+#: Most smaller node counts tried when the cluster is too large for the batch.
+MAX_NODE_PROBES = 32
+#: What one explanation may spend: CP-SAT solves, and wall-clock seconds as a backstop (the
+#: fixes not reached are left out, and the text says so).
+EXPLAIN_SOLVES = 48
+EXPLAIN_BUDGET_S = 40.0
+#: Longest single CP-SAT solve of an explanation, and the least worth starting (seconds).
+SOLVE_LIMIT_S = 30.0
+MIN_SOLVE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -88,13 +100,15 @@ class Explanation:
     timings: dict[str, float] = field(default_factory=dict)
     setting: str = ""
     gpu: str = ""
+    #: the time budget ran out: the fixes not reached are left out (said in the text)
+    budget_spent: bool = False
 
     def text(self) -> str:
         """The explanation as sentences."""
         if self.feasible:
             return "the space has feasible configurations"
         words = ", ".join(c if c.startswith("extra:") else f"{FAMILY_WORDS[c]} [{c}]"
-                          for c in self.conflict)
+                          for c in self.conflict) or "not isolated within the time budget"
         out = [f"no configuration of {self.setting} is legal and fits; conflicting rules: {words}"]
         if self.min_peak_bytes is not None:
             out.append(f"memory: the least any legal layout needs is "
@@ -115,6 +129,9 @@ class Explanation:
         fixes += self.relaxations
         if fixes:
             out.append("fix: " + ", or ".join(fixes))
+        if self.budget_spent:
+            out.append("(explanation cut at its budget of solver calls: other fixes were not "
+                       "tried)")
         return "; ".join(out)
 
 
@@ -145,19 +162,22 @@ def _solve(lm: LegalityModel, assumptions: list, time_limit_s: float) -> int:
 
 
 def conflicting_families(problem: Problem, families: Iterable[str] | None = None,
-                         time_limit_s: float = 30.0) -> tuple[str, ...] | None:
-    """A minimal set of conflicting families, or None when the space is feasible."""
+                         time_limit_s: float = 30.0,
+                         deadline: Budget | None = None) -> tuple[str, ...] | None:
+    """A minimal set of conflicting families, or None when the space is feasible; ``()`` when
+    CP-SAT cannot decide within the time; not minimised further once ``deadline`` passes."""
     fams = tuple(f for f in RULES if f in set(families or RULES) and f not in SEARCH_ONLY)
     lm, lits = _assumption_model(problem, fams)
     names = list(lits)
     lm.cp.ClearAssumptions()
     lm.cp.AddAssumptions([lits[n] for n in names])
-    solver = single_solve_solver(time_limit_s)
+    solver = single_solve_solver(min(time_limit_s, _left(deadline, time_limit_s)))
     status = solver.Solve(lm.cp)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
+    _refuse_invalid(lm, status)
     if status != cp_model.INFEASIBLE:
-        raise RuntimeError(f"CP-SAT could not decide feasibility ({solver.StatusName(status)})")
+        return ()
     index = {lits[n].Index(): n for n in names}
     core = [index[i] for i in solver.SufficientAssumptionsForInfeasibility()]
     # deletion: drop every assumption the conflict does not need, legality rules first so the
@@ -165,13 +185,18 @@ def conflicting_families(problem: Problem, families: Iterable[str] | None = None
     order = sorted(core, key=lambda n: (n == "hbm" or n.startswith("extra"), names.index(n)))
     for n in order:
         trial = [lits[x] for x in core if x != n]
-        if _solve(lm, trial, time_limit_s) == cp_model.INFEASIBLE:
+        try:
+            limit = _left(deadline, time_limit_s)
+        except _OutOfTime:
+            break
+        if _solve(lm, trial, limit) == cp_model.INFEASIBLE:
             core.remove(n)
     return tuple(sorted(core, key=names.index))
 
 
 def least_memory(problem: Problem, families: Iterable[str] | None = None,
-                 time_limit_s: float = 30.0) -> tuple[int, str] | None:
+                 time_limit_s: float = 30.0,
+                 deadline: Budget | None = None) -> tuple[int, str] | None:
     """The least peak bytes of any configuration passing every family but ``hbm`` (and the
     search-only ones), with that configuration's label; None if there is none."""
     fams = [f for f in RULES if f in set(families or RULES)
@@ -188,7 +213,7 @@ def least_memory(problem: Problem, families: Iterable[str] | None = None,
     peak = lm.cp.NewIntVar(0, hi, "peak")
     lm.cp.AddMaxEquality(peak, [t if isinstance(t, int) else t.expr for t in totals])
     lm.cp.Minimize(peak)
-    solver = single_solve_solver(time_limit_s)
+    solver = single_solve_solver(_left(deadline, time_limit_s))
     status = solver.Solve(lm.cp)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -207,9 +232,21 @@ def feasible(problem: Problem, families: Iterable[str] | None = None,
         lm.cp.Add(lit == 1)
     solver = single_solve_solver(time_limit_s)
     status = solver.Solve(lm.cp)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
-        raise RuntimeError(f"CP-SAT could not decide feasibility ({solver.StatusName(status)})")
+    _refuse_invalid(lm, status)
+    if status == cp_model.UNKNOWN:
+        raise _OutOfTime  # undecided within the time: the caller leaves this fix out
     return status != cp_model.INFEASIBLE
+
+
+def _refuse_invalid(lm: LegalityModel, status: int) -> None:
+    """CP-SAT refuses a model whose numbers leave its 64-bit range (dimensions far beyond any
+    real model): a one-line input error, not a crash."""
+    if status == cp_model.MODEL_INVALID:
+        why = " ".join(lm.cp.Validate().split())[:200]
+        m = lm.p.model
+        raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, "
+                          f"{m.num_attention_heads} heads, vocab {m.vocab_size}) is too large for "
+                          f"the solver's 64-bit arithmetic ({why})")
 
 
 SpaceFor = Callable[[ClusterSpec], SearchSpace]
@@ -224,7 +261,7 @@ def default_space_for(problem: Problem) -> SpaceFor:
 
 
 def relaxations(problem: Problem, families: Iterable[str] | None = None,
-                default: SearchSpace | None = None) -> list[str]:
+                default: SearchSpace | None = None, deadline: Budget | None = None) -> list[str]:
     """Single changes, in the user's terms, that make ``problem`` feasible on its cluster."""
     sp, model, training = problem.space, problem.model, problem.training
     default = default or default_space_for(problem)(problem.cluster)
@@ -232,7 +269,7 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
     rc = list(sp.recompute)
     if not any(o.kind is Recompute.FULL for o in rc):
         k_max = max_layers_per_chunk(model, sp.pp, sp.vpp)
-        full = [RecomputeOption(kind=Recompute.FULL, layers=k) for k in range(1, k_max + 1)]
+        full = [RecomputeOption(kind=Recompute.FULL, layers=k) for k in recompute_layer_values(k_max)]
         trials.append(("full recompute", problem.replace(
             space=sp.with_domains(recompute=tuple(rc + full)))))
     sel = [o for o in selective_options(model, training) if o not in rc]
@@ -260,11 +297,18 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
     for con in problem.constraints:
         trials.append((f"without constraint '{con.expr}'", problem.replace(
             constraints=tuple(c for c in problem.constraints if c is not con))))
-    return [label for label, p in trials if feasible(p, families)]
+    out = []
+    for label, p in trials:
+        try:
+            if feasible(p, families, time_limit_s=_left(deadline)):
+                out.append(label)
+        except _OutOfTime:
+            break
+    return out
 
 
 def nearest_batch(problem: Problem, families: Iterable[str] | None = None,
-                  tries: int = 4) -> int | None:
+                  tries: int = 4, deadline: Budget | None = None) -> int | None:
     """The global batch nearest the problem's (ties: the larger), within a factor of two, that
     has a feasible configuration on the same cluster and space. Candidates are the multiples of
     each data-parallel size the space allows (world / (tp x pp x cp)) nearest the batch, tried
@@ -277,13 +321,17 @@ def nearest_batch(problem: Problem, families: Iterable[str] | None = None,
         near |= {v for v in (low, low + dp) if gbs // 2 <= v <= 2 * gbs and v != gbs}
     for g in sorted(near, key=lambda v: (abs(v - gbs), -v))[:tries]:
         training = problem.training.model_copy(update={"global_batch_size": g})
-        if feasible(problem.replace(training=training), families):
-            return g
+        try:
+            if feasible(problem.replace(training=training), families,
+                        time_limit_s=_left(deadline)):
+                return g
+        except _OutOfTime:
+            return None
     return None
 
 
 def usual_node(problem: Problem, families: Iterable[str] | None = None,
-               space_for: SpaceFor | None = None) -> int | None:
+               space_for: SpaceFor | None = None, deadline: Budget | None = None) -> int | None:
     """The GPU's usual GPUs per node when the cluster uses another count and the usual one,
     at the same node count, has a feasible configuration."""
     cl = problem.cluster
@@ -292,75 +340,147 @@ def usual_node(problem: Problem, families: Iterable[str] | None = None,
         return None
     cluster = cl.model_copy(update={"gpus_per_node": usual})
     space_for = space_for or default_space_for(problem)
-    return usual if feasible(problem.replace(cluster=cluster, space=space_for(cluster)),
-                             families) else None
+    try:
+        return usual if feasible(problem.replace(cluster=cluster, space=space_for(cluster)),
+                                 families, time_limit_s=_left(deadline)) else None
+    except (_OutOfTime, ValueError):
+        return None
 
 
 def min_nodes(problem: Problem, families: Iterable[str] | None = None,
               space_for: SpaceFor | None = None, max_nodes: int | None = None,
-              ) -> tuple[int | None, tuple[int, int]]:
+              deadline: Budget | None = None) -> tuple[int | None, tuple[int, int]]:
     """The smallest node count above the problem's with a feasible configuration (same GPU,
-    model, batch, options), scanning up to ``max_nodes``; and the range scanned."""
+    model, batch, options), up to ``max_nodes``; and the range scanned. Bounded: every count up
+    to :data:`LINEAR_NODE_SCAN` more nodes, then doubling, then bisection between the last
+    count that does not fit and the first that does (exact where feasibility grows with the node
+    count, as memory does); at most about 40 solves, and none after ``deadline``."""
     cl = problem.cluster
     space_for = space_for or default_space_for(problem)
     top = max_nodes or min(cl.num_nodes * MAX_NODE_FACTOR, 4096)
-    for n in range(cl.num_nodes + 1, top + 1):
+
+    def fits(n: int) -> bool:
         cluster = cl.model_copy(update={"num_nodes": n})
-        p = problem.replace(cluster=cluster, space=space_for(cluster))
-        if feasible(p, families):
-            return n, (cl.num_nodes + 1, n)
+        try:
+            p = problem.replace(cluster=cluster, space=space_for(cluster))
+        except ValueError:  # beyond the largest cluster a spec allows
+            return False
+        return feasible(p, families, time_limit_s=_left(deadline))
+
+    last_bad = cl.num_nodes
+    try:
+        for n in range(cl.num_nodes + 1, min(top, cl.num_nodes + LINEAR_NODE_SCAN) + 1):
+            if fits(n):
+                return n, (cl.num_nodes + 1, n)
+            last_bad = n
+        n = last_bad
+        while n < top:
+            n = min(2 * n, top)
+            if fits(n):
+                lo, hi = last_bad, n  # lo does not fit, hi does
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+                return hi, (cl.num_nodes + 1, hi)
+            last_bad = n
+    except _OutOfTime:
+        return None, (cl.num_nodes + 1, last_bad)
     return None, (cl.num_nodes + 1, top)
 
 
+def divisors_of(n: int) -> list[int]:
+    """The divisors of ``n`` in O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
 def max_nodes_below(problem: Problem, families: Iterable[str] | None = None,
-                    space_for: SpaceFor | None = None) -> int | None:
+                    space_for: SpaceFor | None = None,
+                    deadline: Budget | None = None) -> int | None:
     """A smaller node count that fits when the cluster is too large for the batch: the largest
     feasible one among the powers of two and the divisors of the global batch below the
     problem's node count (feasibility is not monotone in the node count — divisibility — so this
-    is an example, not a bound)."""
+    is an example, not a bound); the :data:`MAX_NODE_PROBES` largest candidates are tried."""
     cl = problem.cluster
     space_for = space_for or default_space_for(problem)
     gbs = problem.training.global_batch_size
     candidates = {1 << k for k in range(cl.num_nodes.bit_length())}
-    candidates |= {d for d in range(1, gbs + 1) if gbs % d == 0}
-    for n in sorted((c for c in candidates if c < cl.num_nodes), reverse=True):
-        cluster = cl.model_copy(update={"num_nodes": n})
-        if feasible(problem.replace(cluster=cluster, space=space_for(cluster)), families):
-            return n
+    candidates |= set(divisors_of(gbs))
+    tried = sorted((c for c in candidates if c < cl.num_nodes), reverse=True)[:MAX_NODE_PROBES]
+    try:
+        for n in tried:
+            cluster = cl.model_copy(update={"num_nodes": n})
+            if feasible(problem.replace(cluster=cluster, space=space_for(cluster)), families,
+                        time_limit_s=_left(deadline)):
+                return n
+    except _OutOfTime:
+        return None
     return None
+
+
+class _OutOfTime(Exception):
+    """The explanation's time budget is spent (the remaining fixes are left out)."""
+
+
+class Budget:
+    """What one explanation may spend: CP-SAT solves (the bound that keeps explanations the
+    same on a busy machine) and, as a backstop, wall-clock seconds."""
+
+    def __init__(self, solves: int = EXPLAIN_SOLVES, seconds: float = EXPLAIN_BUDGET_S) -> None:
+        self.solves, self.deadline, self.spent = solves, time.monotonic() + seconds, False
+
+    def take(self, cap: float) -> float:
+        """Seconds the next solve may take; :class:`_OutOfTime` when the budget is spent."""
+        left = self.deadline - time.monotonic()
+        if self.solves <= 0 or left <= MIN_SOLVE_S:
+            self.spent = True
+            raise _OutOfTime
+        self.solves -= 1
+        return min(cap, left)
+
+
+def _left(budget: Budget | None, cap: float = SOLVE_LIMIT_S) -> float:
+    """Seconds one solve may take within ``budget`` (:class:`_OutOfTime` when it is spent)."""
+    return cap if budget is None else budget.take(cap)
 
 
 def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, *,
                        space_for: SpaceFor | None = None, max_nodes: int | None = None,
-                       ) -> Explanation:
+                       budget_s: float | None = None) -> Explanation:
     """Explain an empty feasible set (see the module docstring). ``space_for`` rebuilds the
     space for another cluster (default: :func:`~solver.space.default_space`)."""
     t0 = time.perf_counter()
     cl = problem.cluster
     setting = (f"{problem.model.name} on {cl.num_nodes} x {cl.gpus_per_node} {cl.gpu.name} "
                f"(seq {problem.training.seq_len}, gbs {problem.training.global_batch_size})")
-    core = conflicting_families(problem, families)
+    deadline = Budget(seconds=EXPLAIN_BUDGET_S if budget_s is None else budget_s)
+    core = conflicting_families(problem, families, deadline=deadline)
     t1 = time.perf_counter()
     if core is None:
         return Explanation(feasible=True, setting=setting)
-    least = least_memory(problem, families) if "hbm" in core else None
+    try:
+        least = least_memory(problem, families, deadline=deadline) if "hbm" in core else None
+    except _OutOfTime:
+        least = None
     t2 = time.perf_counter()
     n, n_max, scanned = None, None, (0, 0)
     if "batch" in core and "hbm" not in core and problem.cluster.num_nodes > 1:
-        n_max = max_nodes_below(problem, families, space_for)
+        n_max = max_nodes_below(problem, families, space_for, deadline=deadline)
     elif set(core) & NODE_BOUND:
-        n, scanned = min_nodes(problem, families, space_for, max_nodes)
+        n, scanned = min_nodes(problem, families, space_for, max_nodes, deadline=deadline)
     t3 = time.perf_counter()
-    relax = relaxations(problem, families)
-    gbs = nearest_batch(problem, families) if "batch" in core else None
-    if (gpn := usual_node(problem, families, space_for)) is not None:
+    relax = relaxations(problem, families, deadline=deadline)
+    gbs = nearest_batch(problem, families, deadline=deadline) if "batch" in core else None
+    if (gpn := usual_node(problem, families, space_for, deadline=deadline)) is not None:
         relax.append(f"--gpus-per-node {gpn} (usual {cl.gpu.name} node)")
+    budget_spent = deadline.spent
     t4 = time.perf_counter()
     return Explanation(
         feasible=False, conflict=core,
         min_peak_bytes=least[0] if least else None, min_peak_config=least[1] if least else None,
         limit_bytes=problem.limit_bytes, min_nodes=n, max_nodes=n_max, nodes_scanned=scanned,
         relaxations=tuple(relax), nearest_gbs=gbs, setting=setting, gpu=cl.gpu.name,
+        budget_spent=budget_spent,
         timings={"conflict": t1 - t0, "least_memory": t2 - t1, "nodes": t3 - t2,
                  "relaxations": t4 - t3, "total": t4 - t0},
     )

@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from ortools.sat.python import cp_model
-
 from oracle.memory import MemoryOverheads
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
+from oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
 from solver.attribution import PROBE_AXES, attribute, attribution_walk
 from solver.constraints import (
     Direction,
@@ -28,6 +26,7 @@ from solver.constraints import (
     as_constraints,
     compile_expr,
 )
+from solver.cpsat import cp_model
 from solver.model import LegalityModel
 from solver.problem import Problem
 from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
@@ -210,6 +209,11 @@ def solve_slice(problem: Problem, families: Sequence[str],
     enumeration_parameters(solver)
     col = _Collector(lm)
     status = solver.Solve(lm.cp, col)
+    if status == cp_model.MODEL_INVALID:  # numbers beyond 64 bits: an input error, one line
+        m = lm.p.model
+        raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, vocab "
+                          f"{m.vocab_size}) is too large for the solver's 64-bit arithmetic "
+                          f"({' '.join(lm.cp.Validate().split())[:200]})")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
         raise RuntimeError(f"CP-SAT enumeration ended with {solver.StatusName(status)}")
     return SliceResult(dict(fixed), col.rows, t1 - t0, time.perf_counter() - t1)

@@ -31,7 +31,6 @@ from itertools import product
 from typing import Any
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from oracle import memory as M
 from oracle.specs import (
@@ -48,6 +47,7 @@ from oracle.specs import (
     resolve_config,
 )
 from solver.constraints import compile_expr
+from solver.cpsat import cp_model
 from solver.problem import Problem
 from solver.rules import (
     FP8_ARCHITECTURES_MX,
@@ -55,6 +55,7 @@ from solver.rules import (
     layers_per_chunk,
     split_slots,
     tp_shape_ok,
+    training_precision,
 )
 from solver.space import OptimizerChoice, RecomputeOption
 from solver.symbolic import Arith, Sym, Value
@@ -105,12 +106,29 @@ _CACHES: OrderedDict[tuple[Any, ...], OracleCache] = OrderedDict()
 CACHE_PROBLEMS = 4
 
 
+#: The tables of :class:`OracleCache` that do not depend on the cluster (node count, GPU), per
+#: (model, training, overheads), shared by the caches of every cluster (``tune-cp plan`` builds
+#: models for many node counts and GPUs): ``act`` (``activation_units`` takes no cluster and
+#: reads no dp or ga; its key holds every field it reads), ``pu`` (``param_units``: the model and
+#: the layout), ``stages`` and ``chunk_max`` (the model's pipeline geometry).
+_SHARED: OrderedDict[tuple[Any, ...], tuple[dict, dict, dict, dict]] = OrderedDict()
+
+
 def oracle_cache(problem: Problem) -> OracleCache:
     """The :class:`OracleCache` of ``problem``'s model, cluster, training and overheads."""
     key = (problem.model, problem.cluster, problem.training, problem.overheads)
     cache = _CACHES.get(key)
     if cache is None:
         cache = _CACHES[key] = OracleCache(problem)
+        common = (problem.model, problem.training, problem.overheads)
+        shared = _SHARED.get(common)
+        if shared is None:
+            shared = _SHARED[common] = (cache.act, cache.pu, cache.stages, cache.chunk_max)
+            while len(_SHARED) > CACHE_PROBLEMS:
+                _SHARED.popitem(last=False)
+        else:
+            _SHARED.move_to_end(common)
+        cache.act, cache.pu, cache.stages, cache.chunk_max = shared
         while len(_CACHES) > CACHE_PROBLEMS:
             _CACHES.popitem(last=False)
     else:
@@ -416,10 +434,14 @@ def enc_recompute(m: LegalityModel) -> Value:
 
 
 def enc_precision(m: LegalityModel) -> Value:
-    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4."""
+    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4; NVFP4 training needs FP4
+    tensor cores (``rules.training_precision``: false for every layout)."""
     gpu = m.p.cluster.gpu
+    precision_ok = not training_precision(m.p.cluster, m.p.training)
 
     def ok(f: int) -> bool:
+        if not precision_ok:
+            return False
         r = FP8[f]
         if r is None:
             return True

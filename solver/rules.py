@@ -59,19 +59,17 @@ from oracle.specs import (
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
+    Precision,
     Recompute,
     RecomputeMethod,
     Schedule,
     TrainingSpec,
 )
+from solver.defaults import DEFAULT_MEMORY_MARGIN
 
 if TYPE_CHECKING:
     from solver.constraints import HardConstraint
 
-#: Default ``--memory-margin``: the share of HBM kept free for what the model does not know
-#: (allocator behaviour of a specific framework build, stray buffers). The named overhead terms
-#: (context, collectives, fragmentation) are already inside the estimate.
-DEFAULT_MEMORY_MARGIN = 0.05
 PPM = 1_000_000
 
 
@@ -383,8 +381,19 @@ def recompute(ctx: RuleContext) -> list[Violation]:
 FP8_ARCHITECTURES_MX = frozenset({"blackwell", "cdna4"})
 
 
+def training_precision(cluster: ClusterSpec, training: TrainingSpec) -> list[Violation]:
+    """What the training precision needs of the GPU whatever the layout (so a search checks it
+    before enumerating): NVFP4 needs FP4 tensor cores (a catalog ``peak_fp4_tflops``)."""
+    gpu = cluster.gpu
+    if training.precision is Precision.FP4 and gpu.peak_fp4_flops is None:
+        return [Violation("precision", f"precision fp4 (NVFP4) needs FP4 tensor cores; {gpu.name} "
+                          f"has no peak_fp4_tflops in the catalog: use precision bf16 or fp8")]
+    return []
+
+
 def precision(ctx: RuleContext) -> list[Violation]:
-    c, gpu, out = ctx.cfg, ctx.cluster.gpu, []
+    c, gpu = ctx.cfg, ctx.cluster.gpu
+    out = training_precision(ctx.cluster, ctx.training)
     if c.fp8_recipe is None:
         return out
     if gpu.peak_fp8_flops is None:

@@ -263,6 +263,20 @@ def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True) -> 
 # ------------------------------------------------------------------------- default space
 
 
+#: Full-recompute depths K tried one by one (1 .. this); deeper virtual stages (models of more
+#: layers than any published one: the largest catalog model has 126) get the powers of two
+#: above it and the whole stage, so the space stays small for a 100,000-layer model.
+RECOMPUTE_LAYERS_EXACT = 128
+
+
+def recompute_layer_values(k_max: int) -> tuple[int, ...]:
+    """The full-recompute depths of the default space: every K up to
+    :data:`RECOMPUTE_LAYERS_EXACT`, then powers of two, then ``k_max`` (all layers)."""
+    exact = range(1, min(k_max, RECOMPUTE_LAYERS_EXACT) + 1)
+    powers = (1 << b for b in range(RECOMPUTE_LAYERS_EXACT.bit_length(), k_max.bit_length()))
+    return tuple(sorted({*exact, *(p for p in powers if p <= k_max), k_max}))
+
+
 def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],
                          vpp_values: tuple[int, ...]) -> int:
     """Decoder layers of the largest virtual stage over the pp x vpp domain (at least 1)."""
@@ -343,7 +357,7 @@ def default_space(
     mbs_dom = tuple(b for b in mbs if b <= gbs) or (1,)
     vpp = vpp_domain(model, pp)
     k_max = max_layers_per_chunk(model, pp, vpp)
-    ks = full_recompute_layers or tuple(range(1, k_max + 1))
+    ks = full_recompute_layers or recompute_layer_values(k_max)
     methods = [RecomputeMethod.BLOCK] + ([RecomputeMethod.UNIFORM] if uniform_recompute else [])
     recompute = (
         [NO_RECOMPUTE]

@@ -23,7 +23,8 @@ from operator import itemgetter
 from typing import Any, Union
 
 import numpy as np
-from ortools.sat.python import cp_model, cp_model_helper
+
+from solver.cpsat import cp_model, cp_model_helper
 
 Value = Union[int, "Sym"]
 #: Value sets are tracked through + and * while their product stays this small.
@@ -408,7 +409,7 @@ def linear_key(x: Value) -> tuple[Any, ...]:
     if isinstance(x.expr, cp_model.IntVar):
         return ((x.expr.index, 1),), 0
     f = cp_model_helper.FlatIntExpr(x.expr)
-    return tuple(sorted(zip([v.index for v in f.vars], f.coeffs))), f.offset
+    return tuple(sorted(zip([v.index for v in f.vars], f.coeffs, strict=True))), f.offset
 
 
 def domain_of(x: Value) -> list[int]:

@@ -42,3 +42,46 @@ def setting(model: str, gpu: str, nodes: int, seq: int, gbs: int, gpn: int = 8):
 
 def resolved(model, cluster, training, **kw) -> ParallelConfig:
     return resolve_config(ParallelConfig(**kw), model, cluster, training)
+
+
+#: The slowest tests (seconds each on the 2-core machine: whole searches, CP-SAT beside the
+#: Python loop on MoE spaces, infeasibility explanations), marked ``slow``:
+#: ``python -m pytest -m "not slow"`` runs the rest in under a minute; CI runs everything. An
+#: entry without ``[...]`` marks every parametrisation of the test. Kept here rather than as
+#: decorators so that the list is one place to review (``--durations=40`` shows the candidates).
+SLOW_TESTS = frozenset({
+    "test_cli_check.py::test_calibrate_command",
+    "test_cli_product.py::test_plan_minimum_nodes_table_and_monotone",
+    "test_cli_product.py::test_search_export_megatron_round_trips_through_check",
+    "test_cli_search.py::test_search_no_feasible_names_memory_and_nodes",
+    "test_cli_search.py::test_search_with_bf16_gradients_agrees_with_check",
+    "test_logs.py::test_refit_on_a_slower_cluster_moves_its_projections_down",
+    "test_logs.py::test_search_rows_are_distinct_and_the_answer_follows_its_rule",
+    "test_runs_calibrate.py::test_calibrate_writes_a_loadable_file_that_beats_priors",
+    "test_search.py::test_attribution_ends_at_the_best_and_names_each_change_once",
+    "test_search.py::test_mixtral_4_nodes_beats_amd_reference",
+    "test_solver_constraints.py::test_conflicting_constraint_gives_empty_set_and_names_it",
+    "test_solver_constraints.py::test_cpsat_compilation_equals_python",
+    "test_solver_equivalence.py::test_bf16_gradients_change_the_bytes_of_every_configuration",
+    "test_solver_equivalence.py::test_constraints_match_too",
+    "test_solver_equivalence.py::test_cpsat_equals_python_loop[mixtral-8x7b]",
+    "test_solver_equivalence.py::test_cpsat_equals_python_loop[mixtral-8x7b-bf16-grads]",
+    "test_solver_equivalence.py::test_families_switched_off_match_too",
+    "test_solver_equivalence.py::test_presolve_regression",
+    "test_solver_explain.py::test_batch_conflict_suggests_the_nearest_global_batch",
+    "test_solver_explain.py::test_llama_405b_on_one_h100_node_needs_more_nodes",
+    "test_solver_explain.py::test_unusual_node_size_suggests_the_usual_one",
+    "test_solver_model.py::test_memory_never_rises_with_more_block_recompute[mixtral-8x7b]",
+    "test_solver_model.py::test_mixtral_reference_layout_is_feasible_with_its_bytes",
+    "test_solver_slices.py::test_mixtral_on_four_nodes_sliced",
+    "test_solver_slices.py::test_oracle_tables_are_memoised_per_problem",
+    "test_solver_slices.py::test_sliced_equals_one_model",
+    "test_solver_slices.py::test_sliced_equals_one_model_with_families_off_and_constraints",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = f"{item.path.name}::{item.name}"
+        if name in SLOW_TESTS or name.split("[")[0] in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

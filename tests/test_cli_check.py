@@ -74,13 +74,14 @@ def test_bad_input_is_one_line_exit_2(run_cli, tmp_path):
 def test_gbs_not_divisible(run_cli):
     code, out, err = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
                              "--ep", "8", "--gbs", "100")
-    assert code == 2 and out == ""
-    assert err == ("tune-cp: error: global batch (100) is not divisible by mbs x dp (1 x 8 = 8); "
-                   "choose gbs in {96, 104}\n")
-    code, _, err = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
+    # a broken rule (issue 16: exit 1, not 2), reported as the verdict
+    assert code == 1 and err == ""
+    assert ("verdict: illegal\n  [batch] global batch (100) is not divisible by mbs x dp "
+            "(1 x 8 = 8); choose gbs in {96, 104}\n") in out
+    code, out, _ = run_cli("check", "--model", "mixtral-8x22b", "--nodes", "4", "--pp", "4",
                            "--ep", "8", "--gbs", "200", "--mbs", "2")
-    assert err == ("tune-cp: error: global batch (200) is not divisible by mbs x dp (2 x 8 = 16); "
-                   "choose gbs in {192, 208} or mbs in {1, 5, 25}\n")
+    assert code == 1 and ("[batch] global batch (200) is not divisible by mbs x dp (2 x 8 = 16); "
+                          "choose gbs in {192, 208} or mbs in {1, 5, 25}\n") in out
 
 
 def test_overhead_override(run_json):
@@ -112,7 +113,21 @@ def test_gpus_listing(run_cli, run_json):
     assert code == 0 and "mi355x" in out and "gb200" in out
     code, data = run_json("gpus")
     h100 = next(g for g in data if g["name"] == "h100")
-    assert h100["peak_bf16_flops"] == 989e12 and h100["hbm_bytes"] == 80 * 2**30
+    assert h100["peak_bf16_tflops"] == 989 and h100["hbm_gib"] == 80
+
+
+def test_gpus_json_entry_is_a_gpu_file(run_cli, run_json, tmp_path):
+    """`gpus --json` prints the schema `--gpu FILE` reads (issue 13)."""
+    import json
+
+    code, data = run_json("gpus")
+    mine = next(g for g in data if g["name"] == "mi355x") | {"name": "my-mi355x", "aliases": []}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(mine))
+    base = ("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "8")
+    code_a, a = run_json(*base, "--gpu", "mi355x")
+    code_b, b = run_json(*base, "--gpu", str(path))
+    assert b["cluster"]["gpu"] == "my-mi355x" and b["memory"] == a["memory"]
 
 
 def test_check_json_has_projection(run_json):
@@ -136,7 +151,6 @@ def test_amd_8_node_mixtral_within_10_percent(run_json):
 
 def test_calibrate_command(run_cli, tmp_path):
     import csv
-
     from pathlib import Path
 
     src = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"

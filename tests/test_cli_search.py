@@ -102,3 +102,18 @@ def test_search_with_bf16_gradients_agrees_with_check(run_json):
         assert chk["memory"]["peak_bytes"] == row["memory"]["peak_bytes"]
     _, default = run_json(*BASE, "--top", "1")
     assert default["best"]["grad_reduce_in_fp32"] is True
+
+
+def test_trials_out_holds_the_whole_exhaustive_ranking(run_json, tmp_path):
+    """Issue 14 item 5: --trials-out writes what its help says: the judged trials, then every
+    configuration of the exhaustive ranking, best first."""
+    trials = tmp_path / "t.jsonl"
+    code, data = run_json(*BASE, "--top", "1", "--trials-out", str(trials))
+    assert code == 0
+    rows = [json.loads(x) for x in trials.read_text().splitlines()]
+    ranking = [r for r in rows if r["phase"] == "exhaustive ranking"]
+    assert len(ranking) == data["feasible_count"]
+    assert [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))
+    assert ranking[0]["tokens_per_s_per_gpu"] == data["best"]["projection"]["tokens_per_s_per_gpu"]
+    judged = rows[: len(rows) - len(ranking)]
+    assert judged and all(r["phase"] != "exhaustive ranking" for r in judged)

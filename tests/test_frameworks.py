@@ -3,12 +3,13 @@ Megatron-Bridge recipe overrides. Exact flag names, round trips, stated defaults
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from oracle.catalog import load_gpu, load_model
+from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
 from oracle.frameworks import (
     Fp8Format,
     canonical_config,
@@ -18,6 +19,7 @@ from oracle.frameworks import (
     to_nemo_overrides,
     to_primus_overrides,
 )
+from oracle.frameworks.keys import megatron_flags
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -100,8 +102,9 @@ def test_megatron_export_model_flags():
     assert model_part == [
         "--num-layers 56", "--hidden-size 6144", "--ffn-hidden-size 16384",
         "--num-attention-heads 48", "--group-query-attention", "--num-query-groups 8",
-        "--swiglu", "--normalization RMSNorm", "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear", "--position-embedding-type rope", "--attention-dropout 0.0",
+        "--swiglu", "--normalization RMSNorm", "--norm-epsilon 1e-05",
+        "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+        "--position-embedding-type rope", "--rotary-base 1000000", "--attention-dropout 0.0",
         "--hidden-dropout 0.0", "--vocab-size 32768", "--num-experts 8",
         "--moe-ffn-hidden-size 16384", "--moe-router-topk 2",
     ]
@@ -111,7 +114,11 @@ def test_megatron_export_model_flags():
                      "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
                      "--moe-shared-expert-intermediate-size 2048",
                      "--moe-layer-freq '([0]*3+[1]*58)'", "--moe-router-enable-expert-bias",
-                     "--mtp-num-layers 1"):
+                     "--mtp-num-layers 1", "--moe-router-score-function sigmoid",
+                     "--moe-router-num-groups 8", "--moe-router-group-topk 4",
+                     "--moe-router-topk-scaling-factor 2.5", "--position-embedding-type yarn",
+                     "--rotary-scaling-factor 40.0",
+                     "--yarn-original-max-position-embeddings 4096", "--norm-epsilon 1e-06"):
         assert expected in flags
 
 
@@ -154,7 +161,21 @@ def test_megatron_export_launcher_line():
 def test_primus_export_of_amd_reference():
     text = to_primus_overrides(*amd_reference())
     body = [ln for ln in text.splitlines() if not ln.startswith("#")]
-    assert body == [
+    # then the model, in Primus keys (they override the model YAML with the checked model)
+    assert body[28:] == [
+        "      swiglu: true", "      quick_geglu: false", "      squared_relu: false",
+        "      untie_embeddings_and_output_weights: true", "      add_bias_linear: false",
+        "      add_qkv_bias: false", "      qk_layernorm: false",
+        "      group_query_attention: true", "      multi_latent_attention: false",
+        "      use_rope_scaling: false", "      moe_router_enable_expert_bias: false",
+        "      num_layers: 56", "      hidden_size: 6144", "      ffn_hidden_size: 16384",
+        "      num_attention_heads: 48", "      num_query_groups: 8",
+        "      normalization: RMSNorm", "      norm_epsilon: 1e-05",
+        "      position_embedding_type: rope", "      rotary_base: 1000000",
+        "      attention_dropout: 0.0", "      hidden_dropout: 0.0", "      vocab_size: 32768",
+        "      num_experts: 8", "      moe_ffn_hidden_size: 16384", "      moe_router_topk: 2",
+    ]
+    assert body[:28] == [
         "modules:",
         "  pre_trainer:",
         "    overrides:",
@@ -190,6 +211,13 @@ def test_primus_export_of_amd_reference():
 def test_nemo_export_of_amd_reference():
     text = to_nemo_overrides(*amd_reference())
     lines = [ln for ln in text.splitlines() if ln.startswith("cfg.")]
+    model_block = text.split("# the model tune-cp checked (mixtral-8x22b), on the recipe's "
+                             "model provider\n")[1].splitlines()
+    assert model_block[:3] == ["cfg.model.num_layers = 56", "cfg.model.hidden_size = 6144",
+                               "cfg.model.ffn_hidden_size = 16384"]
+    assert "cfg.model.rotary_base = 1000000" in model_block
+    assert "cfg.model.activation_func = F.silu" in model_block
+    lines = lines[:len(lines) - len(model_block)]
     assert lines == [
         "cfg.model.tensor_model_parallel_size = 1",
         "cfg.model.pipeline_model_parallel_size = 4",
@@ -386,13 +414,13 @@ def test_realistic_megatron_launch():
     assert (run.num_nodes, run.gpus_per_node) == (4, 8)
     assert run.model is not None and run.model.vocab_size == 32768
     assert run.unknown == ["--my-site-flag 3"]
-    assert run.ignored == ["--moe-grouped-gemm", "--overlap-grad-reduce", "--tokenizer-type",
-                           "--data-path", "--lr", "--exit-signal-handler"]
+    assert run.ignored == ["--moe-grouped-gemm", "--data-path", "--lr", "--exit-signal-handler"]
+    assert run.unmodelled == ["--overlap-grad-reduce"]  # changes time; printed as a warning
     assert run.notes == []
     assert run.defaults == [
         "moe_ffn_hidden_size: 16384 (Megatron-LM default: ffn_hidden_size)",
-        "vocab_size: 32768 (from the catalog model mixtral-8x22b, tokenizer "
-        "mistralai/Mixtral-8x22B-v0.1)",
+        "vocab_size: 32768 (tokenizer mistralai/Mixtral-8x22B-v0.1; the catalog model "
+        "mixtral-8x22b)",
         "context_parallel_size: 1 (Megatron-LM default)",
         "expert_tensor_parallel_size: tensor_model_parallel_size (Megatron-LM default)",
     ]
@@ -410,17 +438,12 @@ def test_script_with_bash_arrays():
     assert (run.seq_len, run.global_batch_size, run.precision) == (8192, 128, Precision.BF16)
     assert run.model is not None and run.model.num_kv_heads == 8
     assert run.model.vocab_size == 128256  # the tokenizer is the catalog's llama3-8b
-    assert run.unknown == ["--straggler-report-interval 50"]
+    # "/lustre/tb/llama3 8b" is split by the unquoted ${LOGGING_ARGS[@]}, as bash splits it
+    assert run.unknown == ["8b", "--straggler-report-interval 50"]
     assert "--tensorboard-dir" in run.ignored and "--lr" in run.ignored
-    assert (run.num_nodes, run.gpus_per_node) == (None, None)
+    # the script's GPUS_PER_NODE=8 / NUM_NODES=2 reach torchrun through its array
+    assert (run.num_nodes, run.gpus_per_node) == (2, 8)
     assert run.notes == [
-        "torchrun --nproc_per_node '$GPUS_PER_NODE' is not a number of GPUs per node; give it "
-        "to tune-cp directly",
-        "torchrun --nnodes '$NUM_NODES' is not a number of nodes; give it to tune-cp directly",
-        "shell expansions left as written: ${DISTRIBUTED_ARGS[@]}, ${MODEL_ARGS[@]}, "
-        "${TRAINING_ARGS[@]}, ${PARALLEL_ARGS[@]}, ${DATA_ARGS[@]}, ${LOGGING_ARGS[@]}; only "
-        "flags that appear literally in the text are read (paste the expanded command, e.g. "
-        "from the launch log, if some are missing)",
         "--cp-comm-type a2a: tune-cp models the p2p (ring) context-parallel exchange",
     ]
 
@@ -492,7 +515,8 @@ def test_model_missing_is_explained():
     no_vocab = parse_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                                    "--tokenizer-model acme/secret-tokenizer")
     assert no_vocab.model_missing == ("the vocabulary size is unknown: no --vocab-size, and "
-                                      "tokenizer 'acme/secret-tokenizer' is not a catalog model")
+                                      "tokenizer 'acme/secret-tokenizer' is not in tune-cp's "
+                                          "tokenizer table; add --vocab-size N, or pass --model")
 
 
 def test_flags_that_differ_from_the_model_are_noted():
@@ -533,8 +557,8 @@ def test_layers_per_virtual_stage_with_embedding_loss_split():
     ("--micro-batch-size 2.5", "--micro-batch-size '2.5': not a whole number; give an integer of "
      "at least 1"),
     ("--tensor-model-parallel-size $TP",
-     "--tensor-model-parallel-size '$TP': an unexpanded shell variable; paste the command with "
-     "its values filled in (for example from the launch log)"),
+     "--tensor-model-parallel-size '${TP}': the value is $TP, which the script takes from the "
+     "environment; pass --env TP=VALUE"),
     ("--moe-token-dispatcher-type all2all",
      "--moe-token-dispatcher-type 'all2all': not a valid choice; choose one of allgather, "
      "alltoall, flex, alltoall_seq"),
@@ -564,7 +588,7 @@ def test_layers_per_virtual_stage_with_embedding_loss_split():
     ("--use-megatron-fsdp --use-torch-fsdp2",
      "--use-torch-fsdp2: cannot be used together with --use-megatron-fsdp; keep one"),
     ("--seq-length 4096 'unclosed",
-     "cannot split the Megatron-LM arguments: No closing quotation; check the quotes"),
+     "the launch text has an unclosed ' quote; check the quotes"),
     ("   \n", "the Megatron-LM arguments are empty; paste the launch command or its arguments"),
 ])
 def test_malformed_megatron_values_are_one_line_errors(text, message):
@@ -642,8 +666,8 @@ def test_realistic_primus_experiment():
     assert {"wandb_project", "lr", "enable_primus_turbo", "moe_router_dtype"} <= set(run.ignored)
     assert run.defaults == [
         "moe_ffn_hidden_size: 16384 (Primus default: ffn_hidden_size)",
-        "vocab_size: 32768 (from the catalog model mixtral-8x22b, tokenizer "
-        "mistralai/Mixtral-8x22B-v0.1)",
+        "vocab_size: 32768 (tokenizer mistralai/Mixtral-8x22B-v0.1; the catalog model "
+        "mixtral-8x22b)",
         "context_parallel_size: 1 (Primus default, language_model.yaml)",
         "expert_tensor_parallel_size: tensor_model_parallel_size (Primus default)",
         "use_distributed_optimizer: on (Primus default, pre_trainer.yaml)",
@@ -805,3 +829,362 @@ def test_gradient_dtype_flags():
     # after the bf16_mixed() assignment, which would otherwise reset it to True
     assert lines.index("cfg.mixed_precision.grad_reduce_in_fp32 = False") > \
         lines.index("cfg.mixed_precision = bf16_mixed()")
+
+
+# ------------------------------------------------------------------ real launch files (issue 13)
+
+MEGATRON_EXAMPLES = Path(__file__).parent / "data" / "megatron" / "examples"
+
+
+def test_megatron_llama3_8b_fp8_example_script_as_shipped():
+    """examples/llama/train_llama3_8b_h100_fp8.sh at d98e8a64dd: ${1:-default} positional
+    defaults, arrays, `DTYPE_ARGS+=(...)` inside `if [[ "$DTYPE" == "fp8" ]]`, the MOCK branch
+    of the data arguments (--vocab-size 128256)."""
+    run = parse_megatron_args((MEGATRON_EXAMPLES / "train_llama3_8b_h100_fp8.sh").read_text())
+    c = run.config
+    assert (run.num_nodes, run.gpus_per_node) == (1, 8)
+    assert (c.tp, c.pp, c.cp, c.mbs, c.sequence_parallel) == (1, 1, 1, 1, True)
+    assert c.distributed_optimizer is True and c.grad_reduce_in_fp32 is False
+    assert (run.precision, run.fp8_format) == (Precision.FP8, Fp8Format.HYBRID)
+    assert (run.seq_len, run.global_batch_size) == (8192, 128)
+    m = run.require_model()
+    assert (m.num_layers, m.hidden_size, m.num_kv_heads, m.vocab_size) == (32, 4096, 8, 128256)
+    assert "--tokenizer-type" not in " ".join(run.unknown)
+
+
+def test_megatron_mixtral_example_script_with_env():
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh: NNODES=${SLURM_NNODES:-"1"} from
+    --env; $2 (the tokenizer path) is not needed: Llama2Tokenizer gives 32000."""
+    text = (MEGATRON_EXAMPLES / "train_mixtral_8x7b_distributed.sh").read_text()
+    run = parse_megatron_args(text, env={"SLURM_NNODES": "4"})
+    c = run.config
+    assert (run.num_nodes, run.gpus_per_node) == (4, 8)
+    assert (c.tp, c.pp, c.ep, c.mbs, c.sequence_parallel) == (1, 4, 8, 1, True)
+    m = run.require_model()
+    assert (m.num_experts, m.moe_top_k, m.vocab_size, m.num_layers) == (8, 2, 32000, 32)
+    assert any(n.startswith("--tokenizer-model") and "not needed" in n for n in run.notes)
+    assert parse_megatron_args(text).num_nodes == 1  # the script's default
+
+
+def test_megatron_gpt3_example_script_vocab_from_bpe_files():
+    """examples/gpt3/train_gpt3_175b_distributed.sh: --vocab-file/--merge-file without
+    --tokenizer-type is GPT-2 BPE (50257)."""
+    run = parse_megatron_args((MEGATRON_EXAMPLES / "train_gpt3_175b_distributed.sh").read_text())
+    assert (run.config.tp, run.config.pp) == (8, 16)
+    m = run.require_model()
+    assert (m.num_layers, m.hidden_size, m.vocab_size, m.ffn_hidden_size) == (96, 12288, 50257,
+                                                                              49152)
+    assert (run.seq_len, run.global_batch_size) == (2048, 1536)
+
+
+def test_unset_script_variable_names_the_env_option():
+    with pytest.raises(ConfigError) as e:
+        parse_megatron_args('L=${NUM_LAYERS}\ntorchrun pretrain_gpt.py --num-layers $L '
+                            "--hidden-size 64 --num-attention-heads 4 --vocab-size 100 "
+                            "--position-embedding-type rope")
+    assert str(e.value) == ("--num-layers '${NUM_LAYERS}': the value is $NUM_LAYERS, which the "
+                            "script takes from the environment; pass --env NUM_LAYERS=VALUE")
+    run = parse_megatron_args('L=${NUM_LAYERS:-4}\ntorchrun pretrain_gpt.py --num-layers $L '
+                              "--hidden-size 64 --num-attention-heads 4 --vocab-size 100 "
+                              "--position-embedding-type rope", env={"NUM_LAYERS": "6"})
+    assert run.require_model().num_layers == 6
+
+
+def test_pasted_block_with_lost_newlines_reads_every_flag():
+    """A backslash-continued block pasted as one line (the newlines lost) reads as the shell
+    would have read it with them."""
+    text = ("--num-layers 4 \\ --hidden-size 64 \\ --num-attention-heads 4 \\ "
+            "--tensor-model-parallel-size 2 \\ --vocab-size 100 \\ --position-embedding-type rope")
+    run = parse_megatron_args(text)
+    assert run.config.tp == 2 and run.require_model().hidden_size == 64
+    assert any("newline was lost" in n for n in run.notes)
+
+
+@pytest.mark.parametrize(("tokenizer", "vocab"), [
+    ("--tokenizer-type GPT2BPETokenizer", 50257),
+    ("--tokenizer-type Llama2Tokenizer", 32000),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Llama-3.2-1B", 128256),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model /models/Qwen2.5-72B", 152064),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen3-4B", 151936),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model deepseek-ai/DeepSeek-V2-Lite",
+     102400),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1", 32000),
+])
+def test_tokenizer_vocabulary_sizes(tokenizer, vocab):
+    """Published config.json vocab_size of each tokenizer's model (oracle/frameworks/data/
+    tokenizers.json)."""
+    run = parse_megatron_args(f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                              "--position-embedding-type rope "
+                              f"{tokenizer}")
+    assert run.require_model().vocab_size == vocab
+
+
+ARCH_IGNORED_FIELDS = {"name", "family", "source", "default_seq_len", "default_global_batch_size"}
+
+
+@pytest.mark.parametrize("name", list(model_entries()))
+def test_exported_megatron_flags_define_the_catalog_model(name):
+    """The exported flags, checked against the flag names of the current arguments.py (data/
+    megatron_flags.json, generated from it), read back to the same ModelSpec field by field."""
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    text = to_megatron_args(m, cluster, training, ParallelConfig(tp=8, ep=8 if m.is_moe else 1))
+    assert "# not expressible" not in text
+    flags = [w for line in text.splitlines() if not line.startswith("#")
+             for w in line.split() if w.startswith("--")]
+    known = megatron_flags()
+    assert [f for f in flags if f not in known] == []
+    run = parse_megatron_args(text)
+    assert run.unknown == [] and run.unmodelled == ["--overlap-grad-reduce",
+                                                    "--overlap-param-gather"]
+    back = run.require_model()
+    for field_name in type(m).model_fields:
+        if field_name not in ARCH_IGNORED_FIELDS:
+            assert getattr(back, field_name) == getattr(m, field_name), field_name
+
+
+def test_mixtral_8x22b_export_keeps_its_rope_base():
+    m = load_model("mixtral-8x22b")
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=4, gpus_per_node=8)
+    text = to_megatron_args(m, cluster, TrainingSpec(seq_len=8192, global_batch_size=512),
+                            ParallelConfig(tp=2, pp=4, ep=8))
+    assert "--rotary-base 1000000 \\" in text.splitlines()
+    oss = to_megatron_args(load_model("gpt-oss-120b"), cluster,
+                           TrainingSpec(seq_len=4096, global_batch_size=128),
+                           ParallelConfig(tp=1, pp=4, ep=8))
+    for line in ("--quick-geglu", "--window-size 127,0", "--window-attn-skip-freq 2",
+                 "--softmax-type learnable", "--glu-linear-offset 1.0",
+                 "--activation-func-clamp-value 7.0", "--position-embedding-type yarn"):
+        assert line in [x.rstrip(" \\") for x in oss.splitlines()]
+    assert "--swiglu \\" not in oss.splitlines()
+
+
+HF_DIR = Path(__file__).parent / "data" / "hf"
+
+
+def test_mistral_sliding_window_changes_the_long_sequence_projection():
+    """mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096 on every layer; at seq 32768
+    attention sees at most 4097 keys, so the step is shorter than with full causal attention."""
+    from oracle.projection import project
+
+    cfg_json = json.loads((HF_DIR / "mistral-7b-v0.1.json").read_text())
+    windowed = model_from_hf_config(cfg_json, name="mistral")
+    full = model_from_hf_config(cfg_json | {"sliding_window": None}, name="mistral")
+    assert (windowed.sliding_window, windowed.num_sliding_window_layers) == (4096, 32)
+    assert (full.sliding_window, windowed.norm_epsilon, windowed.rotary_base) == (0, 1e-5, 1e4)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=1, gpus_per_node=8)
+    training = TrainingSpec(seq_len=32768, global_batch_size=8)
+    cfg = ParallelConfig(tp=8)
+    step_w = project(windowed, cluster, training, resolve_config(cfg, windowed, cluster,
+                                                                  training)).step_time_s
+    step_f = project(full, cluster, training, resolve_config(cfg, full, cluster,
+                                                              training)).step_time_s
+    assert step_w < 0.9 * step_f
+
+
+def test_hf_config_rope_router_and_unmodelled_keys():
+    ds = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+          "num_hidden_layers": 61, "vocab_size": 129280, "intermediate_size": 18432,
+          "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+          "n_shared_experts": 1, "first_k_dense_replace": 3, "topk_method": "noaux_tc",
+          "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+          "scoring_func": "sigmoid", "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+          "rms_norm_eps": 1e-6, "rope_theta": 10000,
+          "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}
+    m = model_from_hf_config(ds, name="deepseek-v3")
+    catalog = load_model("deepseek-v3")
+    for f in ("router_score", "router_num_groups", "router_group_topk",
+              "router_topk_scaling_factor", "rope_scaling", "rope_scaling_factor",
+              "rope_original_max_position_embeddings", "norm_epsilon", "rotary_base"):
+        assert getattr(m, f) == getattr(catalog, f), f
+    with pytest.raises(ConfigError, match="final_logit_softcapping 30.0 changes the model"):
+        model_from_hf_config(ds | {"final_logit_softcapping": 30.0})
+    with pytest.raises(ConfigError, match="rope_scaling 'longrope'"):
+        model_from_hf_config(ds | {"rope_scaling": {"rope_type": "longrope", "factor": 4}})
+
+
+def test_check_states_its_defaults_and_reads_a_launch_script(run_cli):
+    """`check` names the GPU it assumed; a Megatron-LM example script is checked from its path
+    with the environment value it reads (--env), and gives the layout it launches."""
+    script = str(MEGATRON_EXAMPLES / "train_mixtral_8x7b_distributed.sh")
+    code, out, _ = run_cli("check", "--megatron-args", script, "--env", "SLURM_NNODES=4")
+    assert "defaults: --gpu mi355x (default; pass --gpu for the GPU you run on)" in out
+    assert "check: imported on 4 x 8 mi355x (32 GPUs), seq 4096, gbs 256" in out
+    assert "config: TP1 PP4 VPP1 CP1 EP8 ETP1 DP8, mbs 1, ga 32" in out
+    assert "warning: these change memory or time and are not modelled: " \
+           "--no-masked-softmax-fusion; --overlap-param-gather; --overlap-grad-reduce" in out
+    code, out, _ = run_cli("check", "--model", str(HF_DIR / "mistral-7b-v0.1.json"), "--nodes",
+                           "1", "--gpu", "h100")
+    assert "defaults: --gpus-per-node 8 (usual h100 node); --seq-len 8192 --gbs 256 (tune-cp's " \
+           "default for a model file" in out
+    code, _, err = run_cli("check", "--megatron-args", script, "--env", "=4")
+    assert code == 2 and "--env '=4': write NAME=VALUE" in err
+
+
+PRIMUS_EXAMPLES = (Path(__file__).parent / "data" / "primus_examples" / "examples" / "megatron"
+                   / "configs" / "MI355X")
+
+
+@pytest.mark.parametrize(("name", "layout"), [
+    # name: (tp, pp, ep, recompute, recompute_layers) read from the experiment and its model YAML
+    ("llama2_70B-BF16-pretrain", (1, 1, 1, "full", 80)),  # sequence_parallel: 1
+    ("llama3.1_8B-FP8-pretrain", (1, 1, 1, "none", None)),
+    ("llama3.1_70B-BF16-pretrain", (1, 1, 1, "full", 30)),
+    ("qwen2.5_7B-BF16-pretrain", (1, 1, 1, "none", None)),
+    ("qwen3_30B_A3B-BF16-pretrain", (1, 1, 8, "full", 5)),
+    ("deepseek_v2_lite-BF16-pretrain", (1, 1, 8, "none", None)),
+    ("deepseek_v3-BF16-pretrain", (1, 16, 8, "full", 2)),  # recompute_layer_ids
+    ("grok1-BF16-pretrain", (1, 4, 8, "full", 4)),  # block 8 > the 4 layers of a chunk
+    ("mixtral_8x22B_v0.1-BF16-pretrain", (1, 4, 8, "full", 0)),
+    ("gpt_oss_20B-BF16-pretrain", (1, 1, 8, "none", None)),
+])
+def test_primus_mi355x_examples_check(name, layout):
+    """Primus fd1eeabbad MI355X examples (copies in tests/data/primus_examples, in Primus's
+    layout, so the model YAML and its extends: chain are found)."""
+    run = parse_primus_config(PRIMUS_EXAMPLES / f"{name}.yaml", env={})
+    c = run.config
+    m = run.require_model()
+    assert (c.tp, c.pp, c.ep, c.recompute.value, c.recompute_layers) == layout
+    if name.startswith("llama2_70B"):
+        assert c.sequence_parallel is True  # written sequence_parallel: 1
+    if name.startswith("deepseek_v3"):
+        assert m.vocab_size == 129280 and m.mla is not None
+    assert m.vocab_size > 1000
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("mamba_370M-pretrain", "does not model Mamba layers (model_type mamba"),
+    ("zebra_llama_1B-pretrain", "does not model Mamba layers"),
+    ("deepseek_v4_flash-BF16-pretrain", "does not model DeepSeek-V4 compressed sparse attention"),
+    ("qwen3_5_35B_A3B-BF16-pretrain", "does not model linear-attention layers "
+                                      "(experimental_attention_variant)"),
+])
+def test_primus_mi355x_examples_refused_with_the_reason(name, reason):
+    with pytest.raises(ConfigError) as e:
+        parse_primus_config(PRIMUS_EXAMPLES / f"{name}.yaml", env={})
+    assert reason in str(e.value) and "\n" not in str(e.value)
+
+
+def test_primus_interleaved_moe_example_names_what_is_not_modelled():
+    run = parse_primus_config(PRIMUS_EXAMPLES / "llama4_17B128E-BF16-pretrain.yaml", env={})
+    with pytest.raises(ConfigError, match="moe_layer_freq 2 interleaves dense and MoE layers"):
+        run.require_model()
+
+
+def test_primus_layout_that_is_the_embedding_loss_split(tmp_path):
+    """Primus qwen3_235B_A22B MI355X: "Et*5|t*6|...|t*5,L" on pp 4 is the embedding_loss split
+    with 4 virtual stages per rank (94 layers + embedding + loss = 16 x 6)."""
+    layout = "Et*5|" + "t*6|" * 14 + "t*5,L"
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"modules": {"pre_trainer": {"framework": "megatron",
+        "overrides": {"pipeline_model_parallel_size": 4, "expert_model_parallel_size": 8,
+                      "pipeline_model_parallel_layout": layout}}}}))
+    run = parse_primus_config(exp, model=load_model("qwen3-235b-a22b"), env={})
+    assert (run.config.pp, run.config.vpp) == (4, 4)
+    assert run.config.pipeline_split is PipelineSplit.EMBEDDING_LOSS
+    assert not any("custom pipeline layouts are not modeled" in n for n in run.notes)
+    other = yaml.safe_dump({"modules": {"pre_trainer": {"framework": "megatron", "overrides": {
+        "pipeline_model_parallel_size": 4, "pipeline_model_parallel_layout":
+            "Et*4|" + "t*6|" * 14 + "t*6,L"}}}})
+    exp.write_text(other)
+    run = parse_primus_config(exp, model=load_model("qwen3-235b-a22b"), env={})
+    assert any("custom pipeline layouts are not modeled" in n for n in run.notes)
+
+
+def test_fp4_is_exported_and_read_back_as_fp4():
+    """Precision has one source (TrainingSpec.precision): the Megatron-LM export writes
+    --fp4-format e2m1 --fp4-recipe nvfp4 (TransformerConfig.fp4 / fp4_recipe), reads back as
+    FP4; Primus writes fp4 (trainer_base.yaml), Megatron-Bridge bf16_with_nvfp4_mixed()."""
+    m = load_model("llama3-8b")
+    cluster = ClusterSpec(gpu=load_gpu("b200"), num_nodes=1, gpus_per_node=8)
+    training = TrainingSpec(seq_len=8192, global_batch_size=128, precision=Precision.FP4)
+    cfg = ParallelConfig(tp=1)
+    text = to_megatron_args(m, cluster, training, cfg)
+    assert text.splitlines()[0].endswith("gbs 128, fp4 nvfp4")
+    assert "--fp4-format e2m1 \\" in text.splitlines() and "--fp4-recipe nvfp4 \\" in \
+        text.splitlines()
+    assert parse_megatron_args(text).precision is Precision.FP4
+    assert "      fp4: e2m1" in to_primus_overrides(m, cluster, training, cfg).splitlines()
+    assert "cfg.mixed_precision = bf16_with_nvfp4_mixed()" in to_nemo_overrides(
+        m, cluster, training, cfg)
+    assert config_json(resolve_config(cfg, m, cluster, training), training)["precision"] == "fp4"
+
+
+def test_primus_export_keys_are_primus_defaults_or_explained():
+    from oracle.frameworks.export import primus_default_keys
+
+    m, cl, tr, _ = amd_reference()
+    text = to_primus_overrides(m, cl, tr, ParallelConfig(pp=4, ep=8, dispatcher=Dispatcher.FLEX,
+                                                         recompute=Recompute.SELECTIVE))
+    keys = [line.split(":")[0].strip() for line in text.splitlines() if line.startswith("      ")]
+    extra = [k for k in keys if k not in primus_default_keys()]
+    assert extra == ["recompute_modules", "moe_flex_dispatcher_backend"]
+    assert ("# recompute_modules, moe_flex_dispatcher_backend: Megatron-LM arguments that are in "
+            "none of Primus's YAML defaults") in text
+
+
+@pytest.mark.parametrize("name", list(model_entries()))
+def test_exported_primus_overrides_define_the_catalog_model(name, tmp_path):
+    """The Primus export carries the model (Primus keys override the model YAML): read back
+    without --model it gives the same ModelSpec, and its keys are Primus defaults or named."""
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    path = tmp_path / "exp.yaml"
+    path.write_text(to_primus_overrides(m, cluster, training,
+                                        ParallelConfig(tp=8, ep=8 if m.is_moe else 1)))
+    run = parse_primus_config(path, env={})
+    assert run.unknown == []
+    back = run.require_model()
+    for field_name in type(m).model_fields:
+        if field_name not in ARCH_IGNORED_FIELDS:
+            assert getattr(back, field_name) == getattr(m, field_name), field_name
+
+
+@pytest.mark.parametrize("name", list(model_entries()))
+def test_exported_bridge_fields_are_provider_fields(name):
+    """Every cfg.model field the Megatron-Bridge export writes is a field of GPTModelProvider or
+    the Megatron-Core config it extends (data/bridge_model_fields.json), and the model block
+    sets the rope base, norm epsilon, activation and router of the checked model."""
+    from oracle.frameworks.export import bridge_model_fields
+
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("h200"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    text = to_nemo_overrides(m, cluster, training, ParallelConfig(tp=8, ep=8 if m.is_moe else 1))
+    fields = {line.split(" = ")[0][len("cfg.model."):]: line.split(" = ", 1)[1]
+              for line in text.splitlines() if line.startswith("cfg.model.")}
+    assert [f for f in fields if f not in bridge_model_fields()] == []
+    assert fields["layernorm_epsilon"] == repr(m.norm_epsilon)
+    assert fields["num_layers"] == str(m.num_layers) and fields["vocab_size"] == str(m.vocab_size)
+    if m.position_embedding.value == "rope":
+        assert fields["rotary_base"] == str(int(m.rotary_base))
+    if m.activation.value == "quick_geglu":
+        assert fields["activation_func"] == "quick_gelu" and fields["window_size"] == "(127, 0)"
+        assert fields["softmax_type"] == '"learnable"'
+
+
+def test_gpt3_example_script_names_the_nodes_its_layout_needs(run_cli):
+    """train_gpt3_175b_distributed.sh hard-codes NUM_NODES=1 ("Change for multinode config") with
+    TP8 x PP16: check says how many nodes the layout needs; with them it is legal."""
+    script = str(MEGATRON_EXAMPLES / "train_gpt3_175b_distributed.sh")
+    code, out, _ = run_cli("check", "--megatron-args", script, "--gpu", "h100")
+    assert code == 1 and "pass --nodes 16 (or a multiple)" in out
+    code, out, _ = run_cli("check", "--megatron-args", script, "--gpu", "h100", "--nodes", "16")
+    assert "config: TP8 PP16 VPP1 CP1 EP1 ETP8 DP1, mbs 1, ga 1536" in out
+    assert "vocab_size: 50257 (tokenizer --vocab-file/--merge-file; GPT-2 BPE" in out
+
+
+def test_primus_mxfp4_recipe_is_read_and_stated(tmp_path):
+    """Primus llama3.1_8B-MXFP4-pretrain.yaml writes fp4: e2m1 with fp4_recipe: mxfp4 (AMD's
+    MXFP4); tune-cp's fp4 is NVFP4, so it says it checks bf16 instead of failing on the value."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"modules": {"pre_trainer": {"framework": "megatron",
+        "overrides": {"fp4": "e2m1", "fp4_recipe": "mxfp4"}}}}))
+    run = parse_primus_config(exp, model=load_model("llama3-8b"), env={})
+    assert run.precision is Precision.BF16
+    assert any(n.startswith("fp4_recipe mxfp4: MXFP4 GEMMs are not modeled") for n in run.notes)
+    assert parse_megatron_args("--fp4-format e2m1", model=load_model("llama3-8b")).precision \
+        is Precision.FP4

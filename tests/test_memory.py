@@ -209,7 +209,7 @@ def test_memory_never_rises_with_more_sharding(case):
     """Doubling tp, pp, ep or cp never raises the model-state + activation bytes of the most
     loaded stage (pipelines kept full: ga >= pp vpp). Runtime terms grow with the number of
     communicators, which is real and excluded here."""
-    from solver.rules import RuleContext, STRUCTURAL, check
+    from solver.rules import STRUCTURAL, RuleContext, check
 
     m, cl, tr = setting(*case)
     checked = 0

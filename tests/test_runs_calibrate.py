@@ -239,3 +239,20 @@ def test_megatron_bridge_moe_rows_use_the_recipes_dispatcher() -> None:
     rows = {r.row_id: r for r in read_runs(RUNS)}
     assert rows["285"].cfg.dispatcher is Dispatcher.FLEX  # DeepSeek-V3 H100, EP64 over 8 nodes
     assert rows["438"].cfg.dispatcher is Dispatcher.ALLTOALL
+
+
+def test_shipped_calibration_keeps_published_mfu_ceilings() -> None:
+    # the best measured MFU per class (dense/moe, architecture, precision) of the published
+    # rows: Hopper BF16 dense is MPT-30B on H100 (row 393, 42.1%), below the 56% a 405B plan
+    # projects at 32-64 nodes, which therefore carries a note
+    from oracle.constants import load_calibration
+    from oracle.projection import mfu_note
+
+    table = load_calibration()
+    ceil = table.fitted_on["mfu_ceilings"]["dense/hopper/bf16"]
+    assert (ceil["row"], ceil["model"], ceil["gpu"]) == ("393", "MPT-30b", "h100")
+    assert ceil["mfu"] == pytest.approx(0.4209, abs=5e-4)
+    note = mfu_note(0.557, {"mlp_gemm": 0.7, "pipeline_bubble": 0.01}, 1.0, False, "hopper",
+                    "bf16", table)
+    assert note.startswith("MFU 55.7% is above the best published 42.1% for dense/hopper/bf16")
+    assert mfu_note(0.40, {"mlp_gemm": 0.7}, 1.0, False, "hopper", "bf16", table) == ""

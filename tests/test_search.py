@@ -3,6 +3,7 @@ constraints, preferences, and the LLM phase with scripted (DummyLM) and failing 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -34,7 +35,7 @@ def test_attribution_chains_from_baseline_to_best(llama_result):
     steps = r.attribution
     assert steps and steps[0].before == pytest.approx(r.baseline.throughput)
     assert steps[-1].after == pytest.approx(r.best.throughput)
-    for a, b in zip(steps, steps[1:]):
+    for a, b in itertools.pairwise(steps):
         assert a.after == pytest.approx(b.before)
     assert r.speedup == pytest.approx(r.best.throughput / r.baseline.throughput)
     for s in r.seed.steps:  # each accepted seed move is a gain
@@ -52,7 +53,7 @@ def test_attribution_ends_at_the_best_and_names_each_change_once(case):
     r = search(m, cl, tr, SearchOptions())
     steps = r.attribution
     assert steps[-1].after == pytest.approx(r.best.throughput)
-    for a, b in zip(steps, steps[1:]):
+    for a, b in itertools.pairwise(steps):
         assert a.after == pytest.approx(b.before)
     labels = " + ".join(s.move for s in steps)
     assert "recompute_layers" not in labels and "recompute_modules" not in labels

@@ -177,3 +177,14 @@ def test_bf16_gradients_change_the_bytes_of_every_configuration():
             shared += 1
             assert f.peak_bytes < peak32[repr(f.candidate)]
     assert shared > 0
+
+
+def test_fp4_without_fp4_tensor_cores_is_a_precision_rule():
+    """Issue 16: NVFP4 on a GPU without FP4 peaks is the ``precision`` family (rules.py), in
+    CP-SAT and the Python loop alike: nothing is feasible, and every candidate the earlier
+    families pass is charged to ``precision``."""
+    p = problem("llama3-8b", "a100", 1, 4096, 64, precision="fp4")
+    assert_same(p)
+    a = enumerate_problem(p)
+    assert not a.configs and a.removed["precision"] > 0
+    assert all(a.removed[f] == 0 for f in ("batch", "extra", "hbm"))

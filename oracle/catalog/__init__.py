@@ -15,9 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
+from oracle.inputs import exists, finite, is_dir, read_mapping, show_name
 from oracle.specs import (
     GIB,
     ConfigError,
@@ -99,34 +99,13 @@ def _unknown(kind: str, name: str, entries: dict[str, Any]) -> ConfigError:
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return ConfigError(
-        f"unknown {kind} {name!r}: {hint}choose one of {', '.join(names)}, "
+        f"unknown {kind} {show_name(name)}: {hint}choose one of {', '.join(names)}, "
         f"or pass a path to a {'config.json' if kind == 'model' else 'YAML/JSON GPU file'}"
     )
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} file {str(path)!r}: {e.strerror}") from e
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{what} file {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} "
-            f"column {e.colno}"
-        ) from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} file {str(path)!r} is not valid YAML: {e}".splitlines()[0]) from e
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{what} file {str(path)!r} must hold a mapping of keys to values, "
-            f"got {type(data).__name__}"
-        )
-    return data
+    return read_mapping(path, f"{what} file")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -140,15 +119,22 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     if canonical is not None:
         return entries[canonical].to_spec()
     path = Path(name_or_path)
-    if not (_looks_like_path(name_or_path) or path.exists()):
+    if not (_looks_like_path(name_or_path) or exists(path)):
         raise _unknown("gpu", name_or_path, entries)
     data = _read_mapping(path, "GPU")
     try:
-        return GpuEntry(**data).to_spec()
+        spec = GpuEntry(**data).to_spec()
+        from oracle.constants import architecture_key
+
+        try:
+            architecture_key(spec.architecture)
+        except ConfigError as e:
+            raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+        return spec
     except ValidationError as e:
-        raise ConfigError(f"GPU file {str(path)!r}: {validation_message(e)}") from e
+        raise ConfigError(f"GPU file {show_name(path)}: {validation_message(e)}") from e
     except TypeError as e:
-        raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+        raise ConfigError(f"GPU file {show_name(path)}: {e}") from e
 
 
 # ---------------------------------------------------------------------------------- models
@@ -177,9 +163,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if canonical is not None:
         return entries[canonical].to_spec()
     path = Path(name_or_path)
-    if path.is_dir() and (path / "config.json").exists():
+    if is_dir(path) and exists(path / "config.json"):
         path = path / "config.json"
-    if not (_looks_like_path(name_or_path) or path.exists()):
+    if not (_looks_like_path(name_or_path) or exists(path)):
         raise _unknown("model", name_or_path, entries)
     data = _read_mapping(path, "model")
     label = path.parent.name if path.name == "config.json" else path.stem
@@ -189,11 +175,11 @@ def load_model(name_or_path: str) -> ModelSpec:
         data.setdefault("name", label or "custom")
         return ModelSpec(**data)
     except ValidationError as e:
-        raise ConfigError(f"model file {str(path)!r}: {validation_message(e)}") from e
+        raise ConfigError(f"model file {show_name(path)}: {validation_message(e)}") from e
     except ConfigError as e:
-        raise ConfigError(f"model file {str(path)!r}: {e}") from e
+        raise ConfigError(f"model file {show_name(path)}: {e}") from e
     except TypeError as e:
-        raise ConfigError(f"model file {str(path)!r}: {e}") from e
+        raise ConfigError(f"model file {show_name(path)}: {e}") from e
 
 
 HF_FAMILIES = {
@@ -214,6 +200,14 @@ def _need(cfg: dict[str, Any], key: str, family: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise ConfigError(f"a {family} config.json needs {key!r}, which is missing")
     value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _int(cfg: dict[str, Any], key: str, default: int) -> int:
+    """An optional integer of a config.json (``default`` when absent, null or 0)."""
+    value = cfg.get(key) or default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key!r} must be an integer, got {value!r}")
     return value
@@ -241,11 +235,11 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
         "vocab_size": _need(cfg, "vocab_size", family),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "ffn_hidden_size": cfg.get("intermediate_size") or 0,
-        "default_seq_len": min(int(cfg.get("max_position_embeddings") or 4096), 8192),
+        "default_seq_len": min(_int(cfg, "max_position_embeddings", 4096), 8192),
         "source": f"Hugging Face config.json (model_type {model_type})",
     }
     if cfg.get("attention_dropout"):
-        spec["attention_dropout"] = float(cfg["attention_dropout"])
+        spec["attention_dropout"] = finite(cfg["attention_dropout"], "'attention_dropout'")
     if family in ("qwen2", "qwen2_moe"):
         spec["qkv_bias"] = True
     if family in ("qwen3", "qwen3_moe"):
@@ -264,7 +258,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
             "moe_top_k": _need(cfg, "num_experts_per_tok", family),
             "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
         }
-        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+        if cfg.get("mlp_only_layers") or _int(cfg, "decoder_sparse_step", 1) != 1:
             raise ConfigError(
                 "mlp_only_layers / decoder_sparse_step != 1 (interleaved dense layers) are not "
                 "supported; only leading dense layers are"
@@ -307,10 +301,74 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
             "sliding_window": cfg.get("sliding_window") or 0,
             "num_sliding_window_layers": sum(1 for t in layer_types if t == "sliding_attention"),
         }
+    spec |= _hf_rope_and_norm(cfg, model_type)
+    spec |= _hf_sliding_window(cfg, model_type, spec["num_layers"])
+    if family == "gpt_oss":
+        # openai/gpt-oss modeling: glu = gate * sigmoid(1.702 gate) * (up + 1), both clamped
+        # at swiglu_limit (Megatron-LM --quick-geglu --glu-linear-offset 1.0
+        # --activation-func-clamp-value 7.0)
+        spec |= {"activation": "quick_geglu", "glu_linear_offset": GPT_OSS_LINEAR_OFFSET,
+                 "activation_clamp": float(cfg.get("swiglu_limit") or GPT_OSS_CLAMP)}
+    if family == "deepseek_v3":
+        spec |= {"router_score": "sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
+                 "router_num_groups": int(cfg.get("n_group") or 0),
+                 "router_group_topk": int(cfg.get("topk_group") or 0),
+                 "router_topk_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
+        if spec["router_num_groups"] <= 1:
+            spec["router_num_groups"] = spec["router_group_topk"] = 0
+    if family == "qwen2_moe" and spec.get("num_shared_experts"):
+        spec["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock.shared_expert_gate
+    for key in UNMODELLED_HF_KEYS:
+        if cfg.get(key) not in (None, False, 0):
+            raise ConfigError(f"config.json {key} {cfg[key]!r} changes the model and is not "
+                              "modelled by tune-cp")
     try:
         return ModelSpec(**spec)
     except ValidationError as e:
         raise ConfigError(validation_message(e)) from e
+
+
+GPT_OSS_LINEAR_OFFSET = 1.0  # openai/gpt-oss: (up + 1)
+GPT_OSS_CLAMP = 7.0  # openai/gpt-oss config.json swiglu_limit
+HF_DEFAULT_ROPE_THETA = 10000.0  # transformers PretrainedConfig default rope_theta
+UNMODELLED_HF_KEYS = ("attn_logit_softcapping", "final_logit_softcapping",
+                      "router_logit_softcapping")
+
+
+def _hf_rope_and_norm(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """``rope_theta``, ``rope_scaling`` (llama3 / yarn; other kinds are refused) and the norm
+    epsilon (``rms_norm_eps``)."""
+    out: dict[str, Any] = {"rotary_base": float(cfg.get("rope_theta") or HF_DEFAULT_ROPE_THETA)}
+    eps = cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
+    if eps:
+        out["norm_epsilon"] = float(eps)
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type") or scaling.get("type")
+        if kind in ("llama3", "yarn"):
+            out |= {"rope_scaling": kind,
+                    "rope_scaling_factor": float(scaling.get("factor") or 1.0),
+                    "rope_original_max_position_embeddings":
+                        int(scaling.get("original_max_position_embeddings") or 0)}
+        elif kind not in (None, "default"):
+            raise ConfigError(f"config.json rope_scaling {kind!r} (model_type {model_type}) is "
+                              "not modelled; tune-cp reads llama3 and yarn rope scaling")
+    return out
+
+
+def _hf_sliding_window(cfg: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """Mistral / Mixtral ``sliding_window``: every layer; Qwen2/3 only with
+    ``use_sliding_window`` (on every layer from ``max_window_layers``: refused unless all)."""
+    window = cfg.get("sliding_window")
+    if model_type in ("mistral", "mixtral") and window:
+        return {"sliding_window": int(window), "num_sliding_window_layers": layers}
+    if model_type.startswith("qwen") and cfg.get("use_sliding_window") and window:
+        if int(cfg.get("max_window_layers") or 0) not in (0,):
+            raise ConfigError(f"config.json use_sliding_window with max_window_layers "
+                              f"{cfg.get('max_window_layers')} (sliding windows on part of the "
+                              "layers) is not modelled")
+        return {"sliding_window": int(window), "num_sliding_window_layers": layers}
+    return {}
 
 
 def catalog_model_names() -> list[str]:

@@ -24,12 +24,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from oracle.frameworks.keys import Fp8Format, megatron_flag
+from oracle.frameworks.model import LLAMA3_ORIGINAL_POSITIONS
 from oracle.memory import pipeline_chunks
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
+    Activation,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -38,13 +42,18 @@ from oracle.specs import (
     ParallelConfig,
     PipelineSplit,
     PositionEmbedding,
+    Precision,
     Recompute,
     RecomputeMethod,
+    RopeScaling,
+    RouterScore,
     Schedule,
     TrainingSpec,
     resolve_config,
 )
 
+FP4_FORMAT = "e2m1"  # TransformerConfig.fp4 (--fp4-format): the only FP4 element format
+FP4_RECIPE = "nvfp4"  # --fp4-recipe: NVFP4BlockScaling, what Precision.FP4 models
 FLEX_BACKEND = "deepep"  # tune-cp's flex dispatcher is DeepEP (--moe-flex-dispatcher-backend)
 FSDP_STRATEGY = "optim_grads_params"  # full sharding, what tune-cp's fsdp models
 UNFUSED_BACKEND = "unfused"  # --attention-backend that materialises the attention scores
@@ -99,7 +108,8 @@ def _refuse_zero_bubble(c: ParallelConfig, framework: str) -> None:
 def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: ParallelConfig,
             prefix: str = "# ") -> list[str]:
     recompute = c.recompute.value
-    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else "bf16"
+    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else (
+        "fp4 nvfp4" if training.precision is Precision.FP4 else "bf16")
     sharding = ("fsdp" if c.fsdp else "distributed optimizer" if c.distributed_optimizer
                 else "replicated optimizer")
     if not c.grad_reduce_in_fp32:
@@ -178,6 +188,8 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
         out.append(("grad_reduce_in_bf16", True))
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
+    elif training.precision is Precision.FP4:
+        out += [("fp4", FP4_FORMAT), ("fp4_recipe", FP4_RECIPE)]
     if not training.flash_attention:
         out.append(("attention_backend", UNFUSED_BACKEND))
     return out
@@ -190,8 +202,8 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
     missing: list[str] = []
     if model.ffn_hidden_size:
         out.append(("ffn_hidden_size", model.ffn_hidden_size))
-    elif model.is_moe:
-        missing.append("no dense MLP (Megatron-LM defaults --ffn-hidden-size to 4 x hidden)")
+    elif model.is_moe and model.num_dense_layers:
+        missing.append("dense layers without a dense MLP width")
     out.append(("num_attention_heads", model.num_attention_heads))
     if model.mla is not None:
         out.append(("multi_latent_attention", True))
@@ -206,9 +218,20 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
             out += [("group_query_attention", True), ("num_query_groups", model.num_kv_heads)]
         if model.head_dim * model.num_attention_heads != model.hidden_size:
             out.append(("kv_channels", model.head_dim))
-    if model.gated_mlp:
+    if model.activation is Activation.QUICK_GEGLU:
+        out.append(("quick_geglu", True))  # a gated MLP with the quick-GELU gate
+        if not model.gated_mlp:
+            missing.append("quick-GeGLU without a gated MLP")
+    elif model.gated_mlp:
         out.append(("swiglu", True))
-    out.append(("normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if model.activation is Activation.SQUARED_RELU:
+        out.append(("squared_relu", True))
+    if model.activation_clamp:
+        out.append(("activation_func_clamp_value", model.activation_clamp))
+    if model.glu_linear_offset:
+        out.append(("glu_linear_offset", model.glu_linear_offset))
+    out += [("normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"),
+            ("norm_epsilon", model.norm_epsilon)]
     if not model.tied_embeddings:
         out.append(("untie_embeddings_and_output_weights", True))
     biases = (model.qkv_bias, model.attn_out_bias, model.mlp_bias)
@@ -224,8 +247,22 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
     if model.qk_norm:
         out.append(("qk_layernorm", True))
     learned = model.position_embedding is PositionEmbedding.LEARNED
-    out += [("position_embedding_type", "learned_absolute" if learned else "rope"),
-            ("attention_dropout", model.attention_dropout),
+    yarn = model.rope_scaling is RopeScaling.YARN
+    out.append(("position_embedding_type", "learned_absolute" if learned else
+                "yarn" if yarn else "rope"))
+    if not learned:
+        out.append(("rotary_base", _number(model.rotary_base)))
+    if yarn:
+        out.append(("rotary_scaling_factor", model.rope_scaling_factor))
+        if model.rope_original_max_position_embeddings:
+            out.append(("yarn_original_max_position_embeddings",
+                        model.rope_original_max_position_embeddings))
+    elif model.rope_scaling is RopeScaling.LLAMA3:
+        out += [("use_rope_scaling", True), ("rope_scaling_factor", model.rope_scaling_factor)]
+        if model.rope_original_max_position_embeddings not in (0, LLAMA3_ORIGINAL_POSITIONS):
+            missing.append(f"llama3 rope scaling from {model.rope_original_max_position_embeddings}"
+                           f" positions (Megatron-LM fixes {LLAMA3_ORIGINAL_POSITIONS})")
+    out += [("attention_dropout", model.attention_dropout),
             ("hidden_dropout", model.hidden_dropout),
             ("vocab_size", model.vocab_size)]
     if model.is_moe:
@@ -240,14 +277,36 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
             out.append(("moe_layer_freq", f"([0]*{dense}+[1]*{moe})"))
         if model.router_expert_bias:
             out.append(("moe_router_enable_expert_bias", True))
+        if model.shared_expert_gate:
+            out.append(("moe_shared_expert_gate", True))
+        if model.router_score is not RouterScore.SOFTMAX:
+            out.append(("moe_router_score_function", model.router_score.value))
+        if model.router_num_groups:
+            out += [("moe_router_num_groups", model.router_num_groups),
+                    ("moe_router_group_topk", model.router_group_topk)]
+        if model.router_topk_scaling_factor != 1:
+            out.append(("moe_router_topk_scaling_factor", model.router_topk_scaling_factor))
     if model.num_mtp_layers:
         out.append(("mtp_num_layers", model.num_mtp_layers))
-    if model.sliding_window:
-        missing.append(f"sliding-window attention ({model.num_sliding_window_layers} layers, "
-                       f"window {model.sliding_window})")
+    if model.sliding_window and model.num_sliding_window_layers:
+        # --window-size LEFT,0 attends LEFT earlier tokens and the token itself
+        out.append(("window_size", f"{model.sliding_window - 1},0"))
+        every = model.num_sliding_window_layers >= model.num_layers
+        alternate = model.num_sliding_window_layers == model.num_layers - model.num_layers // 2
+        if alternate and not every:
+            out.append(("window_attn_skip_freq", 2))
+        elif not every:
+            missing.append(f"sliding-window attention on {model.num_sliding_window_layers} of "
+                           f"{model.num_layers} layers (Megatron-LM: every layer, or every "
+                           "layer but each N-th)")
     if model.attention_sinks:
-        missing.append("attention sinks")
+        out.append(("softmax_type", "learnable"))  # a learnable sink logit per head
     return out, missing
+
+
+def _number(value: float) -> int | float:
+    """An integral float as an int (``--rotary-base`` is an int flag in arguments.py)."""
+    return int(value) if float(value).is_integer() else value
 
 
 def _render_flag(dest: str, value: Any) -> str:
@@ -362,12 +421,42 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
         out.append(("fp8", None))
+    if training.precision is Precision.FP4:  # trainer_base.yaml: fp4: null
+        out.append(("fp4", FP4_FORMAT))
     out.append(("patch_zero_bubble", zero_bubble))
     if zero_bubble:
         out.append(("enable_zero_bubble", True))
     if not training.flash_attention:
         out.append(("attention_backend", UNFUSED_BACKEND))
     return out
+
+
+# Megatron-LM flags without value whose Primus spelling is a key with the opposite value
+PRIMUS_NEGATED = {"disable_bias_linear": "add_bias_linear"}
+# Model switches written whatever their value: Primus's defaults (language_model.yaml) differ
+# from Megatron-LM's (SwiGLU, untied, no biases), so an unwritten switch would change the model.
+PRIMUS_EXPLICIT = ("swiglu", "quick_geglu", "squared_relu", "untie_embeddings_and_output_weights",
+                   "add_bias_linear", "add_qkv_bias", "qk_layernorm", "group_query_attention",
+                   "multi_latent_attention", "use_rope_scaling",
+                   "moe_router_enable_expert_bias")
+
+
+def primus_model_overrides(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The model as Primus keys (the Megatron-LM model arguments with Primus's spellings and
+    every switch written), and what they cannot say; they override the experiment's model YAML
+    with the model tune-cp checked."""
+    pairs, missing = megatron_model_args(model)
+    # Megatron-LM's defaults for the switches the flags leave out (add_bias_linear: on)
+    values: dict[str, Any] = {k: k == "add_bias_linear" for k in PRIMUS_EXPLICIT}
+    for dest, value in pairs:
+        if dest in PRIMUS_NEGATED:
+            values[PRIMUS_NEGATED[dest]] = not value
+        else:
+            values[dest] = value
+    if not model.is_moe:
+        for key in ("moe_router_enable_expert_bias",):
+            values.pop(key)
+    return list(values.items()), missing
 
 
 def to_primus_overrides(
@@ -387,8 +476,28 @@ def to_primus_overrides(
         "  pre_trainer:",
         "    overrides:",
     ]
-    lines += [f"      {key}: {_yaml(value)}" for key, value in primus_overrides(model, training, c)]
+    model_pairs, missing = primus_model_overrides(model)
+    taken = {k for k, _ in model_pairs}
+    pairs = [(k, v) for k, v in primus_overrides(model, training, c) if k not in taken]
+    pairs += model_pairs
+    if missing:
+        lines.insert(len(lines) - 3, f"# not expressible as Primus keys: {'; '.join(missing)}")
+    extra = [k for k, _ in pairs if k not in primus_default_keys()]
+    if extra:
+        lines.insert(len(lines) - 3, f"# {', '.join(extra)}: Megatron-LM arguments that are in "
+                     "none of Primus's YAML defaults; Primus passes overrides to Megatron-LM's "
+                     "arguments as they are")
+    lines += [f"      {key}: {_yaml(value)}" for key, value in pairs]
     return "\n".join(lines) + "\n"
+
+
+PRIMUS_KEYS_FILE = Path(__file__).parent / "data" / "primus_keys.json"
+
+
+@cache
+def primus_default_keys() -> frozenset[str]:
+    """Keys Primus's own YAML defaults define (``data/primus_keys.json``, with its source)."""
+    return frozenset(json.loads(PRIMUS_KEYS_FILE.read_text())["keys"])
 
 
 # ------------------------------------------------------------------------- Megatron-Bridge
@@ -447,7 +556,9 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out += [("model.moe_token_dispatcher_type", json.dumps(c.dispatcher.value)),
                 ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
                 ("model.moe_grouped_gemm", "True")]
-    out.append(("mixed_precision", "bf16_mixed()"))
+    fp4 = training.precision is Precision.FP4 and c.fp8_recipe is None
+    # Megatron-Bridge training/mixed_precision.py: bf16_with_nvfp4_mixed (NVFP4BlockScaling)
+    out.append(("mixed_precision", "bf16_with_nvfp4_mixed()" if fp4 else "bf16_mixed()"))
     if not c.grad_reduce_in_fp32:
         # MixedPrecisionConfig.setup copies its grad_reduce_in_fp32 (bf16_mixed(): True) into
         # the DDP config, so the mixed-precision field decides; the ddp line states the result
@@ -460,6 +571,73 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     if not training.flash_attention:
         out.append(("model.attention_backend", f"AttnBackend.{UNFUSED_BACKEND}"))
     return out
+
+
+# Megatron-LM model arguments -> Megatron-Bridge model-provider fields (GPTModelProvider and the
+# TransformerConfig it extends); the flags without a field are handled in nemo_model_assignments
+BRIDGE_FIELD = {
+    "norm_epsilon": "layernorm_epsilon", "num_experts": "num_moe_experts",
+}
+BRIDGE_SKIP = frozenset({"group_query_attention", "swiglu", "quick_geglu", "squared_relu",
+                         "untie_embeddings_and_output_weights", "disable_bias_linear",
+                         "use_rope_scaling", "rotary_scaling_factor",
+                         "yarn_original_max_position_embeddings", "window_size"})
+ACTIVATION_IMPORT = {  # Megatron-Core modules of the activation functions
+    "F.silu": "import torch.nn.functional as F",
+    "F.gelu": "import torch.nn.functional as F",
+    "quick_gelu": "from megatron.core.activations import quick_gelu",
+    "squared_relu": "from megatron.core.activations import squared_relu",
+}
+
+
+def nemo_model_assignments(model: ModelSpec) -> tuple[list[tuple[str, str]], list[str]]:
+    """(cfg.model field, Python expression) pairs that set the recipe's model provider to the
+    checked model, and the imports they need."""
+    pairs, _ = megatron_model_args(model)
+    values = dict(pairs)
+    out: list[tuple[str, str]] = []
+    for dest, value in pairs:
+        if dest in BRIDGE_SKIP:
+            continue
+        expr = value if dest == "moe_layer_freq" else (
+            json.dumps(value) if isinstance(value, str) else repr(value))
+        out.append((f"model.{BRIDGE_FIELD.get(dest, dest)}", expr))
+    if model.mla is None and "num_query_groups" not in values:
+        out.append(("model.num_query_groups", repr(model.num_kv_heads)))
+    if model.activation is Activation.QUICK_GEGLU:
+        act, gated = "quick_gelu", True
+    elif model.activation is Activation.SQUARED_RELU:
+        act, gated = "squared_relu", model.gated_mlp
+    else:
+        act, gated = ("F.silu" if model.gated_mlp else "F.gelu"), model.gated_mlp
+    out += [("model.gated_linear_unit", repr(gated)), ("model.activation_func", act),
+            ("model.share_embeddings_and_output_weights", repr(model.tied_embeddings)),
+            ("model.add_bias_linear", repr("disable_bias_linear" not in values))]
+    if model.rope_scaling is RopeScaling.LLAMA3:
+        out += [("model.rope_scaling", "True"),
+                ("model.rope_scaling_factor", repr(model.rope_scaling_factor))]
+    elif model.rope_scaling is RopeScaling.YARN:
+        if model.mla is not None:  # MLATransformerConfig's YaRN fields (rope_type selects it)
+            out += [("model.rope_type", '"yarn"'),
+                    ("model.rotary_scaling_factor", repr(model.rope_scaling_factor)),
+                    ("model.original_max_position_embeddings",
+                     repr(model.rope_original_max_position_embeddings))]
+        else:
+            out += [("model.yarn_rotary_scaling_factor", repr(model.rope_scaling_factor)),
+                    ("model.yarn_original_max_position_embeddings",
+                     repr(model.rope_original_max_position_embeddings or None))]
+    if "window_size" in values:
+        out.append(("model.window_size", f"({model.sliding_window - 1}, 0)"))
+    return out, [ACTIVATION_IMPORT[act]]
+
+
+BRIDGE_FIELDS_FILE = Path(__file__).parent / "data" / "bridge_model_fields.json"
+
+
+@cache
+def bridge_model_fields() -> frozenset[str]:
+    """Field names of a Megatron-Bridge model provider (``data/bridge_model_fields.json``)."""
+    return frozenset(json.loads(BRIDGE_FIELDS_FILE.read_text())["fields"])
 
 
 def to_nemo_overrides(
@@ -478,10 +656,14 @@ def to_nemo_overrides(
         f"# run on {cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs (e.g. a NeMo-Run "
         f"executor with nodes={cluster.num_nodes}, ntasks_per_node={cluster.gpus_per_node})",
         "import torch",
-        "from megatron.bridge.training.mixed_precision import bf16_mixed",
+        "from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_nvfp4_mixed",
     ]
     if not training.flash_attention:
         lines.append("from megatron.core.transformer.enums import AttnBackend")
+    model_lines, imports = nemo_model_assignments(model)
+    lines += imports
     lines.append("")
     lines += [f"cfg.{path} = {expr}" for path, expr in nemo_assignments(model, training, c)]
+    lines += ["", f"# the model tune-cp checked ({model.name}), on the recipe's model provider"]
+    lines += [f"cfg.{path} = {expr}" for path, expr in model_lines]
     return "\n".join(lines) + "\n"

@@ -22,16 +22,18 @@ Megatron-LM flag and the Primus key are two spellings of it (:func:`spell`).
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from oracle.frameworks.shell import UNSET, describe_unset, unset_name
+from oracle.inputs import is_file, read_mapping
 from oracle.specs import ConfigError
 
 
@@ -111,6 +113,8 @@ CONFIG_KEYS: dict[str, Key] = {
     "recompute_method": Key(Kind.CHOICE, choices=("uniform", "block")),
     "recompute_num_layers": _int(0),
     "recompute_modules": Key(Kind.LIST),
+    # Primus: full recompute of these global layer ids ("0,3,4" or a list); no Megatron-LM flag
+    "recompute_layer_ids": Key(Kind.STR, cli=False),
     "recompute_activations": BOOL,  # legacy alias of --recompute-granularity selective
     "moe_layer_recompute": BOOL,  # deprecated: selective recompute of the MoE block
     "use_distributed_optimizer": BOOL,
@@ -136,6 +140,10 @@ CONFIG_KEYS: dict[str, Key] = {
     "fp8_recipe": Key(
         Kind.CHOICE, choices=("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
     ),
+    # TransformerConfig.fp4 (--fp4-format e2m1) with --fp4-recipe nvfp4 (NVFP4BlockScaling)
+    "fp4": Key(Kind.CHOICE, choices=("e2m1", "nvfp4"), flag="--fp4-format"),
+    # mxfp4: Primus's AMD MXFP4 recipe (not a Megatron-LM choice)
+    "fp4_recipe": Key(Kind.CHOICE, choices=("nvfp4", "mxfp4", "custom")),
     "attention_backend": Key(
         Kind.CHOICE, choices=("flash", "fused", "unfused", "local", "auto")
     ),
@@ -188,6 +196,28 @@ MODEL_KEYS: dict[str, Key] = {
     "v_head_dim": _int(),
     "mtp_num_layers": _int(0),
     "tokenizer_model": Key(Kind.STR),
+    "tokenizer_type": Key(Kind.STR),
+    # settings that define the model without changing memory or time (read so that the
+    # model read back is the model exported; TransformerConfig / arguments.py at d98e8a64dd)
+    "rotary_base": Key(Kind.FLOAT),
+    "use_rope_scaling": BOOL,
+    "rope_scaling_factor": Key(Kind.FLOAT),
+    "rotary_scaling_factor": Key(Kind.FLOAT),  # YaRN factor (--position-embedding-type yarn)
+    "yarn_original_max_position_embeddings": _int(),
+    # arguments.py: --norm-epsilon (dest layernorm_epsilon); Primus model YAMLs: norm_epsilon
+    "norm_epsilon": Key(Kind.FLOAT, flag="--norm-epsilon"),
+    "quick_geglu": BOOL,
+    "squared_relu": BOOL,
+    "activation_func_clamp_value": Key(Kind.FLOAT),
+    "glu_linear_offset": Key(Kind.FLOAT),
+    "window_size": Key(Kind.STR),  # "left,right" (TE window); sliding-window attention
+    "window_attn_skip_freq": Key(Kind.STR),  # every N-th layer full attention (or a pattern)
+    "softmax_type": Key(Kind.CHOICE, choices=("vanilla", "off-by-one", "learnable")),
+    "moe_shared_expert_gate": BOOL,
+    "moe_router_score_function": Key(Kind.CHOICE, choices=("softmax", "sigmoid")),
+    "moe_router_num_groups": _int(),
+    "moe_router_group_topk": _int(),
+    "moe_router_topk_scaling_factor": Key(Kind.FLOAT),
 }
 
 
@@ -251,11 +281,44 @@ UNMODELED: dict[str, Unmodeled] = {
     "distribute_saved_activations": Unmodeled(
         BOOL, "distributing checkpointed activations over tp is not modeled"),
     "tp_comm_overlap": Unmodeled(BOOL, "tensor-parallel communication overlap is not modeled"),
-    "recompute_layer_ids": Unmodeled(
-        Key(Kind.LIST, cli=False), "recomputing chosen layer ids (a Primus extension) is not "
-        "modeled"),
-    "fp4": Unmodeled(Key(Kind.STR, flag="--fp4-format"), "FP4 training is not modeled"),
 }
+
+def _on(value: Any) -> bool:
+    """A setting that is switched on / given (not None, False, 0, "", [], "none")."""
+    return value not in (None, False, 0, "", "none", "None", "null") and value != []
+
+
+# Architectures tune-cp does not model: a launch that sets one of these is refused with the
+# reason (never modelled as a plain transformer). Keys: Megatron dest / Primus model-YAML key.
+ARCH_REFUSED: dict[str, tuple[Any, str]] = {
+    "model_type": (lambda v: str(v).lower() == "mamba",
+                   "Mamba layers (model_type mamba; Megatron-LM pretrain_mamba.py)"),
+    "is_hybrid_model": (_on, "hybrid Mamba / attention layer stacks (is_hybrid_model)"),
+    "hybrid_override_pattern": (_on, "hybrid Mamba / attention layer stacks "
+                                     "(hybrid_override_pattern)"),
+    "hybrid_layer_pattern": (_on, "hybrid Mamba / attention layer stacks (hybrid_layer_pattern)"),
+    "experimental_attention_variant": (_on, "linear-attention layers "
+                                            "(experimental_attention_variant)"),
+    "linear_attention_freq": (_on, "linear-attention layers (linear_attention_freq: gated "
+                                   "DeltaNet / KDA)"),
+    "lfm_layer_types": (_on, "LFM2 short-convolution layers (lfm_layer_types)"),
+    "compress_ratios": (_on, "DeepSeek-V4 compressed sparse attention (compress_ratios, "
+                             "index_topk) and hyper-connections"),
+    "use_v4_attention_backend": (_on, "DeepSeek-V4 compressed sparse attention"),
+    "hc_mult": (lambda v: _on(v) and v != 1, "hyper-connections (hc_mult)"),
+    "heterogeneous_layers_config_path": (_on, "heterogeneous layers "
+                                              "(heterogeneous_layers_config_path)"),
+    "heterogeneous_layers_config_encoded_json": (_on, "heterogeneous layers"),
+}
+
+
+def refused_architecture(values: Mapping[str, Any]) -> str | None:
+    """The first architecture feature in ``values`` that tune-cp does not model, as words."""
+    for key, (applies, reason) in ARCH_REFUSED.items():
+        if key in values and applies(values[key]):
+            return reason
+    return None
+
 
 # Recompute modules Megatron-LM accepts that tune-cp does not model (TransformerConfig docstring).
 UNMODELED_RECOMPUTE_MODULES = frozenset({"gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"})
@@ -268,7 +331,7 @@ IGNORED = re.compile(
     r"log_\w+|\w+_log_\w+|tensorboard_\w+|wandb_\w+|mlflow_\w+|profile\w*|save|load|"
     r"save_interval|no_save_\w+|no_load_\w+|ckpt_\w+|async_save|use_checkpoint_args|finetune|"
     r"pretrained_checkpoint|\w*data_path|data_\w+|split|mock_data|num_workers|dataloader_type|"
-    r"tokenizer_type|vocab_file|merge_file|vocab_extra_ids|distributed_backend|"
+    r"vocab_file|merge_file|vocab_extra_ids|distributed_backend|"
     r"distributed_timeout_minutes|manual_gc\w*|use_mcore_models|use_legacy_models|"
     r"transformer_impl|rotary_\w+|rope_\w+|use_rope_scaling|use_rotary_position_embeddings|"
     r"norm_epsilon|\w+_fusion|\w+_fusion_impl|no_\w+_fusion|attention_softmax_in_fp32|"
@@ -310,6 +373,24 @@ LAUNCHER_WORDS = frozenset({
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 ALL_KEYS: dict[str, Key] = {**CONFIG_KEYS, **MODEL_KEYS, **{d: u.key for d, u in UNMODELED.items()}}
+# Every dest tune-cp reads (the classification of data/megatron_flags.json calls them "read").
+READ_DESTS = frozenset(ALL_KEYS) | frozenset(ARCH_REFUSED) | {"layernorm_epsilon"}
+
+MEGATRON_FLAGS_FILE = Path(__file__).parent / "data" / "megatron_flags.json"
+
+
+@cache
+def megatron_flags() -> dict[str, dict[str, Any]]:
+    """Megatron-LM flag -> {dest, arity (0, 1 or "*"), group, effect (read / none /
+    unmodelled)}: ``data/megatron_flags.json``, generated from ``arguments.py`` by
+    :mod:`oracle.frameworks.gen_megatron_flags`."""
+    return json.loads(MEGATRON_FLAGS_FILE.read_text())["flags"]
+
+
+@cache
+def dest_effects() -> dict[str, str]:
+    """Megatron dest -> effect (for Primus keys, which use the dests)."""
+    return {info["dest"]: info["effect"] for info in megatron_flags().values()}
 
 
 def megatron_flag(dest: str) -> str:
@@ -346,6 +427,8 @@ class RawArgs:
     notes: list[str] = field(default_factory=list)
     num_nodes: int | None = None
     gpus_per_node: int | None = None
+    has_vocab_files: bool = False  # --vocab-file and --merge-file (GPT-2 BPE without a type)
+    unmodelled: list[str] = field(default_factory=list)  # change memory or time; not modelled
 
     def has(self, dest: str) -> bool:
         return self.values.get(dest) is not None
@@ -392,16 +475,24 @@ def fmt_value(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
+PATH_KEYS = frozenset({"tokenizer_model"})  # file paths tune-cp reads only as names
 SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
 WHOLE_NUMBER = re.compile(r"[+-]?\d+")
+#: Most digits of an integer read from a placeholder or a YAML string (int64 has 19).
+MAX_INT_DIGITS = 19
 TRUE_WORDS = {"true": True, "false": False}
 
 
 def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     """Check and convert one raw value by its kind."""
+    if isinstance(value, str) and UNSET in value:
+        name = unset_name(value)
+        raise raw.fail(dest, value.replace(UNSET, ""),
+                       f"the value is {describe_unset(name or '?')}")
     if isinstance(value, str) and SHELL_VARIABLE.search(value):
-        raise raw.fail(dest, value, "an unexpanded shell variable; paste the command with its "
-                       "values filled in (for example from the launch log)")
+        raise raw.fail(dest, value, "an unexpanded shell variable; pass its value with --env "
+                       "NAME=VALUE or paste the command with its values filled in (for example "
+                       "from the launch log)")
     if key.kind is Kind.INT:
         if isinstance(value, bool) or not (
             isinstance(value, int) or (isinstance(value, str) and WHOLE_NUMBER.fullmatch(value))
@@ -421,6 +512,8 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     if key.kind is Kind.BOOL:
         if isinstance(value, str) and value.lower() in TRUE_WORDS:
             return TRUE_WORDS[value.lower()]
+        if raw.flavor is Flavor.PRIMUS and not isinstance(value, bool) and value in (0, 1):
+            return bool(value)  # Primus YAMLs write 1/0; Megatron-LM reads them as truthy
         if not isinstance(value, bool):
             raise raw.fail(dest, value, "not true or false")
         return value
@@ -439,12 +532,16 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     return str(value)
 
 
+#: Longest layer pattern evaluated (a longer one matches no model: ModelSpec allows 512 layers).
+MAX_PATTERN_LAYERS = 100_000
+
+
 def layer_pattern(text: str) -> list[int] | None:
     """Evaluate a Megatron-LM layer pattern such as ``([0]*3+[1]*58)`` (list literals of
     integers joined by ``+`` and ``*``; ``arguments.py::moe_freq_type``) without ``eval``."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
         return None
 
     def ev(node: ast.AST) -> Any:
@@ -454,12 +551,21 @@ def layer_pattern(text: str) -> list[int] | None:
             return node.value
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
             left, right = ev(node.left), ev(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list | int) \
+                    and isinstance(right, list | int) and (isinstance(left, list)
+                                                           != isinstance(right, list)):
+                seq, n = (left, right) if isinstance(left, list) else (right, left)
+                if len(seq) * max(n, 0) > MAX_PATTERN_LAYERS:  # checked before it is built
+                    raise ValueError(f"longer than {MAX_PATTERN_LAYERS} layers")
+            result = left + right if isinstance(node.op, ast.Add) else left * right
+            if isinstance(result, list) and len(result) > MAX_PATTERN_LAYERS:
+                raise ValueError(f"longer than {MAX_PATTERN_LAYERS} layers")
+            return result
         raise ValueError(ast.dump(node))
 
     try:
         result = ev(tree)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return None
     if not isinstance(result, list) or not all(isinstance(v, int) for v in result):
         return None
@@ -503,14 +609,19 @@ def _number(word: str) -> bool:
     return True
 
 
-def scan_megatron(text: str) -> RawArgs:
-    """Read a Megatron-LM launch (``torchrun ... pretrain_gpt.py --flag value ...``) into raw
+def scan_megatron(text: str, env: Mapping[str, str] | None = None) -> RawArgs:
+    """Read a Megatron-LM launch (``torchrun ... pretrain_gpt.py --flag value ...``, or a whole
+    launch script: :func:`oracle.frameworks.shell.expand_launch` with ``env``) into raw
     arguments. Known flags are checked for arity; unknown ones are listed, never fatal."""
-    words = shell_words(text)
-    if not words:
+    from oracle.frameworks.shell import expand_launch
+
+    script = expand_launch(text, env)
+    words = script.words
+    if not any(w not in SHELL_SEPARATORS for w in words):
         raise ConfigError("the Megatron-LM arguments are empty; paste the launch command or its "
                           "arguments")
     raw = RawArgs(Flavor.MEGATRON)
+    raw.notes.extend(script.notes)
     expansions: list[str] = []
     after_script = False
     i = 0
@@ -532,8 +643,8 @@ def scan_megatron(text: str) -> RawArgs:
                 i += 1  # python -m MODULE
             elif word.endswith(".py"):
                 after_script = True
-            elif word.startswith("$"):
-                expansions.append(word)
+            elif word.startswith("$") or UNSET in word:
+                expansions.append(word.replace(UNSET, ""))
             elif after_script and not (
                 word.startswith("-") or word in LAUNCHER_WORDS or ASSIGNMENT.match(word)
                 or word.isdigit()
@@ -579,6 +690,26 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
         if dest is not None:
             raw.note(f"{name}: Megatron-LM spells it {hyphenated} (underscored flags are Primus's "
                      "command line); read as such")
+    known = megatron_flags().get(name)
+    if dest is None and known is not None:
+        arity = known["arity"]
+        if arity == 0:
+            values = [inline] if inline is not None else []
+        else:
+            values, i = _take(words, i, inline, many=arity == "*")
+        shown = " ".join([name, *values])
+        refused = refused_architecture({known["dest"]: values[0] if values else True})
+        if refused:
+            raise ConfigError(f"{shown}: tune-cp does not model {refused}; it models "
+                              "decoder-only transformers (dense, MoE, MLA, sliding-window "
+                              "attention)")
+        if known["dest"] == "merge_file":
+            raw.has_vocab_files = True
+        if known["effect"] == "unmodelled":
+            raw.unmodelled.append(shown)
+        else:
+            raw.ignored.append(name)
+        return i
     if dest is None:
         as_dest = bare.replace("-", "_")
         values, i = _take(words, i, inline, many=True)
@@ -589,6 +720,8 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
                         if as_dest == "virtual_pipeline_model_parallel_size" else ""))
         elif IGNORED.fullmatch(as_dest):
             raw.ignored.append(name)
+            if as_dest == "merge_file":
+                raw.has_vocab_files = True
         else:
             raw.unknown.append(" ".join([name, *values]))
         return i
@@ -603,6 +736,10 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
         if key.kind is not Kind.LIST and not values:
             raise ConfigError(f"{name}: missing its value; write {name} VALUE")
         value = values if key.kind is Kind.LIST else values[0]
+    if isinstance(value, str) and UNSET in value and dest in PATH_KEYS:
+        raw.note(f"{name} {value.replace(UNSET, '')}: a path the script leaves to its caller; "
+                 "not needed for the check")
+        return i
     if dest in raw.values and raw.values[dest] != value:
         raw.note(f"{name} is given twice ({_show(raw.values[dest])}, then {_show(value)}); the "
                  "last one counts, as in argparse")
@@ -630,22 +767,9 @@ PRIMUS_FLOAT = re.compile(r"^-?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|\d+[e
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML file holding a mapping; every failure is a one-line ConfigError."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {problem}{where}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {str(path)!r} must hold a mapping of keys to values, got "
-                          f"{type(data).__name__}")
-    return data
+    """A YAML file holding a mapping; every failure is a one-line ConfigError
+    (:func:`oracle.inputs.read_mapping`: regular file, size, UTF-8, nesting, aliases)."""
+    return read_mapping(path, what, fmt="yaml")
 
 
 def resolve_placeholders(obj: Any, env: Mapping[str, str], notes: list[str], where: str) -> Any:
@@ -678,7 +802,7 @@ def resolve_placeholders(obj: Any, env: Mapping[str, str], notes: list[str], whe
     lowered = text.lower()
     if lowered in TRUE_WORDS:
         return TRUE_WORDS[lowered]
-    if WHOLE_NUMBER.fullmatch(text):
+    if WHOLE_NUMBER.fullmatch(text) and len(text) <= MAX_INT_DIGITS:
         return int(text)
     if PRIMUS_FLOAT.fullmatch(text):
         return float(text)
@@ -696,15 +820,15 @@ def find_model_file(experiment: Path, name: str) -> Path | None:
     ``primus/configs/models/megatron/``) in the experiment's folder or any folder above it."""
     candidate = Path(name)
     if candidate.is_absolute():
-        return candidate if candidate.is_file() else None
+        return candidate if is_file(candidate) else None
     here = experiment.resolve().parent
-    if (here / candidate).is_file():
+    if is_file(here / candidate):
         return here / candidate
     for folder in (here, *here.parents):
         for sub in ("models", "models/megatron", "configs/models/megatron",
                     "primus/configs/models/megatron"):
             path = folder / sub / candidate
-            if path.is_file():
+            if is_file(path):
                 return path
     return None
 
@@ -716,14 +840,18 @@ def load_model_chain(path: Path, env: Mapping[str, str], notes: list[str],
     data = resolve_placeholders(read_yaml_mapping(path, "Primus model file"), env, notes,
                                 f"{path.name}: ")
     bases = data.pop("extends", None) or []
+    if not isinstance(bases, str | list) or not all(isinstance(b, str) for b in
+                                                    ([bases] if isinstance(bases, str) else bases)):
+        raise ConfigError(f"{path.name}: extends: {_show(bases)} must name preset files (a name "
+                          f"or a list of names)")
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
         base_path = path.parent / str(base)
-        if base_path.is_file() and base_path.resolve() in seen | {path.resolve()}:
+        if is_file(base_path) and base_path.resolve() in seen | {path.resolve()}:
             notes.append(f"model preset {base} (extended by {path.name}) extends itself; "
                          "skipped")
             continue
-        if not base_path.is_file():
+        if not is_file(base_path):
             notes.append(f"model preset {base} (extended by {path.name}) was not found next to "
                          "it; its keys take Primus's language_model.yaml defaults")
             continue

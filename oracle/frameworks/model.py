@@ -11,6 +11,10 @@ from the catalog.
 
 from __future__ import annotations
 
+import json
+import re
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -104,10 +108,59 @@ class ImportedArchitecture(Spec):
     v_head_dim: int | None = None
     mtp_num_layers: int | None = None
     tokenizer_model: str | None = None
+    tokenizer_type: str | None = None
+    rotary_base: float | None = None
+    use_rope_scaling: bool | None = None
+    rope_scaling_factor: float | None = None
+    rotary_scaling_factor: float | None = None
+    yarn_original_max_position_embeddings: int | None = None
+    norm_epsilon: float | None = None
+    quick_geglu: bool | None = None
+    squared_relu: bool | None = None
+    activation_func_clamp_value: float | None = None
+    glu_linear_offset: float | None = None
+    window_size: str | None = None
+    window_attn_skip_freq: str | None = None
+    softmax_type: str | None = None
+    moe_shared_expert_gate: bool | None = None
+    moe_router_score_function: str | None = None
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
 
 
 def _spell(raw: RawArgs, dest: str) -> str:
     return spell(dest, raw.flavor)
+
+
+TOKENIZERS_FILE = Path(__file__).parent / "data" / "tokenizers.json"
+
+
+@cache
+def tokenizer_table() -> list[dict[str, Any]]:
+    """The tokenizer -> vocabulary size table (``data/tokenizers.json``, sources per entry)."""
+    return json.loads(TOKENIZERS_FILE.read_text())["tokenizers"]
+
+
+def vocab_from_tokenizer(tokenizer_type: str | None, tokenizer_model: str | None,
+                         has_vocab_files: bool) -> tuple[int, str] | None:
+    """The vocabulary size of a named tokenizer and a statement of where it comes from: the
+    model name first (``--tokenizer-model``: a catalog model, then the table), then the type
+    (``--vocab-file`` with ``--merge-file`` and no type is GPT-2 BPE, Megatron-LM's legacy
+    default)."""
+    if tokenizer_model:
+        twin = catalog_by_tokenizer(tokenizer_model)
+        if twin is not None:
+            return twin.vocab_size, f"the catalog model {twin.name}"
+        for entry in tokenizer_table():
+            pattern = entry.get("model")
+            if pattern and re.fullmatch(pattern, tokenizer_model.strip(), re.I):
+                return entry["vocab_size"], f"{entry['name']}: {entry['source']}"
+    kind = tokenizer_type or ("GPT2BPETokenizer" if has_vocab_files else None)
+    for entry in tokenizer_table():
+        if kind and entry.get("type") == kind:
+            return entry["vocab_size"], f"{entry['name']}: {entry['source']}"
+    return None
 
 
 def catalog_by_tokenizer(name: str | None) -> ModelSpec | None:
@@ -135,15 +188,17 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
     vocab = arch.vocab_size or arch.padded_vocab_size
     vocab_note = ""
     if vocab is None:
-        twin = catalog_by_tokenizer(arch.tokenizer_model)
-        if twin is None:
-            tok = f"tokenizer {arch.tokenizer_model!r} is not a catalog model" if \
-                arch.tokenizer_model else f"no {_spell(raw, 'tokenizer_model')} either"
+        found = vocab_from_tokenizer(arch.tokenizer_type, arch.tokenizer_model,
+                                     raw.has_vocab_files)
+        if found is None:
+            named = " / ".join(repr(t) for t in (arch.tokenizer_type, arch.tokenizer_model) if t)
+            tok = f"tokenizer {named} is not in tune-cp's tokenizer table" if named else \
+                f"no {_spell(raw, 'tokenizer_model')} either"
             return None, (f"the vocabulary size is unknown: no {_spell(raw, 'vocab_size')}, "
-                          f"and {tok}"), []
-        vocab = twin.vocab_size
-        vocab_note = f"vocab_size: {vocab} (from the catalog model {twin.name}, tokenizer " \
-                     f"{arch.tokenizer_model})"
+                          f"and {tok}; add {_spell(raw, 'vocab_size')} N, or pass --model"), []
+        vocab, origin_text = found
+        shown = arch.tokenizer_model or arch.tokenizer_type or "--vocab-file/--merge-file"
+        vocab_note = f"vocab_size: {vocab} (tokenizer {shown}; {origin_text})"
     stated: list[str] = []
     fdefaults = MODEL_DEFAULTS[raw.flavor]
     origin = FRAMEWORK_NAME[raw.flavor]
@@ -158,7 +213,10 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
 
     h, a, layers = arch.hidden_size, arch.num_attention_heads, arch.num_layers
     assert h is not None and a is not None and layers is not None
-    swiglu = get("swiglu")
+    features, refused = model_features(raw, arch, layers)
+    if refused:
+        return None, refused, []
+    swiglu = get("swiglu") or bool(arch.quick_geglu)
     ffn = arch.ffn_hidden_size
     if ffn is None:
         ffn = FFN_EXPANSION * h
@@ -167,9 +225,14 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         stated.append(f"ffn_hidden_size: {ffn} ({origin} default for hidden_size {h})")
     mla = None
     if get("multi_latent_attention"):
-        mla = MlaSpec(q_lora_rank=arch.q_lora_rank or 0, kv_lora_rank=get("kv_lora_rank"),
-                      qk_nope_head_dim=get("qk_head_dim"),
-                      qk_rope_head_dim=get("qk_pos_emb_head_dim"), v_head_dim=get("v_head_dim"))
+        try:
+            mla = MlaSpec(q_lora_rank=arch.q_lora_rank or 0, kv_lora_rank=get("kv_lora_rank"),
+                          qk_nope_head_dim=get("qk_head_dim"),
+                          qk_rope_head_dim=get("qk_pos_emb_head_dim"),
+                          v_head_dim=get("v_head_dim"))
+        except ValidationError as e:
+            raise ConfigError(f"the multi-latent attention described by the {source} is not "
+                              f"valid: {validation_message(e)}") from e
         kv_heads, head_dim = a, mla.qk_nope_head_dim + mla.qk_rope_head_dim
     else:
         kv_heads = arch.num_query_groups if get("group_query_attention") else a
@@ -189,10 +252,13 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         "mlp_bias": bool(bias), "qk_norm": bool(get("qk_layernorm")),
         "position_embedding": (PositionEmbedding.LEARNED if position == "learned_absolute"
                                else PositionEmbedding.ROPE),
-        "max_position_embeddings": arch.max_position_embeddings or 0,
+        # only a learned table has positions to count; rope models keep 0 (as the catalog)
+        "max_position_embeddings": (arch.max_position_embeddings or 0)
+        if position == "learned_absolute" else 0,
         "attention_dropout": get("attention_dropout"), "hidden_dropout": get("hidden_dropout"),
         "num_mtp_layers": arch.mtp_num_layers or 0,
         "source": source,
+        **features,
     }
     for field_name, dest in (("default_seq_len", "seq_length"),
                              ("default_global_batch_size", "global_batch_size")):
@@ -215,6 +281,9 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         }
         if arch.moe_ffn_hidden_size is None:
             stated.append(f"moe_ffn_hidden_size: {ffn} ({origin} default: ffn_hidden_size)")
+        if arch.ffn_hidden_size is None and dense == 0:
+            spec["ffn_hidden_size"] = 0  # every layer is MoE: the dense MLP width is unused
+            stated.remove(f"ffn_hidden_size: {ffn} ({origin} default for hidden_size {h})")
         if arch.moe_shared_expert_intermediate_size:
             spec |= {"num_shared_experts": 1,
                      "shared_expert_ffn_hidden_size": arch.moe_shared_expert_intermediate_size}
@@ -228,6 +297,98 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         raise ConfigError(f"the model described by the {source} is not valid: "
                           f"{validation_message(e)}") from e
     return built, "", stated + ([vocab_note] if vocab_note else [])
+
+
+LLAMA3_ORIGINAL_POSITIONS = 8192  # megatron/core/models/common/embeddings/rope_utils.py
+MEGATRON_ROPE_SCALING_FACTOR = 8.0  # arguments.py --rope-scaling-factor default
+
+
+def sliding_layers(raw: RawArgs, arch: ImportedArchitecture, layers: int) -> tuple[int, int, str]:
+    """(window, sliding layers, refusal) from ``--window-size L,R`` and
+    ``--window-attn-skip-freq N`` (``megatron/core/transformer/utils.py::
+    is_layer_window_attention``: layer n, 1-based, is windowed unless ``n % N == 0``; without N
+    every layer is). The window in tune-cp's (Hugging Face) convention counts the token itself:
+    ``L + 1``."""
+    if not arch.window_size or str(arch.window_size).strip().lower() in ("none", "null"):
+        return 0, 0, ""
+    parts = [p for p in str(arch.window_size).strip("()[] ").replace(" ", "").split(",") if p]
+    try:
+        left, right = (int(parts[0]), int(parts[1])) if len(parts) == 2 else (int(parts[0]), 0)
+    except ValueError:
+        raise raw.fail("window_size", arch.window_size, "write LEFT,RIGHT (for example 127,0)"
+                       ) from None
+    if right != 0 or left < 0:
+        return 0, 0, (f"{_spell(raw, 'window_size')} {arch.window_size}: only causal windows "
+                      "(LEFT,0) are modelled")
+    freq = arch.window_attn_skip_freq
+    if freq is None:
+        return left + 1, layers, ""
+    if str(freq).strip().isdigit() and int(freq) >= 1:
+        n = int(freq)
+        count = layers - layers // n
+        if n == 1:
+            return 0, 0, ""
+        if n == 2:
+            return left + 1, count, ""
+    pattern = layer_pattern(str(freq))  # a list: 1 where the layer is windowed
+    if pattern is not None and len(pattern) == layers:
+        if all(pattern):
+            return left + 1, layers, ""
+        if [bool(v) for v in pattern] == [i % 2 == 0 for i in range(layers)]:
+            return left + 1, layers - layers // 2, ""
+    return 0, 0, (f"{_spell(raw, 'window_attn_skip_freq')} {freq}: tune-cp models sliding "
+                  "windows on every layer or on every other layer (2)")
+
+
+def model_features(raw: RawArgs, arch: ImportedArchitecture,
+                   layers: int) -> tuple[dict[str, Any], str]:
+    """ModelSpec fields of the settings that define the model beyond its shape (rope, norm
+    epsilon, activation, sliding window, attention sinks, router), and a refusal reason for a
+    setting tune-cp does not model (empty when none)."""
+    out: dict[str, Any] = {}
+    if arch.rotary_base is not None:
+        out["rotary_base"] = arch.rotary_base
+    if arch.position_embedding_type == "yarn":
+        out |= {"rope_scaling": "yarn", "rope_scaling_factor": arch.rotary_scaling_factor or 1.0,
+                "rope_original_max_position_embeddings":
+                    arch.yarn_original_max_position_embeddings or 0}
+    elif arch.use_rope_scaling:
+        out |= {"rope_scaling": "llama3",
+                "rope_scaling_factor": arch.rope_scaling_factor or MEGATRON_ROPE_SCALING_FACTOR,
+                "rope_original_max_position_embeddings": LLAMA3_ORIGINAL_POSITIONS}
+    if arch.norm_epsilon is not None:
+        out["norm_epsilon"] = arch.norm_epsilon
+    if arch.quick_geglu and arch.squared_relu:
+        return {}, "quick_geglu and squared_relu are both on; Megatron-LM takes one activation"
+    if arch.quick_geglu:
+        out |= {"activation": "quick_geglu", "gated_mlp": True}
+    elif arch.squared_relu:
+        out["activation"] = "squared_relu"
+    if arch.activation_func_clamp_value:
+        out["activation_clamp"] = arch.activation_func_clamp_value
+    if arch.glu_linear_offset:
+        out["glu_linear_offset"] = arch.glu_linear_offset
+    window, count, refused = sliding_layers(raw, arch, layers)
+    if refused:
+        return {}, refused
+    if window:
+        out |= {"sliding_window": window, "num_sliding_window_layers": count}
+    if arch.softmax_type == "learnable":
+        out["attention_sinks"] = True
+    elif arch.softmax_type == "off-by-one":
+        raw.note("softmax_type off-by-one is modelled like the vanilla softmax (one extra zero "
+                 "logit per row; no parameters)")
+    if arch.moe_shared_expert_gate:
+        out["shared_expert_gate"] = True
+    if arch.moe_router_score_function:
+        out["router_score"] = arch.moe_router_score_function
+    if arch.moe_router_num_groups:
+        out["router_num_groups"] = arch.moe_router_num_groups
+    if arch.moe_router_group_topk:
+        out["router_group_topk"] = arch.moe_router_group_topk
+    if arch.moe_router_topk_scaling_factor:
+        out["router_topk_scaling_factor"] = arch.moe_router_topk_scaling_factor
+    return out, ""
 
 
 def leading_dense_layers(freq: int | str, num_layers: int) -> int | None:
@@ -254,6 +415,10 @@ def compare_model(raw: RawArgs, arch: ImportedArchitecture, model: ModelSpec) ->
     }
     if arch.group_query_attention:
         pairs["num_query_groups"] = model.num_kv_heads
+    pairs |= {"rotary_base": model.rotary_base, "norm_epsilon": model.norm_epsilon,
+              "moe_router_score_function": model.router_score.value if model.is_moe else None,
+              "moe_router_topk_scaling_factor":
+                  model.router_topk_scaling_factor if model.is_moe else None}
     for dest, expected in pairs.items():
         got = getattr(arch, dest)
         if got is not None and expected is not None and got != expected:

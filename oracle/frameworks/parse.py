@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ from oracle.frameworks.keys import (
     Flavor,
     Fp8Format,
     RawArgs,
+    dest_effects,
     find_model_file,
     fmt_value,
     load_model_chain,
     read_yaml_mapping,
+    refused_architecture,
     resolve_placeholders,
     scan_megatron,
     spell,
@@ -49,7 +52,6 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-
 
 # --------------------------------------------------------------------------- defaults tables
 
@@ -145,6 +147,7 @@ class ImportedRun(Spec):
     model_file: str | None = None
     model_missing: str = ""
     unknown: list[str] = []
+    unmodelled: list[str] = []
     ignored: list[str] = []
     defaults: list[str] = []
     notes: list[str] = []
@@ -176,7 +179,8 @@ class ImportedRun(Spec):
 # ------------------------------------------------------------------------------- importers
 
 
-def parse_megatron_args(text: str, *, model: ModelSpec | None = None) -> ImportedRun:
+def parse_megatron_args(text: str, *, model: ModelSpec | None = None,
+                        env: Mapping[str, str] | None = None) -> ImportedRun:
     """Read the arguments of a Megatron-LM launch.
 
     ``text`` is shell text: line continuations, ``--flag value`` / ``--flag=value``, flags
@@ -187,7 +191,7 @@ def parse_megatron_args(text: str, *, model: ModelSpec | None = None) -> Importe
     virtual stages from ``--num-layers-per-virtual-pipeline-stage`` and the MoE defaults
     (dispatcher, expert-tensor size) depend on the model.
     """
-    raw = scan_megatron(text)
+    raw = scan_megatron(text, env)
     return _interpret(raw, "Megatron-LM arguments", model, model_file=None)
 
 
@@ -227,6 +231,11 @@ def parse_primus_config(
                              "next to the experiment or in a models/ folder above it")
         else:
             chain = load_model_chain(found, env, raw.notes)
+    refused = refused_architecture({**chain, **overrides})
+    if refused:
+        raise ConfigError(f"Primus experiment {path.name} (model {model_name}): tune-cp does not "
+                          f"model {refused}; it models decoder-only transformers (dense, MoE, "
+                          "MLA, sliding-window attention)")
     for key, value in chain.items():  # the model chain sets keys the overrides do not
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value
@@ -236,7 +245,10 @@ def parse_primus_config(
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value
             raw.labels[key] = key
-        elif IGNORED.fullmatch(key):
+        elif dest_effects().get(key) == "unmodelled":
+            if value not in (None, False):
+                raw.unmodelled.append(f"{key}: {fmt_value(value)}")
+        elif dest_effects().get(key) in ("none", "read") or IGNORED.fullmatch(key):
             raw.ignored.append(key)
         else:
             raw.unknown.append(f"{key}: {value}")
@@ -303,12 +315,17 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         if kw["etp"] is None:
             r.defaults.append("expert_tensor_parallel_size: tensor_model_parallel_size "
                               f"({FRAMEWORK_NAME[r.flavor]} default)")
-    split = _pipeline_split(r)
-    kw["pipeline_split"] = split
-    kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
+    layout = _layout(r, num_layers, kw["pp"])
+    if layout is not None:
+        split, kw["vpp"] = layout
+        kw["pipeline_split"] = split
+    else:
+        split = _pipeline_split(r)
+        kw["pipeline_split"] = split
+        kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
     kw["mbs"] = _batch(r)
     kw["sequence_parallel"] = r.get("sequence_parallel", state=kw["tp"] > 1)
-    kw |= _recompute(r)
+    kw |= _recompute(r, num_layers, kw["pp"] * kw["vpp"])
     kw |= _sharding(r)
     kw["dispatcher"] = _dispatcher(r) if is_moe else Dispatcher.ALLTOALL
     precision, fp8_format, recipe = _precision(r)
@@ -341,10 +358,48 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         model_file=model_file,
         model_missing=missing,
         unknown=raw.unknown,
+        unmodelled=list(dict.fromkeys(raw.unmodelled)),
         ignored=list(dict.fromkeys(raw.ignored)),
         defaults=r.defaults,
         notes=raw.notes,
     )
+
+
+LAYOUT_ITEM = re.compile(r"([EtLm])(?:\*(\d+))?")
+
+
+def _layout(r: _Reader, num_layers: int | None, pp: int) -> tuple[PipelineSplit, int] | None:
+    """``pipeline_model_parallel_layout`` ("Et*5|t*6|...|t*5,L": ``|`` between virtual stages,
+    E embedding, t a decoder layer, L the loss) when it is one of the splits tune-cp models:
+    every stage the same number of layers (even), or the embedding and the loss taking one
+    layer's place in the first and last stage (embedding_loss). None when absent or another
+    layout (then noted as not modelled)."""
+    text = r.get("pipeline_model_parallel_layout", state=False)
+    if not text or num_layers is None:
+        return None
+    stages = [s.replace(",", "").replace(" ", "") for s in str(text).split("|")]
+    counts, marks = [], []
+    for stage in stages:
+        items = LAYOUT_ITEM.findall(stage)
+        if "".join(k + (f"*{n}" if n else "") for k, n in items) != stage:
+            return None
+        counts.append(sum(int(n or 1) for k, n in items if k == "t"))
+        marks.append("".join(k for k, _ in items if k in "ELm"))
+    if len(stages) % pp or sum(counts) != num_layers or "m" in "".join(marks):
+        return None
+    if marks[0] != "E" or marks[-1] != "L" or any(marks[1:-1]) or len(stages) < 2:
+        return None
+    vpp = len(stages) // pp
+    if len(set(counts)) == 1:
+        split = PipelineSplit.EVEN
+    elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
+        split = PipelineSplit.EMBEDDING_LOSS
+    else:
+        return None
+    r.raw.values.pop("pipeline_model_parallel_layout", None)  # read: no "not modelled" note
+    r.raw.note(f"pipeline_model_parallel_layout {text} is the {split.value} split over "
+               f"{len(stages)} virtual stages (pp {pp} x vpp {vpp})")
+    return split, vpp
 
 
 def _pipeline_split(r: _Reader) -> PipelineSplit:
@@ -416,10 +471,37 @@ def _batch(r: _Reader) -> int:
     return r.get("micro_batch_size")
 
 
-def _recompute(r: _Reader) -> dict[str, Any]:
+def _layer_ids(r: _Reader, num_layers: int | None, chunks: int) -> int:
+    """Primus ``recompute_layer_ids`` (global layer ids recomputed in full) as the block method's
+    count per pipeline chunk: the ids in the first chunk (pipeline rank 0, which holds the most
+    micro-batches in flight and so decides the peak), with the even split of ``num_layers``
+    over the chunks."""
+    text = r.get("recompute_layer_ids", state=False)
+    try:
+        ids = sorted({int(x) for x in re.split(r"[,\s\[\]]+", str(text)) if x})
+    except ValueError:
+        raise r.fail("recompute_layer_ids", "must be layer numbers separated by commas, such "
+                     "as \"0,3,4\"") from None
+    if num_layers is None:
+        raise r.fail("recompute_layer_ids", "needs the number of layers; add num_layers or "
+                     "pass --model")
+    per = -(-num_layers // chunks)
+    counts = [sum(1 for i in ids if c * per <= i < (c + 1) * per) for c in range(chunks)]
+    first = counts[0]
+    r.raw.note(f"recompute_layer_ids ({len(ids)} layers) is read as full recompute with the "
+               f"block method of {first} layers per pipeline chunk (the first chunk's count; "
+               f"the {chunks} chunks hold {', '.join(map(str, counts))}); tune-cp recomputes "
+               "the same number of layers in every chunk")
+    return min(first, per)
+
+
+def _recompute(r: _Reader, num_layers: int | None = None, chunks: int = 1) -> dict[str, Any]:
     """Recompute granularity, method, layers and modules, checked as Megatron-Core's
     ``TransformerConfig.__post_init__`` checks them (full needs a method and a layer count;
-    selective takes neither)."""
+    selective takes neither). Primus ``recompute_layer_ids`` stands for the method and count;
+    a block count above the layers a chunk holds recomputes them all (Megatron-LM
+    ``_checkpointed_forward``: ``layer_number < recompute_num_layers``), so it is read as
+    that many."""
     granularity = r.get("recompute_granularity")
     modules = r.get("recompute_modules", state=False)
     if r.get("recompute_activations", state=False):
@@ -437,6 +519,11 @@ def _recompute(r: _Reader) -> dict[str, Any]:
                        "no recomputation")
         return {"recompute": Recompute.NONE}
     if granularity == "full":
+        if r.given("recompute_layer_ids"):
+            if method is not None or layers is not None:
+                r.raw.note("recompute_layer_ids takes precedence over recompute_method / "
+                           "recompute_num_layers (Primus)")
+            method, layers = "block", _layer_ids(r, num_layers, chunks)
         if method is None or layers is None:
             what = r.spell("recompute_method") if method is None else r.spell(
                 "recompute_num_layers")
@@ -445,6 +532,12 @@ def _recompute(r: _Reader) -> dict[str, Any]:
                          f"{r.spell('recompute_num_layers')} N")
         if method == "block" and layers == 0:
             r.raw.note("full recompute with the block method and 0 layers recomputes nothing")
+        if method == "block" and num_layers is not None and num_layers % chunks == 0 \
+                and layers > num_layers // chunks:
+            per = num_layers // chunks
+            r.raw.note(f"{r.label('recompute_num_layers')} {layers} is more than the {per} "
+                       f"layers a pipeline chunk holds: Megatron-LM recomputes all {per}")
+            layers = per
         return {"recompute": Recompute.FULL, "recompute_method": RecomputeMethod(method),
                 "recompute_layers": layers}
     if method is not None or layers is not None:
@@ -506,6 +599,19 @@ def _dispatcher(r: _Reader) -> Dispatcher:
 def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | None]:
     """``--bf16`` / ``--fp16`` / ``--fp8-format`` with ``--fp8-recipe`` (default delayed)."""
     fp8 = r.get("fp8", state=False)
+    fp4 = r.get("fp4", state=False)
+    if fp4 is not None:
+        if fp8 is not None:
+            raise r.fail("fp4", f"cannot be used with {r.spell('fp8')} (Megatron-Core rejects "
+                         "fp4 and fp8 together); keep one")
+        recipe = r.get("fp4_recipe", state=False) or "nvfp4"
+        if recipe == "custom":
+            raise r.fail("fp4_recipe", "a custom FP4 quantizer is not modeled; use nvfp4")
+        if recipe == "mxfp4":
+            r.raw.note(f"{r.label('fp4_recipe')} mxfp4: MXFP4 GEMMs are not modeled (tune-cp's "
+                       "fp4 is NVFP4); checked as bf16, so time and FP4 weight copies are off")
+            return Precision.BF16, None, None
+        return Precision.FP4, None, None
     bf16 = r.get("bf16", state=r.flavor is Flavor.PRIMUS)
     fp16 = r.get("fp16", state=False)
     if fp16:

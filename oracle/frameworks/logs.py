@@ -1,0 +1,252 @@
+"""Training logs users already have -> measured runs (``tune-cp calibrate --log FILE...``).
+
+Readers (the line formats are the frameworks' own print statements):
+
+* **Megatron-LM** (and Primus, which prints Megatron's lines): ``megatron/training/training.py``
+  ``training_log``: `` iteration N/ M | ... | elapsed time per iteration (ms): T | throughput per
+  GPU (TFLOP/s/GPU): F | ... | global batch size: B | ...``; ``megatron/training/utils.py``
+  ``report_memory``: ``[Rank r] (after N iterations) memory (MB) | allocated: a | max allocated:
+  m | reserved: r | max reserved: x``; the argument dump ``arguments.py::_print_args``:
+  ``------------------------ arguments ------------------------`` then ``  name ....... value``
+  lines; and ``initialize.py``'s ``using world size: W, data-parallel size: D, context-parallel
+  size: C, tensor-model-parallel size: T, pipeline-model-parallel size: P`` line.
+* **Primus** prints Megatron-LM's lines with ``elapsed time per iteration (ms): inst/avg``,
+  ``tokens per GPU (tokens/s/GPU): inst/avg`` and ``hip mem usage/free/total/usage_ratio:``
+  (its ``print_rank_last`` patch of ``training_log``); the instantaneous values are read, and the
+  printed tokens/s/GPU is used as the measurement when present.
+* **torchtitan** (``torchtitan/components/metrics.py`` ``MetricsProcessor.log``): ``step: N
+  loss: L  [grad_norm: g]  memory: X GiB(p%)  tps: T  tflops: F  mfu: u%`` (``tps``: tokens per
+  second per GPU, ``memory``: peak reserved GiB). torchtitan does not print its configuration; give
+  its job TOML with ``--config`` (``[parallelism]``, ``[training]``, ``[activation_checkpoint]``).
+
+The step time of a log is the median of its iteration lines after the first
+:data:`WARMUP_ITERATIONS` (compilation, allocator warm-up and the first all-reduces make them
+slow); tokens/s/GPU is ``global batch x sequence length / step time / world size`` (Megatron-LM)
+or the median ``tps`` (torchtitan). The measured peak is the largest ``max allocated``
+(Megatron-LM) or ``memory`` (torchtitan, reserved) seen.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oracle.specs import ConfigError
+
+#: iteration lines at the start of a log left out of the median (warm-up steps).
+WARMUP_ITERATIONS = 2
+MIB = 2**20
+GIB = 2**30
+
+_MEGATRON_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
+_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([\d.]+)")
+_TFLOPS = re.compile(r"(?:throughput|compute) per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
+#: Primus (and Megatron-LM 26.x): tokens/s/GPU, the first number the instantaneous one
+_TOKENS = re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|tokens/s/GPU inst/harmonic mean):"
+                     r"\s*([\d.]+)")
+#: Primus on ROCm: ``hip mem usage/free/total/usage_ratio: 253.38GB/2.60GB/255.98GB/98.98%``
+_HIP_MEM = re.compile(r"hip mem usage/free/total/usage_ratio:\s*([\d.]+)\s*G")
+_GBS = re.compile(r"global batch size:\s*(\d+)")
+_MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([\d.]+)\s*\|\s*max allocated:\s*([\d.]+)"
+                     r"(?:\s*\|\s*reserved:\s*([\d.]+))?(?:\s*\|\s*max reserved:\s*([\d.]+))?")
+_ARGS_START = re.compile(r"-{8,}\s*arguments\s*-{8,}")
+_ARGS_END = re.compile(r"-{8,}\s*end of arguments\s*-{8,}|^\s*-{20,}\s*$")
+_ARG_LINE = re.compile(r"^\s{1,4}([A-Za-z_][A-Za-z0-9_]*)\s\.{2,}\s(.*?)\s*$")
+_WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
+_SIZE = re.compile(r"([a-z-]+?)[- ]size:\s*(\d+)")
+_TITAN_STEP = re.compile(
+    r"step:\s*(\d+)\s+loss:\s*([\d.eE+-]+).*?memory:\s*([\d.]+)\s*GiB\s*\(\s*([\d.]+)%\)\s*"
+    r"tps:\s*([\d,]+)\s+tflops:\s*([\d.,]+)\s+mfu:\s*([\d.]+)%")
+#: a log prefix before the line proper (timestamps, ``[rank0]:``, ``[titan] ...  - INFO -``).
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class LogMeasurement:
+    """What one training log says: framework, the measured step, memory and the launch arguments
+    it printed."""
+
+    path: str
+    framework: str  # "megatron" (Megatron-LM / Primus) or "torchtitan"
+    iterations: int  # iteration lines read
+    used: int  # iteration lines in the median (after warm-up)
+    step_time_s: float | None = None
+    tflops_per_gpu: float | None = None
+    tokens_per_s_per_gpu: float | None = None  # torchtitan's tps; Megatron: from the step time
+    mfu: float | None = None
+    global_batch_size: int | None = None
+    peak_bytes: int | None = None  # max allocated (Megatron) / peak reserved (torchtitan)
+    peak_kind: str = ""
+    world_size: int | None = None
+    sizes: dict[str, int] = field(default_factory=dict)  # from "using world size: ..."
+    args: dict[str, str] = field(default_factory=dict)  # the argument dump, name -> text
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "args"} | {
+            "arguments_read": len(self.args)}
+
+
+def _clean(line: str) -> str:
+    return _ANSI.sub("", line.rstrip("\n"))
+
+
+def _median_after_warmup(values: list[tuple[int, float]]) -> tuple[float | None, int]:
+    if not values:
+        return None, 0
+    kept = [v for i, v in values if i > WARMUP_ITERATIONS] or [v for _, v in values]
+    return statistics.median(kept), len(kept)
+
+
+def read_log(path: str | Path) -> LogMeasurement:
+    """Read a Megatron-LM / Primus or torchtitan training log (see module docstring). Raises a
+    one-line ConfigError when the file has no iteration line of either framework."""
+    from oracle.inputs import MAX_LOG_BYTES, check_regular_file
+
+    p = check_regular_file(path, "--log file", max_bytes=MAX_LOG_BYTES)
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as e:
+        raise ConfigError(f"--log {str(path)!r}: cannot read it ({e.strerror})") from None
+    lines = [_clean(x) for x in text.splitlines()]
+    megatron = [(int(m.group(1)), m.group(3)) for x in lines if (m := _MEGATRON_ITER.search(x))
+                and _ELAPSED.search(m.group(3))]
+    titan = [m for x in lines if (m := _TITAN_STEP.search(x))]
+    if megatron:
+        out = LogMeasurement(str(path), "megatron", len(megatron), 0)
+        elapsed = [(i, float(_ELAPSED.search(s).group(1))) for i, s in megatron]  # type: ignore
+        step_ms, out.used = _median_after_warmup(elapsed)
+        out.step_time_s = step_ms / 1000 if step_ms else None
+        tf = [(i, float(m.group(1))) for i, s in megatron if (m := _TFLOPS.search(s))]
+        out.tflops_per_gpu = _median_after_warmup(tf)[0]
+        tok = [(i, float(m.group(1))) for i, s in megatron if (m := _TOKENS.search(s))]
+        out.tokens_per_s_per_gpu = _median_after_warmup(tok)[0]
+        gbs = [int(m.group(1)) for _, s in megatron if (m := _GBS.search(s))]
+        out.global_batch_size = gbs[-1] if gbs else None
+        peaks = [float(m.group(2)) for x in lines if (m := _MEMORY.search(x))]
+        hip = [float(m.group(1)) for _, s in megatron if (m := _HIP_MEM.search(s))]
+        if peaks:
+            out.peak_bytes, out.peak_kind = int(max(peaks) * MIB), "max allocated"
+        elif hip:  # Primus divides by 1024**3 and prints "GB"
+            out.peak_bytes, out.peak_kind = int(max(hip) * GIB), "hip mem usage"
+        out.args = read_argument_dump(lines)
+        if "bf16" not in out.args and any("using torch.bfloat16 for parameters" in x
+                                          for x in lines):
+            out.args["bf16"] = "True"  # initialize.py prints it under --bf16
+        for x in lines:
+            if m := _WORLD.search(x):
+                out.world_size = int(m.group(1))
+                out.sizes = {k.replace("-model", "").replace("-", "_"): int(v)
+                             for k, v in _SIZE.findall(m.group(2))}
+                break
+        if out.world_size is None and "world_size" in out.args:
+            out.world_size = _int_or_none(out.args["world_size"])
+        return out
+    if titan:
+        # one line per rank is common; keep the first line of each step
+        by_step: dict[int, re.Match[str]] = {}
+        for m in titan:
+            by_step.setdefault(int(m.group(1)), m)
+        steps = sorted(by_step)
+        out = LogMeasurement(str(path), "torchtitan", len(steps), 0)
+        tps = [(s, float(by_step[s].group(5).replace(",", ""))) for s in steps]
+        out.tokens_per_s_per_gpu, out.used = _median_after_warmup(tps)
+        out.tflops_per_gpu = _median_after_warmup(
+            [(s, float(by_step[s].group(6).replace(",", ""))) for s in steps])[0]
+        mfu = _median_after_warmup([(s, float(by_step[s].group(7))) for s in steps])[0]
+        out.mfu = mfu / 100 if mfu is not None else None
+        out.peak_bytes = int(max(float(by_step[s].group(3)) for s in steps) * GIB)
+        out.peak_kind = "peak reserved"
+        return out
+    raise ConfigError(f"--log {str(path)!r}: no training iteration line found (Megatron-LM "
+                      "'elapsed time per iteration (ms)' or torchtitan 'step: N  loss: ...  tps:')")
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def read_argument_dump(lines: list[str]) -> dict[str, str]:
+    """The ``name ..... value`` lines of Megatron-LM's argument dump (empty when absent)."""
+    out: dict[str, str] = {}
+    inside = False
+    for x in lines:
+        body = re.sub(r"^.*?(?=\s{1,4}[A-Za-z_][A-Za-z0-9_]*\s\.{2,}\s)", "", x) if inside else x
+        if not inside:
+            if _ARGS_START.search(x):
+                inside = True
+            continue
+        if _ARGS_END.search(x) and not _ARG_LINE.match(body):
+            if out:
+                break
+            continue
+        if m := _ARG_LINE.match(body):
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+#: argument-dump values that mean "not set" (left to Megatron-LM's defaults).
+_UNSET = frozenset({"None", "False", "", "[]"})
+
+
+def dump_as_megatron_args(args: dict[str, str]) -> str:
+    """The argument dump as Megatron-LM command-line flags (``--name-with-dashes value``; True ->
+    the bare flag; None / False / empty left out), for
+    :func:`oracle.frameworks.parse_megatron_args`."""
+    words = []
+    for name, value in args.items():
+        if value in _UNSET:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value == "True":
+            words.append(flag)
+        elif value.startswith("[") and value.endswith("]"):
+            items = [v.strip().strip("'\"") for v in value[1:-1].split(",") if v.strip()]
+            words.append(" ".join([flag, *items]))
+        else:
+            words.append(f"{flag} {value!s}" if " " not in value else f"{flag} '{value}'")
+    return " \\\n".join(words)
+
+
+# ----------------------------------------------------------------------------- torchtitan
+
+#: torchtitan job TOML keys -> tune-cp names (``torchtitan/config/job_config.py``).
+TITAN_KEYS = {
+    ("parallelism", "tensor_parallel_degree"): "tp",
+    ("parallelism", "pipeline_parallel_degree"): "pp",
+    ("parallelism", "context_parallel_degree"): "cp",
+    ("parallelism", "expert_parallel_degree"): "ep",
+    ("parallelism", "data_parallel_shard_degree"): "dp_shard",
+    ("parallelism", "data_parallel_replicate_degree"): "dp_replicate",
+    ("parallelism", "pipeline_parallel_schedule"): "pp_schedule",
+    ("parallelism", "enable_async_tensor_parallel"): "async_tp",
+    ("training", "local_batch_size"): "local_batch_size",
+    ("training", "batch_size"): "local_batch_size",
+    ("training", "global_batch_size"): "global_batch_size",
+    ("training", "seq_len"): "seq_len",
+    ("parallelism", "pipeline_parallel_microbatch_size"): "mbs",
+    ("activation_checkpoint", "mode"): "ac_mode",
+    ("model", "name"): "model_name",
+    ("model", "flavor"): "model_flavor",
+}
+
+
+def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
+    """The settings of a torchtitan job TOML that tune-cp models (:data:`TITAN_KEYS`)."""
+    try:
+        from oracle.inputs import read_text
+
+        data = tomllib.loads(read_text(path, "--config file"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"--config {str(path)!r}: not a readable torchtitan TOML ({e})") from None
+    out: dict[str, Any] = {}
+    for (section, key), name in TITAN_KEYS.items():
+        if key in data.get(section, {}):
+            out.setdefault(name, data[section][key])
+    return out

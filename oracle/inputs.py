@@ -1,0 +1,357 @@
+"""Safe reading of every user file and value: the one place the checks live.
+
+Every reader of a user file (model and GPU files, Hugging Face ``config.json``, Primus YAML,
+calibration JSON, runs CSV) goes through :func:`read_text` and, for structured data,
+:func:`parse_json` / :func:`parse_yaml`; numbers read from flags and CSV cells go through
+:func:`finite`. Each failure is a one-line :class:`~oracle.specs.ConfigError` naming the file
+(or flag), the value and what would be legal, so the CLI exits 2 instead of hanging, running out
+of memory or printing ``internal error``.
+
+The checks, all made before the data reaches a spec:
+
+* **File type and size before reading**: the path must name a regular file (not a directory,
+  device such as ``/dev/zero``, FIFO or socket, which could block or never end) of at most
+  :data:`MAX_INPUT_BYTES`; a name the OS refuses (``ENAMETOOLONG``, a symlink loop, a missing
+  file) is reported with the OS's reason.
+* **Text**: UTF-8 (a byte-order mark is allowed); anything else names the offset of the first
+  bad byte.
+* **Structure** (:func:`check_tree`): nesting at most :data:`MAX_NESTING` deep; no recursive
+  YAML anchor (``loop: &L [*L]``); at most :data:`MAX_EXPANDED_NODES` values with every YAML
+  alias counted where it is used (a 271-byte "billion laughs" alias bomb expands to 9**9
+  values; PyYAML shares the aliased object, and this bound keeps every later walk of the tree
+  small); integers within int64; floats finite (JSON ``NaN``/``Infinity``, YAML ``.nan``/``.inf``
+  refused). Integers over 4,300 digits (Python's ``int`` limit) are refused while parsing.
+* **Numbers** (:func:`finite`, :func:`positive`): NaN and infinities are refused wherever a
+  number is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from oracle.specs import ConfigError
+
+#: Largest user file read (16 MiB): the largest Hugging Face config.json is a few KiB, the
+#: published runs CSV about 100 KiB; a bigger file is not a configuration.
+MAX_INPUT_BYTES = 16 * 2**20
+#: Largest training log read (``calibrate --log``): logs of long runs reach hundreds of MiB.
+MAX_LOG_BYTES = 512 * 2**20
+#: Deepest nesting of lists and mappings in a JSON/YAML file (real ones nest under 10 deep).
+MAX_NESTING = 64
+#: Most values in a JSON/YAML file once every alias is expanded where it is used.
+MAX_EXPANDED_NODES = 200_000
+#: Integers a file may hold: CP-SAT and numpy work in signed 64-bit integers.
+INT64_MAX = 2**63 - 1
+#: Longest file name shown in a message (longer ones are elided in the middle).
+MAX_SHOWN_NAME = 120
+
+
+def show_name(path: str | Path) -> str:
+    """A path for a one-line message: quoted, elided in the middle when very long."""
+    s = str(path)
+    if len(s) > MAX_SHOWN_NAME:
+        half = MAX_SHOWN_NAME // 2
+        s = f"{s[:half]}...{s[-half:]} ({len(s)} characters)"
+    return repr(s)
+
+
+def one_line(text: str) -> str:
+    """``text`` folded onto one line (newlines and runs of spaces become one space)."""
+    return " ".join(str(text).split())
+
+
+def check_regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> Path:
+    """``path`` as a Path once it is known to name a regular file no larger than the limit;
+    else a one-line ConfigError (checked with ``stat``, before anything is opened)."""
+    p = Path(path)
+    if str(path) == "":
+        raise ConfigError(f"{what}: the file name is empty")
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {show_name(p)}: {e.strerror or e}") from None
+    except ValueError as e:  # an embedded NUL byte
+        raise ConfigError(f"cannot read {what} {show_name(p)}: {e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {show_name(p)} is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {show_name(p)} is not a regular file (a device, FIFO or "
+                          f"socket); give a file")
+    limit = MAX_INPUT_BYTES if max_bytes is None else max_bytes
+    if st.st_size > limit:
+        raise ConfigError(f"{what} {show_name(p)} is {st.st_size:,} bytes; at most "
+                          f"{limit:,} bytes are read")
+    return p
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a regular file of at most :data:`MAX_INPUT_BYTES` bytes."""
+    p = check_regular_file(path, what)
+    try:
+        # O_NONBLOCK: should the file be swapped for a FIFO after the check, open() still returns
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_INPUT_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {show_name(p)}: {e.strerror or e}") from None
+    if len(raw) > MAX_INPUT_BYTES:
+        raise ConfigError(f"{what} {show_name(p)} is over {MAX_INPUT_BYTES:,} bytes")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {show_name(p)} is not UTF-8 text (byte 0x{raw[e.start]:02x} "
+                          f"at offset {e.start}); give a text file") from None
+
+
+# ------------------------------------------------------------------------------ structure
+
+
+def check_tree(data: Any, where: str) -> Any:
+    """``data`` (parsed JSON/YAML) once its nesting, expanded size, integers and floats are
+    within the limits of the module docstring; else a one-line ConfigError naming the key."""
+    sizes: dict[int, int] = {}  # id -> expanded size, for containers already checked
+    active: set[int] = set()  # containers on the current path (a cycle = recursive anchor)
+
+    def visit(x: Any, depth: int, key: str) -> int:
+        if isinstance(x, bool) or x is None or isinstance(x, str):
+            return 1
+        if isinstance(x, int):
+            if abs(x) > INT64_MAX:
+                raise ConfigError(f"{where}: {key or 'a value'} is an integer of {len(str(x))} "
+                                  f"digits; integers must lie within int64 (|n| < 2**63)")
+            return 1
+        if isinstance(x, float):
+            if not math.isfinite(x):
+                raise ConfigError(f"{where}: {key or 'a value'} is {x}; give a finite number")
+            return 1
+        if not isinstance(x, dict | list | tuple):
+            return 1  # dates, bytes: the spec that reads them decides
+        ident = id(x)
+        if ident in active:
+            raise ConfigError(f"{where}: {key or 'the document'} contains itself (a recursive "
+                              f"YAML anchor); write the values out")
+        if ident in sizes:  # an alias: shared, counted again where used
+            n = sizes[ident]
+        else:
+            if depth >= MAX_NESTING:
+                raise ConfigError(f"{where}: {key or 'the document'} nests lists/mappings more "
+                                  f"than {MAX_NESTING} deep")
+            active.add(ident)
+            n = 1
+            items = x.items() if isinstance(x, dict) else enumerate(x)
+            for k, v in items:
+                if isinstance(k, float | int) and not isinstance(k, bool):
+                    visit(k, depth + 1, key)
+                n += visit(v, depth + 1, f"{key}.{k}" if key else str(k))
+                if n > MAX_EXPANDED_NODES:
+                    break
+            active.discard(ident)
+            sizes[ident] = n
+        if n > MAX_EXPANDED_NODES:
+            raise ConfigError(f"{where}: {key or 'the document'} expands to more than "
+                              f"{MAX_EXPANDED_NODES:,} values (YAML aliases counted where they "
+                              f"are used); write a smaller file")
+        return n
+
+    visit(data, 0, "")
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows; give a finite number")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """Strict JSON (no NaN/Infinity), checked with :func:`check_tree`."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column "
+                          f"{e.colno}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: lists/mappings nest more than {MAX_NESTING} deep") from None
+    except ValueError as e:  # NaN/Infinity, an integer over 4,300 digits
+        raise ConfigError(f"{where} is not valid JSON: {one_line(str(e))}") from None
+    return check_tree(data, where)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML (safe loader: aliases share the anchored object), checked with
+    :func:`check_tree`."""
+    import yaml
+
+    try:
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{where} is not valid YAML: {one_line(problem)}{at}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: lists/mappings nest more than {MAX_NESTING} deep") from None
+    except ValueError as e:  # an integer over 4,300 digits
+        raise ConfigError(f"{where} is not valid YAML: {one_line(str(e))}") from None
+    return check_tree(data, where)
+
+
+def _loader() -> Any:
+    """PyYAML's safe loader, refusing nesting beyond :data:`MAX_NESTING` while composing (so
+    5,000 nested ``[`` never reach Python's recursion limit); built on first use (start-up
+    imports no YAML)."""
+    global _LOADER
+    if _LOADER is None:
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            def compose_node(self, parent: Any, index: Any) -> Any:
+                self._depth = getattr(self, "_depth", 0) + 1
+                try:
+                    if self._depth > MAX_NESTING + 1:
+                        mark = self.peek_event().start_mark
+                        raise yaml.YAMLError(f"nesting deeper than {MAX_NESTING} at line "
+                                             f"{mark.line + 1}")
+                    return super().compose_node(parent, index)
+                finally:
+                    self._depth -= 1
+
+        _LOADER = Loader
+    return _LOADER
+
+
+_LOADER: Any = None
+
+
+def read_mapping(path: str | Path, what: str, fmt: str | None = None) -> dict[str, Any]:
+    """A JSON or YAML file (``fmt``, else from the extension: ``.yaml``/``.yml`` is YAML) that
+    holds a mapping; every failure is a one-line ConfigError."""
+    text = read_text(path, what)
+    where = f"{what} {show_name(path)}"
+    if fmt is None:
+        fmt = "yaml" if Path(path).suffix.lower() in (".yaml", ".yml") else "json"
+    data = parse_yaml(text, where) if fmt == "yaml" else parse_json(text, where)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a mapping of keys to values, got "
+                          f"{type(data).__name__}")
+    return data
+
+
+# -------------------------------------------------------------------------------- numbers
+
+
+def finite(value: Any, what: str) -> float:
+    """``value`` as a finite float; NaN, infinities and non-numbers are one-line errors."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: {value!r} is not a number")
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{what}: {value!r} is not a number") from None
+    if not math.isfinite(x):
+        raise ConfigError(f"{what}: {value!r} is not a finite number")
+    return x
+
+
+def positive(value: Any, what: str) -> float:
+    """``value`` as a finite float > 0."""
+    x = finite(value, what)
+    if x <= 0:
+        raise ConfigError(f"{what}: {value!r} must be a positive number")
+    return x
+
+
+# ---------------------------------------------------------------------------------- paths
+
+
+def exists(path: str | Path) -> bool:
+    """Whether ``path`` names something; False (not an OSError) for names the OS refuses
+    (over 255 bytes, a symlink loop, an embedded NUL)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def is_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a directory; False for names the OS refuses (see :func:`exists`)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def is_file(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file; False for names the OS refuses."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def check_output_path(path: str | Path, what: str, suffixes: tuple[str, ...]) -> Path:
+    """``path`` once it can be written with one of ``suffixes`` (lower-case, with the dot):
+    checked before any work starts. An existing path must be a regular, writable file (not a
+    directory, device, FIFO, ``/proc`` entry or dangling symlink); a new one must lie in an
+    existing, writable directory and be creatable (tried, then removed)."""
+    s = str(path)
+    if not s.strip():
+        raise ConfigError(f"{what}: the file name is empty")
+    p = Path(s)
+    suffix = p.suffix.lower()
+    if suffix not in suffixes:
+        raise ConfigError(f"{what} {show_name(p)}: {suffix or 'no extension'} is not a supported "
+                          f"format; end the name with {' or '.join(suffixes)}")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {show_name(p)} cannot be written: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise ConfigError(f"{what} {show_name(p)} is {kind}; give a file name")
+        if not os.access(p, os.W_OK) or Path("/proc") in p.resolve().parents:
+            raise ConfigError(f"{what} {show_name(p)} cannot be written: permission denied")
+        return p
+    if os.path.lexists(p):
+        raise ConfigError(f"{what} {show_name(p)} is a symbolic link to nothing; give a file name")
+    parent = p.parent
+    if not is_dir(parent):
+        raise ConfigError(f"{what} {show_name(p)}: the directory {show_name(parent)} does not "
+                          f"exist")
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{what} {show_name(p)} cannot be written: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(p)
+    return p
+
+
+#: How a number may be spelled on the command line and in text fields: ASCII digits, an optional
+#: sign, point and exponent (``8``, ``-0.5``, ``1e-3``, ``.25``). Python's ``float()``/``int()``
+#: also take ``1_000``, fullwidth and Arabic-Indic digits and surrounding spaces; tune-cp does
+#: not, so that what it reads is what the user sees.
+NUMBER_SPELLING = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+#: Longest number spelled (characters): 64 covers any float with its exponent.
+MAX_NUMBER_CHARS = 64
+
+
+def parse_number(text: str, what: str) -> float:
+    """``text`` (an ASCII decimal, see :data:`NUMBER_SPELLING`) as a finite float; else a
+    one-line ConfigError naming ``what``."""
+    if len(text) > MAX_NUMBER_CHARS or not NUMBER_SPELLING.fullmatch(text):
+        raise ConfigError(f"{what}: {text[:MAX_NUMBER_CHARS]!r} is not a number (write ASCII "
+                          f"digits, e.g. 0.1 or 2e-3)")
+    x = float(text)
+    if not math.isfinite(x):
+        raise ConfigError(f"{what}: {text!r} is not a finite number")
+    return x

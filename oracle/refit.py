@@ -1,0 +1,326 @@
+"""Refit the time model for one cluster from its own training logs (``tune-cp calibrate --log``).
+
+Each log (:mod:`oracle.frameworks.logs`) becomes a measured run (:class:`oracle.runs.RunRow`):
+the configuration from the arguments the log printed (Megatron-LM / Primus argument dump, read by
+:func:`oracle.frameworks.parse_megatron_args`; a ``--config`` file beside it: Megatron-LM
+arguments, or a torchtitan job TOML), the cluster from ``--gpu`` / ``--nodes`` (or the world size
+the log prints), the measured tokens/s/GPU from the log's median step.
+
+The fit is :func:`oracle.calibrate.fit` (the shipped MAP fit) on the published runs (the prior:
+``benchmarks/published_runs.csv``) plus the user's rows, each user row weighted
+:data:`USER_ROW_WEIGHT` times a published row: the constants of the user's GPU architecture (and
+the shared ones) move as far as the user's measurements support against 180 published rows and
+the priors. The result is a calibration file for ``--calibration FILE``; the report gives every
+log's measured throughput beside the projection before (the shipped calibration) and after.
+Measured peaks (Megatron ``max allocated``, torchtitan peak reserved, Primus device memory used)
+are reported beside tune-cp's peak counted the same way (:data:`NOT_COUNTED`); the memory
+overheads are not refitted from them (yet): the gap says which way ``--overhead`` (or the
+memory model) is off for that cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
+from oracle.constants import load_calibration, utc_now
+from oracle.frameworks.logs import (
+    LogMeasurement,
+    dump_as_megatron_args,
+    read_log,
+    read_torchtitan_config,
+)
+from oracle.projection import RunTraits
+from oracle.runs import RunRow, read_runs, scored_rows
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    GpuSpec,
+    ModelSpec,
+    ParallelConfig,
+    Recompute,
+    TrainingSpec,
+    resolve_config,
+)
+
+PUBLISHED_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
+#: weight of one of the user's rows against one published row in the fit (its squared residual
+#: counts 16 times): a handful of the cluster's own runs outweighs the few published rows of the
+#: same architecture and class, not the priors of constants they say nothing about.
+USER_ROW_WEIGHT = 4.0
+#: a log's TFLOP/s/GPU and its tokens/s/GPU (as read with the arguments) disagree by more than
+#: this share under tune-cp's FLOP count: the sequence length, batch or model read is likely wrong.
+FLOPS_MISMATCH = 0.25
+
+
+@dataclass
+class LogRun:
+    """One log read as a measured run (or the reason it cannot be used)."""
+
+    measurement: LogMeasurement
+    row: RunRow | None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, gpu: GpuSpec,
+                  nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
+    from oracle.frameworks import parse_megatron_args
+
+    text = dump_as_megatron_args(m.args)
+    # the start-up size line fills what a partial dump lacks
+    for size, name in (("tensor_parallel", "tensor_model_parallel_size"),
+                       ("pipeline_parallel", "pipeline_model_parallel_size"),
+                       ("context_parallel", "context_parallel_size")):
+        if size in m.sizes and name not in m.args:
+            text += (" \\\n" if text else "") + f"--{name.replace('_', '-')} {m.sizes[size]}"
+    if config_text:
+        text = (text + " \\\n" if text else "") + config_text
+    if not text.strip():
+        raise ConfigError(f"{m.path}: the log prints no argument dump; give the launch arguments "
+                          f"with --config FILE")
+    run = parse_megatron_args(text, model=model)
+    mdl = run.require_model()
+    world = m.world_size or (nodes * gpus_per_node if nodes else None)
+    if world is None:
+        raise ConfigError(f"{m.path}: the log does not print the world size; give --nodes")
+    if world % gpus_per_node:
+        raise ConfigError(f"{m.path}: world size {world} is not a multiple of --gpus-per-node "
+                          f"{gpus_per_node}")
+    cluster = ClusterSpec(gpu=gpu, num_nodes=world // gpus_per_node, gpus_per_node=gpus_per_node)
+    training = run.training_spec(mdl, cluster)
+    if m.global_batch_size and m.global_batch_size != training.global_batch_size:
+        training = TrainingSpec(**(training.model_dump() | {
+            "global_batch_size": m.global_batch_size}))
+    cfg = resolve_config(run.config, mdl, cluster, training)
+    notes = []
+    if m.sizes:
+        for k, v in m.sizes.items():
+            mine = {"tensor_parallel": cfg.tp, "pipeline_parallel": cfg.pp, "data_parallel": cfg.dp,
+                    "context_parallel": cfg.cp}.get(k)
+            if mine is not None and mine != v:
+                notes.append(f"the log's {k} size {v} differs from the arguments' {mine}")
+    if m.step_time_s is None:
+        raise ConfigError(f"{m.path}: no 'elapsed time per iteration (ms)' value")
+    # the framework's own tokens/s/GPU when it prints one (Primus), else from the step time
+    tokens = m.tokens_per_s_per_gpu or (
+        training.global_batch_size * training.seq_len / m.step_time_s / world)
+    traits = RunTraits(tp_comm_overlap=m.args.get("tp_comm_overlap") == "True"
+                       or "--tp-comm-overlap" in config_text)
+    if m.tflops_per_gpu:
+        from oracle.projection import project
+
+        p = project(mdl, cluster, training, cfg)
+        flops_per_token = p.model_tflops_per_gpu * 1e12 / p.tokens_per_s_per_gpu
+        implied = m.tflops_per_gpu * 1e12 / flops_per_token
+        if abs(implied / tokens - 1) > FLOPS_MISMATCH:
+            notes.append(f"the log's {m.tflops_per_gpu:.1f} TFLOP/s/GPU means {implied:,.0f} "
+                         f"tokens/s/GPU with tune-cp's FLOP count, not the {tokens:,.0f} read "
+                         f"from the step time (seq {training.seq_len}, gbs "
+                         f"{training.global_batch_size}): check the sequence length, batch and "
+                         f"model (give --config)")
+    row = RunRow(row_id=f"log:{Path(m.path).name}", source=f"training log {m.path}",
+                 source_id="user-log", model_name=mdl.name, gpu_name=gpu.name,
+                 measured_tokens_per_s_per_gpu=tokens,
+                 measured_model_tflops_per_gpu=m.tflops_per_gpu, model=mdl, cluster=cluster,
+                 training=training, cfg=cfg, software="megatron", traits=traits)
+    defaults = [d for d in run.defaults if d.split(":")[0] in (
+        "expert_model_parallel_size", "seq_length", "micro_batch_size", "context_parallel_size",
+        "num_layers_per_virtual_pipeline_stage")]
+    if defaults:
+        notes.append("defaults taken: " + "; ".join(defaults))
+    return row, notes + run.notes
+
+
+def _titan_run(m: LogMeasurement, config_path: str | None, model: ModelSpec | None, gpu: GpuSpec,
+               nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
+    if config_path is None:
+        raise ConfigError(f"{m.path}: torchtitan logs do not print their configuration; give the "
+                          f"job TOML with --config FILE")
+    if model is None:
+        raise ConfigError(f"{m.path}: give --model for a torchtitan log (its TOML names "
+                          f"torchtitan's own flavours)")
+    if nodes is None:
+        raise ConfigError(f"{m.path}: give --nodes for a torchtitan log")
+    t = read_torchtitan_config(config_path)
+    cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
+    tp, pp, cp, ep = (int(t.get(k, 1)) for k in ("tp", "pp", "cp", "ep"))
+    world = cluster.world_size
+    if world % (tp * pp * cp):
+        raise ConfigError(f"{config_path}: tp x pp x cp = {tp * pp * cp} does not divide the "
+                          f"{world} GPUs")
+    dp = world // (tp * pp * cp)
+    local = int(t.get("local_batch_size", 1))
+    gbs = int(t.get("global_batch_size") or local * dp)
+    mbs = int(t.get("mbs") or (max(1, local // pp) if pp > 1 else local))
+    ac = str(t.get("ac_mode", "none")).lower()
+    rc: dict[str, Any] = {"recompute": Recompute.NONE}
+    if ac == "full":
+        rc = {"recompute": Recompute.FULL}
+    elif ac == "selective":  # per-op selective AC recomputes every second matmul (oracle/runs.py)
+        rc = {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mlp",)}
+    seq = int(t.get("seq_len") or model.default_seq_len)
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs)
+    cfg = resolve_config(ParallelConfig(tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs,
+                                        fsdp=int(t.get("dp_shard", -1)) != 1, **rc),
+                         model, cluster, training)
+    if m.tokens_per_s_per_gpu is None:
+        raise ConfigError(f"{m.path}: no 'tps:' value")
+    row = RunRow(row_id=f"log:{Path(m.path).name}", source=f"training log {m.path}",
+                 source_id="user-log", model_name=model.name, gpu_name=gpu.name,
+                 measured_tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
+                 measured_model_tflops_per_gpu=m.tflops_per_gpu, model=model, cluster=cluster,
+                 training=training, cfg=cfg, software="torchtitan",
+                 traits=RunTraits(tp_comm_overlap=bool(t.get("async_tp", False))))
+    return row, [f"torchtitan settings from {config_path}: {t}"]
+
+
+def read_log_runs(paths: list[str], *, gpu: GpuSpec, gpus_per_node: int,
+                  model: ModelSpec | None = None, nodes: int | None = None,
+                  config: str | None = None) -> list[LogRun]:
+    """Every log as a measured run; a log that cannot be represented says why."""
+    config_text = ""
+    if config is not None and not config.endswith(".toml"):
+        from oracle.inputs import read_text
+
+        config_text = read_text(config, "--config file")
+    out = []
+    for p in paths:
+        m = read_log(p)
+        try:
+            if m.framework == "torchtitan":
+                row, notes = _titan_run(m, config, model, gpu, nodes, gpus_per_node)
+            else:
+                row, notes = _megatron_run(m, config_text, model, gpu, nodes, gpus_per_node)
+            out.append(LogRun(m, row, None, notes))
+        except ConfigError as e:
+            out.append(LogRun(m, None, str(e)))
+    return out
+
+
+@dataclass
+class ClusterCalibration:
+    """What :func:`calibrate_from_logs` did."""
+
+    runs: list[LogRun]
+    table: Any  # CalibrationTable
+    before: list[float]  # projected tokens/s/GPU of each used log, shipped calibration
+    after: list[float]  # the same with the refitted constants
+    measured: list[float]
+    out_path: str | None = None
+    modelled_peaks: list[int | None] = field(default_factory=list)  # tune-cp's peak per used log
+
+    def to_json(self) -> dict[str, Any]:
+        used = [r for r in self.runs if r.row is not None]
+        return {
+            "logs": [{"log": r.measurement.to_json(), "used": r.row is not None,
+                      "reason": r.reason, "notes": r.notes} for r in self.runs],
+            "rows": [{"row_id": r.row.row_id, "measured_tokens_per_s_per_gpu": m,  # type: ignore
+                      "projected_before": b, "projected_after": a,
+                      "measured_peak_bytes": r.measurement.peak_bytes,
+                      "measured_peak_kind": r.measurement.peak_kind, "modelled_peak_bytes": pk}
+                     for r, m, b, a, pk in zip(used, self.measured, self.before, self.after,
+                                               self.modelled_peaks, strict=True)],
+            "out": self.out_path, "calibration": self.table.to_json(),
+        }
+
+    def summary(self) -> str:
+        lines = []
+        used = [r for r in self.runs if r.row is not None]
+        for r in self.runs:
+            if r.row is None:
+                lines.append(f"skipped {r.measurement.path}: {r.reason}")
+        lines.append(f"refitted on {len(used)} log(s) (weight {USER_ROW_WEIGHT:g} each) with the "
+                     f"published runs as the prior")
+        lines.append(f"{'log':40} {'measured':>10} {'before':>10} {'after':>10}  tok/s/GPU")
+        for r, m, b, a, pk in zip(used, self.measured, self.before, self.after,
+                                  self.modelled_peaks, strict=True):
+            c = r.row.cfg  # type: ignore[union-attr]
+            lines.append(f"{Path(r.measurement.path).name[:40]:40} {m:>10,.0f} {b:>10,.0f} "
+                         f"{a:>10,.0f}  ({r.row.model_name}, {c.label()}, mbs {c.mbs})")  # type: ignore
+            for note in r.notes:
+                lines.append(f"{'':40} note: {note}")
+            if r.measurement.peak_bytes:
+                ours = (f"; tune-cp's peak counted alike {pk / 2**30:.1f} GiB "
+                        f"({100 * (r.measurement.peak_bytes / pk - 1):+.0f}%)" if pk else "")
+                lines.append(f"{'':40} measured peak {r.measurement.peak_bytes / 2**30:.1f} GiB "
+                             f"({r.measurement.peak_kind}){ours}")
+        if self.out_path:
+            lines.append(f"written to {self.out_path}; pass it with --calibration "
+                         f"{self.out_path}")
+        return "\n".join(lines)
+
+
+def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
+                        published: str | Path = PUBLISHED_RUNS,
+                        user_weight: float = USER_ROW_WEIGHT) -> ClusterCalibration:
+    """Refit on the published runs plus the logs' rows weighted ``user_weight`` (module
+    docstring); write the calibration JSON to ``out_path`` when given."""
+    user = [r.row for r in runs if r.row is not None]
+    if not user:
+        raise ConfigError("no log could be read as a run: " + "; ".join(
+            str(r.reason) for r in runs))
+    prior = [r for r in scored_rows(read_runs(published)) if r.representable]
+    prep = prepare(prior + user)
+    n_user = len(user)
+    prep.weight[-n_user:] *= user_weight
+    layout, theta, stats = fit(prep)
+    shipped = load_calibration()
+    header = {
+        "runs_file": Path(published).name, "logs": [r.row_id for r in user],
+        "user_row_weight": user_weight, "date": utc_now(),
+        "rows": len(prep.rows), "tokens_per_s_mape": round(stats["mape"], 4),
+        "method": "oracle/refit.py: oracle.calibrate.fit on the published runs plus the logs' "
+                  "rows weighted up",
+    }
+    about = (f"tune-cp time-model constants refitted for a cluster on {n_user} training log(s) "
+             f"plus {len(prior)} published rows ({header['date']})")
+    table = table_from_fit(layout, theta, header, about)
+    up = prepare(user)
+    before = predict(up, table_constants(shipped, up.archs, up.software))
+    after = predict(up, table_constants(table, up.archs, up.software))
+    out = ClusterCalibration(runs, table, [float(x) for x in before],
+                             [float(x) for x in after], [float(x) for x in up.measured],
+                             modelled_peaks=[_modelled_peak(r.row, r.measurement.peak_kind)
+                                             for r in runs if r.row is not None])
+    if out_path is not None:
+        Path(out_path).write_text(json.dumps(table.to_json(), indent=2) + "\n")
+        out.out_path = str(out_path)
+    assert all(math.isfinite(x) for x in out.after)
+    return out
+
+
+#: memory terms outside what each kind of measured peak counts: PyTorch's ``max allocated``
+#: (Megatron-LM's memory report) counts neither the allocator's cached blocks (fragmentation) nor
+#: the CUDA/HIP context and NCCL/RCCL buffers, which are not allocated through it; torchtitan's
+#: peak reserved counts the cached blocks; Primus's ``hip mem usage`` (device used memory,
+#: ``torch.cuda.mem_get_info``) counts everything.
+NOT_COUNTED = {
+    "max allocated": ("fragmentation", "runtime_context", "collective_buffers"),
+    "peak reserved": ("runtime_context", "collective_buffers"),
+    "hip mem usage": (),
+}
+
+
+def _modelled_peak(r: RunRow, kind: str) -> int | None:
+    """tune-cp's peak bytes of the logged configuration (the most loaded stage), counted like the
+    log's measured peak (:data:`NOT_COUNTED`)."""
+    from solver.check import check_configuration
+
+    assert r.model and r.cluster and r.training and r.cfg
+    out = check_configuration(r.model, r.cluster, r.training, r.cfg)
+    if out.memory is None:
+        return None
+    peak = out.memory.peak
+    return peak.total_bytes - sum(peak.terms.get(t, 0) for t in NOT_COUNTED.get(kind, ()))
+
+
+def log_ratio(measured: list[float], projected: list[float]) -> float:
+    """Mean log(projected / measured) (0: no bias)."""
+    return float(np.mean(np.log(np.array(projected) / np.array(measured))))

@@ -1,0 +1,184 @@
+"""Intervals on projected throughput from the out-of-fold residuals of a configuration's class.
+
+Where the numbers come from: ``benchmarks/residuals.py`` runs the grouped cross-validation of the
+time model (:func:`benchmarks.crossval.grouped_cv`: every published run projected with constants
+fitted on the folds that do not contain its configuration) and writes, per class, the quantiles of
+the out-of-fold log residual ``r = log(measured / projected)`` to ``oracle/catalog/residuals.json``
+(with the runs file, its SHA-256, the calibration it validated, folds, seed and date). An interval
+is then ``[projected x exp(q_lo), projected x exp(q_hi)]``: where, judged by how far the model
+missed published runs of the same kind that it was not fitted on, the measurement is likely to
+land (the 10th and 90th percentiles: an 80 % interval).
+
+Classes: a configuration is described by five features, most general first:
+
+* ``arch``: the GPU's architecture (``hopper``, ``blackwell``, ``cdna3``, ...; ``unknown`` for a
+  GPU file without one — no published row has it, so only the pooled class applies);
+* ``moe``: ``moe`` or ``dense``;
+* ``vpp``: interleaving depth ``1``, ``2-4`` or ``5+`` virtual stages per pipeline rank;
+* ``cp``: ``1`` or ``2+`` context-parallel ranks;
+* ``prec``: ``bf16``, ``fp4`` or the FP8 recipe (``tensorwise``, ``blockwise``, ``mxfp8``,
+  ``delayed``).
+
+The interval of a configuration is that of its most specific class (all five features, then
+dropping ``prec``, ``cp``, ``vpp``, ``moe``, ``arch`` in that order) with at least
+:data:`MIN_CLASS_ROWS` out-of-fold rows; the class used is reported (a configuration whose own
+class has too few rows says which parent class it was widened to). The pooled class (every row)
+always exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, Precision, TrainingSpec
+
+RESIDUALS_PATH = Path(__file__).parent / "catalog" / "residuals.json"
+
+#: features of a class, most general first; parents drop features from the end.
+FEATURES = ("arch", "moe", "vpp", "cp", "prec")
+#: fewest out-of-fold rows for a class to carry its own interval (a 10th percentile of fewer than
+#: eight rows is the smallest or second-smallest residual: too noisy to trust).
+MIN_CLASS_ROWS = 8
+#: the quantiles of the interval (an 80 % interval) and its centre.
+Q_LO, Q_MID, Q_HI = 0.10, 0.50, 0.90
+
+
+def vpp_bucket(vpp: int) -> str:
+    """Interleaving depth class: ``1``, ``2-4`` or ``5+`` virtual stages per pipeline rank."""
+    return "1" if vpp <= 1 else "2-4" if vpp <= 4 else "5+"
+
+
+def precision_class(precision: Precision, cfg: ParallelConfig) -> str:
+    """``bf16``, ``fp4`` or the FP8 recipe (resolved configurations name it)."""
+    if precision is Precision.FP8:
+        return cfg.fp8_recipe.value if cfg.fp8_recipe is not None else "tensorwise"
+    return precision.value
+
+
+def class_features(arch: str, moe: bool, vpp: int, cp: int, prec: str) -> tuple[str, ...]:
+    return (arch or "unknown", "moe" if moe else "dense", vpp_bucket(vpp),
+            "1" if cp <= 1 else "2+", prec)
+
+
+def class_key(features: Sequence[str], depth: int | None = None) -> str:
+    """``arch=hopper|moe=dense|vpp=1`` for the first ``depth`` features; ``all`` for none."""
+    n = len(features) if depth is None else depth
+    return "|".join(f"{k}={v}" for k, v in zip(FEATURES[:n], features[:n], strict=True)) or "all"
+
+
+def parents(features: Sequence[str]) -> list[str]:
+    """The class keys from the most specific to ``all``."""
+    return [class_key(features, d) for d in range(len(FEATURES), -1, -1)]
+
+
+@dataclass(frozen=True)
+class ClassInterval:
+    """The residual quantiles of one class."""
+
+    key: str
+    rows: int
+    q_lo: float
+    q_mid: float
+    q_hi: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"class": self.key, "rows": self.rows, "q_lo": self.q_lo, "q_mid": self.q_mid,
+                "q_hi": self.q_hi}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The interval of one projection: ``low``..``high`` tokens/s/GPU, from ``used`` (the class
+    whose residuals set it) for a configuration of class ``own`` (``widened`` when they differ)."""
+
+    projected: float
+    low: float
+    high: float
+    own: str
+    used: ClassInterval
+
+    @property
+    def widened(self) -> bool:
+        return self.own != self.used.key
+
+    def to_json(self) -> dict[str, Any]:
+        return {"low_tokens_per_s_per_gpu": self.low, "high_tokens_per_s_per_gpu": self.high,
+                "quantiles": [Q_LO, Q_HI], "class": self.own, "class_used": self.used.key,
+                "class_rows": self.used.rows, "widened": self.widened}
+
+    def text(self) -> str:
+        why = (f"class {self.used.key}, {self.used.rows} rows: widened, the own class {self.own} "
+               f"and the parents before it have fewer than {MIN_CLASS_ROWS}" if self.widened else
+               f"class {self.used.key}, {self.used.rows} rows")
+        return (f"{self.low:,.0f}-{self.high:,.0f} tokens/s/GPU (80% interval from out-of-fold "
+                f"residuals; {why})")
+
+
+class ResidualTable:
+    """The per-class residual quantiles of a residuals file."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.classes = {k: ClassInterval(k, v["rows"], v["q_lo"], v["q_mid"], v["q_hi"])
+                        for k, v in data["classes"].items()}
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.data.get("provenance", {})
+
+    def lookup(self, features: Sequence[str]) -> ClassInterval:
+        for key in parents(features):
+            c = self.classes.get(key)
+            if c is not None and c.rows >= MIN_CLASS_ROWS:
+                return c
+        return self.classes["all"]
+
+    def intervals(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                  configs: Sequence[ParallelConfig], projected: np.ndarray) -> list[Interval]:
+        """One interval per configuration (vectorised by class: the features take few values)."""
+        arch = cluster.gpu.architecture
+        cache: dict[tuple[str, ...], ClassInterval] = {}
+        out = []
+        for c, p in zip(configs, np.asarray(projected, dtype=float), strict=True):
+            f = class_features(arch, model.is_moe, c.vpp, c.cp, precision_class(training.precision, c))
+            ci = cache.get(f)
+            if ci is None:
+                ci = cache[f] = self.lookup(f)
+            out.append(Interval(float(p), float(p * np.exp(ci.q_lo)),
+                                float(p * np.exp(ci.q_hi)), class_key(f), ci))
+        return out
+
+    def interval(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 cfg: ParallelConfig, projected: float) -> Interval:
+        return self.intervals(model, cluster, training, [cfg], np.array([projected]))[0]
+
+
+@lru_cache(maxsize=4)
+def load_residuals(path: str | None = None) -> ResidualTable:
+    """The residual table (``oracle/catalog/residuals.json`` unless ``path``)."""
+    p = Path(path) if path else RESIDUALS_PATH
+    return ResidualTable(json.loads(p.read_text()))
+
+
+def residual_classes(features: Sequence[Sequence[str]], residuals: np.ndarray) -> dict[str, dict]:
+    """Quantiles of ``residuals`` (log measured / projected) for every class and parent class
+    that the rows' ``features`` fall in (what ``benchmarks/residuals.py`` writes)."""
+    members: dict[str, list[int]] = {}
+    for i, f in enumerate(features):
+        for key in parents(f):
+            members.setdefault(key, []).append(i)
+    out = {}
+    for key in sorted(members, key=lambda k: (k.count("|") if k != "all" else -1, k)):
+        r = residuals[np.array(members[key])]
+        out[key] = {"rows": len(r), "q_lo": round(float(np.quantile(r, Q_LO)), 4),
+                    "q_mid": round(float(np.quantile(r, Q_MID)), 4),
+                    "q_hi": round(float(np.quantile(r, Q_HI)), 4),
+                    "mape": round(float(np.mean(np.abs(np.exp(-r) - 1))), 4)}
+    return out

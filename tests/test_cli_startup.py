@@ -1,0 +1,110 @@
+"""Start-up: which libraries each command loads (issue 14). What they cost is measured by
+``benchmarks/cli.py``, not here; these tests pin that the light commands stay light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("ortools", "pandas", "numpy", "dspy", "matplotlib")
+
+PROBE = """
+import contextlib, io, json, sys
+import cli
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    code = cli.run(json.loads(sys.argv[1]))
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+def loaded(*args: str) -> tuple[int, list[str]]:
+    """Exit code of ``tune-cp ARGS`` in a fresh interpreter and the heavy libraries it loaded."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(HEAVY)],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    out = json.loads(proc.stdout.splitlines()[-1])
+    return out["code"], out["heavy"]
+
+
+@pytest.mark.parametrize("args", [
+    ("--help",), ("--version",), ("models",), ("gpus",), ("models", "--json"),
+    ("check", "--help"), ("plan", "--help"), ("search", "--help"),
+    ("--model", "mixtral-8x22b", "--nodes", "0"),          # a flag error
+    ("--model", "no-such-model", "--nodes", "4"),          # an unknown catalog name
+    ("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "3"),  # a configuration error
+])
+def test_light_commands_load_no_heavy_library(args):
+    code, heavy = loaded(*args)
+    assert heavy == [], f"tune-cp {' '.join(args)} (exit {code}) loaded {heavy}"
+
+
+def test_check_loads_numpy_but_not_the_solver():
+    code, heavy = loaded("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "2")
+    assert code == 0
+    assert heavy == ["numpy"]
+
+
+def test_cp_model_without_pandas_still_has_its_pandas_helpers():
+    probe = ("import sys\nfrom solver.cpsat import cp_model\n"
+             "assert 'pandas' not in sys.modules\n"
+             "import pandas as pd\n"
+             "xs = cp_model.CpModel().new_int_var_series('x', pd.Index(range(3)), 0, 5)\n"
+             "print(type(xs).__name__, len(xs))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.split() == ["Series", "3"]
+
+
+class _Terminal:
+    """A stand-in stderr that says it is a terminal and keeps what is written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_bar_draws_only_on_a_terminal(monkeypatch):
+    import cli
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    bar = cli.Progress("planning")
+    bar.bar(3, 4, "h100: 16 nodes")
+    bar.close()
+    assert "planning [##################......] 3/4 h100: 16 nodes" in term.text
+    assert term.text.endswith("\r\x1b[K")  # the line is erased when done
+
+
+def test_plan_reports_progress_that_ends_exact(run_cli):
+    from agent.plan import plan, training_for_precision
+    from oracle.catalog import load_gpu, load_model
+    from oracle.specs import Precision
+
+    calls: list[tuple[int, int, str]] = []
+    model = load_model("llama3-8b")
+    plans = plan(model, [(load_gpu("h100"), 8), (load_gpu("b200"), 8)],
+                 training_for_precision(8192, 128, Precision.BF16), max_nodes=4, points=2,
+                 progress=lambda done, total, what: calls.append((done, total, what)))
+    evaluated = sum(len(p.points) for p in plans)  # every node count here is a table row
+    assert [c[0] for c in calls] == list(range(evaluated + 1))
+    assert calls[-1] == (evaluated, evaluated, "done")
+    assert all(done <= total for done, total, _ in calls)
+    assert calls[0][2] == "h100: 1 node"
+    # without a terminal nothing is drawn: the CLI's stderr stays empty
+    code, out, err = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes",
+                             "2", "--points", "2")
+    assert code == 0 and err == "" and "fits from 1 node" in out

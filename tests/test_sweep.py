@@ -1,0 +1,283 @@
+"""tune-cp sweep: grid files, one row per scenario, determinism, resume, failures as rows."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.sweep import (
+    COLUMN_NAMES,
+    GridError,
+    LocalEngine,
+    SerialEngine,
+    load_grid,
+    read_rows,
+    run_sweep,
+    write_rows,
+)
+
+#: four fast scenarios (dense 8B, one or two nodes, two GPUs)
+SMALL = """\
+name: small
+models: [llama3-8b]
+gpus: [h100, mi355x]
+nodes: [2, 1]
+seq_len: 4096
+global_batch: 128
+tokens: 1.0e12
+price_per_gpu_hour: {h100: 2.5, mi355x: 3}
+"""
+
+
+def grid_file(tmp_path: Path, text: str, name: str = "grid.yaml") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def rows_of(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The small grid swept once in this process: (grid path, output path, report)."""
+    d = tmp_path_factory.mktemp("sweep")
+    g = grid_file(d, SMALL)
+    out = str(d / "serial.csv")
+    report = run_sweep(load_grid(g).scenarios, out, SerialEngine())
+    return g, out, report
+
+
+def test_small_grid_rows_match_the_search_command(small, run_json):
+    _, out, report = small
+    rows = rows_of(out)
+    assert [r["scenario_id"] for r in rows] == [
+        "llama3-8b/h100/n1/s4096/b128/bf16", "llama3-8b/h100/n2/s4096/b128/bf16",
+        "llama3-8b/mi355x/n1/s4096/b128/bf16", "llama3-8b/mi355x/n2/s4096/b128/bf16"]
+    assert list(rows[0]) == list(COLUMN_NAMES)
+    assert (report.ok, report.infeasible, report.failed, report.computed) == (4, 0, 0, 4)
+    # each row is the main command's answer for that scenario
+    code, data = run_json("--model", "llama3-8b", "--gpu", "h100", "--nodes", "2",
+                          "--seq-len", "4096", "--gbs", "128")
+    assert code == 0
+    r = rows[1]
+    best = data["best"]
+    for k in ("tp", "pp", "vpp", "cp", "dp", "mbs", "ga"):
+        assert int(r[k]) == best[k], k
+    assert r["recompute"] == best["recompute"]
+    assert float(r["tokens_per_s_per_gpu"]) == pytest.approx(
+        best["projection"]["tokens_per_s_per_gpu"], rel=1e-12)
+    assert float(r["mfu"]) == pytest.approx(best["projection"]["mfu"], rel=1e-12)
+    assert int(r["feasible"]) == data["feasible_count"]
+    assert int(r["peak_bytes"]) == best["memory"]["peak_bytes"]
+
+
+def test_time_and_cost_columns_follow_the_plan_formulas(small):
+    _, out, _ = small
+    for r in rows_of(out):
+        per_gpu, gpus = float(r["tokens_per_s_per_gpu"]), int(r["gpus"])
+        assert gpus == 8 * int(r["nodes"])
+        seconds = 1.0e12 / (per_gpu * gpus)
+        assert float(r["days"]) == pytest.approx(seconds / 86400, rel=1e-12)
+        assert float(r["gpu_hours"]) == pytest.approx(gpus * seconds / 3600, rel=1e-12)
+        price = {"h100": 2.5, "mi355x": 3.0}[r["gpu"]]
+        assert float(r["price_per_gpu_hour"]) == price
+        assert float(r["cost"]) == pytest.approx(float(r["gpu_hours"]) * price, rel=1e-12)
+        assert float(r["peak_gib"]) == pytest.approx(int(r["peak_bytes"]) / 2**30)
+        assert int(r["peak_bytes"]) <= int(r["hbm_limit_bytes"])
+        # the interval when the search result carries one (both ends or neither)
+        lo, hi = r["tokens_per_s_per_gpu_low"], r["tokens_per_s_per_gpu_high"]
+        assert (lo == "") == (hi == "")
+        if lo:
+            assert float(lo) <= per_gpu <= float(hi)
+
+
+@pytest.mark.slow
+def test_same_grid_same_file_with_local_processes(small, tmp_path):
+    g, out, _ = small
+    other = str(tmp_path / "workers.csv")
+    run_sweep(load_grid(g).scenarios, other, LocalEngine(2))
+    assert Path(other).read_bytes() == Path(out).read_bytes()
+
+
+def test_resume_after_an_interrupt_computes_only_the_rest(small, tmp_path):
+    g, out, _ = small
+    scenarios = load_grid(g).scenarios
+    part = str(tmp_path / "part.csv")
+    seen = []
+
+    def stop_after_two(row):
+        seen.append(row["scenario_id"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(scenarios, part, SerialEngine(), on_row=stop_after_two)
+    written = rows_of(part)  # a valid partial file with what had arrived
+    assert [r["scenario_id"] for r in written] == seen
+    computed = []
+    report = run_sweep(scenarios, part, SerialEngine(), resume=True,
+                       on_row=lambda r: computed.append(r["scenario_id"]))
+    assert (report.resumed, report.computed) == (2, 2)
+    assert sorted(computed) == sorted({s.scenario_id for s in scenarios} - set(seen))
+    assert Path(part).read_bytes() == Path(out).read_bytes()
+    # nothing left to do: nothing recomputed, the same file
+    again = run_sweep(scenarios, part, SerialEngine(), resume=True)
+    assert (again.resumed, again.computed) == (4, 0)
+    assert Path(part).read_bytes() == Path(out).read_bytes()
+
+
+def test_resume_recomputes_rows_whose_inputs_changed(small, tmp_path):
+    _, out, _ = small
+    changed = grid_file(tmp_path, SMALL.replace("mi355x: 3", "mi355x: 4"))
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(Path(out).read_bytes())
+    report = run_sweep(load_grid(changed).scenarios, str(copy), SerialEngine(), resume=True)
+    assert (report.resumed, report.computed) == (2, 2)  # the mi355x rows had another price
+    assert {float(r["cost"]) / float(r["gpu_hours"]) for r in rows_of(str(copy))
+            if r["gpu"] == "mi355x"} == {4.0}
+
+
+def test_a_failing_scenario_is_a_row_and_the_rest_completes(small, tmp_path):
+    g, _, _ = small
+    good = list(load_grid(g).scenarios[:2])
+    broken = dataclasses.replace(good[0], scenario_id="broken/n0", nodes=0, position=(9,))
+    out = str(tmp_path / "failed.csv")
+    report = run_sweep([*good, broken], out, SerialEngine())
+    rows = {r["scenario_id"]: r for r in rows_of(out)}
+    assert rows["broken/n0"]["status"] == "error"
+    assert "num_nodes" in rows["broken/n0"]["reason"]
+    assert [rows[s.scenario_id]["status"] for s in good] == ["ok", "ok"]
+    assert report.failed == 1 and report.ok == 2
+
+
+@pytest.mark.slow
+def test_impossible_scenario_gives_the_reason_and_the_sweep_completes(tmp_path, run_cli):
+    g = grid_file(tmp_path, "models: [llama3.1-405b, llama3-8b]\ngpus: [h100]\nnodes: [1]\n")
+    out = tmp_path / "impossible.csv"
+    code, stdout, err = run_cli("sweep", g, "--out", out, "--no-progress")
+    assert code == 0, err
+    assert "2 scenarios (2 computed, 0 kept" in stdout and "1 ok, 1 infeasible, 0 failed" in stdout
+    rows = {r["model"]: r for r in rows_of(str(out))}
+    big = rows["llama3.1-405b"]
+    assert big["status"] == "infeasible" and big["feasible"] == "0" and big["tp"] == ""
+    # the explanation the search command prints (README): 858.1 GiB at the least
+    assert big["reason"].startswith("no configuration of llama3.1-405b on 1 x 8 h100")
+    assert "858.1 GiB per GPU" in big["reason"]
+    assert "needs at least 14 nodes of h100" in big["reason"]
+    assert rows["llama3-8b"]["status"] == "ok"
+
+
+BAD_GRIDS = [
+    ("gpus: [h100]\nnodes: [1]\n", "grid key 'models' is missing"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nnode: [2]\n", "grid key 'node' is unknown"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [0]\n",
+     "grid key 'nodes': 0 must be a whole number from 1"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [two]\n", "grid key 'nodes': 'two' must be"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: []\n", "grid key 'nodes': the list is empty"),
+    ("models: [llama-9b]\ngpus: [h100]\nnodes: [1]\n", "grid key 'models': 'llama-9b'"),
+    ("models: [llama3-8b]\ngpus: [h900]\nnodes: [1]\n", "grid key 'gpus': 'h900'"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nprecision: [bf17]\n",
+     "grid key 'precision': 'bf17' is not a precision; choose from bf16, fp8, fp4"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nconstraints: ['tq == 1']\n",
+     "grid key 'constraints': 'tq == 1'"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nprice_per_gpu_hour: {b200: 4}\n",
+     "grid key 'price_per_gpu_hour': 'b200' is not one of the grid's gpus (h100)"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\ntokens: -5\n",
+     "grid key 'tokens': -5 must be a positive number"),
+    ("models: [llama3-8b, llama3-8b]\ngpus: [h100]\nnodes: [1]\n",
+     "grid key 'models': 'llama3-8b' and 'llama3-8b' both name llama3-8b"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\noverheads: {fragmentation: x}\n",
+     "grid key 'overheads'"),
+    ("- just\n- a list\n", "expected a mapping of keys"),
+    ("models: [llama3-8b\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_GRIDS)
+def test_bad_grid_files_are_one_line_naming_the_key_and_value(tmp_path, text, message):
+    with pytest.raises(GridError) as e:
+        load_grid(grid_file(tmp_path, text))
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_grid_on_the_command_line_exits_2_with_one_line(tmp_path, run_cli):
+    g = grid_file(tmp_path, "models: [llama3-8b]\ngpus: [h100]\nnodes: [1, -2]\n")
+    code, out, err = run_cli("sweep", g, "--out", tmp_path / "x.csv")
+    assert code == 2 and out == ""
+    assert err.strip() == ("tune-cp: error: grid key 'nodes': -2 must be a whole number from 1 "
+                           "to 1048576")
+    code, _, err = run_cli("sweep", g, "--out", tmp_path / "x.txt")
+    assert code == 2 and "--out" in err and ".csv or .parquet" in err
+    code, _, err = run_cli("sweep", tmp_path / "missing.yaml", "--out", tmp_path / "x.csv")
+    assert code == 2 and "no such file" in err
+
+
+def test_model_and_gpu_files_are_read_relative_to_the_grid(tmp_path):
+    catalog = json.loads((Path(__file__).parent.parent / "oracle/catalog/gpus.json").read_text())
+    entry = next(g for g in catalog["gpus"] if g["name"] == "h100")
+    (tmp_path / "specs").mkdir()
+    mine = {**entry, "name": "mygpu", "aliases": []}
+    (tmp_path / "specs" / "mygpu.json").write_text(json.dumps(mine))
+    g = load_grid(grid_file(tmp_path, "models: [llama3-8b]\ngpus: [specs/mygpu.json]\n"
+                                      "nodes: [1]\n"))
+    assert g.scenarios[0].gpu.name == "mygpu"
+    assert g.scenarios[0].scenario_id == "llama3-8b/mygpu/n1/s8192/b128/bf16"
+
+
+def test_parquet_needs_the_extra_else_round_trips(tmp_path, small):
+    _, out, _ = small
+    rows = read_rows(out)
+    path = str(tmp_path / "r.parquet")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(Exception) as e:
+            write_rows(path, rows)
+        assert "tune-cp[sweep]" in str(e.value)
+        return
+    write_rows(path, rows)
+    back = read_rows(path)
+    assert back == rows
+    assert all(math.isfinite(r["tokens_per_s_per_gpu"]) for r in back)
+
+
+def test_nothing_of_ray_is_imported_without_it(small):
+    import subprocess
+
+    code = ("import sys, cli; cli.run(['sweep', '--help']); "
+            "import agent.sweep; print('ray' in sys.modules, 'matplotlib' in sys.modules)")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, check=True)
+    # (pyarrow is not checked: OR-Tools' cp_model imports pandas, which may import it)
+    assert got.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_shared_tables_give_the_rows_of_fresh_tables(small):
+    """Memory tables kept from one node count to the next (the worker cache, or the solver's
+    own sharing across clusters) give the rows (best configuration, its peak bytes, the
+    feasible count) of tables built afresh for every scenario."""
+    from agent.sweep import WorkerCache, clear_solver_caches, run_scenario
+
+    g, out, _ = small
+    scenarios = load_grid(g).scenarios
+    clear_solver_caches()
+    shared = WorkerCache()
+    rows = [run_scenario(s, shared) for s in scenarios]
+    fresh = []
+    for s in scenarios:
+        clear_solver_caches()
+        c = WorkerCache()
+        c.enabled = False
+        fresh.append(run_scenario(s, c))
+    assert rows == fresh
+    assert rows == read_rows(out)
