@@ -216,7 +216,7 @@ def check_stand_ins() -> dict[str, float]:
     ga = torch.autograd.grad(y, (x, w), gy)
     yr = F.rms_norm(x, (32,), w, 1e-5)
     gr = torch.autograd.grad(yr, (x, w), gy)
-    res["rmsnorm"] = max(_rel(y, yr), *(_rel(a, b) for a, b in zip(ga, gr)))
+    res["rmsnorm"] = max(_rel(y, yr), *(_rel(a, b) for a, b in zip(ga, gr, strict=True)))
     q = torch.randn(16, 2, 4, 8, generator=g, requires_grad=True)
     k = torch.randn(16, 2, 2, 8, generator=g, requires_grad=True)
     v = torch.randn(16, 2, 2, 8, generator=g, requires_grad=True)
@@ -227,7 +227,7 @@ def check_stand_ins() -> dict[str, float]:
     orf = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True, enable_gqa=True)
     orf = orf.permute(2, 0, 1, 3)
     gr = torch.autograd.grad(orf, (q, k, v), go)
-    res["flash_attention"] = max(_rel(o, orf), *(_rel(a, b) for a, b in zip(ga, gr)))
+    res["flash_attention"] = max(_rel(o, orf), *(_rel(a, b) for a, b in zip(ga, gr, strict=True)))
     from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 
     z = torch.randn(6, 2, 16, generator=g, requires_grad=True)
@@ -802,10 +802,8 @@ def measure_activations(c: Case, opts) -> dict:
                     exclude.add(_key(b.param_data))
         counter = SavedCounter(exclude)
         tracker = LiveTracker()
-        for k in exclude:
-            pass
         hooks = []
-        for i, layer in enumerate(model.decoder.layers):
+        for layer in model.decoder.layers:
             kind = "moe" if type(layer.mlp).__name__ == "MoELayer" else "dense"
             hooks.append(_region_hooks(layer, f"layer_{kind}", counter, tracker))
         if post:
@@ -840,9 +838,6 @@ def measure_activations(c: Case, opts) -> dict:
             hidden = torch.zeros(s_in, b, m.hidden_size, dtype=BF16, requires_grad=True)
             model.set_input_tensor(hidden)
         # everything alive before the step: model state (parameters, grads, DDP buffers)
-        with tracker:
-            for k in exclude:
-                pass
         tracker.live = {}
         tracker.cur = 0
         for p in model.parameters():
