@@ -37,6 +37,7 @@ recompute_working_set  full activations of the layer group being recomputed duri
 backward_working_set   gradients of one layer's activations while that layer runs backward
 cp_buffers             context-parallel ring exchange of K/V (double buffered)
 pipeline_buffers       send/receive buffers of pipeline point-to-point (one micro-batch each way)
+sp_gather_buffer       Megatron's persistent all-gather buffer of sequence parallelism (t x h bf16)
 runtime_context        CUDA/HIP context, kernel images, BLAS workspaces (overhead)
 collective_buffers     NCCL/RCCL buffers per communicator in use (overhead)
 dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead)
@@ -69,6 +70,7 @@ from oracle.specs import (
     NormKind,
     ParallelConfig,
     PipelineSplit,
+    PositionEmbedding,
     Recompute,
     RecomputeMethod,
     Spec,
@@ -87,6 +89,9 @@ ADAM_STATE_BYTES = 12
 #: Distributed-optimizer bucket ends are padded to a multiple of lcm(dp_group, 128) elements
 #: (Megatron-Core ``optimizer/param_layout.py::bucket_end_divisor``).
 DISTOPT_PAD_ELEMENTS = 128
+#: Unfused RoPE saves a cos and a sin table for Q and again for K (``rope_tensors``).
+ROPE_TABLES = 4
+BOOL_BYTES = 1
 #: MXFP8 stores one 8-bit scale per 32-element block.
 MXFP8_BLOCK = 32
 
@@ -103,6 +108,7 @@ TERMS: tuple[str, ...] = (
     "backward_working_set",
     "cp_buffers",
     "pipeline_buffers",
+    "sp_gather_buffer",
     "runtime_context",
     "collective_buffers",
     "dispatcher_buffers",
@@ -120,6 +126,7 @@ TERM_GROUPS: dict[str, tuple[str, ...]] = {
         "backward_working_set",
         "cp_buffers",
         "pipeline_buffers",
+        "sp_gather_buffer",
     ),
     "runtime": ("runtime_context", "collective_buffers", "dispatcher_buffers", "fragmentation"),
 }
@@ -225,6 +232,20 @@ def pipeline_chunks(
             mtp = sum(1 for i in range(lo, hi) if num_layers < i <= num_layers + num_mtp)
             chunks.append(Chunk(v, layers, lo == 0, hi == slots, mtp))
     return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+
+
+@lru_cache(maxsize=4096)
+def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit) -> int:
+    """Decoder layers of the largest virtual stage, from :func:`pipeline_chunks` itself (the one
+    place the split is computed; ``solver/rules.py::layers_per_chunk`` and
+    ``solver/space.py::max_layers_per_chunk`` call this). Under ``embedding_loss`` the embedding
+    and loss slots hold no decoder layer, so this can be below ``ceil(slots / (pp vpp))``:
+    DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 + 33 with 31 decoder layers in
+    the largest chunk, not 32."""
+    return max(
+        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split) for ch in stage),
+        default=0,
+    )
 
 
 def inflight_per_chunk(pp: int, vpp: int, num_microbatches: int, stage: int) -> tuple[int, ...]:
@@ -476,6 +497,7 @@ class ActShape:
 
     t: int
     t_sp: int
+    seq: int
     tp: int
     etp: int
     fp8_num: int
@@ -492,7 +514,7 @@ def act_shape(model: ModelSpec, training: TrainingSpec, cfg: ParallelConfig) -> 
     t = P.cdiv(cfg.mbs * training.seq_len, cfg.cp)
     t_sp = P.cdiv(t, cfg.tp) if cfg.sp else t
     num, den = fp8_saved_input_bytes(cfg.fp8_recipe)
-    return ActShape(t, t_sp, cfg.tp, cfg.etp_, num, den)
+    return ActShape(t, t_sp, P.cdiv(training.seq_len, cfg.cp), cfg.tp, cfg.etp_, num, den)
 
 
 def fp8_saved_input_bytes(recipe: Fp8Recipe | None) -> tuple[int, int]:
@@ -540,11 +562,14 @@ def attention_tensors(model: ModelSpec, training: TrainingSpec, x: ActShape) -> 
     else:
         d = model.head_dim
         q_w, kv_w = a_loc * d, P.kv_heads_per_rank(model, x.tp) * d
+        # the fused QKV output stays alive whole: V (and, without RoPE, Q and K) are views of it
         out.append(Tensor("qkv", BF16_BYTES * x.t * (q_w + 2 * kv_w)))
         if model.qk_norm:
             norm_in = BF16_BYTES * x.t * (q_w + kv_w)
             heads = a_loc + P.kv_heads_per_rank(model, x.tp)
             out.append(Tensor("qk_norm", norm_in + norm_stats_bytes(model, x.t * heads)))
+        if model.position_embedding is PositionEmbedding.ROPE:
+            out += rope_tensors(x, q_w + kv_w, d)
         o_width = q_w
     if training.flash_attention:
         out.append(Tensor("attn_lse", FP32_BYTES * x.t * a_loc, _drop("core_attn")))
@@ -561,6 +586,23 @@ def attention_tensors(model: ModelSpec, training: TrainingSpec, x: ActShape) -> 
     return out
 
 
+def rope_tensors(x: ActShape, qk_width: int, rot_dim: int) -> list[Tensor]:
+    """What rotary embeddings add to the attention's saved set.
+
+    RoPE makes new Q and K tensors (``apply_rotary_pos_emb``: ``t * cos + rotate(t) * sin``)
+    that core attention saves, while the QKV projection output they came from stays alive
+    through V's view of it: Q and K are held twice (``2 t qk_width`` bytes; measured on
+    Megatron-Core 0.16.1, ``benchmarks/memory_truth.py``). Unfused RoPE (the local spec,
+    ``--no-rope-fusion``) also saves a bf16 cos and sin table of ``t x rot_dim`` for Q and again
+    for K; Transformer Engine's fused RoPE saves only the shared fp32 frequencies, so for it
+    these four tables (``4 x 2 t rot_dim`` bytes per layer, not split by tensor parallelism) are
+    an over-count tune-cp accepts."""
+    return [
+        Tensor("rope_rotated_qk", BF16_BYTES * x.t * qk_width),
+        Tensor("rope_cos_sin", ROPE_TABLES * BF16_BYTES * x.seq * rot_dim),
+    ]
+
+
 def dense_mlp_tensors(model: ModelSpec, x: ActShape, ffn: int | None = None) -> list[Tensor]:
     """Tensors a dense MLP keeps: norm input and stats, fc1 input (the norm output), fc1 output
     (``2f`` when gated, the activation's input), fc2 input (activation output), dropout mask.
@@ -571,7 +613,8 @@ def dense_mlp_tensors(model: ModelSpec, x: ActShape, ffn: int | None = None) -> 
     out = [
         Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
         Tensor("mlp_norm_stats", norm_stats_bytes(model, x.t_sp)),
-        Tensor("fc1_input", x.gemm_input(x.t_sp * h), _drop("layernorm", "mlp")),
+        # the ``mlp`` checkpoint keeps its input, the norm output: only ``layernorm`` drops it
+        Tensor("fc1_input", x.gemm_input(x.t_sp * h), _drop("layernorm")),
         Tensor("fc1_output", BF16_BYTES * x.t * up, _drop("mlp")),
         Tensor("fc2_input", x.gemm_input(x.t * f), _drop("mlp")),
     ]
@@ -601,7 +644,7 @@ def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[T
     out = [
         Tensor("mlp_norm_input", BF16_BYTES * x.t_sp * h),
         Tensor("mlp_norm_stats", norm_stats_bytes(model, x.t_sp)),
-        Tensor("router_input", BF16_BYTES * x.t_sp * h, _drop("layernorm", "moe")),
+        Tensor("router_input", BF16_BYTES * x.t_sp * h, _drop("layernorm")),  # moe ckpt keeps it
         Tensor("router_logits_probs", 2 * FP32_BYTES * x.t_sp * e, moe_drop),
         Tensor("routing_map", (FP32_BYTES + INT32_BYTES) * x.t_sp * k, moe_drop),
         Tensor("expert_input", x.gemm_input(rows * h), moe_drop),
@@ -619,6 +662,59 @@ def moe_tensors(model: ModelSpec, x: ActShape, imbalance_ppm: int = 0) -> list[T
     return out
 
 
+def _backward_common(model: ModelSpec, x: ActShape) -> int:
+    """Gradient alive through a whole layer's backward: the incoming gradient of the layer
+    output (``t_sp x h``). (The ``t x h`` input a sequence-parallel GEMM gathers again for its
+    weight gradient lands in the persistent buffer of :func:`sp_gather_buffer_bytes`.)"""
+    return BF16_BYTES * x.t_sp * model.hidden_size
+
+
+def dense_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Backward working set of a dense layer at its peak: the gradient of the fc1 output
+    (``t x 2f`` gated, the widest activation gradient) beside :func:`_backward_common`. With
+    fused kernels (SwiGLU backward, weight-gradient accumulation into ``main_grad``) nothing
+    else of that size is alive. Measured on Megatron-Core 0.16.1 (``benchmarks/memory_truth.py``:
+    Llama 3 8B at 4k tokens, 270.5 MB measured vs 268.4 MB here at tp 1, 169.9 vs 167.8 at tp 2
+    with SP); one layer's stored activations, tune-cp's earlier bound, is 2.3x this."""
+    f = P.cdiv(model.ffn_hidden_size, x.tp)
+    up = (2 if model.gated_mlp else 1) * f
+    return BF16_BYTES * x.t * up + _backward_common(model, x)
+
+
+def moe_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Backward working set of an MoE layer: the gradient of the experts' fc1 output (``rows x
+    2 f_e / etp`` with ``rows = t_sp k etp`` dispatched tokens), the gradient of the permuted
+    tokens on their way back (``t_sp x h`` per top-k copy is folded into one more ``t_sp x h``
+    as measured) and :func:`_backward_common`. Measured on Megatron-Core 0.16.1 (Mixtral 8x7B,
+    4k tokens, ep 8: 539 MB measured vs 537 MB here), about half one layer's stored activations."""
+    fe = P.cdiv(model.expert_ffn_hidden_size, x.etp)
+    up = (2 if model.gated_mlp else 1) * fe
+    rows = x.t_sp * model.moe_top_k * x.etp
+    return BF16_BYTES * rows * up + BF16_BYTES * x.t_sp * model.hidden_size + _backward_common(model, x)
+
+
+def embedding_backward_bytes(model: ModelSpec, x: ActShape, vocab_loc: int) -> int:
+    """Working set of the vocab-parallel embedding's backward on the first stage: its dense
+    bf16 weight gradient (``V / tp x h``, added to ``main_grad`` by the DDP hook afterwards),
+    the gradient of its output, and under sequence parallelism that gradient all-gathered to
+    ``t x h``. Measured on Megatron-Core 0.16.1 (Llama 3 70B, tp 8, 4k tokens: the first stage's
+    peak is here). By then the micro-batch's decoder layers have run backward, so
+    :func:`activation_units` nets out (at least) the first layer's stored activations."""
+    h = model.hidden_size
+    gathered = BF16_BYTES * x.t * h if x.t_sp != x.t else 0
+    return BF16_BYTES * vocab_loc * h + BF16_BYTES * x.t_sp * h + gathered
+
+
+def sp_gather_buffer_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Megatron-Core's persistent all-gather buffer for sequence parallelism: every
+    column-parallel GEMM (QKV, fc1, the output layer) gathers its ``t_sp x h`` input into one
+    ``t x h`` bf16 buffer from ``get_global_memory_buffer()`` (``tensor_parallel/layers.py``),
+    allocated at the first gather and kept for the run. Measured: the last stage's peak at the
+    loss is this buffer above the stored activations and logits (35.8 MB at 4k tokens, Llama 3
+    8B, tp 2 and tp 4)."""
+    return BF16_BYTES * x.t * model.hidden_size if x.t_sp != x.t else 0
+
+
 def kept_bytes(tensors: list[Tensor], modules: frozenset[str]) -> int:
     """Bytes of the tensors that the selective-recompute ``modules`` do not drop."""
     return sum(t.bytes for t in tensors if not (t.dropped_by & modules))
@@ -633,6 +729,10 @@ class ActivationUnits:
 
     dense_layer: int
     moe_layer: int
+    dense_backward: int
+    moe_backward: int
+    embedding_backward: int
+    sp_buffer: int
     moe_imbalance: int
     ckpt_input: int
     embedding: int
@@ -661,8 +761,12 @@ def activation_units(
         skewed = attn + kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
         moe_extra = skewed - moe
     vocab_loc = P.cdiv(P.padded_vocab_size(model.vocab_size, cfg.tp), cfg.tp)
-    labels = (INT64_BYTES + FP32_BYTES) * x.t  # labels and loss mask
-    embedding = INT64_BYTES * x.t + (x.t_sp * h if model.hidden_dropout else 0)
+    # the cross entropy keeps the int64 local target and a bool out-of-shard mask
+    # (Megatron-Core ``tensor_parallel/cross_entropy.py``)
+    labels = (INT64_BYTES + BOOL_BYTES) * x.t
+    # token ids; with tp > 1 the vocab-parallel embedding also keeps its bool out-of-shard mask
+    embedding = (INT64_BYTES * x.t + (BOOL_BYTES * x.t if cfg.tp > 1 else 0)
+                 + (x.t_sp * h if model.hidden_dropout else 0))
     final_norm = BF16_BYTES * x.t_sp * h + norm_stats_bytes(model, x.t_sp)
     output_input = BF16_BYTES * x.t_sp * h
     logits_fp32 = FP32_BYTES * x.t * vocab_loc
@@ -678,9 +782,16 @@ def activation_units(
         else P.kv_heads_per_rank(model, cfg.tp) * model.head_dim
     )
     cp_buffers = 2 * 2 * BF16_BYTES * x.t * kv_w if cfg.cp > 1 else 0
+    first_kind = moe if model.is_moe and not model.num_dense_layers else dense
+    # independent of the recompute kind (the solver tabulates these units without it)
+    emb_bwd = max(0, embedding_backward_bytes(model, x, vocab_loc) - first_kind)
     return ActivationUnits(
         dense_layer=dense,
+        embedding_backward=emb_bwd,
         moe_layer=moe,
+        dense_backward=dense_backward_bytes(model, x) if model.ffn_hidden_size else 0,
+        moe_backward=moe_backward_bytes(model, x) if model.is_moe else 0,
+        sp_buffer=sp_gather_buffer_bytes(model, x),
         moe_imbalance=moe_extra,
         ckpt_input=BF16_BYTES * x.t_sp * h,
         embedding=embedding,
@@ -870,20 +981,49 @@ def combine(
         + c.inflight_mtp * (mtp_layer + au.mtp_extra)
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
-    t["logits_loss"] = c.inflight_output * au.output + c.has_output * au.logits_transient
-    t["recompute_working_set"] = vmax(
-        [d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups]
+    logits = c.inflight_output * au.output + c.has_output * au.logits_transient
+    recompute_ws = vmax([d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups])
+    backward_ws = (
+        vmax([c.has_dense * au.dense_backward, c.has_moe * au.moe_backward,
+              c.has_embedding * au.embedding_backward])
+        if ov.backward_working_set
+        else 0
     )
-    if ov.backward_working_set:
-        t["backward_working_set"] = vmax([c.has_dense * au.dense_layer, c.has_moe * au.moe_layer])
+    # The peak is the largest set of terms alive at one moment (:func:`coexisting_working_sets`):
+    # the loss's logits are freed before any layer runs backward, so the working sets count
+    # only where they exceed the logits.
+    t["logits_loss"], t["recompute_working_set"], t["backward_working_set"] = (
+        coexisting_working_sets(logits, recompute_ws, backward_ws)
+    )
     t["cp_buffers"] = c.has_layers * au.cp_buffers
     t["pipeline_buffers"] = au.pipeline_buffers
+    t["sp_gather_buffer"] = au.sp_buffer
     t["runtime_context"] = ov.runtime_context_bytes
     t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group
     t["dispatcher_buffers"] = ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0
     transient = sum(t[k] for k in TRANSIENT_TERMS)
     t["fragmentation"] = scale_ppm(transient, ppm(ov.fragmentation))
     return t
+
+
+def transient_peak(t: dict[str, int]) -> int:
+    """The transient (activation-like) bytes alive at the stage's peak."""
+    return sum(t[k] for k in TRANSIENT_TERMS)
+
+
+def coexisting_working_sets(logits: int, recompute_ws: int, backward_ws: int) -> tuple[int, int, int]:
+    """``(logits_loss, recompute_working_set, backward_working_set)`` as reported terms, so that
+    their sum is what is alive at the stage's peak, ``max(logits, recompute_ws + backward_ws)``.
+
+    Measured on Megatron-Core 0.16.1 (``benchmarks/memory_truth.py``): on the last stage the
+    live-tensor peak of a micro-batch is at the loss, where the fp32 and bf16 logits are alive
+    beside every stored activation; the output layer's backward frees them before any decoder
+    layer runs backward or is recomputed, so the backward and recompute working sets never
+    coexist with them. ``logits_loss`` is reported whole; the recompute working set counts what
+    it adds above the logits, the backward working set what it adds above both."""
+    over_rws = vmax([recompute_ws - logits, 0])
+    over_both = vmax([recompute_ws + backward_ws - logits, 0])
+    return logits, over_rws, over_both - over_rws
 
 
 # ========================================================================== the report

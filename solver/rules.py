@@ -45,7 +45,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from oracle.memory import TERM_GROUPS, MemoryOverheads, MemoryReport, memory_report
+from oracle.memory import (
+    TERM_GROUPS,
+    MemoryOverheads,
+    MemoryReport,
+    max_chunk_layers,
+    memory_report,
+)
 from oracle.specs import (
     GIB,
     ClusterSpec,
@@ -341,11 +347,11 @@ def schedule(ctx: RuleContext) -> list[Violation]:
 
 
 def layers_per_chunk(model: ModelSpec, cfg: ParallelConfig) -> int:
-    """Decoder layers of the largest virtual stage."""
+    """Decoder layers of the largest virtual stage (``oracle.memory.max_chunk_layers``: the
+    chunks the memory model counts, not ``ceil(slots / (pp vpp))``)."""
     assert cfg.pipeline_split is not None
-    slots = split_slots(model, cfg.pipeline_split)
-    per = -(-slots // (cfg.pp * cfg.vpp))
-    return min(per, model.num_layers)
+    return max_chunk_layers(model.num_layers, model.num_mtp_layers, cfg.pp, cfg.vpp,
+                            cfg.pipeline_split)
 
 
 def recompute(ctx: RuleContext) -> list[Violation]:

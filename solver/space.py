@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from oracle.memory import max_chunk_layers
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -282,8 +283,7 @@ def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],
     best = 1
     for pp, vpp in product(pp_values, vpp_values):
         for split in PipelineSplit:
-            slots = split_slots(model, split)
-            best = max(best, min(-(-slots // (pp * vpp)), model.num_layers))
+            best = max(best, max_chunk_layers(model.num_layers, model.num_mtp_layers, pp, vpp, split))
     return best
 
 

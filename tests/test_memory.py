@@ -40,33 +40,51 @@ def test_hand_worked_tiny_model():
     stage1_params = 2 * (6208 + 12352) + 32768 + 64  # output layer + final norm
     # activations per layer per micro-batch: T = 2 x 32 = 64 tokens, 32 after SP
     attn = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * (32 + 16 + 16) + 4 * 64 * 2 + 2 * 64 * 32
+    # RoPE: rotated Q and K held beside the QKV output (2 x 64 x (32 + 16)), and unfused
+    # RoPE's cos/sin tables for Q and for K, shared by the micro-batch's 2 sequences
+    # (4 x 2 x seq 32 x head_dim 16)
+    attn += 2 * 64 * (32 + 16) + 4 * 2 * 32 * 16
     mlp = 2 * 32 * 64 + 4 * 32 + 2 * 32 * 64 + 2 * 64 * 128 + 2 * 64 * 64
     layer = attn + mlp
-    assert layer == 54016
-    logits = (2 * 32 * 64 + 4 * 32) + 2 * 32 * 64 + 4 * 64 * 512 + 12 * 64  # norm, input, fp32
+    assert layer == 64256
+    # norm, output-layer input, fp32 logits, int64 target + bool mask of the cross entropy
+    logits = (2 * 32 * 64 + 4 * 32) + 2 * 32 * 64 + 4 * 64 * 512 + 9 * 64
     p2p = 2 * 2 * 32 * 64
+    # backward working set: gradient of the fc1 output (2 x 64 x 128) and of the layer output
+    # (2 x 32 x 64); SP's persistent all-gather buffer: 2 x 64 x 64
+    bws, sp_buf = 2 * 64 * 128 + 2 * 32 * 64, 2 * 64 * 64
     s0, s1 = rep.stages
     # 1F1B with 4 micro-batches: stage 0 holds 2 in flight, stage 1 holds 1
-    act0 = 2 * 2 * layer + 2 * 8 * 64  # + input ids (int64) of 2 micro-batches
+    # + input ids (int64) and the vocab-parallel embedding's bool mask of 2 micro-batches
+    act0 = 2 * 2 * layer + 2 * (8 + 1) * 64
     act1 = 1 * 2 * layer
     expect0 = {
         "weights": 2 * stage0_params,
         "gradients": 4 * stage0_params,
         "optimizer": 12 * stage0_params,  # dp x cp = 1: 69888 is already a multiple of 128
         "activations": act0,
-        "backward_working_set": layer,
+        "backward_working_set": bws,
         "pipeline_buffers": p2p,
+        "sp_gather_buffer": sp_buf,
         "runtime_context": 1000,
         "collective_buffers": 2 * 10,  # tp and pp groups
-        "fragmentation": (act0 + layer + p2p) * 50_000 // 1_000_000,
+        "fragmentation": (act0 + bws + p2p) * 50_000 // 1_000_000,
     }
     assert {k: v for k, v in s0.terms.items() if v} == expect0
     assert s1.terms["weights"] == 2 * stage1_params and stage1_params == 69952
     assert s1.terms["optimizer"] == 12 * 70016  # 69952 padded up to a multiple of 128
     assert s1.terms["logits_loss"] == logits + 2 * 64 * 512  # + bf16 logits while the loss runs
     assert s1.terms["activations"] == act1
-    assert s0.total_bytes == 1552264 and s1.total_bytes == 1655656
-    assert rep.peak_stage == 1 and rep.peak_bytes == 1655656
+    # the logits (195,264 B) are freed before any layer runs backward: the backward working set
+    # (20,480 B) never coexists with them and adds nothing on stage 1
+    assert s1.terms["backward_working_set"] == 0
+    total0 = (18 * stage0_params + act0 + bws + p2p + sp_buf + 1000 + 20
+              + (act0 + bws + p2p) * 50_000 // 1_000_000)
+    transient1 = act1 + logits + 2 * 64 * 512 + p2p
+    total1 = (2 + 4) * stage1_params + 12 * 70016 + transient1 + sp_buf + 1020 + transient1 // 20
+    assert (total0, total1) == (1_568_386, 1_628_434)
+    assert s0.total_bytes == total0 and s1.total_bytes == total1
+    assert rep.peak_stage == 1 and rep.peak_bytes == total1
 
 
 def test_weight_and_optimizer_match_megatron_theoretical_formula():
@@ -312,3 +330,26 @@ def test_bf16_gradients_never_raise_memory(name):
         for s32, s16 in zip(r32.stages, r16.stages, strict=True):
             assert all(s16.terms[k] <= s32.terms[k] for k in M.TERMS)
             assert s16.terms["gradients"] * 2 == s32.terms["gradients"]
+
+
+def test_layers_per_chunk_is_the_memory_models_chunk():
+    """Issue 10: DeepSeek-V3 (61 layers + 1 MTP) at pp 2, embedding_loss split: 65 slots split
+    32 + 33: embedding + 31 layers, then 30 layers + MTP + loss; ceil(65 / 2) = 33 slots had
+    given 32. The recompute rule must accept K = 31 and reject 32."""
+    from oracle.specs import ParallelConfig
+    from solver.check import check_configuration
+    from solver.rules import layers_per_chunk
+    from solver.space import max_layers_per_chunk
+
+    m = load_model("deepseek-v3")
+    cfg = ParallelConfig(pp=2, pipeline_split=PipelineSplit.EMBEDDING_LOSS)
+    assert layers_per_chunk(m, cfg) == 31
+    assert max_layers_per_chunk(m, (2,), (1,)) == 31
+
+    cluster = ClusterSpec(gpu=load_gpu("h100"), num_nodes=32, gpus_per_node=8)
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024)
+    rules = []
+    for k in (31, 32):
+        c = cfg.model_copy(update={"recompute": Recompute.FULL, "recompute_layers": k, "ep": 8})
+        rules.append({v.rule for v in check_configuration(m, cluster, training, c).violations})
+    assert "recompute" not in rules[0] and "recompute" in rules[1]

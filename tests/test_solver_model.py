@@ -221,15 +221,17 @@ def test_families_can_be_left_out_and_literals_assumed():
 
 def test_mixtral_reference_layout_is_feasible_with_its_bytes():
     """AMD's 4-node Mixtral 8x22B reference (TP1 PP4 VPP2 EP8, full recompute of 1 layer) is in
-    the feasible set, with memory_report's peak bytes, once recompute dominance is off (the same
-    layout without recomputation also fits, so dominance keeps only that one)."""
+    the feasible set, with memory_report's peak bytes, once recompute dominance is off. Without
+    recomputation the layout needs 278.9 GiB of the 273.6 GiB limit (issue 11's measured
+    attention and working sets), so dominance keeps recomputing variants, not "none"."""
     from solver.feasible import enumerate_feasible
     from tests.conftest import resolved, setting
 
     m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
     fixed = ["tp == 1", "pp == 4", "vpp == 2", "ep == 8", "etp == 1", "mbs == 1"]
     dominated = enumerate_feasible(m, cl, tr, constraints=fixed, count_removed=False)
-    assert {f.config.recompute.value for f in dominated.configs} == {"none"}
+    kinds = {f.config.recompute.value for f in dominated.configs}
+    assert "full" in kinds  # recomputing variants survive dominance
     e = enumerate_feasible(m, cl, tr, constraints=fixed, count_removed=False,
                            families=[f for f in RULES if f != "recompute_dominance"])
     ref = resolved(m, cl, tr, tp=1, pp=4, vpp=2, ep=8, recompute="full", recompute_layers=1)

@@ -1,0 +1,115 @@
+"""The truth matrix of ``benchmarks/memory_truth.py --matrix`` and the pipeline-schedule sweep.
+
+Rows cover dense GQA (Llama 3 8B / 70B), MoE top-2 (Mixtral 8x7B / 8x22B, with the AMD 8-node
+MI355X layout), fine-grained MoE (Qwen3-30B-A3B), DeepSeek-V3 (MLA, shared experts, dense first
+layers, MTP), tp 1/2/4/8 with sequence parallelism, cp 2/4, ep and etp > 1, distributed
+optimizer over dp > 1 (and one row without it), recompute none / selective / full block and
+uniform, mbs 1 and 2, seq 4k and 8k, first / middle / last pipeline stages.
+"""
+
+from __future__ import annotations
+
+from benchmarks.memory_truth_cases import Case
+
+L8, L70, MX7, MX22, QW, DS = ("llama3-8b", "llama3-70b", "mixtral-8x7b", "mixtral-8x22b",
+                              "qwen3-30b-a3b", "deepseek-v3")
+MATRIX: list[Case] = [
+    Case("l8b-tp1", L8),
+    Case("l8b-tp2-sp", L8, tp=2),
+    Case("l8b-tp4-sp", L8, tp=4),
+    Case("l8b-tp8-sp", L8, tp=8),
+    Case("l8b-tp2-mbs2", L8, tp=2, mbs=2),
+    Case("l8b-tp1-seq8k", L8, seq_len=8192),
+    Case("l8b-cp2", L8, cp=2, seq_len=8192),
+    Case("l8b-tp2-cp4", L8, tp=2, cp=4, seq_len=8192),
+    Case("l8b-pp4-first", L8, pp=4, stage=0),
+    Case("l8b-pp4-middle", L8, pp=4, stage=1),
+    Case("l8b-pp4-last", L8, pp=4, stage=3),
+    Case("l8b-pp2-vpp2-first", L8, pp=2, vpp=2, stage=0),
+    Case("l8b-pp2-vpp2-last", L8, pp=2, vpp=2, stage=1),
+    Case("l8b-selective", L8, tp=2, recompute="selective", modules=("core_attn", "mlp")),
+    Case("l8b-full-block-k1", L8, pp=4, stage=0, recompute="full", recompute_layers=1),
+    Case("l8b-full-uniform-k2", L8, pp=4, stage=1, recompute="full",
+         recompute_method="uniform", recompute_layers=2),
+    Case("l8b-no-distopt", L8, tp=2, distributed_optimizer=False),
+    Case("l8b-dp16", L8, nodes=2),
+    Case("l8b-tp2-pp2-last-mbs2-seq8k", L8, tp=2, pp=2, stage=1, mbs=2, seq_len=8192),
+    Case("l70b-tp8-pp8-first", L70, nodes=8, tp=8, pp=8, stage=0),
+    Case("l70b-tp8-pp8-middle", L70, nodes=8, tp=8, pp=8, stage=3),
+    Case("l70b-tp8-pp8-last", L70, nodes=8, tp=8, pp=8, stage=7),
+    Case("l70b-tp4-pp4-vpp2-first", L70, nodes=4, tp=4, pp=4, vpp=2, stage=0),
+    Case("l70b-tp8-cp2-pp4-last-seq8k", L70, nodes=8, tp=8, cp=2, pp=4, stage=3, seq_len=8192),
+    Case("l70b-tp8-pp4-full-uniform-k4", L70, nodes=4, tp=8, pp=4, stage=1, recompute="full",
+         recompute_method="uniform", recompute_layers=4),
+    Case("mx7-tp1-ep8", MX7, ep=8),
+    Case("mx7-tp2-ep4", MX7, tp=2, ep=4),
+    Case("mx7-tp2-ep4-etp1", MX7, tp=2, ep=4, etp=1),
+    Case("mx7-pp4-ep8-first", MX7, nodes=4, pp=4, ep=8, stage=0),
+    Case("mx7-pp4-ep8-last", MX7, nodes=4, pp=4, ep=8, stage=3),
+    Case("mx7-tp2-ep4-mbs2-seq8k", MX7, tp=2, ep=4, mbs=2, seq_len=8192),
+    Case("mx7-pp2-full-block-k1", MX7, nodes=2, pp=2, ep=8, stage=0, recompute="full",
+         recompute_layers=1),
+    Case("mx7-tp2-cp2-ep4", MX7, tp=2, cp=2, ep=4, seq_len=8192),
+    Case("mx22-amd-first", MX22, gpu="mi355x", nodes=8, pp=4, vpp=2, ep=8, mbs=2, stage=0,
+         seq_len=4096),
+    Case("mx22-amd-last", MX22, gpu="mi355x", nodes=8, pp=4, vpp=2, ep=8, mbs=2, stage=3,
+         seq_len=4096),
+    Case("mx22-tp2-pp4-ep8-etp2-middle", MX22, nodes=4, tp=2, pp=4, ep=8, stage=1),
+    Case("qwen-tp1-ep8", QW, ep=8),
+    Case("qwen-tp2-ep8-etp1", QW, nodes=2, tp=2, ep=8, etp=1),
+    Case("qwen-pp2-ep8-last", QW, nodes=2, pp=2, ep=8, stage=1),
+    Case("qwen-selective-moe-act", QW, ep=8, recompute="selective", modules=("moe_act",)),
+    Case("dsv3-pp16-ep8-first", DS, nodes=32, pp=16, ep=8, stage=0, split="embedding_loss"),
+    Case("dsv3-pp16-ep8-middle", DS, nodes=32, pp=16, ep=8, stage=7, split="embedding_loss"),
+    Case("dsv3-pp16-ep8-last", DS, nodes=32, pp=16, ep=8, stage=15, split="embedding_loss"),
+    Case("dsv3-tp2-pp16-ep8-etp1-middle", DS, nodes=32, tp=2, pp=16, ep=8, etp=1, stage=7,
+         split="embedding_loss"),
+    Case("dsv3-pp16-full-k1-middle", DS, nodes=32, pp=16, ep=8, stage=7,
+         split="embedding_loss", recompute="full", recompute_layers=1),
+]
+
+
+def schedule_sweep() -> list[dict]:
+    """Micro-batches in flight per stage: Megatron-Core's ``get_pp_rank_microbatches`` (warm-up
+    count; in flight at the first backward = warm-up + 1, capped at the total) and
+    ``get_schedule_table`` (which chunk each forward runs) beside
+    ``oracle.memory.inflight_per_chunk``."""
+    from megatron.core.pipeline_parallel.schedules import (
+        get_pp_rank_microbatches,
+        get_schedule_table,
+    )
+
+    from oracle.memory import inflight_per_chunk
+
+    class _Group:
+        def __init__(self, size, rank):
+            self._s, self._r = size, rank
+
+        def size(self):
+            return self._s
+
+        def rank(self):
+            return self._r
+
+    class _P2P:
+        def __init__(self, pp, rank, vpp):
+            self.pp_group = _Group(pp, rank)
+            self.virtual_pipeline_model_parallel_size = vpp if vpp > 1 else None
+
+    out = []
+    for pp in (2, 4, 8):
+        for vpp in (1, 2, 3):
+            for m in (pp, 2 * pp, 4 * pp):
+                for rank in range(pp):
+                    total, _, warm, _ = get_pp_rank_microbatches(
+                        m, vpp, pp, p2p_communicator=_P2P(pp, rank, vpp))
+                    n = min(warm + 1, total)
+                    if vpp == 1:
+                        mega = [n]
+                    else:
+                        table = get_schedule_table(m, vpp, pp)
+                        mega = [sum(1 for _mb, ch in table[:n] if ch == j) for j in range(vpp)]
+                    ours = list(inflight_per_chunk(pp, vpp, m, rank))
+                    out.append(dict(pp=pp, vpp=vpp, microbatches=m, rank=rank,
+                                    megatron=mega, tune_cp=ours, equal=mega == ours))
+    return out
