@@ -515,9 +515,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     candidates = [("exhaustive", exhaustive), ("seed", seed.best)]
     if llm_best is not None:
         candidates.append(("llm", llm_best))
-    # the exhaustive answer wins ties (it already took the least exotic of equal lower bounds)
+    # the exhaustive answer wins ties within the rule's ANSWER_TIE (it already took the least
+    # exotic of the lower bounds that tie), so an agent phase replaces it only when it is clearly
+    # better than the rule's answer, not when it is the oracle's fastest by less than the tie
     best_phase, best = max(
-        candidates, key=lambda pt: (lower(pt[1]) * (1 + GROUP_TOLERANCE)
+        candidates, key=lambda pt: (lower(pt[1]) * (1 + ANSWER_TIE)
                                     if pt[0] == "exhaustive" else lower(pt[1])))
     agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=lower)
     regret = None
