@@ -586,7 +586,7 @@ def export_option(f: Callable) -> Callable:
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 cfg: ParallelConfig) -> str:
-    from oracle.frameworks import (
+    from formats import (
         to_megatron_args,
         to_nemo_overrides,
         to_primus_overrides,
@@ -619,7 +619,7 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
         parse_env(env_items)  # a malformed --env is refused all the same
         return None
 
-    from oracle.frameworks import parse_megatron_args, parse_primus_config
+    from formats import parse_megatron_args, parse_primus_config
     from oracle.inputs import is_file, read_text
 
     if megatron_args is not None and primus_config is not None:

@@ -1,7 +1,7 @@
 """``--verify N``: short benchmark launches of the N best distinct candidates of a search.
 
 For each candidate (the heads of the first N distinct groups, the answer first) a folder
-``NN-<layout>/`` with the exporters' launch settings (:mod:`oracle.frameworks.export`) plus what a
+``NN-<layout>/`` with the exporters' launch settings (:mod:`formats.export`) plus what a
 short benchmark and the next step (``tune-cp calibrate --log``) need:
 
 * ``megatron.args``: Megatron-LM flags with ``--train-iters`` :data:`VERIFY_ITERATIONS`,
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from oracle.specs import ConfigError
 
-#: iterations of a verification run: the first WARMUP_ITERATIONS (oracle.frameworks.logs) are
+#: iterations of a verification run: the first WARMUP_ITERATIONS (formats.logs) are
 #: left out of the median, the rest give a stable step time within minutes.
 VERIFY_ITERATIONS = 30
 
@@ -44,7 +44,7 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
     """Write the launches of the ``n`` best distinct candidates of ``result`` (a SearchResult)
     under ``out_dir``; returns the folders written."""
     from agent.report import short_layout
-    from oracle.frameworks import (
+    from formats import (
         to_megatron_args,
         to_nemo_overrides,
         to_primus_overrides,

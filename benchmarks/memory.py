@@ -1,6 +1,6 @@
 """Per-GPU peak memory of published runs beside tune-cp's memory model.
 
-Every row of ``published_runs.csv`` with a ``peak_mem`` figure that :mod:`oracle.runs` can
+Every row of ``published_runs.csv`` with a ``peak_mem`` figure that :mod:`formats.runs` can
 represent is evaluated with :func:`oracle.memory.memory_report` (default overheads, no margin)
 and printed beside the published figure, with what that figure measures (its
 ``peak_mem_note``): torchtitan prints PyTorch's peak *reserved* memory, FlagPerf an
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from oracle.memory import MemoryOverheads, memory_report  # noqa: E402
-from oracle.runs import read_runs  # noqa: E402
+from formats.runs import read_runs  # noqa: E402
 from oracle.specs import GIB  # noqa: E402
 
 GB = 10**9

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # before benchmarks/oracle.py can shadow the orac
 
 from benchmarks.crossval import DEFAULT_RUNS, CrossValidation, grouped_cv, table
 from oracle.constants import load_calibration, utc_now
-from oracle.runs import RunRow, read_runs
+from formats.runs import RunRow, read_runs
 from oracle.uncertainty import (
     FEATURES,
     MIN_CLASS_ROWS,

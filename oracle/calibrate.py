@@ -2,7 +2,7 @@
 
 Method (maximum a posteriori, regularised towards physical priors):
 
-* every row of the CSV with a measured tokens/s/GPU that :mod:`oracle.runs` can represent is
+* every row of the CSV with a measured tokens/s/GPU that :mod:`formats.runs` can represent is
   projected with :func:`oracle.projection.build_work` once; the constants enter only
   :func:`oracle.projection.timing`, so one evaluation of all rows takes milliseconds;
 * unknowns: each per-architecture constant (:mod:`oracle.constants`) once per architecture that
@@ -48,7 +48,7 @@ from oracle.constants import (
     utc_now,
 )
 from oracle.projection import ConfigBatch, build_work, concat_work, timing
-from oracle.runs import RunRow, read_runs, scored_rows
+from formats.runs import RunRow, read_runs, scored_rows
 from oracle.specs import ConfigError
 
 #: log-scale scatter assumed for one published measurement (release-to-release differences of the

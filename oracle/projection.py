@@ -249,7 +249,7 @@ class RunTraits:
     """How a run executes beyond its parallel layout and precision: framework settings that
     change the time of the same configuration. The defaults are Megatron-Core with Transformer
     Engine as Megatron-Bridge / NeMo recipes configure it (what the search plans for);
-    :mod:`oracle.runs` reads other values from a published row's columns.
+    :mod:`formats.runs` reads other values from a published row's columns.
 
     ``tp_comm_overlap``: tensor-parallel collectives can hide behind the layer's GEMMs
     (Transformer Engine userbuffers, ``--tp-comm-overlap``, torchtitan async TP); False for plain

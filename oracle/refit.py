@@ -1,8 +1,8 @@
 """Refit the time model for one cluster from its own training logs (``tune-cp calibrate --log``).
 
-Each log (:mod:`oracle.frameworks.logs`) becomes a measured run (:class:`oracle.runs.RunRow`):
+Each log (:mod:`formats.logs`) becomes a measured run (:class:`formats.runs.RunRow`):
 the configuration from the arguments the log printed (Megatron-LM / Primus argument dump, read by
-:func:`oracle.frameworks.parse_megatron_args`; a ``--config`` file beside it: Megatron-LM
+:func:`formats.parse_megatron_args`; a ``--config`` file beside it: Megatron-LM
 arguments, or a torchtitan job TOML), the cluster from ``--gpu`` / ``--nodes`` (or the world size
 the log prints), the measured tokens/s/GPU from the log's median step.
 
@@ -30,14 +30,14 @@ import numpy as np
 
 from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
 from oracle.constants import load_calibration, utc_now
-from oracle.frameworks.logs import (
+from formats.logs import (
     LogMeasurement,
     dump_as_megatron_args,
     read_log,
     read_torchtitan_config,
 )
 from oracle.projection import RunTraits
-from oracle.runs import RunRow, read_runs, scored_rows
+from formats.runs import RunRow, read_runs, scored_rows
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -71,7 +71,7 @@ class LogRun:
 
 def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, gpu: GpuSpec,
                   nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
-    from oracle.frameworks import parse_megatron_args
+    from formats import parse_megatron_args
 
     text = dump_as_megatron_args(m.args)
     # the start-up size line fills what a partial dump lacks
@@ -163,7 +163,7 @@ def _titan_run(m: LogMeasurement, config_path: str | None, model: ModelSpec | No
     rc: dict[str, Any] = {"recompute": Recompute.NONE}
     if ac == "full":
         rc = {"recompute": Recompute.FULL}
-    elif ac == "selective":  # per-op selective AC recomputes every second matmul (oracle/runs.py)
+    elif ac == "selective":  # per-op selective AC recomputes every second matmul (formats/runs.py)
         rc = {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mlp",)}
     seq = int(t.get("seq_len") or model.default_seq_len)
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs)

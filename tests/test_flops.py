@@ -9,7 +9,7 @@ import pytest
 
 from oracle import flops as F
 from oracle.catalog import load_model
-from oracle.runs import parse_row
+from formats.runs import parse_row
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
-from oracle.frameworks import (
+from formats import (
     Fp8Format,
     canonical_config,
     parse_megatron_args,
@@ -19,7 +19,7 @@ from oracle.frameworks import (
     to_nemo_overrides,
     to_primus_overrides,
 )
-from oracle.frameworks.keys import megatron_flags
+from formats.keys import megatron_flags
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -911,7 +911,7 @@ def test_pasted_block_with_lost_newlines_reads_every_flag():
     ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x7B-v0.1", 32000),
 ])
 def test_tokenizer_vocabulary_sizes(tokenizer, vocab):
-    """Published config.json vocab_size of each tokenizer's model (oracle/frameworks/data/
+    """Published config.json vocab_size of each tokenizer's model (formats/data/
     tokenizers.json)."""
     run = parse_megatron_args(f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                               "--position-embedding-type rope "
@@ -1113,7 +1113,7 @@ def test_fp4_is_exported_and_read_back_as_fp4():
 
 
 def test_primus_export_keys_are_primus_defaults_or_explained():
-    from oracle.frameworks.export import primus_default_keys
+    from formats.export import primus_default_keys
 
     m, cl, tr, _ = amd_reference()
     text = to_primus_overrides(m, cl, tr, ParallelConfig(pp=4, ep=8, dispatcher=Dispatcher.FLEX,
@@ -1148,7 +1148,7 @@ def test_exported_bridge_fields_are_provider_fields(name):
     """Every cfg.model field the Megatron-Bridge export writes is a field of GPTModelProvider or
     the Megatron-Core config it extends (data/bridge_model_fields.json), and the model block
     sets the rope base, norm epsilon, activation and router of the checked model."""
-    from oracle.frameworks.export import bridge_model_fields
+    from formats.export import bridge_model_fields
 
     m = load_model(name)
     cluster = ClusterSpec(gpu=load_gpu("h200"), num_nodes=64, gpus_per_node=8)

@@ -156,7 +156,7 @@ def test_runs_csv(run_cli, tmp_path):
 
 
 def test_runs_csv_numbers(tmp_path):
-    from oracle.runs import read_runs
+    from formats.runs import read_runs
 
     header = open("benchmarks/published_runs.csv").readline().strip().split(",")
     rows = open("benchmarks/published_runs.csv").read().splitlines()[1:3]

@@ -1,4 +1,4 @@
-"""Training logs (oracle/frameworks/logs.py), the refit for a cluster (oracle/refit.py,
+"""Training logs (formats/logs.py), the refit for a cluster (oracle/refit.py,
 ``tune-cp calibrate --log``), the verification launches (``--verify``) and the intervals
 (oracle/uncertainty.py). The real excerpts in tests/data/logs are quoted from public threads
 (tests/data/logs/SOURCES.md has each URL)."""
@@ -13,7 +13,7 @@ import pytest
 
 from agent.search import GROUP_TOLERANCE, SearchOptions, search
 from oracle.catalog import load_gpu, load_model
-from oracle.frameworks.logs import read_log
+from formats.logs import read_log
 from oracle.projection import RunTraits, project
 from oracle.refit import read_log_runs
 from oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from oracle.frameworks.keys import MAX_PATTERN_LAYERS, layer_pattern
+from formats.keys import MAX_PATTERN_LAYERS, layer_pattern
 from oracle.specs import ConfigError
 from solver.constraints import MAX_EXPR_CHARS, HardConstraint, SoftObjective
 from solver.explain import Budget, _OutOfTime, divisors_of, explain_infeasible

@@ -11,7 +11,7 @@ import pytest
 from oracle.calibrate import calibrate
 from oracle.constants import load_calibration
 from oracle.projection import project
-from oracle.runs import (
+from formats.runs import (
     parse_row,
     read_runs,
     row_dispatcher,

@@ -1,4 +1,4 @@
-"""Readers of Megatron-LM arguments and Primus experiment YAML (see :mod:`oracle.frameworks`)."""
+"""Readers of Megatron-LM arguments and Primus experiment YAML (see :mod:`formats`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.frameworks.keys import (
+from formats.keys import (
     CONFIG_KEYS,
     FRAMEWORK_NAME,
     IGNORED,
@@ -29,7 +29,7 @@ from oracle.frameworks.keys import (
     scan_megatron,
     spell,
 )
-from oracle.frameworks.model import (
+from formats.model import (
     ImportedArchitecture,
     build_model,
     compare_model,
@@ -200,7 +200,7 @@ def parse_primus_config(
 ) -> ImportedRun:
     """Read a Primus experiment YAML (Megatron backend): ``modules.pre_trainer.overrides`` with
     Megatron argument names, over the model YAML named by ``modules.pre_trainer.model`` when it
-    can be found (:func:`oracle.frameworks.keys.find_model_file`; with its ``extends:`` presets),
+    can be found (:func:`formats.keys.find_model_file`; with its ``extends:`` presets),
     over Primus's module defaults (stated). ``${VAR:default}`` placeholders take ``env[VAR]`` when
     given, else their default (pass ``os.environ`` to resolve them as a launch from this shell)."""
     path = Path(path)

@@ -1,4 +1,4 @@
-"""Import and export of launch configurations (package ``oracle.frameworks``): Megatron-LM arguments, Primus experiment YAML,
+"""Import and export of launch configurations (package ``formats``): Megatron-LM arguments, Primus experiment YAML,
 Megatron-Bridge (NeMo) recipe overrides.
 
 Import::
@@ -19,21 +19,21 @@ Exported Megatron-LM arguments read back with :func:`parse_megatron_args` give t
 :func:`canonical_config` returns (the resolved configuration with recompute and MoE fields that
 have several equivalent spellings written one way).
 
-Flag spellings, defaults and value sets: :mod:`oracle.frameworks.keys` (Megatron-LM ``d98e8a64dd``,
+Flag spellings, defaults and value sets: :mod:`formats.keys` (Megatron-LM ``d98e8a64dd``,
 Primus ``fd1eeabbad``); Megatron-Bridge field names: ``src/megatron/bridge/training/config.py``,
 ``training/mixed_precision.py`` and the recipes under ``src/megatron/bridge/recipes/`` at
 NVIDIA-NeMo/Megatron-Bridge ``067f987df0`` (2026-08-22).
 """
 
-from oracle.frameworks.export import (
+from formats.export import (
     canonical_config,
     to_megatron_args,
     to_nemo_overrides,
     to_primus_overrides,
 )
-from oracle.frameworks.keys import Fp8Format
-from oracle.frameworks.model import ImportedArchitecture
-from oracle.frameworks.parse import (
+from formats.keys import Fp8Format
+from formats.model import ImportedArchitecture
+from formats.parse import (
     ImportedRun,
     parse_megatron_args,
     parse_primus_config,

@@ -1,5 +1,5 @@
 """What launch arguments mean: the key tables, value readers, shell splitting and Primus YAML
-loading behind :mod:`oracle.frameworks`.
+loading behind :mod:`formats`.
 
 Spellings, defaults and value sets come from these sources (read at the named commits):
 
@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from oracle.frameworks.shell import UNSET, describe_unset, unset_name
+from formats.shell import UNSET, describe_unset, unset_name
 from oracle.inputs import is_file, read_mapping
 from oracle.specs import ConfigError
 
@@ -383,7 +383,7 @@ MEGATRON_FLAGS_FILE = Path(__file__).parent / "data" / "megatron_flags.json"
 def megatron_flags() -> dict[str, dict[str, Any]]:
     """Megatron-LM flag -> {dest, arity (0, 1 or "*"), group, effect (read / none /
     unmodelled)}: ``data/megatron_flags.json``, generated from ``arguments.py`` by
-    :mod:`oracle.frameworks.gen_megatron_flags`."""
+    :mod:`formats.gen_megatron_flags`."""
     return json.loads(MEGATRON_FLAGS_FILE.read_text())["flags"]
 
 
@@ -611,9 +611,9 @@ def _number(word: str) -> bool:
 
 def scan_megatron(text: str, env: Mapping[str, str] | None = None) -> RawArgs:
     """Read a Megatron-LM launch (``torchrun ... pretrain_gpt.py --flag value ...``, or a whole
-    launch script: :func:`oracle.frameworks.shell.expand_launch` with ``env``) into raw
+    launch script: :func:`formats.shell.expand_launch` with ``env``) into raw
     arguments. Known flags are checked for arity; unknown ones are listed, never fatal."""
-    from oracle.frameworks.shell import expand_launch
+    from formats.shell import expand_launch
 
     script = expand_launch(text, env)
     words = script.words

@@ -16,7 +16,7 @@
 
 Every exporter writes :func:`canonical_config`: the resolved configuration with the fields that
 have several equivalent spellings written one way, so Megatron-LM arguments read back with
-:func:`oracle.frameworks.parse_megatron_args` give exactly it.
+:func:`formats.parse_megatron_args` give exactly it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from oracle.frameworks.keys import Fp8Format, megatron_flag
-from oracle.frameworks.model import LLAMA3_ORIGINAL_POSITIONS
+from formats.keys import Fp8Format, megatron_flag
+from formats.model import LLAMA3_ORIGINAL_POSITIONS
 from oracle.memory import pipeline_chunks
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,

@@ -198,7 +198,7 @@ _UNSET = frozenset({"None", "False", "", "[]"})
 def dump_as_megatron_args(args: dict[str, str]) -> str:
     """The argument dump as Megatron-LM command-line flags (``--name-with-dashes value``; True ->
     the bare flag; None / False / empty left out), for
-    :func:`oracle.frameworks.parse_megatron_args`."""
+    :func:`formats.parse_megatron_args`."""
     words = []
     for name, value in args.items():
         if value in _UNSET:

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from oracle.catalog import model_entries
-from oracle.frameworks.keys import (
+from formats.keys import (
     FRAMEWORK_NAME,
     Flavor,
     RawArgs,
