@@ -389,11 +389,34 @@ def parse_row(row: dict[str, str]) -> RunRow:
     return out
 
 
+#: What a framework's recipe runs beyond the catalog model, per (framework, catalog model):
+#: Megatron-Bridge's Nemotron 3 Super recipe (``recipes/nemotronh/h100/nemotron_3_super.py``
+#: @067f987df, used by its performance recipes) runs the MTP block twice
+#: (``mtp_num_layers = 2``, ``mtp_use_repeated_layer``); tune-cp counts two MTP depths (their
+#: FLOPs and time exactly, their parameters once too many: the repeated block shares weights).
+RECIPE_MODEL_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
+    ("megatron-bridge", "nemotron-3-super"): {"num_mtp_layers": 2},
+}
+
+
+def recipe_model(model: ModelSpec, row: dict[str, str], notes: list[str]) -> ModelSpec:
+    """``model`` with the settings of :data:`RECIPE_MODEL_SETTINGS` for the row's framework."""
+    framework = row.get("framework", "").lower()
+    canonical = catalog_model_for(row.get("model", ""))
+    for (fw, name), update in RECIPE_MODEL_SETTINGS.items():
+        if fw in framework and canonical == name:
+            notes.append(f"{', '.join(f'{k} = {v}' for k, v in update.items())} "
+                         f"({fw} recipe for {name})")
+            return model.model_copy(update=update)
+    return model
+
+
 def _fill(out: RunRow, row: dict[str, str]) -> None:
     model, reason = row_model(row)
     if model is None:
         out.reason = reason
         return
+    model = recipe_model(model, row, out.notes)
     gname = gpu_for(row.get("gpu_type", ""))
     if gname is None:
         out.reason = f"GPU {row.get('gpu_type')!r} not in the catalog"

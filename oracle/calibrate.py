@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from formats.runs import RunRow, read_runs, scored_rows
 from oracle.constants import (
     ARCHITECTURES,
     BY_NAME,
@@ -48,7 +49,6 @@ from oracle.constants import (
     utc_now,
 )
 from oracle.projection import ConfigBatch, build_work, concat_work, timing
-from formats.runs import RunRow, read_runs, scored_rows
 from oracle.specs import ConfigError
 
 #: log-scale scatter assumed for one published measurement (release-to-release differences of the

@@ -117,6 +117,13 @@ from oracle.constants import (
     evidence_note,
     load_calibration,
 )
+from oracle.inventory import (
+    kind_index,
+    mamba_cp_all_to_all_elements,
+    mamba_gemms,
+    mamba_scan_bytes_per_token,
+    mamba_scan_flops_per_token,
+)
 from oracle.memory import param_units, pipeline_chunks, recompute_groups, stage_params
 from oracle.specs import (
     ClusterSpec,
@@ -167,7 +174,12 @@ ATTENTION_BWD_FLOPS_RATIO = 2.5
 #: all-to-alls, unpermute, probability scaling, ~40; moe_per_local_expert: the grouped expert
 #: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
 #: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
-KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
+#: mamba (one Mamba-2 mixer layer, Megatron-Core 0.16.1 training path): fused norm + in_proj,
+#: two layout copies (rearrange), the fused conv1d + SSD scan (causal_conv1d and the five
+#: mamba_ssm chunk kernels: cumsum, chunk state, state passing, C B^T, chunk scan), the gated
+#: RMSNorm, out_proj and the residual add, ~11.
+KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0,
+                     "mamba": 11.0}
 #: Megatron-Core DDP bucket size when ``--ddp-bucket-size`` is unset: ``max(40M, 1M x dp_cp
 #: size)`` parameters (megatron/core/distributed/distributed_data_parallel_config.py,
 #: ``bucket_size`` docstring; megatron/training ``resolve_ddp_bucket_size``). Model chunks after
@@ -193,6 +205,7 @@ BREAKDOWN: tuple[str, ...] = (
     "mlp_gemm",  # dense MLP GEMMs
     "expert_gemm",  # routed (grouped) and shared expert GEMMs
     "router",  # router GEMM
+    "mamba_mixer",  # Mamba-2 in/out projections and the chunked SSD scan, fwd + bwd (hybrid)
     "elementwise",  # norms, rope, activations, residuals, permutes, FP8/FP4 casts
     "embedding_logits_loss",  # embedding, final norm, logits GEMM, cross-entropy, MTP heads
     "recompute",  # recomputed forward work (selective modules or full layers)
@@ -213,6 +226,7 @@ SLOTS: tuple[str, ...] = (
     "qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out",
     "mlp_fc1", "mlp_fc2", "exp_fc1", "exp_fc2", "sh_fc1", "sh_fc2",
     "router", "logits", "mtp_proj",
+    "mamba_in", "mamba_out", "lat_down", "lat_up",
 )
 S = {name: i for i, name in enumerate(SLOTS)}
 ATTN_SLOTS = [S[x] for x in ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out")]
@@ -220,6 +234,8 @@ MLA_UP_SLOTS = [S["q_up"], S["kv_up"]]
 MLP_SLOTS = [S["mlp_fc1"], S["mlp_fc2"]]
 EXP_SLOTS = [S["exp_fc1"], S["exp_fc2"]]
 SH_SLOTS = [S["sh_fc1"], S["sh_fc2"]]
+MAMBA_SLOTS = [S["mamba_in"], S["mamba_out"]]
+LAT_SLOTS = [S["lat_down"], S["lat_up"]]  # a latent MoE's h -> L -> h projections
 #: slots that run in the training's low precision (FP8/FP4); router, logits, MTP projection: BF16
 LOW_PREC_SLOTS = np.array(
     [name not in ("router", "logits", "mtp_proj") for name in SLOTS], dtype=bool
@@ -460,28 +476,30 @@ class ConfigBatch:
 
 @lru_cache(maxsize=65536)
 def _stage_layers(
-    num_layers: int, num_dense: int, is_moe: bool, num_mtp: int, pp: int, vpp: int,
+    kinds: tuple[int, ...], num_mtp: int, pp: int, vpp: int,
     split: int, recompute: int, method: int, k: int,
 ) -> np.ndarray:
     """Per stage (rows): dense layers, MoE layers, MTP layers, has embedding, has output, fully
-    recomputed dense layers, fully recomputed MoE layers. Pipeline layout and recompute groups
-    come from :mod:`oracle.memory` (``pipeline_chunks``, ``recompute_groups``)."""
-    out = np.zeros((pp, 7), dtype=np.int64)
-    chunks = pipeline_chunks(num_layers, num_mtp, pp, vpp, _CODE_SPLIT[split])
+    recomputed dense layers, fully recomputed MoE layers, then attention-only and Mamba layers
+    and their fully recomputed counts (hybrid models). ``kinds``: each layer's kind as an index
+    into ``oracle.inventory.KINDS``. Pipeline layout and recompute groups come from
+    :mod:`oracle.memory` (``pipeline_chunks``, ``recompute_groups``)."""
+    out = np.zeros((pp, 11), dtype=np.int64)
+    chunks = pipeline_chunks(len(kinds), num_mtp, pp, vpp, _CODE_SPLIT[split])
     rc = _CODE_RECOMPUTE[recompute]
     kk = None if k < 0 else k
+    col = {0: 0, 1: 1, 2: 7, 3: 8}  # kind index -> layer column
+    rc_col = {0: 5, 1: 6, 2: 9, 3: 10}
     for s, stage in enumerate(chunks):
         for ch in stage:
-            moe = [is_moe and i >= num_dense for i in ch.layers]
-            out[s, 0] += len(moe) - sum(moe)
-            out[s, 1] += sum(moe)
+            for i in ch.layers:
+                out[s, col[kinds[i]]] += 1
             out[s, 2] += ch.mtp_layers
             out[s, 3] |= int(ch.has_embedding)
             out[s, 4] |= int(ch.has_output)
             for lo, hi in recompute_groups(len(ch.layers), rc, _CODE_METHOD[method], kk):
-                n_moe = sum(moe[lo:hi])
-                out[s, 5] += hi - lo - n_moe
-                out[s, 6] += n_moe
+                for i in ch.layers[lo:hi]:
+                    out[s, rc_col[kinds[i]]] += 1
     return out
 
 
@@ -558,6 +576,36 @@ def gemm_half_dims(half_dim: Any, low: np.ndarray, peak_low: Any, peak_bf16: Any
     return np.where(low, half * ratio, half)
 
 
+def _per_tp(fn: Any, tp: np.ndarray) -> np.ndarray:
+    """``fn(tp)`` for every configuration, evaluated once per distinct tp."""
+    uq, inv = np.unique(tp, return_inverse=True)
+    return np.array([float(fn(int(t))) for t in uq], dtype=np.float64)[inv.reshape(-1)]
+
+
+def mamba_work(model: ModelSpec, b: ConfigBatch, T: np.ndarray, Tsp: np.ndarray
+               ) -> dict[str, np.ndarray]:
+    """What one Mamba-2 mixer layer does per micro-batch on one rank beside its GEMMs
+    (``oracle/inventory.py``): the chunked SSD scan's FLOPs (under CP each rank scans the whole
+    sequence for ``H / (tp cp)`` heads: ``T cp x flops(tp) / cp``), its chunk length (the scan's
+    matmul dimension), the element-wise bytes (pre-norm, conv + scan + gated norm, residual, as
+    the other blocks count them) and the bytes of Mamba's two context-parallel all-to-alls per
+    direction (``(cp - 1) / cp`` of ``zxBCdt`` and ``y`` leave the rank). Zeros without Mamba."""
+    n = len(b)
+    if model.mamba is None:
+        return {key: np.zeros(n) for key in ("mamba_scan_flops", "ew_mamba", "cp_mamba_bytes")
+                } | {"mamba_chunk": np.ones(n)}
+    h = model.hidden_size
+    cp = b.cp.astype(np.float64)
+    return {
+        "mamba_scan_flops": T * _per_tp(lambda t: mamba_scan_flops_per_token(model, t), b.tp),
+        "mamba_chunk": np.full(n, float(model.mamba.chunk_size)),
+        "ew_mamba": (Tsp * h * 4 + T * _per_tp(lambda t: mamba_scan_bytes_per_token(model, t),
+                                              b.tp) + Tsp * h * 6),
+        "cp_mamba_bytes": np.where(b.cp > 1, T * BF16 * (cp - 1) / cp * _per_tp(
+            lambda t: mamba_cp_all_to_all_elements(model, t), b.tp), 0.0),
+    }
+
+
 def build_work(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
 ) -> dict[str, np.ndarray]:
@@ -617,13 +665,18 @@ def build_work(
     else:
         f_loc = np.zeros(n)
     E, k = model.num_experts, model.moe_top_k
+    # the width routed tokens travel and experts work in: h, or a latent MoE's latent size
+    width = model.moe_latent_size or h
     if model.is_moe:
         fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
         rows = Tsp * k * etp  # token copies this rank's experts process
         local_experts = np.ceil(E / ep)
         m_e = rows / local_experts
-        gemm("exp_fc1", m_e, up * fe_loc, h, local_experts)
-        gemm("exp_fc2", m_e, h, fe_loc, local_experts)
+        gemm("exp_fc1", m_e, up * fe_loc, width, local_experts)
+        gemm("exp_fc2", m_e, width, fe_loc, local_experts)
+        if model.moe_latent_size:  # duplicated (replicated) over tp, on the local tokens
+            gemm("lat_down", Tsp, width, h)
+            gemm("lat_up", Tsp, h, width)
         fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
         fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
         if fs:
@@ -636,6 +689,9 @@ def build_work(
     gemm("logits", T, vloc, h)
     if model.num_mtp_layers:
         gemm("mtp_proj", T, h / tp, 2 * h)
+    if model.mamba is not None:
+        for slot, (n_mamba, k_mamba) in mamba_gemms(model, tp).items():
+            gemm(slot, T, n_mamba, k_mamba)
     w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
 
     # --- precision: 0 bf16, 1 fp8, 2 fp4
@@ -714,10 +770,11 @@ def build_work(
         w["ew_moe"] = (
             w["ew_moe_norm"] + w["ew_moe_act"] + Tsp * h * 6
             + Tsp * E * 12  # fp32 router logits: write, softmax read/write
-            + 2 * Tsp * h * BF16 * (1 + k)  # permute and unpermute
+            + 2 * Tsp * width * BF16 * (1 + k)  # permute and unpermute
         )
     else:
         w["ew_moe_norm"] = w["ew_moe_act"] = w["ew_moe"] = np.zeros(n)
+    w.update(mamba_work(model, b, T, Tsp))
     w["ew_out_fwd"] = Tsp * h * 4 + T * vloc * 10.0  # final norm; CE: read bf16, fp32 passes
     w["ew_out_bwd"] = Tsp * h * 8 + T * vloc * 6.0
     w["ew_emb_fwd"] = T * h * BF16
@@ -752,14 +809,14 @@ def build_work(
         span = b.etp * b.ep
         per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
         ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
-        disp = Tsp * k * h * BF16  # bytes one rank dispatches (bf16 token copies)
+        disp = Tsp * k * width * BF16  # bytes one rank dispatches (bf16 token copies)
         a2a_intra = disp * (ep_local - 1) / ep
         a2a_inter = disp * (ep - ep_local) / ep
         nodes = ep / ep_local
-        flex_inter = Tsp * h * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+        flex_inter = Tsp * width * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
         ag_n = tp * ep
         ag_span = b.tp * b.ep
-        ag_bytes = Tsp * h * BF16 * ag_n  # gathered tensor over tp x ep
+        ag_bytes = Tsp * width * BF16 * ag_n  # gathered tensor over tp x ep
         is_ag = b.dispatcher == 1
         is_flex = b.dispatcher == 2
         w["ep_intra_bytes"] = np.where(is_ag, 0.0, a2a_intra)
@@ -769,7 +826,7 @@ def build_work(
         w["ep_ag_intra"] = _link(cluster, ag_span)
         w["ep_ag_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep)
         w["ep_active"] = ((b.ep > 1) & ~is_ag).astype(f64)
-        w["etp_bytes"] = np.where(b.etp > 1, rows * h * BF16, 0.0)
+        w["etp_bytes"] = np.where(b.etp > 1, rows * width * BF16, 0.0)
         w["etp_n"] = etp
         w["etp_intra"] = _link(cluster, b.etp)
         w["etp_local"] = _local(cluster, np.ones(n, dtype=np.int64), b.etp)
@@ -794,19 +851,25 @@ def build_work(
     Pmax = int(b.pp.max())
     uniq, inv = _unique_rows(b.pp, b.vpp, b.split, b.recompute, b.recompute_method,
                              b.recompute_layers)
-    tables = np.zeros((len(uniq), Pmax, 7), dtype=np.int64)
+    tables = np.zeros((len(uniq), Pmax, 11), dtype=np.int64)
     valid_u = np.zeros((len(uniq), Pmax), dtype=bool)
     for j, (pp_, vpp_, split_, rc_, meth_, k_) in enumerate(uniq):
-        t = _stage_layers(model.num_layers, model.num_dense_layers, model.is_moe,
-                          model.num_mtp_layers, int(pp_), int(vpp_), int(split_), int(rc_),
-                          int(meth_), int(k_))
+        t = _stage_layers(kind_index(model), model.num_mtp_layers, int(pp_), int(vpp_),
+                          int(split_), int(rc_), int(meth_), int(k_))
         tables[j, : int(pp_)] = t
         valid_u[j, : int(pp_)] = True
-    st = tables[inv].astype(f64)  # (n, Pmax, 7)
+    st = tables[inv].astype(f64)  # (n, Pmax, 11)
     valid = valid_u[inv]
     mtp_moe = model.is_moe  # MTP layers copy the last layer's kind (MoE for MoE models)
     w["st_dense"] = st[:, :, 0] + (0 if mtp_moe else st[:, :, 2])
     w["st_moe"] = st[:, :, 1] + (st[:, :, 2] if mtp_moe else 0)
+    # hybrid models: attention-only layers (an MTP depth runs one too: inventory.mtp_extra_blocks)
+    # and Mamba layers; 0 for a transformer, whose attention sits in its dense/MoE layers
+    w["st_attn_only"] = st[:, :, 7] + (st[:, :, 2] if model.is_hybrid else 0)
+    w["st_mamba"] = st[:, :, 8]
+    w["st_rc_attn_only"] = st[:, :, 9]
+    w["st_rc_mamba"] = st[:, :, 10]
+    w["is_hybrid"] = np.full(n, 1.0 if model.is_hybrid else 0.0)
     w["st_mtp"] = st[:, :, 2]
     w["st_emb"] = st[:, :, 3]
     w["st_out"] = st[:, :, 4] + st[:, :, 2]  # each MTP module has its own logits and loss
@@ -820,7 +883,8 @@ def build_work(
     # the memory model's own per-stage count (oracle.memory.stage_params), on arrays
     counts = SimpleNamespace(dense_layers=st[:, :, 0], moe_layers=st[:, :, 1],
                              mtp_layers=st[:, :, 2], has_embedding=st[:, :, 3],
-                             has_output=st[:, :, 4])
+                             has_output=st[:, :, 4], attention_layers=st[:, :, 7],
+                             mamba_layers=st[:, :, 8])
     units_ns = SimpleNamespace(**{f: pu[:, None, i] for i, f in enumerate(PARAM_UNIT_FIELDS)})
     w["st_params_dense"], w["st_params_expert"] = stage_params(counts, units_ns, model.is_moe)
 
@@ -859,7 +923,7 @@ def build_work(
 
 #: The :class:`oracle.memory.ParamUnits` fields :func:`oracle.memory.stage_params` reads.
 PARAM_UNIT_FIELDS = ("attention", "dense_mlp", "moe_nonexpert", "experts", "embedding", "output",
-                     "mtp_extra")
+                     "mtp_extra", "layer_attention", "mamba")
 
 
 @lru_cache(maxsize=4096)
@@ -956,6 +1020,16 @@ def host_exposed(host: Any, gpu: Any, p: Any) -> np.ndarray:
     h, g = np.asarray(host, dtype=np.float64), np.asarray(gpu, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
     return (h**p + g**p) ** (1.0 / p) - g
+
+
+def mamba_scan_time(flops: Any, chunk: Any, peak: Any, efficiency: Any, half_dim: Any
+                    ) -> np.ndarray:
+    """Forward time of the chunked SSD scan (``oracle/inventory.py::mamba_scan_flops_per_token``
+    FLOPs): matmuls of chunk-length dimension on the BF16 tensor cores at the fitted
+    flash-attention kernel efficiency (``attention_efficiency``: the scan is a fused chunked-matmul
+    kernel like flash attention; no Mamba row was fitted), scaled by the GEMM-size saturation of
+    the chunk length (``_g(chunk, gemm_half_dim)``). Backward: twice the forward (timing)."""
+    return np.where(flops > 0, flops / (peak * efficiency * _g(chunk, half_dim)), 0.0)
 
 
 def pipeline_p2p(
@@ -1147,6 +1221,14 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     cf_mlp, cb_mlp = slots(cast_f, MLP_SLOTS), slots(cast_b, MLP_SLOTS)
     cf_moe = slots(cast_f, EXP_SLOTS + SH_SLOTS)
     cb_moe = slots(cast_b, EXP_SLOTS + SH_SLOTS)
+    # hybrid models (oracle/inventory.py): Mamba mixers, a latent MoE's projections; a
+    # transformer has none of these (zeros), and ``nh`` = 1 keeps attention inside its
+    # dense/MoE layers (``hyb`` = 1: each hybrid layer is one block)
+    hyb = w["is_hybrid"]
+    nh = 1.0 - hyb
+    g_mamba, g_lat = slots(gf, MAMBA_SLOTS), slots(gf, LAT_SLOTS)
+    cf_mamba, cb_mamba = slots(cast_f, MAMBA_SLOTS), slots(cast_b, MAMBA_SLOTS)
+    cf_lat, cb_lat = slots(cast_f, LAT_SLOTS), slots(cast_b, LAT_SLOTS)
 
     # ---- core attention
     hd = c["attention_head_dim_half"]
@@ -1165,14 +1247,25 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         core_f = core_f + np.maximum(t_mm, t_exp)
         core_b = core_b + np.maximum(ATTENTION_BWD_FLOPS_RATIO * t_mm, t_exp)
 
+    # ---- Mamba-2 SSD scan (mamba_scan_time)
+    scan_f = mamba_scan_time(w["mamba_scan_flops"], w["mamba_chunk"], peak_bf16 * rate,
+                             c["attention_efficiency"], hh)
+
     # ---- element-wise
     ew_attn, ew_mlp, ew_moe = w["ew_attn"] / hbm, w["ew_mlp"] / hbm, w["ew_moe"] / hbm
+    ew_mamba = w["ew_mamba"] / hbm
     ew_out_f, ew_out_b = w["ew_out_fwd"] / hbm, w["ew_out_bwd"] / hbm
     ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
     host_dense = layer_host_time(False, 0.0, kern, w["cp_steps"])
     host_moe = layer_host_time(True, w["local_experts"], kern, w["cp_steps"])
+    # a hybrid layer is one block: its dense / MoE layers issue no attention operations
+    host_attn = 3.0 * (KERNELS_PER_LAYER["attention"] + CP_OPS_PER_RING_STEP * w["cp_steps"]) \
+        * np.asarray(kern, dtype=np.float64)
+    host_dense = host_dense - hyb * host_attn
+    host_moe = host_moe - hyb * host_attn
+    host_mamba = 3.0 * KERNELS_PER_LAYER["mamba"] * np.asarray(kern, dtype=np.float64)
 
     # ---- TP
     t_tp = _collective(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
@@ -1189,6 +1282,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     # (the output layer and the embedding stay bf16 under FP8 recipes)
     tp_out_f = w["tp_has"] * t_tp
     tp_out_b = w["tp_has"] * t_tp
+    tp_mamba_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mamba)
+    tp_mamba_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_mamba)
 
     # ---- CP
     cp_bw = link(w["cp_intra"])
@@ -1196,6 +1291,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     cp_step_b = np.where(w["cp_steps"] > 0, alpha + 2 * w["cp_bytes"] / cp_bw, 0.0)
     cp_f = cp_ring_exposed(w["cp_steps"], cp_step_f, core_f, alpha)
     cp_b = cp_ring_exposed(w["cp_steps"], cp_step_b, core_b, alpha)
+    # Mamba's two all-to-alls per direction (before and after the conv + scan), not overlapped
+    cp_mamba = np.where(w["cp_steps"] > 0, 2 * alpha + w["cp_mamba_bytes"] / cp_bw, 0.0)
 
     # ---- EP (per direction: dispatch + combine)
     lat = alpha * (1 + np.log2(np.maximum(w["ep_n"], 1)))
@@ -1213,18 +1310,29 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn
     mlp_f = g_mlp + ew_mlp + cf_mlp
     mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp
-    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe
-    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe
+    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe + g_lat + cf_lat
+    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe + 2 * g_lat + cb_lat
     comm_attn_f, comm_attn_b = tp_attn_f + cp_f, tp_attn_b + cp_b
     comm_mlp_f, comm_mlp_b = tp_mlp_f, tp_mlp_b
     comm_moe_f, comm_moe_b = tp_sh_f + ep_f, tp_sh_b + ep_b
-    dense_fwd = attn_f + mlp_f + comm_attn_f + comm_mlp_f
-    moe_fwd = attn_f + moe_f + comm_attn_f + comm_moe_f
-    rc_common = (
+    dense_fwd = nh * attn_f + mlp_f + nh * comm_attn_f + comm_mlp_f
+    moe_fwd = nh * attn_f + moe_f + nh * comm_attn_f + comm_moe_f
+    # hybrid layer kinds: attention only, Mamba mixer (backward: twice the forward)
+    attn_only_fwd = attn_f + comm_attn_f
+    mamba_f = g_mamba + scan_f + ew_mamba + cf_mamba
+    mamba_b = 2 * g_mamba + 2 * scan_f + 2 * ew_mamba + cb_mamba
+    comm_mamba_f, comm_mamba_b = tp_mamba_f + cp_mamba, tp_mamba_b + cp_mamba
+    mamba_fwd = mamba_f + comm_mamba_f
+    rc_attn_only = (
+        w["rc_core_attn"] * core_f
+        + w["rc_layernorm"] * w["ew_attn_norm"] / hbm
+        + w["rc_mla_up_proj"] * g_mla_up
+    )
+    rc_common = nh * (
         w["rc_core_attn"] * core_f
         + w["rc_layernorm"] * (w["ew_attn_norm"] + w["ew_mlp_norm"]) / hbm
         + w["rc_mla_up_proj"] * g_mla_up
-    )
+    ) + hyb * w["rc_layernorm"] * w["ew_mlp_norm"] / hbm
     rc_dense = rc_common + w["rc_mlp"] * (mlp_f + comm_mlp_f)
     rc_moe = (
         rc_common
@@ -1249,34 +1357,42 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     rd, rm = w["st_rc_dense"], w["st_rc_moe"]
     ne, no, nmtp = w["st_emb"], w["st_out"], w["st_mtp"]
     valid = w["st_valid"]
-    nl = nd + nm
+    na, nmb = w["st_attn_only"], w["st_mamba"]
+    ra, rmb = w["st_rc_attn_only"], w["st_rc_mamba"]
 
     def col(x: Any) -> np.ndarray:
         return np.asarray(x)[:, None] if np.ndim(x) else np.asarray(x)
+
+    nl = (nd + nm) * col(nh) + na  # attention blocks
 
     bucket: dict[str, np.ndarray] = {}
     bucket["attention_gemm"] = nl * col(3 * g_attn)
     bucket["core_attention"] = nl * col(core_f + core_b)
     bucket["mlp_gemm"] = nd * col(3 * g_mlp)
-    bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh))
+    bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh)) + nm * col(3 * g_lat)
     bucket["router"] = nm * col(3 * g_router)
+    bucket["mamba_mixer"] = nmb * col(3 * g_mamba + 3 * scan_f)
     bucket["elementwise"] = (
         nl * col(3 * ew_attn + cf_attn + cb_attn) + nd * col(3 * ew_mlp + cf_mlp + cb_mlp)
         + nm * col(3 * ew_moe + cf_moe + cb_moe)
+        + nmb * col(3 * ew_mamba + cf_mamba + cb_mamba) + nm * col(cf_lat + cb_lat)
     )
     bucket["embedding_logits_loss"] = (
         ne * col(emb_f + emb_b) + no * col(out_f + out_b) + nmtp * col(mtp_fb)
     )
     bucket["recompute"] = (
         nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
+        + na * col(rc_attn_only) + ra * col(attn_only_fwd) + rmb * col(mamba_fwd)
     )
     # the host runs ahead of the GPU: a dense layer exposes only host time beyond its GPU time;
     # a dropless MoE layer synchronises host and device once (token counts), so the host cannot
     # run ahead across it: smooth maximum of its host and GPU time, the excess is exposed
-    gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
-        + comm_mlp_b + rc_dense
-    gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
-        + comm_moe_b + rc_moe
+    gpu_dense = nh * attn_f + nh * attn_b + mlp_f + mlp_b + nh * comm_attn_f \
+        + nh * comm_attn_b + comm_mlp_f + comm_mlp_b + rc_dense
+    gpu_moe = nh * attn_f + nh * attn_b + moe_f + moe_b + nh * comm_attn_f \
+        + nh * comm_attn_b + comm_moe_f + comm_moe_b + rc_moe
+    gpu_attn_only = attn_f + attn_b + comm_attn_f + comm_attn_b + rc_attn_only
+    gpu_mamba = mamba_f + mamba_b + comm_mamba_f + comm_mamba_b
     p_host = c["host_gpu_overlap_exponent"]
     drop = w["moe_sync"]
     moe_host_exp = np.where(drop > 0, host_exposed(host_moe, gpu_moe, p_host),
@@ -1288,19 +1404,21 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         + (nm > 0) * col(w["pp_on"] * w["has_moe"] * chunk_boundary_host(
             w["vpp"], c["pipeline_chunk_host_s"], host_moe, gpu_moe, p_host, drop,
             c["chunk_start_serial_fraction"]))
+        + na * col(np.maximum(0.0, host_attn - gpu_attn_only))
+        + nmb * col(np.maximum(0.0, host_mamba - gpu_mamba))
     )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
-        + nm * col(tp_sh_f + tp_sh_b)
+        + nm * col(tp_sh_f + tp_sh_b) + nmb * col(tp_mamba_f + tp_mamba_b)
     )
-    bucket["cp_comm"] = nl * col(cp_f + cp_b)
+    bucket["cp_comm"] = nl * col(cp_f + cp_b) + nmb * col(2 * cp_mamba)
     bucket["ep_comm"] = nm * col(ep_f + ep_b)
     bucket["pp_p2p"] = np.zeros_like(valid)  # below, once the chunk times are known
 
     # forward / backward split of a stage's micro-batch (DP overlap windows)
     fwd_s = (
         nd * col(dense_fwd) + nm * col(moe_fwd) + ne * col(emb_f) + no * col(out_f)
-        + nmtp * col(g_mtp)
+        + nmtp * col(g_mtp) + na * col(attn_only_fwd) + nmb * col(mamba_fwd)
     )
 
     # ---- link time of the layer traffic (hidden or not) per micro-batch and stage, forward
@@ -1314,8 +1432,12 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     tpi, cpi = w["tp_intra"], w["cp_intra"]
     link_busy = tuple(
         tuple(nl * col(tp_raw * (tpi if k == 0 else 1 - tpi) + cp_raw * (cpi if k == 0 else 1 - cpi))
-              + nm * col(ep_up if k == 0 else ep_nic) for k in (0, 1))
-        for tp_raw, cp_raw in ((tp_raw_f, cp_raw_f), (tp_raw_b, cp_raw_b))
+              + nm * col(ep_up if k == 0 else ep_nic)
+              # hybrid MLP-only and Mamba layers: one TP block each, Mamba's CP all-to-alls
+              + (nd * col(hyb) + nmb) * col(blk * (tpi if k == 0 else 1 - tpi))
+              + nmb * col(cp_mamba * (cpi if k == 0 else 1 - cpi)) for k in (0, 1))
+        for tp_raw, cp_raw, blk in ((tp_raw_f, cp_raw_f, w["tp_fwd_per_block"] * t_tp),
+                                    (tp_raw_b, cp_raw_b, w["tp_bwd_per_block"] * t_tp))
     )
 
     # ---- data parallel and FSDP
