@@ -797,7 +797,7 @@ def stage_params(c: Any, pu: Any, is_moe: bool) -> tuple[Any, Any]:
     apart). ``c`` needs ``dense_layers, moe_layers, attention_layers, mamba_layers, mtp_layers,
     has_embedding, has_output`` and ``pu`` the :class:`ParamUnits` fields; only ``+`` and ``*``, so ints, CP-SAT
     expressions and numpy arrays all work (the time model calls it on arrays:
-    ``oracle.projection.build_work``)."""
+    ``oracle.work.build_work``)."""
     moe_like = c.moe_layers + (c.mtp_layers if is_moe else 0)
     dense_like = c.dense_layers + (0 if is_moe else c.mtp_layers)
     dense_params = (

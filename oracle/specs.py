@@ -391,7 +391,7 @@ class GpuSpec(Spec):
     tdp_w: float | None = Field(
         default=None, gt=0, le=1e5,
         description="board power limit (W); with compute_units it scales the sustained tensor "
-        "rate within an architecture (oracle.projection); None: not modelled",
+        "rate within an architecture (oracle.compute.sustained_rate); None: not modelled",
     )
     compute_units: int | None = Field(
         default=None, ge=1, le=1 << 20, description="streaming multiprocessors (NVIDIA) or "
