@@ -349,6 +349,9 @@ class StageCounts:
     inflight_mamba: int = 0
     has_attention: int = 0
     has_mamba: int = 0
+    #: layers of each kind (KINDS order) fully recomputed on the stage per micro-batch (the time
+    #: model's recompute term; not tabulated by the solver)
+    recomputed: tuple[int, ...] = ()
 
     def as_vector(self) -> tuple[int, ...]:
         """The coefficients the solver tabulates (everything but the stage index and the
@@ -395,9 +398,12 @@ def _stage_counts_cached(
         live = [0] * nk
         ckpt = emb = out = mtp_in = 0
         groups: set[tuple[int, ...]] = set()
+        redo = [0] * nk
         for chunk, n_in in zip(chunks, inflight, strict=True):
             plan = recompute_groups(len(chunk.layers), recompute, method, k)
             recomputed = {i for lo, hi in plan for i in range(lo, hi)}
+            for i in recomputed:
+                redo[kinds[chunk.layers[i]]] += 1
             for lo, hi in plan:
                 comp = [0] * nk
                 for i in range(lo, hi):
@@ -433,6 +439,7 @@ def _stage_counts_cached(
                 inflight_microbatches=max(inflight) if inflight else 0,
                 has_layers=int(sum(per_kind) + mtp > 0),
                 recompute_groups=_pareto_groups(groups),
+                recomputed=tuple(redo),
                 **fields,
             )
         )

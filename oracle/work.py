@@ -44,13 +44,15 @@ from oracle.collectives import (
 )
 from oracle.compute import OPERAND_BYTES, power_ratios
 from oracle.inventory import (
+    KINDS,
     kind_index,
     mamba_cp_all_to_all_elements,
     mamba_gemms,
     mamba_scan_bytes_per_token,
     mamba_scan_flops_per_token,
+    mtp_kind,
 )
-from oracle.memory import param_units, pipeline_chunks, recompute_groups, stage_params
+from oracle.memory import _stage_counts_cached, param_units, stage_params
 from oracle.schedule import ZERO_BUBBLE_FACTOR
 from oracle.specs import (
     ClusterSpec,
@@ -341,30 +343,22 @@ class ConfigBatch:
 
 @lru_cache(maxsize=65536)
 def _stage_layers(
-    kinds: tuple[int, ...], num_mtp: int, pp: int, vpp: int,
+    kinds: tuple[int, ...], mtp_kind: int, num_mtp: int, pp: int, vpp: int,
     split: int, recompute: int, method: int, k: int,
 ) -> np.ndarray:
     """Per stage (rows): dense layers, MoE layers, MTP layers, has embedding, has output, fully
     recomputed dense layers, fully recomputed MoE layers, then attention-only and Mamba layers
-    and their fully recomputed counts (hybrid models). ``kinds``: each layer's kind as an index
-    into ``oracle.inventory.KINDS`` (``kind_index``). Pipeline layout and recompute groups come
-    from :mod:`oracle.memory` (``pipeline_chunks``, ``recompute_groups``)."""
+    and their fully recomputed counts (hybrid models). Read from the memory model's own
+    :class:`oracle.memory.StageCounts` (``_stage_counts_cached``), the one per-stage
+    composition; ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
     out = np.zeros((pp, 11), dtype=np.int64)
-    chunks = pipeline_chunks(len(kinds), num_mtp, pp, vpp, _CODE_SPLIT[split])
-    rc = _CODE_RECOMPUTE[recompute]
-    kk = None if k < 0 else k
-    col = {0: 0, 1: 1, 2: 7, 3: 8}  # kind index -> layer column
-    rc_col = {0: 5, 1: 6, 2: 9, 3: 10}
-    for s, stage in enumerate(chunks):
-        for ch in stage:
-            for i in ch.layers:
-                out[s, col[kinds[i]]] += 1
-            out[s, 2] += ch.mtp_layers
-            out[s, 3] |= int(ch.has_embedding)
-            out[s, 4] |= int(ch.has_output)
-            for lo, hi in recompute_groups(len(ch.layers), rc, _CODE_METHOD[method], kk):
-                for i in ch.layers[lo:hi]:
-                    out[s, rc_col[kinds[i]]] += 1
+    counts = _stage_counts_cached(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
+                                  _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
+                                  None if k < 0 else k)
+    for s, c in enumerate(counts):
+        redo = c.recomputed
+        out[s] = (c.dense_layers, c.moe_layers, c.mtp_layers, c.has_embedding, c.has_output,
+                  redo[0], redo[1], c.attention_layers, c.mamba_layers, redo[2], redo[3])
     return out
 
 
@@ -700,8 +694,9 @@ def build_work(
     tables = np.zeros((len(uniq), Pmax, 11), dtype=np.int64)
     valid_u = np.zeros((len(uniq), Pmax), dtype=bool)
     for j, (pp_, vpp_, split_, rc_, meth_, k_) in enumerate(uniq):
-        t = _stage_layers(kind_index(model), model.num_mtp_layers, int(pp_), int(vpp_),
-                          int(split_), int(rc_), int(meth_), int(k_))
+        t = _stage_layers(kind_index(model), KINDS.index(mtp_kind(model)),
+                          model.num_mtp_layers, int(pp_), int(vpp_), int(split_), int(rc_),
+                          int(meth_), int(k_))
         tables[j, : int(pp_)] = t
         valid_u[j, : int(pp_)] = True
     st = tables[inv].astype(f64)  # (n, Pmax, 11)
