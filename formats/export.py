@@ -706,5 +706,8 @@ def to_nemo_overrides(
     lines.append("")
     lines += [f"cfg.{path} = {expr}" for path, expr in nemo_assignments(model, training, c)]
     lines += ["", f"# the model tune-cp checked ({model.name}), on the recipe's model provider"]
+    if model.is_hybrid:
+        lines.append("# (a hybrid Mamba model: start from a recipe whose provider is a "
+                     "HybridModelProvider, e.g. megatron.bridge.recipes.nemotronh)")
     lines += [f"cfg.{path} = {expr}" for path, expr in model_lines]
     return "\n".join(lines) + "\n"
