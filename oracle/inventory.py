@@ -488,3 +488,84 @@ def mamba_cp_all_to_all_elements(model: ModelSpec, tp: int) -> int:
     along with x, B, C."""
     ms = mamba_shape(model, tp)
     return ms.proj + ms.d_inner
+
+
+# ============================================================ GEMMs per block (vectorised)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM of a block on one rank, per micro-batch: ``m`` rows (tokens), ``n`` x ``k``
+    weight (per rank, after tp / etp sharding), run ``count`` times (local experts). Fields may
+    be numpy arrays over configurations. Its weight has ``n k count`` parameters."""
+
+    slot: str
+    m: object
+    n: object
+    k: object
+    count: object = 1.0
+
+
+def block_gemms(model: ModelSpec, tokens: object, tokens_sp: object, tp: object, ep: object,
+                etp: object) -> dict[Block, list[Gemm]]:
+    """The GEMMs of every block the model has, per rank and micro-batch (``tokens``: T = mbs
+    seq / cp; ``tokens_sp``: T / tp under sequence parallelism; ``tp``, ``ep``, ``etp`` may be
+    numpy arrays). Attention: fused QKV (GQA: ``h -> (a + 2 g) d / tp``, KV heads replicated
+    when tp > g) or MLA's down- (replicated) and up-projections, and the output projection;
+    MLP: fc1 (``2 f`` gated) and fc2; MoE: the grouped expert fc1/fc2 on the ``T_sp k etp``
+    routed token copies of the ``E / ep`` local experts (a latent MoE's experts and its
+    replicated ``h -> L -> h`` projections on the latent width), the shared experts and the
+    router; Mamba: :func:`mamba_gemms`. ``oracle/work.py::build_work`` lays them into its GEMM
+    slots; ``tests/test_hybrid.py`` checks their weights against ``oracle/params.py``."""
+    import numpy as np
+
+    h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads
+    T, Tsp = tokens, tokens_sp
+    a_loc = np.ceil(a / tp)
+    g_loc = np.maximum(1.0, np.ceil(g / tp))
+    up = 2.0 if model.gated_mlp else 1.0
+    out: dict[Block, list[Gemm]] = {}
+    blocks = {b for kind in set(layer_kinds(model)) for b in kind_blocks(model, kind)}
+    if Block.ATTENTION in blocks or model.num_mtp_layers:
+        att: list[Gemm] = []
+        if model.mla is not None:
+            m = model.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            if m.q_lora_rank:
+                att.append(Gemm("q_down", T, m.q_lora_rank, h))  # duplicated over tp
+                att.append(Gemm("q_up", T, a_loc * qk, m.q_lora_rank))
+            else:
+                att.append(Gemm("qkv", T, a_loc * qk, h))
+            att.append(Gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h))
+            att.append(Gemm("kv_up", T, a_loc * (m.qk_nope_head_dim + m.v_head_dim),
+                            m.kv_lora_rank))
+            att.append(Gemm("attn_out", T, h, a_loc * m.v_head_dim))
+        else:
+            d = model.head_dim
+            att.append(Gemm("qkv", T, (a_loc + 2 * g_loc) * d, h))
+            att.append(Gemm("attn_out", T, h, a_loc * d))
+        out[Block.ATTENTION] = att
+    if model.num_dense_layers_effective:
+        f_loc = np.ceil(model.ffn_hidden_size / tp)
+        out[Block.MLP] = [Gemm("mlp_fc1", T, up * f_loc, h), Gemm("mlp_fc2", T, h, f_loc)]
+    if model.is_moe:
+        E, k = model.num_experts, model.moe_top_k
+        width = model.moe_latent_size or h
+        fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
+        rows = Tsp * k * etp  # token copies this rank's experts process
+        local_experts = np.ceil(E / ep)
+        m_e = rows / local_experts
+        moe = [Gemm("exp_fc1", m_e, up * fe_loc, width, local_experts),
+               Gemm("exp_fc2", m_e, width, fe_loc, local_experts)]
+        if model.moe_latent_size:  # duplicated (replicated) over tp, on the local tokens
+            moe += [Gemm("lat_down", Tsp, width, h), Gemm("lat_up", Tsp, h, width)]
+        fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
+        if fs:
+            fs_loc = np.ceil(fs / tp)
+            moe += [Gemm("sh_fc1", T, up * fs_loc, h), Gemm("sh_fc2", T, h, fs_loc)]
+        moe.append(Gemm("router", Tsp, E, h))
+        out[Block.MOE] = moe
+    if model.mamba is not None:
+        out[Block.MAMBA] = [Gemm(slot, T, n_, k_) for slot, (n_, k_)
+                            in mamba_gemms(model, tp).items()]
+    return out

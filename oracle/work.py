@@ -45,9 +45,9 @@ from oracle.collectives import (
 from oracle.compute import OPERAND_BYTES, power_ratios
 from oracle.inventory import (
     KINDS,
+    block_gemms,
     kind_index,
     mamba_cp_all_to_all_elements,
-    mamba_gemms,
     mamba_scan_bytes_per_token,
     mamba_scan_flops_per_token,
     mtp_kind,
@@ -475,33 +475,25 @@ def build_work(
         i = S[slot]
         M[:, i], N[:, i], K[:, i], C[:, i] = m, nn, kk, count
 
+    # every block's GEMMs come from the workload inventory (oracle/inventory.py::block_gemms)
+    for ops in block_gemms(model, T, Tsp, tp, ep, etp).values():
+        for op in ops:
+            gemm(op.slot, op.m, op.n, op.k, op.count)
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        if m.q_lora_rank:
-            gemm("q_down", T, m.q_lora_rank, h)  # duplicated over tp (Megatron-Core MLA)
-            gemm("q_up", T, a_loc * qk, m.q_lora_rank)
-        else:
-            gemm("qkv", T, a_loc * qk, h)
-        gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h)
-        gemm("kv_up", T, a_loc * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-        gemm("attn_out", T, h, a_loc * m.v_head_dim)
         kv_width = a_loc * (qk + m.v_head_dim)  # K and V per token the CP ring moves
         rope_width = (a_loc + 1) * m.qk_rope_head_dim
         d_attn = (qk + m.v_head_dim) / 2
         mla_norm_width = m.q_lora_rank + m.kv_lora_rank
     else:
         d = model.head_dim
-        gemm("qkv", T, (a_loc + 2 * g_loc) * d, h)
-        gemm("attn_out", T, h, a_loc * d)
         kv_width = 2 * g_loc * d
         rope_width = (a_loc + g_loc) * d
         d_attn = float(d)
         mla_norm_width = 0.0
     if model.num_dense_layers_effective:
         f_loc = np.ceil(model.ffn_hidden_size / tp)
-        gemm("mlp_fc1", T, up * f_loc, h)
-        gemm("mlp_fc2", T, h, f_loc)
     else:
         f_loc = np.zeros(n)
     E, k = model.num_experts, model.moe_top_k
@@ -510,28 +502,14 @@ def build_work(
     if model.is_moe:
         fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
         rows = Tsp * k * etp  # token copies this rank's experts process
-        local_experts = np.ceil(E / ep)
-        m_e = rows / local_experts
-        gemm("exp_fc1", m_e, up * fe_loc, width, local_experts)
-        gemm("exp_fc2", m_e, width, fe_loc, local_experts)
-        if model.moe_latent_size:  # duplicated (replicated) over tp, on the local tokens
-            gemm("lat_down", Tsp, width, h)
-            gemm("lat_up", Tsp, h, width)
         fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
         fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
-        if fs:
-            gemm("sh_fc1", T, up * fs_loc, h)
-            gemm("sh_fc2", T, h, fs_loc)
-        gemm("router", Tsp, E, h)
     else:
         fe_loc = rows = fs_loc = np.zeros(n)
         fs = 0
     gemm("logits", T, vloc, h)
     if model.num_mtp_layers:
         gemm("mtp_proj", T, h / tp, 2 * h)
-    if model.mamba is not None:
-        for slot, (n_mamba, k_mamba) in mamba_gemms(model, tp).items():
-            gemm(slot, T, n_mamba, k_mamba)
     w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
 
     # --- precision: 0 bf16, 1 fp8, 2 fp4

@@ -192,6 +192,8 @@ def test_published_nemotron_3_rows_are_representable():
             if r.model_name in ("Nemotron_3_Nano", "Nemotron_3_Super")]
     assert len(rows) == 22
     assert all(r.representable for r in rows), [r.reason for r in rows if not r.representable]
+    # scored apart, not fitted on (formats/runs.py::NOT_FITTED): no Mamba term is fitted yet
+    assert not any(r.fitted for r in rows)
     supers = [r for r in rows if r.model_name == "Nemotron_3_Super"]
     assert all(r.model and r.model.num_mtp_layers == 2 for r in supers)  # the Bridge recipe
 
@@ -210,3 +212,41 @@ def test_search_on_nemotron_h_56b_is_legal():
     assert out.legal and out.memory.peak_bytes <= out.limit_bytes
     assert m.mamba is not None and m.mamba.num_heads % best.tp == 0
     assert TrainingSpec(seq_len=8192, global_batch_size=768) == tr
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mixtral-8x7b", "deepseek-v3", "nemotron-h-8b",
+                                  "nemotron-3-nano", "nemotron-3-super"])
+def test_inventory_gemm_weights_are_the_block_parameters(name):
+    """The inventory's GEMMs of each block (oracle/inventory.py::block_gemms, which the time
+    model runs) hold exactly the block's matmul parameters of oracle/params.py (tp = ep = etp =
+    1): the block parameters less its norms and small vectors (MLA latent norms, router expert
+    bias, Mamba conv, A_log, dt_bias, D and gated-norm scale)."""
+    import numpy as np
+
+    from oracle.inventory import block_gemms
+
+    m = load_model(name)
+    one = np.ones(1)
+    ops = block_gemms(m, 4096 * one, 4096 * one, one, one, one)
+
+    def weights(block):
+        return int(sum(float(np.asarray(g.n * g.k * g.count).item()) for g in ops[block]))
+
+    h = m.hidden_size
+    attn = P.attention_params(m) - P.norm_params(m, h)
+    if m.mla is not None:
+        attn -= P.norm_params(m, m.mla.kv_lora_rank)
+        if m.mla.q_lora_rank:
+            attn -= P.norm_params(m, m.mla.q_lora_rank)
+    assert weights(Block.ATTENTION) == attn
+    if m.num_dense_layers_effective:
+        assert weights(Block.MLP) == P.dense_mlp_params(m) - P.norm_params(m, h)
+    if m.is_moe:
+        moe = P.moe_block_params(m) - P.norm_params(m, h)
+        moe -= m.num_experts if m.router_expert_bias else 0
+        assert weights(Block.MOE) == moe
+    if m.mamba is not None:
+        mb = m.mamba
+        small = ((mb.d_inner + 2 * mb.num_groups * mb.state_dim) * (mb.conv_kernel + 1)
+                 + 3 * mb.num_heads + mb.d_inner)
+        assert weights(Block.MAMBA) == P.mamba_params(m) - P.norm_params(m, h) - small
