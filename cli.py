@@ -28,18 +28,14 @@ from oracle.specs import (
     GIB,
     ClusterSpec,
     ConfigError,
-    Dispatcher,
-    Fp8Recipe,
     ModelSpec,
     ParallelConfig,
-    PipelineSplit,
     Precision,
     Recompute,
-    RecomputeMethod,
-    Schedule,
     TrainingSpec,
     validation_message,
 )
+from solver.axes import BASELINE_KEYS, KNOB, KNOBS, FlagKind, Knob
 from solver.defaults import DEFAULT_MEMORY_MARGIN
 
 if TYPE_CHECKING:
@@ -251,63 +247,30 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
     return f
 
 
-GRAD_BF16_HELP = (
-    "Keep the gradient buffer and the data-parallel gradient reduce-scatter/all-reduce in bf16 "
-    "(2 B/param) instead of fp32 (4 B/param)  [default: fp32, Megatron-LM's default under "
-    "--bf16]. Megatron-LM --grad-reduce-in-bf16 / Primus grad_reduce_in_bf16: true; "
-    "Megatron-Core DDP and Megatron-Bridge (NeMo) grad_reduce_in_fp32=False.")
+def knob_option(k: Knob) -> Callable:
+    """The click option of one registry knob (``solver/axes.py::KNOBS``)."""
+    if k.kind is FlagKind.INT:
+        return click.option(f"--{k.flag}", type=AsciiIntRange(k.lo, k.hi), default=k.default,
+                            show_default=k.default is not None, help=k.help)
+    if k.kind is FlagKind.CHOICE:
+        assert k.choices is not None
+        return click.option(f"--{k.flag}", type=enum_choice(k.choices), default=k.default,
+                            show_default=k.default is not None, help=k.help)
+    if k.kind is FlagKind.FLAG:
+        return click.option(f"--{k.flag}", is_flag=True, help=k.help)
+    if k.kind is FlagKind.SWITCH:
+        return click.option(f"--{k.flag}/--no-{k.flag}", k.param, default=None, help=k.help)
+    return click.option(f"--{k.flag}", default=None, help=k.help)  # MODULES
 
 
 def grad_dtype_option(f: Callable) -> Callable:
-    return click.option("--grad-reduce-in-bf16", is_flag=True, help=GRAD_BF16_HELP)(f)
+    return knob_option(KNOB["grad_reduce_in_fp32"])(f)
 
 
 def config_options(f: Callable) -> Callable:
-    for opt in reversed(
-        [
-            click.option("--tp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Tensor-parallel size."),
-            click.option("--pp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
-                         help="Pipeline-parallel size."),
-            click.option("--vpp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
-                         help="Virtual pipeline stages per rank (interleaved schedule when > 1)."),
-            click.option("--cp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Context-parallel size."),
-            click.option("--ep", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Expert-parallel size."),
-            click.option("--etp", type=AsciiIntRange(1, 1 << 20), default=None,
-                         help="Expert tensor-parallel size  [default: tp]"),
-            click.option("--mbs", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Micro-batch size."),
-            click.option("--recompute", type=enum_choice(Recompute), default="none",
-                         show_default=True, help="Activation recomputation granularity."),
-            click.option("--recompute-method", type=enum_choice(RecomputeMethod),
-                         default="block", show_default=True,
-                         help="Full recompute: block (first N layers of each virtual stage) or "
-                              "uniform (groups of N)."),
-            click.option("--recompute-layers", type=AsciiIntRange(0, 100_000), default=None,
-                         help="Full recompute: N layers per virtual stage  [default: all]"),
-            click.option("--recompute-modules", default=None,
-                         help="Selective recompute modules, comma separated  [default: core_attn]"),
-            click.option("--sequence-parallel/--no-sequence-parallel", default=None,
-                         help="Sequence parallelism  [default: on when tp > 1]"),
-            click.option("--no-distributed-optimizer", is_flag=True,
-                         help="Replicate optimizer state (default: distributed optimizer)."),
-            click.option("--fsdp", is_flag=True, help="Fully shard params, grads, optimizer."),
-            click.option("--grad-reduce-in-bf16", is_flag=True, help=GRAD_BF16_HELP),
-            click.option("--dispatcher", type=enum_choice(Dispatcher), default="alltoall",
-                         show_default=True, help="MoE token dispatcher (flex = DeepEP)."),
-            click.option("--schedule", type=enum_choice(Schedule), default=None,
-                         help="Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]"),
-            click.option("--fp8-recipe", type=enum_choice(Fp8Recipe), default=None,
-                         help="FP8 recipe  [default with --precision fp8: mxfp8 on Blackwell, "
-                              "tensorwise elsewhere]"),
-            click.option("--pipeline-split", type=enum_choice(PipelineSplit), default=None,
-                         help="Layer split  [default: even when layers divide, else "
-                              "embedding_loss]"),
-        ]
-    ):
-        f = opt(f)
+    """Every configuration flag, generated from the axis registry in its order."""
+    for k in reversed(KNOBS):
+        f = knob_option(k)(f)
     return f
 
 
@@ -421,20 +384,25 @@ def load_specs(
     return model, cluster, training
 
 
+def knob_values(opts: dict[str, Any], only: Sequence[str] | None = None) -> dict[str, Any]:
+    """``ParallelConfig`` fields from the parsed configuration flags (``only``: those params)."""
+    out: dict[str, Any] = {}
+    for k in KNOBS:
+        if only is not None and k.param not in only:
+            continue
+        value = opts[k.param]
+        if k.negated:
+            value = not value
+        elif k.kind is FlagKind.MODULES:
+            if not value:
+                continue
+            value = tuple(m.strip() for m in str(value).split(",") if m.strip())
+        out[k.field] = value
+    return out
+
+
 def build_config(opts: dict[str, Any]) -> ParallelConfig:
-    modules = opts.get("recompute_modules")
-    kwargs: dict[str, Any] = dict(
-        tp=opts["tp"], pp=opts["pp"], vpp=opts["vpp"], cp=opts["cp"], ep=opts["ep"],
-        etp=opts["etp"], mbs=opts["mbs"], recompute=opts["recompute"],
-        recompute_method=opts["recompute_method"], recompute_layers=opts["recompute_layers"],
-        sequence_parallel=opts["sequence_parallel"],
-        distributed_optimizer=not opts["no_distributed_optimizer"], fsdp=opts["fsdp"],
-        grad_reduce_in_fp32=not opts["grad_reduce_in_bf16"], dispatcher=opts["dispatcher"], schedule=opts["schedule"],
-        fp8_recipe=opts["fp8_recipe"], pipeline_split=opts["pipeline_split"],
-    )
-    if modules:
-        kwargs["recompute_modules"] = tuple(m.strip() for m in modules.split(",") if m.strip())
-    return build("configuration", ParallelConfig, **kwargs)
+    return build("configuration", ParallelConfig, **knob_values(opts))
 
 
 # ------------------------------------------------------------------------------ output
@@ -637,13 +605,8 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     return None
 
 
-CONFIG_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
-                "recompute_layers", "recompute_modules", "sequence_parallel",
-                "no_distributed_optimizer", "fsdp", "grad_reduce_in_bf16", "dispatcher",
-                "schedule", "fp8_recipe", "pipeline_split")
-FLAG_TO_FIELD = {"no_distributed_optimizer": "distributed_optimizer",
-                 "grad_reduce_in_bf16": "grad_reduce_in_fp32"}
-NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of their field
+#: The click parameters of the configuration flags (from the axis registry).
+CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 
 
 @main.command("check")
@@ -712,14 +675,9 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
             training = build("training settings", TrainingSpec,
                              **(training.model_dump() | explicit))
             notes.append("from the flags: " + ", ".join(f"{k}={v}" for k, v in explicit.items()))
-        overrides = {}
-        for flag in CONFIG_FLAGS:
-            if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
-                overrides[FLAG_TO_FIELD.get(flag, flag)] = (
-                    not config[flag] if flag in NEGATED_FLAGS else config[flag])
-        if "recompute_modules" in overrides:
-            overrides["recompute_modules"] = tuple(
-                x.strip() for x in str(overrides["recompute_modules"]).split(",") if x.strip())
+        given = [f for f in CONFIG_FLAGS
+                 if ctx.get_parameter_source(f) is not click.core.ParameterSource.DEFAULT]
+        overrides = knob_values(config, given)
         cfg = run.config if not overrides else build(
             "configuration", ParallelConfig, **(run.config.model_dump() | overrides))
         if overrides:
@@ -839,12 +797,6 @@ def gpus_cmd(as_json: bool) -> None:
     click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
 
 
-BASELINE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
-                 "recompute_layers", "recompute_modules", "sequence_parallel",
-                 "distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8_recipe",
-                 "pipeline_split")
-
-
 def write_trials(result: Any, path: str) -> None:
     """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
     from solver.check import config_json
@@ -877,8 +829,8 @@ def parse_baseline(text: str) -> ParallelConfig:
             values[key] = tuple(m for m in raw.split("+") if m)
         elif raw.lower() in ("true", "false"):
             values[key] = raw.lower() == "true"
-        elif raw.lower() in ("none", "null") and key in ("recompute_layers", "schedule",
-                                                        "fp8_recipe", "pipeline_split", "etp"):
+        elif raw.lower() in ("none", "null") and KNOB[key].default is None \
+                and KNOB[key].kind in (FlagKind.INT, FlagKind.CHOICE):
             values[key] = None
         else:
             values[key] = raw

@@ -35,7 +35,6 @@ import numpy as np
 from agent.baseline import Reference, find_reference, reference_training_matches
 from agent.evaluate import Evaluator, Trial
 from agent.llm import (
-    COMBINATION_AXES,
     MAX_ITEMS,
     LlmBudget,
     LlmReport,
@@ -61,6 +60,7 @@ from oracle.specs import (
     TrainingSpec,
 )
 from oracle.uncertainty import Interval, load_residuals
+from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, RECOMPUTE_FIELDS
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
@@ -316,9 +316,6 @@ def default_baseline(ranked: Ranked) -> ParallelConfig:
                               key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
-RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
-
-
 def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
     """The value of change ``f`` that matters: recomputation as one change, its method and
     depth only under full recomputation and its modules only under selective."""
@@ -340,9 +337,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     that leaves the projection unchanged (e.g. the pipeline split while pp is 1) rides along
     with the next step that moves it; changes that are only legal together end the path as one
     step, at ``target`` itself."""
-    fields: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute",
-                               "dispatcher", "schedule", "fp8_recipe", "distributed_optimizer",
-                               "fsdp", "pipeline_split")
+    fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
         fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
     goal = target.model_dump()

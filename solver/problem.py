@@ -20,12 +20,10 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
+from solver.axes import RECOMPUTE_FIELDS
 from solver.constraints import HardConstraint
 from solver.rules import DEFAULT_MEMORY_MARGIN, RuleContext, hbm_limit_bytes
 from solver.space import SearchSpace, candidate_config
-
-#: The configuration fields a recompute option sets (``RecomputeOption.config_fields``).
-RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
 
 
 @dataclass(frozen=True)

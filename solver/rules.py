@@ -65,6 +65,7 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from solver.axes import AXES
 from solver.defaults import DEFAULT_MEMORY_MARGIN
 
 if TYPE_CHECKING:
@@ -526,10 +527,7 @@ LEGALITY = tuple(r for r in RULES if r not in SEARCH_ONLY)
 #: Search axes (``solver/space.AXES``) each family reads, besides the model, cluster and training
 #: spec. dp and ga are derived from tp, pp, cp (and mbs). ``extra`` reads the axes its
 #: constraints name; ``recompute_dominance`` and ``hbm`` read every axis.
-ALL_AXES: tuple[str, ...] = (
-    "tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule", "fp8_recipe",
-    "dispatcher", "optimizer", "recompute",
-)
+ALL_AXES: tuple[str, ...] = AXES
 FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "world_size": ("tp", "pp", "cp"),
     "tensor_parallel": ("tp",),
