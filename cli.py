@@ -36,12 +36,13 @@ from oracle.specs import (
     validation_message,
 )
 from solver.axes import BASELINE_KEYS, KNOB, KNOBS, FlagKind, Knob
-from solver.defaults import DEFAULT_MEMORY_MARGIN
+from solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
     from oracle.memory import MemoryOverheads
     from oracle.projection import Projection
     from solver.check import CheckOutcome
+    from solver.settings import RunSettings
 
 # Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
 # specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
@@ -217,34 +218,47 @@ class Progress:
 # --------------------------------------------------------------------------- options
 
 
+def apply_options(f: Callable, options: Sequence[Callable]) -> Callable:
+    """``f`` with ``options`` (click decorators) listed in ``--help`` in their order."""
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+#: The training flags every command that builds a ``TrainingSpec`` takes (search, check, plan).
+TRAINING_OPTIONS: tuple[Callable, ...] = (
+    click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
+                 help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
+                      "GB200/GB300 trays]"),
+    click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
+                 help="Sequence length  [default: the model's usual one]"),
+    click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
+                 help="Global batch size in sequences  [default: the model's reference]"),
+    click.option("--precision", type=enum_choice(Precision), default="bf16",
+                 show_default=True, help="Training precision."),
+)
+
+
+def training_options(f: Callable) -> Callable:
+    return apply_options(f, TRAINING_OPTIONS)
+
+
 def cluster_options(f: Callable | None = None, *, required: bool = True) -> Callable:
     """The model/cluster/training flags. ``required=False`` (``check``): --model and --nodes may
     come from imported launch arguments instead."""
     if f is None:
         return lambda g: cluster_options(g, required=required)
-    for opt in reversed(
-        [
-            click.option("--model", "model_name", required=required,
-                         help="Catalog name (see `tune-cp models`), a Hugging Face config.json, "
-                              "or a tune-cp model YAML/JSON file."),
-            click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
-                         help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
-            click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
-                         help="Number of nodes."),
-            click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
-                         help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
-                              "GB200/GB300 trays]"),
-            click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
-                         help="Sequence length  [default: the model's usual one]"),
-            click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
-                         help="Global batch size in sequences  [default: the model's reference]"),
-            click.option("--precision", type=enum_choice(Precision), default="bf16",
-                         show_default=True, help="Training precision."),
-            click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables."),
-        ]
-    ):
-        f = opt(f)
-    return f
+    return apply_options(f, (
+        click.option("--model", "model_name", required=required,
+                     help="Catalog name (see `tune-cp models`), a Hugging Face config.json, "
+                          "or a tune-cp model YAML/JSON file."),
+        click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
+                     help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
+        click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
+                     help="Number of nodes."),
+        *TRAINING_OPTIONS,
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables."),
+    ))
 
 
 def knob_option(k: Knob) -> Callable:
@@ -274,29 +288,46 @@ def config_options(f: Callable) -> Callable:
     return f
 
 
-def calibration_option(f: Callable) -> Callable:
-    return click.option(
-        "--calibration", "calibration", default=None, metavar="FILE.json",
-        help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
-             "oracle/catalog/calibration.json, fitted on published runs]",
-    )(f)
-
-
-def overhead_options(f: Callable) -> Callable:
-    f = click.option(
+#: One flag per field of the run settings (``solver/settings.py::RunSettings``; a test checks
+#: that every field has its flag): search, check and plan take them alike (``settings_options``)
+#: and ``run_settings`` reads them back.
+SETTINGS_FLAGS: dict[str, Callable] = {
+    "constraints": click.option(
+        "--constraint", "constraints", multiple=True, metavar="EXPR",
+        help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable)."),
+    "memory_margin": click.option(
+        "--memory-margin", type=FiniteFloatRange(0.0, MAX_MEMORY_MARGIN),
+        default=DEFAULT_MEMORY_MARGIN, show_default=True,
+        help="Fraction of HBM kept free beyond the modelled terms (0 allowed)."),
+    "overheads": click.option(
         "--overhead", "overheads", multiple=True, metavar="NAME=VALUE",
         help="Override a memory overhead term, e.g. fragmentation=0.1, "
-             "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable).",
-    )(f)
-    f = click.option(
-        "--memory-margin", type=FiniteFloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
-        show_default=True, help="Fraction of HBM kept free beyond the modelled terms (0 allowed).",
-    )(f)
-    f = click.option(
+             "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable)."),
+    "allow_cross_scale_up": click.option(
         "--allow-cross-scale-up", is_flag=True,
-        help="Allow tp/etp larger than the scale-up domain (NVLink/xGMI).",
-    )(f)
-    return f
+        help="Allow tp/etp larger than the scale-up domain (NVLink/xGMI)."),
+    "calibration": click.option(
+        "--calibration", "calibration", default=None, metavar="FILE.json",
+        help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
+             "oracle/catalog/calibration.json, fitted on published runs]"),
+}
+
+
+def settings_options(f: Callable) -> Callable:
+    """The run-settings flags (``SETTINGS_FLAGS``)."""
+    return apply_options(f, tuple(SETTINGS_FLAGS.values()))
+
+
+def run_settings(flags: dict[str, Any]) -> RunSettings:
+    """The run settings from the parsed flags; their parameters are taken out of ``flags``."""
+    from solver.settings import RunSettings
+
+    values = {name: flags.pop(name) for name in SETTINGS_FLAGS}
+    values["overheads"] = parse_overheads(values["overheads"])
+    from solver.constraints import as_constraints
+
+    values["constraints"] = as_constraints(values["constraints"])
+    return build("settings", RunSettings, **values)
 
 
 SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -612,10 +643,7 @@ CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 @main.command("check")
 @cluster_options(required=False)
 @config_options
-@overhead_options
-@calibration_option
-@click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
-              help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
+@settings_options
 @click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
                    "(a torchrun line or a script's argument block) or the path of its launch "
@@ -632,14 +660,14 @@ CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 @click.pass_context
 def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
-              as_json: bool, memory_margin: float, overheads: Sequence[str],
-              allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
-              megatron_args: str | None, env_items: Sequence[str], primus_config: str | None,
-              export_fmt: str | None, **config: Any) -> None:
+              as_json: bool, megatron_args: str | None, env_items: Sequence[str],
+              primus_config: str | None, export_fmt: str | None, **flags: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
+    settings = run_settings(flags)
+    config = flags  # the configuration flags (solver/axes.py::KNOBS)
     run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
     defaults: list[str] = []  # stated like search states its defaults
@@ -683,15 +711,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if overrides:
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
-    outcome = check_configuration(model, cluster, training, cfg,
-                                  overheads=parse_overheads(overheads),
-                                  memory_margin=memory_margin,
-                                  allow_cross_scale_up=allow_cross_scale_up,
-                                  constraints=constraints)
+    outcome = check_configuration(model, cluster, training, cfg, settings=settings)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
-        projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+        projection = project(model, cluster, training, outcome.ctx.cfg,
+                             calib=settings.calibration)
         from oracle.uncertainty import load_residuals
 
         interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
@@ -841,8 +866,6 @@ def parse_baseline(text: str) -> ParallelConfig:
 @cluster_options
 @click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
               help="How many configurations to list.")
-@click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
-              help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable).")
 @click.option("--prefer", "preferences", multiple=True, metavar="COND[:WEIGHT]",
               help="Soft objective: a condition and the share of throughput it is worth "
                    "(default 0.1, at most 0.5), e.g. 'ep*etp<=8:0.2' (repeatable).")
@@ -887,20 +910,17 @@ def parse_baseline(text: str) -> ParallelConfig:
               type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
 @export_option
-@overhead_options
-@calibration_option
+@settings_options
 @click.pass_context
 def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
-               as_json: bool, top_k: int, constraints: Sequence[str], preferences: Sequence[str],
+               as_json: bool, top_k: int, preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
                lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
                lm_budget: float, trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
-               memory_margin: float,
-               overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None, grad_reduce_in_bf16: bool, verify_n: int | None,
-               verify_dir: str) -> None:
+               grad_reduce_in_bf16: bool, verify_n: int | None, verify_dir: str,
+               **flags: Any) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -914,13 +934,11 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
                                           gbs, precision, defaults)
     from agent.llm import LlmBudget, make_lm
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
-    from solver.constraints import as_constraints
 
     # every flag and output path is checked before any work starts (issue 16)
-    hard = as_constraints(constraints)
+    settings = run_settings(flags)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text) if baseline_text else None
-    mem_overheads = parse_overheads(overheads)
     if lm_model:
         provider, _, lm_id = lm_model.partition("/")
         if not provider.strip() or not lm_id.strip():
@@ -932,10 +950,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
     lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
-        top_k=top_k, constraints=hard, preferences=prefs, baseline=baseline,
-        allow_fp8=allow_fp8, overheads=mem_overheads, memory_margin=memory_margin,
-        allow_cross_scale_up=allow_cross_scale_up, calibration=calibration, goal=goal,
-        lm=lm, lm_name=lm_model,
+        settings=settings, top_k=top_k, preferences=prefs, baseline=baseline,
+        allow_fp8=allow_fp8, goal=goal, lm=lm, lm_name=lm_model,
         budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
                          call_timeout_s=lm_timeout),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
@@ -1022,14 +1038,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Catalog name, a Hugging Face config.json, or a tune-cp model file.")
 @click.option("--gpu", "gpu_names", default="mi355x", show_default=True,
               help="One or several GPUs, comma separated (e.g. h100,b200,mi355x).")
-@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
-              help="GPUs per node  [default: each GPU's usual node size]")
-@click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
-              help="Sequence length  [default: the model's usual one]")
-@click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
-              help="Global batch size  [default: the model's reference]")
-@click.option("--precision", type=enum_choice(Precision), default="bf16", show_default=True,
-              help="Training precision (FP8 falls back to BF16 on GPUs without FP8).")
+@training_options
 @click.option("--tokens", type=FiniteFloatRange(1, 1e18), default=None,
               help="Tokens to train, e.g. 15e12: adds time to train, GPU-hours and cost.")
 @click.option("--price-per-gpu-hour", "prices", default=None, metavar="PRICE|GPU=PRICE,...",
@@ -1042,16 +1051,17 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @grad_dtype_option
-@overhead_options
-@calibration_option
+@settings_options
 def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
              gbs: int | None, precision: str, tokens: float | None, prices: str | None,
              max_nodes: int, points: int, plot_path: str | None, as_json: bool,
-             memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
-             calibration: str | None, grad_reduce_in_bf16: bool) -> None:
+             grad_reduce_in_bf16: bool, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
-    configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
+    configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
+    (FP8 falls back to BF16 on GPUs without FP8)."""
     from agent.plan import plan, training_for_precision
+
+    settings = run_settings(flags)
 
     if plot_path is not None:
         check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
@@ -1066,9 +1076,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
-                 prices=price_map, max_nodes=max_nodes, points=points,
-                 overheads=parse_overheads(overheads), memory_margin=memory_margin,
-                 calibration=calibration, progress=bar.bar,
+                 prices=price_map, max_nodes=max_nodes, points=points, settings=settings,
+                 progress=bar.bar,
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
     bar.close()
     if plot_path:
@@ -1114,7 +1123,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
             click.echo(line)
-        note = plan_mfu_note(model, p, precision, calibration)
+        note = plan_mfu_note(model, p, precision, settings.calibration)
         if note:
             click.echo(f"  note: {note}")
     click.echo("")

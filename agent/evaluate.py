@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oracle.memory import MemoryOverheads
 from oracle.projection import Projection, project
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
 from solver.check import CheckOutcome, check_configuration, config_json
-from solver.constraints import HardConstraint
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.settings import RunSettings, SettingsView
 
 
 def config_key(cfg: ParallelConfig) -> tuple:
@@ -55,24 +53,20 @@ class Trial:
 
 
 @dataclass
-class Evaluator:
+class Evaluator(SettingsView):
+    """Judges candidates of one model, cluster and training under the run's ``settings``."""
+
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    constraints: Sequence[HardConstraint] = ()
+    settings: RunSettings = field(default_factory=RunSettings)
     projector: Callable[..., Projection] = project
     trials: list[Trial] = field(default_factory=list)
     _cache: dict[tuple, tuple[CheckOutcome, Projection | None]] = field(default_factory=dict)
 
     def evaluate(self, cfg: ParallelConfig, phase: str, label: str) -> Trial:
-        outcome = check_configuration(
-            self.model, self.cluster, self.training, cfg,
-            overheads=self.overheads, memory_margin=self.memory_margin,
-            allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
-        )
+        outcome = check_configuration(self.model, self.cluster, self.training, cfg,
+                                      settings=self.settings)
         key = config_key(outcome.ctx.cfg)
         if key in self._cache:
             outcome, proj = self._cache[key]

@@ -44,7 +44,6 @@ from agent.llm import (
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
 from oracle.inputs import finite, parse_number
-from oracle.memory import MemoryOverheads
 from oracle.projection import ConfigBatch, score_configs
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
@@ -64,7 +63,8 @@ from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, RECOMPUTE_FIELDS
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES, training_precision
+from solver.rules import RULES, training_precision
+from solver.settings import RunSettings, SettingsView
 from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -110,16 +110,16 @@ class Preference:
 
 
 @dataclass(frozen=True)
-class SearchOptions:
+class SearchOptions(SettingsView):
+    """How a search runs: the run's ``settings`` (overheads, margin, cross-scale-up, hard
+    constraints, calibration; read as ``opts.memory_margin`` etc.) and the search's own
+    options."""
+
+    settings: RunSettings = field(default_factory=RunSettings)
     top_k: int = 10
-    constraints: tuple[HardConstraint, ...] = ()
     preferences: tuple[Preference, ...] = ()
     baseline: ParallelConfig | None = None
     allow_fp8: bool = False
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    calibration: str | None = None
     goal: str = ""
     lm: Any = None  # a DSPy LM, or None to skip the LLM phase
     lm_name: str | None = None
@@ -440,9 +440,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
-    enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
-                              overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up,
+    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
                               families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
@@ -452,9 +450,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration)
     timings["rank_s"] = time.perf_counter() - t1
 
-    ev = Evaluator(model, cluster, training, overheads=opts.overheads,
-                   memory_margin=opts.memory_margin,
-                   allow_cross_scale_up=opts.allow_cross_scale_up, constraints=opts.constraints,
+    ev = Evaluator(model, cluster, training, opts.settings,
                    projector=_projector(opts.calibration))
     # baseline
     ref: Reference | None = None
@@ -710,10 +706,8 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
     families = opts.families
     if pinned_rc:
         families = tuple(f for f in (families or RULES) if f != "recompute_dominance")
-    enum = enumerate_feasible(model, cluster, training, sub,
-                              constraints=tuple(opts.constraints) + tuple(hard),
-                              overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up,
+    narrowed = opts.settings.with_(constraints=tuple(opts.constraints) + tuple(hard))
+    enum = enumerate_feasible(model, cluster, training, sub, settings=narrowed,
                               families=families, count_removed=False)
     configs = [fc.config for fc in enum.configs]
     if not configs:

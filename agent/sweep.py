@@ -50,6 +50,7 @@ from oracle.specs import (
     Precision,
     TrainingSpec,
 )
+from solver.settings import MAX_MEMORY_MARGIN
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -334,8 +335,9 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     margin = data.get("memory_margin")
     if margin is not None:
         margin = _number("memory_margin", margin)
-        if margin > 0.9:
-            raise GridError(f"grid key 'memory_margin': {margin:g} must be at most 0.9")
+        if margin > MAX_MEMORY_MARGIN:
+            raise GridError(f"grid key 'memory_margin': {margin:g} must be at most "
+                            f"{MAX_MEMORY_MARGIN:g}")
     bf16 = data.get("grad_reduce_in_bf16", False)
     if not isinstance(bf16, bool):
         raise GridError(f"grid key 'grad_reduce_in_bf16': {_show(bf16)} must be true or false")
@@ -485,19 +487,19 @@ def _init_worker(share_tables: bool = True) -> None:
 def scenario_inputs(sc: Scenario):
     """The specs and search options of a scenario."""
     from agent.search import Preference, SearchOptions
-    from solver.constraints import as_constraints
-    from solver.rules import DEFAULT_MEMORY_MARGIN
+    from solver.settings import RunSettings
 
     st = sc.settings
     cluster = ClusterSpec(gpu=sc.gpu, num_nodes=sc.nodes, gpus_per_node=sc.gpus_per_node)
     training = TrainingSpec(seq_len=sc.seq_len, global_batch_size=sc.global_batch,
                             precision=sc.precision)
+    given = {"memory_margin": st.memory_margin} if st.memory_margin is not None else {}
+    settings = RunSettings(constraints=st.constraints, overheads=_overheads(st.overheads),
+                           calibration=st.calibration, **given)
     opts = SearchOptions(
-        top_k=1, constraints=as_constraints(st.constraints),
+        settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),
-        overheads=_overheads(st.overheads),
-        memory_margin=DEFAULT_MEMORY_MARGIN if st.memory_margin is None else st.memory_margin,
-        calibration=st.calibration, grad_reduce_in_fp32=not st.grad_reduce_in_bf16)
+        grad_reduce_in_fp32=not st.grad_reduce_in_bf16)
     return cluster, training, opts
 
 

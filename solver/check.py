@@ -3,11 +3,10 @@ is asked) the projection. Library side of ``tune-cp check``; the CLI only render
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.memory import MemoryOverheads, MemoryReport
+from oracle.memory import MemoryReport
 from oracle.specs import (
     ClusterSpec,
     ModelSpec,
@@ -15,15 +14,14 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
-from solver.constraints import HardConstraint, as_constraints
 from solver.rules import (
-    DEFAULT_MEMORY_MARGIN,
     STRUCTURAL,
     RuleContext,
     Violation,
     check,
     hbm_limit_bytes,
 )
+from solver.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -59,25 +57,13 @@ def check_configuration(
     cluster: ClusterSpec,
     training: TrainingSpec,
     cfg: ParallelConfig,
-    *,
-    overheads: MemoryOverheads | None = None,
-    memory_margin: float = DEFAULT_MEMORY_MARGIN,
-    allow_cross_scale_up: bool = False,
-    constraints: Sequence[HardConstraint | str] = (),
+    settings: RunSettings | None = None,
 ) -> CheckOutcome:
-    """Resolve ``cfg``, run every legality family (and ``extra`` with ``constraints``), and
-    compute memory when the layout exists."""
+    """Resolve ``cfg``, run every legality family (and ``extra`` with the settings'
+    constraints), and compute memory when the layout exists."""
     resolved = resolve_config(cfg, model, cluster, training)
-    ctx = RuleContext(
-        model=model,
-        cluster=cluster,
-        training=training,
-        cfg=resolved,
-        overheads=overheads or MemoryOverheads(),
-        memory_margin=memory_margin,
-        allow_cross_scale_up=allow_cross_scale_up,
-        constraints=as_constraints(constraints),
-    )
+    ctx = RuleContext(model=model, cluster=cluster, training=training, cfg=resolved,
+                      settings=settings or RunSettings())
     violations = check(ctx, STRUCTURAL + ("batch",))
     memory = None
     if not violations:

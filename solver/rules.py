@@ -43,11 +43,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from oracle.memory import (
     TERM_GROUPS,
-    MemoryOverheads,
     MemoryReport,
     max_chunk_layers,
     memory_report,
@@ -66,10 +64,8 @@ from oracle.specs import (
     TrainingSpec,
 )
 from solver.axes import AXES
-from solver.defaults import DEFAULT_MEMORY_MARGIN
-
-if TYPE_CHECKING:
-    from solver.constraints import HardConstraint
+from solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
+from solver.settings import RunSettings, SettingsView
 
 PPM = 1_000_000
 
@@ -84,18 +80,16 @@ class Violation:
 
 
 @dataclass(frozen=True)
-class RuleContext:
-    """Everything a rule may look at. ``cfg`` must be resolved (``resolve_config``)."""
+class RuleContext(SettingsView):
+    """Everything a rule may look at. ``cfg`` must be resolved (``resolve_config``); the run's
+    settings (overheads, margin, cross-scale-up, the ``extra`` family's constraints) are
+    ``settings`` (read as ``ctx.memory_margin`` etc.)."""
 
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
     cfg: ParallelConfig
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    #: extra hard constraints (family ``extra``)
-    constraints: tuple[HardConstraint, ...] = ()
+    settings: RunSettings = field(default_factory=RunSettings)
     #: the K values a search tries for full block recompute (family ``recompute_dominance``);
     #: empty: the family does not apply (``tune-cp check``)
     full_recompute_layers: tuple[int, ...] = ()

@@ -61,3 +61,43 @@ def test_every_knob_has_its_flag_on_check() -> None:
     out = CliRunner().invoke(cli.main, ["check", "--help"], terminal_width=200).output
     for k in KNOBS:
         assert f"--{k.flag}" in out, k.flag
+
+
+def test_every_setting_has_one_flag_shared_by_search_check_and_plan() -> None:
+    from solver.settings import RunSettings
+
+    assert set(cli.SETTINGS_FLAGS) == set(RunSettings.model_fields)
+    helps = {}
+    for command in ("search", "check", "plan"):
+        params = {p.name: p for p in cli.main.commands[command].params}
+        for name in RunSettings.model_fields:
+            p = params[name]
+            helps.setdefault(name, (p.opts, p.help))
+            assert (p.opts, p.help) == helps[name], (command, name)
+        for k in KNOBS:  # check takes every knob; search and plan the fixed gradient dtype
+            if command == "check" or k.field == "grad_reduce_in_fp32":
+                assert params[k.param].help == k.help
+
+
+def test_run_settings_from_text_constraints_and_margin_bounds() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from solver.settings import RunSettings
+
+    s = RunSettings(constraints=["ep * etp <= 8", "cp == 1"])
+    assert [c.expr for c in s.constraints] == ["ep * etp <= 8", "cp == 1"]
+    assert s.with_(memory_margin=0.0).memory_margin == 0.0
+    assert s.with_(memory_margin=0.0).constraints == s.constraints
+    with pytest.raises(ValidationError):
+        RunSettings(memory_margin=0.95)
+
+
+def test_plan_takes_the_constraints_search_takes(run_cli) -> None:
+    """plan now runs with the same settings as search: a --constraint narrows its rows."""
+    import json
+
+    code, out, _ = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes", "2",
+                           "--points", "1", "--constraint", "tp == 4", "--json")
+    assert code == 0
+    assert [q["config"]["tp"] for p in json.loads(out)["gpus"] for q in p["points"]] == [4]

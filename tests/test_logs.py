@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from agent.search import GROUP_TOLERANCE, SearchOptions, search
-from oracle.catalog import load_gpu, load_model
 from formats.logs import read_log
+from oracle.catalog import load_gpu, load_model
 from oracle.projection import RunTraits, project
 from oracle.refit import read_log_runs
 from oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config

@@ -14,6 +14,7 @@ from agent.report import search_json
 from agent.search import Preference, SearchOptions, search
 from solver.check import check_configuration
 from solver.constraints import as_constraints
+from solver.settings import RunSettings
 from tests.conftest import setting
 from tests.test_llm_phase import SlowLM
 
@@ -99,7 +100,8 @@ def _same(row, cfg):
 def test_constraint_contradicting_the_best_changes_the_answer(llama_result):
     best_tp = llama_result.best.config.tp
     other = 1 if best_tp != 1 else 2
-    r = search(*setting(*LLAMA), SearchOptions(constraints=as_constraints([f"tp == {other}"])))
+    r = search(*setting(*LLAMA), SearchOptions(
+        settings=RunSettings(constraints=as_constraints([f"tp == {other}"]))))
     assert r.best.config.tp == other
     assert all(c.tp == other for c in r.ranked.configs)
     assert r.best.throughput <= llama_result.best.throughput

@@ -27,6 +27,7 @@ from solver.feasible import enumerate_problem
 from solver.problem import Problem
 from solver.reference import reference_enumerate
 from solver.rules import RULES
+from solver.settings import RunSettings
 from solver.space import EtpPolicy, OptimizerChoice, default_space
 
 TINY_GPT = ModelSpec(
@@ -53,7 +54,7 @@ def problem(model: str | ModelSpec, gpu: str, nodes: int, seq: int, gbs: int, *,
     if domains:
         sp = sp.with_domains(**domains)
     return Problem(model=m, cluster=cl, training=tr, space=sp,
-                   constraints=as_constraints(constraints))
+                   settings=RunSettings(constraints=as_constraints(constraints)))
 
 
 CASES = {
