@@ -666,6 +666,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
+    from oracle.specs import training_as_run
+
     settings = run_settings(flags)
     config = flags  # the configuration flags (solver/axes.py::KNOBS)
     run = import_run(megatron_args, primus_config, model_name, env_items)
@@ -711,6 +713,11 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if overrides:
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
+    as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8
+    if as_run is not training:
+        defaults.append(f"--precision fp8 (the FP8 recipe {cfg.fp8_recipe and cfg.fp8_recipe.value} "
+                        f"trains in FP8)")
+        training = as_run
     outcome = check_configuration(model, cluster, training, cfg, settings=settings)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)

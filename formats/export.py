@@ -49,6 +49,7 @@ from oracle.specs import (
     RouterScore,
     Schedule,
     TrainingSpec,
+    compute_precision,
     resolve_config,
 )
 
@@ -108,8 +109,9 @@ def _refuse_zero_bubble(c: ParallelConfig, framework: str) -> None:
 def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: ParallelConfig,
             prefix: str = "# ") -> list[str]:
     recompute = c.recompute.value
-    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else (
-        "fp4 nvfp4" if training.precision is Precision.FP4 else "bf16")
+    precision = {Precision.FP8: f"fp8 {c.fp8_recipe and c.fp8_recipe.value}",
+                 Precision.FP4: f"fp4 {FP4_RECIPE}",
+                 Precision.BF16: "bf16"}[compute_precision(training, c)]
     sharding = ("fsdp" if c.fsdp else "distributed optimizer" if c.distributed_optimizer
                 else "replicated optimizer")
     if not c.grad_reduce_in_fp32:
@@ -188,7 +190,7 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
         out.append(("grad_reduce_in_bf16", True))
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
-    elif training.precision is Precision.FP4:
+    elif compute_precision(training, c) is Precision.FP4:
         out += [("fp4", FP4_FORMAT), ("fp4_recipe", FP4_RECIPE)]
     if not training.flash_attention:
         out.append(("attention_backend", UNFUSED_BACKEND))
@@ -421,7 +423,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
         out.append(("fp8", None))
-    if training.precision is Precision.FP4:  # trainer_base.yaml: fp4: null
+    if compute_precision(training, c) is Precision.FP4:  # trainer_base.yaml: fp4: null
         out.append(("fp4", FP4_FORMAT))
     out.append(("patch_zero_bubble", zero_bubble))
     if zero_bubble:
@@ -556,7 +558,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out += [("model.moe_token_dispatcher_type", json.dumps(c.dispatcher.value)),
                 ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
                 ("model.moe_grouped_gemm", "True")]
-    fp4 = training.precision is Precision.FP4 and c.fp8_recipe is None
+    fp4 = compute_precision(training, c) is Precision.FP4
     # Megatron-Bridge training/mixed_precision.py: bf16_with_nvfp4_mixed (NVFP4BlockScaling)
     out.append(("mixed_precision", "bf16_with_nvfp4_mixed()" if fp4 else "bf16_mixed()"))
     if not c.grad_reduce_in_fp32:

@@ -12,6 +12,7 @@ from oracle.specs import (
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
+    compute_precision,
     resolve_config,
 )
 from solver.rules import (
@@ -97,8 +98,7 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
         "dispatcher": cfg.dispatcher.value,
         "schedule": cfg.schedule_.value,
-        # one source of truth: the training precision (an FP8 recipe means fp8)
-        "precision": "fp8" if cfg.fp8_recipe is not None else training.precision.value,
+        "precision": compute_precision(training, cfg).value,
         "fp8_recipe": cfg.fp8_recipe.value if cfg.fp8_recipe is not None else None,
         "pipeline_split": cfg.pipeline_split.value if cfg.pipeline_split else None,
     }

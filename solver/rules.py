@@ -391,6 +391,10 @@ def precision(ctx: RuleContext) -> list[Violation]:
     out = training_precision(ctx.cluster, ctx.training)
     if c.fp8_recipe is None:
         return out
+    if ctx.training.precision is Precision.FP4:
+        out.append(Violation("precision", f"the fp8 recipe {c.fp8_recipe.value} with precision "
+                             f"fp4: a configuration computes in one precision; drop the FP8 "
+                             f"recipe or use precision fp8"))
     if gpu.peak_fp8_flops is None:
         out.append(Violation("precision", f"FP8 needs FP8 tensor cores; {gpu.name} has none: "
                              f"use precision bf16"))

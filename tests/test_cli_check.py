@@ -198,3 +198,23 @@ def test_grad_reduce_in_bf16_flag(run_cli, run_json):
     for command in ("check", "search", "plan"):
         _, text, _ = run_cli(command, "--help")
         assert "--grad-reduce-in-bf16" in text and "grad_reduce_in_fp32" in text, command
+
+
+def test_an_fp8_recipe_is_one_precision_everywhere(run_cli, run_json):
+    """Issue 10: precision has one source (oracle.specs.compute_precision). A bf16 run given an
+    FP8 recipe trains in FP8: the header, --json's training and configuration and the export say
+    fp8; an FP8 recipe under fp4 is a [precision] violation (exit 1), not a silent mix."""
+    args = ("check", "--model", "llama3-8b", "--gpu", "b200", "--nodes", "1", "--tp", "2",
+            "--fp8-recipe", "blockwise")
+    code, data = run_json(*args)
+    assert code == 0
+    assert data["training"]["precision"] == data["config"]["precision"] == "fp8"
+    assert data["config"]["fp8_recipe"] == "blockwise"
+    code, out, err = run_cli(*args, "--export", "megatron")
+    assert code == 0 and "seq 8192, gbs 128, fp8\n" in err
+    assert out.splitlines()[0].endswith("gbs 128, fp8 blockwise")
+    assert "--fp8-recipe blockwise \\" in out.splitlines() and "--fp4-format" not in out
+    code, out, _ = run_cli("check", "--model", "llama3-8b", "--gpu", "b200", "--nodes", "1",
+                           "--tp", "2", "--precision", "fp4", "--fp8-recipe", "tensorwise")
+    assert code == 1
+    assert "[precision] the fp8 recipe tensorwise with precision fp4" in out
