@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from pydantic import ValidationError
 
+from agent.serialize import check_json, cluster_json, model_json, plan_json, strict_json
 from oracle import params as P
 from oracle.inputs import check_output_path, one_line
 from oracle.specs import (
@@ -138,18 +139,6 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         return factory(**kwargs)
     except ValidationError as e:
         fail(f"invalid {kind}: {validation_message(e)}")
-
-
-def strict_json(data: Any) -> Any:
-    """``data`` with every non-finite float (NaN, infinities) replaced by ``null``, so that
-    ``--json`` output is always strict JSON (RFC 8259 has no NaN/Infinity)."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: strict_json(v) for k, v in data.items()}
-    if isinstance(data, list | tuple):
-        return [strict_json(v) for v in data]
-    return data
 
 
 def emit_json(data: Any) -> None:
@@ -737,7 +726,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
                    "training": training.model_dump(mode="json"), "defaults": defaults,
-                   **outcome.to_json(),
+                   **check_json(outcome),
                    "projection": projection.model_dump() if projection else None,
                    "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
@@ -782,16 +771,6 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
 
 
-def model_json(m: ModelSpec) -> dict[str, Any]:
-    return {"name": m.name, "total_params": P.total_params(m),
-            "active_params": P.active_params(m), **m.model_dump(mode="json", exclude={"name"})}
-
-
-def cluster_json(c: ClusterSpec) -> dict[str, Any]:
-    return {"gpu": c.gpu.name, "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
-            "world_size": c.world_size, "hbm_bytes": c.gpu.hbm_bytes}
-
-
 @main.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def models_cmd(as_json: bool) -> None:
@@ -831,19 +810,11 @@ def gpus_cmd(as_json: bool) -> None:
 
 def write_trials(result: Any, path: str) -> None:
     """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
-    from solver.check import config_json
+    from agent.serialize import ranking_lines, trial_line
 
-    ranked, training = result.ranked, result.training
     with open(path, "w") as fh:
-        for t in result.trials:
-            fh.write(json.dumps(strict_json(t.to_json()), allow_nan=False) + "\n")
-        for rank, i in enumerate(ranked.order.tolist(), start=1):
-            row = {"phase": "exhaustive ranking", "label": f"rank {rank}",
-                   "config": config_json(ranked.configs[i], training), "legal": True,
-                   "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
-                   "tokens_per_s_per_gpu": float(ranked.tokens[i]),
-                   "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
-            fh.write(json.dumps(strict_json(row), allow_nan=False) + "\n")
+        for line in [*map(trial_line, result.trials), *ranking_lines(result)]:
+            fh.write(json.dumps(strict_json(line), allow_nan=False) + "\n")
 
 
 def parse_baseline(text: str) -> ParallelConfig:
@@ -977,7 +948,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     result.defaults[:0] = defaults
     if trials_out:
         write_trials(result, trials_out)
-    from agent.report import render_search, search_json
+    from agent.report import render_search
+    from agent.serialize import search_json
 
     if pareto_path:
         from agent.plots import pareto_plot
@@ -1094,7 +1066,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if as_json:
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
-                   "tokens": tokens, "gpus": [p.to_json() for p in plans], "plot": plot_path})
+                   "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from oracle.projection import Projection, project
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
-from solver.check import CheckOutcome, check_configuration, config_json
+from solver.check import CheckOutcome, check_configuration
 from solver.settings import RunSettings, SettingsView
 
 
@@ -39,17 +38,6 @@ class Trial:
     def throughput(self) -> float:
         """Projected tokens/s/GPU, 0 for an illegal candidate."""
         return self.projection.tokens_per_s_per_gpu if self.legal and self.projection else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "label": self.label,
-            "config": config_json(self.config, self.outcome.ctx.training),
-            "legal": self.legal,
-            "violations": [{"rule": v.rule, "message": v.message} for v in self.outcome.violations],
-            "peak_bytes": self.outcome.memory.peak_bytes if self.outcome.memory else None,
-            "tokens_per_s_per_gpu": self.throughput if self.legal else None,
-        }
 
 
 @dataclass

@@ -97,10 +97,6 @@ class LlmRound:
     results: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"round": self.index, "hints": self.hints, "accepted": self.accepted,
-                "rejected": self.rejected, "results": self.results, "error": self.error}
-
 
 @dataclass
 class LlmReport:
@@ -110,11 +106,6 @@ class LlmReport:
     calls: int = 0
     rounds: list[LlmRound] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "reason": self.reason, "model": self.model,
-                "calls": self.calls, "rounds": [r.to_json() for r in self.rounds],
-                "warnings": self.warnings}
 
 
 def api_key_from_env() -> str | None:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.serialize import config_json
 from oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
-from solver.check import config_json
 from solver.feasible import enumerate_feasible
 from solver.settings import RunSettings
 from solver.space import default_space
@@ -41,9 +41,6 @@ class PlanPoint:
     #: the 80 % interval of tokens_per_s_per_gpu (oracle.uncertainty), as in search --json
     interval: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass
 class GpuPlan:
@@ -53,11 +50,6 @@ class GpuPlan:
     points: list[PlanPoint] = field(default_factory=list)
     price_per_gpu_hour: float | None = None
     note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "min_nodes": self.min_nodes,
-                "price_per_gpu_hour": self.price_per_gpu_hour, "note": self.note,
-                "points": [p.to_json() for p in self.points]}
 
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,

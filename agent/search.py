@@ -192,12 +192,13 @@ class SearchResult:
     attribution: list[Step]
     llm: LlmReport
     preference_costs: list[dict[str, Any]]
-    defaults: list[str]
     trials: list[Trial]
     timings: dict[str, float]
     groups: list[Group] = field(default_factory=list)  # the top distinct configurations
     answer_index: int | None = None  # index into ranked.configs of the rule's answer
     rule: str = ""
+    #: the defaults the caller took, stated in the report (the CLI's flags)
+    defaults: list[str] = field(default_factory=list)
     near_tie_band: float = 0.0
     interval: Interval | None = None  # of the best
 
@@ -433,7 +434,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     when nothing is legal."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    defaults: list[str] = []
     refused = training_precision(cluster, training)
     if refused:  # no layout can fix it: say so before enumerating
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
@@ -528,7 +528,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         model=model, cluster=cluster, training=training, options=opts, enumeration=enum,
         ranked=ranked, baseline=base, baseline_source=source, seed=seed, best=best,
         best_phase=best_phase, exhaustive_best=exhaustive, regret=regret,
-        attribution=attribution, llm=llm, preference_costs=costs, defaults=defaults,
+        attribution=attribution, llm=llm, preference_costs=costs,
         trials=ev.trials, timings=timings, groups=groups, answer_index=top, rule=ANSWER_RULE,
         near_tie_band=band, interval=interval,
     )

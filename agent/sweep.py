@@ -111,12 +111,6 @@ class Settings:
     overheads: tuple[tuple[str, float], ...] = ()
     calibration: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"constraints": list(self.constraints), "preferences": list(self.preferences),
-                "memory_margin": self.memory_margin,
-                "grad_reduce_in_bf16": self.grad_reduce_in_bf16,
-                "overheads": dict(self.overheads), "calibration": self.calibration}
-
 
 @dataclass(frozen=True)
 class Scenario:
@@ -370,11 +364,13 @@ def _overheads(items: Iterable[tuple[str, Any]]):
 
 
 def _with_digest(sc: Scenario) -> Scenario:
+    from agent.serialize import sweep_settings_json
+
     blob = json.dumps({
         "model": sc.model.model_dump(mode="json"), "gpu": sc.gpu.model_dump(mode="json"),
         "gpus_per_node": sc.gpus_per_node, "nodes": sc.nodes, "seq_len": sc.seq_len,
         "global_batch": sc.global_batch, "precision": sc.precision.value, "tokens": sc.tokens,
-        "price": sc.price_per_gpu_hour, "settings": sc.settings.to_json(),
+        "price": sc.price_per_gpu_hour, "settings": sweep_settings_json(sc.settings),
     }, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return Scenario(**{**sc.__dict__, "digest": digest})
@@ -568,7 +564,7 @@ def interval_of(result: Any) -> tuple[float | None, float | None]:
 
 def result_columns(r: Any, sc: Scenario) -> dict[str, Any]:
     """The row fields of a search result (``r``: :class:`agent.search.SearchResult`)."""
-    from solver.check import config_json
+    from agent.serialize import config_json
 
     best = r.best
     cfg = config_json(best.config, r.training)

@@ -4,7 +4,6 @@ is asked) the projection. Library side of ``tune-cp check``; the CLI only render
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from oracle.memory import MemoryReport
 from oracle.specs import (
@@ -12,7 +11,6 @@ from oracle.specs import (
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
-    compute_precision,
     resolve_config,
 )
 from solver.rules import (
@@ -44,14 +42,6 @@ class CheckOutcome:
         """The ``batch`` identity failing means the configuration does not exist: an input error."""
         return next((v for v in self.violations if v.rule == "batch"), None)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "legal": self.legal,
-            "violations": [{"rule": v.rule, "message": v.message} for v in self.violations],
-            "config": config_json(self.ctx.cfg, self.ctx.training),
-            "memory": memory_json(self.memory, self.limit_bytes, self.ctx.memory_margin),
-        }
-
 
 def check_configuration(
     model: ModelSpec,
@@ -72,58 +62,3 @@ def check_configuration(
         violations = violations + check(ctx, ("hbm",))
     violations = violations + check(ctx, ("extra",))
     return CheckOutcome(ctx, tuple(violations), memory)
-
-
-def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
-    """The configuration keys shared by ``check --json`` and the search's ``best``."""
-    return {
-        "tp": cfg.tp,
-        "pp": cfg.pp,
-        "vpp": cfg.vpp,
-        "cp": cfg.cp,
-        "ep": cfg.ep,
-        "etp": cfg.etp_,
-        "dp": cfg.dp,
-        "mbs": cfg.mbs,
-        "ga": cfg.ga,
-        "gbs": training.global_batch_size,
-        "seq_len": training.seq_len,
-        "recompute": cfg.recompute.value,
-        "recompute_method": cfg.recompute_method.value if cfg.recompute == "full" else None,
-        "recompute_layers": cfg.recompute_layers,
-        "recompute_modules": list(cfg.recompute_modules) if cfg.recompute == "selective" else [],
-        "sequence_parallel": cfg.sp,
-        "distributed_optimizer": cfg.distributed_optimizer,
-        "fsdp": cfg.fsdp,
-        "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
-        "dispatcher": cfg.dispatcher.value,
-        "schedule": cfg.schedule_.value,
-        "precision": compute_precision(training, cfg).value,
-        "fp8_recipe": cfg.fp8_recipe.value if cfg.fp8_recipe is not None else None,
-        "pipeline_split": cfg.pipeline_split.value if cfg.pipeline_split else None,
-    }
-
-
-def memory_json(report: MemoryReport | None, limit: int, margin: float) -> dict[str, Any] | None:
-    if report is None:
-        return None
-    return {
-        "stages": [
-            {
-                "stage": s.stage,
-                "decoder_layers": s.decoder_layers,
-                "terms": dict(s.terms),
-                "total_bytes": s.total_bytes,
-            }
-            for s in report.stages
-        ],
-        "peak_stage": report.peak_stage,
-        "peak_bytes": report.peak_bytes,
-        "hbm_bytes": report.hbm_bytes,
-        "memory_margin": margin,
-        "limit_bytes": limit,
-        "headroom_bytes": limit - report.peak_bytes,
-        "fits": report.peak_bytes <= limit,
-        "dominant_term": report.dominant_term,
-        "dominant_group": report.dominant_group,
-    }

@@ -10,8 +10,8 @@ import pytest
 from dspy.utils import DummyLM
 
 from agent.llm import LlmBudget
-from agent.report import search_json
 from agent.search import Preference, SearchOptions, search
+from agent.serialize import search_json
 from solver.check import check_configuration
 from solver.constraints import as_constraints
 from solver.settings import RunSettings
