@@ -207,9 +207,24 @@ class SearchResult:
 
     @property
     def speedup(self) -> float | None:
-        if self.baseline is None or not self.baseline.legal or not self.baseline.throughput:
+        if self.baseline is None or not self.baseline.legal:
             return None
-        return self.best.throughput / self.baseline.throughput
+        return speedup(self.best.throughput, self.baseline.throughput)
+
+
+def speedup(best_tokens: float, baseline_tokens: float) -> float | None:
+    """The answer's projected tokens/s/GPU over the baseline's (None without a baseline
+    throughput)."""
+    return best_tokens / baseline_tokens if baseline_tokens > 0 else None
+
+
+def regret(agent_lower: float, exhaustive_lower: float) -> float | None:
+    """How far the agent phases' best falls short of the exhaustive answer, both by the lower
+    bound of their interval: 1 - agent / exhaustive, 0 when the agent does as well or better
+    (None when the exhaustive answer has no positive lower bound)."""
+    if exhaustive_lower <= 0:
+        return None
+    return max(0.0, 1.0 - agent_lower / exhaustive_lower)
 
 
 def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
@@ -513,9 +528,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         candidates, key=lambda pt: (lower(pt[1]) * (1 + ANSWER_TIE)
                                     if pt[0] == "exhaustive" else lower(pt[1])))
     agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=lower)
-    regret = None
-    if lower(exhaustive) > 0:
-        regret = max(0.0, 1.0 - lower(agent_best) / lower(exhaustive))
+    shortfall = regret(lower(agent_best), lower(exhaustive))
     attribution = attribute(ev, base, best.config, "attribution") if base.legal else []
     if base.legal and best_phase == "seed":
         attribution = list(seed.steps)
@@ -527,7 +540,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return SearchResult(
         model=model, cluster=cluster, training=training, options=opts, enumeration=enum,
         ranked=ranked, baseline=base, baseline_source=source, seed=seed, best=best,
-        best_phase=best_phase, exhaustive_best=exhaustive, regret=regret,
+        best_phase=best_phase, exhaustive_best=exhaustive, regret=shortfall,
         attribution=attribution, llm=llm, preference_costs=costs,
         trials=ev.trials, timings=timings, groups=groups, answer_index=top, rule=ANSWER_RULE,
         near_tie_band=band, interval=interval,
