@@ -314,18 +314,17 @@ def _settings(data: Mapping[str, Any]) -> Settings:
                 raise GridError(f"grid key {key!r}: {_show(s)} must be an expression string")
         return tuple(items)
 
-    constraints = strings("constraints")
-    for c in constraints:
-        try:
-            HardConstraint.of(c)
-        except ConfigError as e:
-            raise GridError(f"grid key 'constraints': {c!r}: {e}") from None
-    preferences = strings("preferences")
-    for c in preferences:
-        try:
-            Preference.parse(c)
-        except ConfigError as e:
-            raise GridError(f"grid key 'preferences': {c!r}: {e}") from None
+    def parsed(key: str, parse: Callable[[str], Any]) -> tuple[str, ...]:
+        items = strings(key)
+        for c in items:
+            try:
+                parse(c)
+            except ConfigError as e:
+                raise GridError(f"grid key {key!r}: {c!r}: {e}") from None
+        return items
+
+    constraints = parsed("constraints", HardConstraint.of)
+    preferences = parsed("preferences", Preference.parse)
     margin = data.get("memory_margin")
     if margin is not None:
         margin = _number("memory_margin", margin)

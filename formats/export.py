@@ -145,6 +145,21 @@ def _batch_args(model: ModelSpec, training: TrainingSpec,
     ]
 
 
+def _dispatcher_and_dtype_args(model: ModelSpec, c: ParallelConfig) -> list[tuple[str, Any]]:
+    """The MoE dispatcher (DeepEP behind ``flex``), grouped GEMMs, bf16 and the gradient dtype:
+    the same (dest, value) pairs for Megatron-LM and Primus."""
+    out: list[tuple[str, Any]] = []
+    if model.is_moe:
+        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
+        if c.dispatcher is Dispatcher.FLEX:
+            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
+        out.append(("moe_grouped_gemm", True))
+    out.append(("bf16", True))
+    if not c.grad_reduce_in_fp32:
+        out.append(("grad_reduce_in_bf16", True))
+    return out
+
+
 def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
@@ -180,14 +195,8 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
     out.append(("overlap_grad_reduce", True))
     if c.fsdp or c.distributed_optimizer:  # --overlap-param-gather needs one of them
         out.append(("overlap_param_gather", True))
-    if model.is_moe:
-        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
-        if c.dispatcher is Dispatcher.FLEX:
-            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
-        out.append(("moe_grouped_gemm", True))
-    out.append(("bf16", True))
-    if not c.grad_reduce_in_fp32:  # Megatron-LM keeps fp32 gradients under --bf16 otherwise
-        out.append(("grad_reduce_in_bf16", True))
+    # Megatron-LM keeps fp32 gradients under --bf16 unless --grad-reduce-in-bf16
+    out += _dispatcher_and_dtype_args(model, c)
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     elif compute_precision(training, c) is Precision.FP4:
@@ -411,14 +420,8 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     overlap = not zero_bubble
     out += [("overlap_grad_reduce", overlap),
             ("overlap_param_gather", overlap and (c.distributed_optimizer or c.fsdp))]
-    if model.is_moe:
-        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
-        if c.dispatcher is Dispatcher.FLEX:
-            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
-        out.append(("moe_grouped_gemm", True))
-    out.append(("bf16", True))
-    if not c.grad_reduce_in_fp32:  # Primus default (trainer_base.yaml): false, fp32 gradients
-        out.append(("grad_reduce_in_bf16", True))
+    # Primus default (trainer_base.yaml) grad_reduce_in_bf16: false, fp32 gradients
+    out += _dispatcher_and_dtype_args(model, c)
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
