@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from formats.keys import Fp8Format, megatron_flag
+from formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
 from formats.model import LLAMA3_ORIGINAL_POSITIONS
 from oracle.memory import pipeline_chunks
 from oracle.specs import (
@@ -138,7 +138,7 @@ def _batch_args(model: ModelSpec, training: TrainingSpec,
     """Batch and sequence arguments, spelled alike by Megatron-LM and Primus; the position
     table is at least the sequence length."""
     return [
-        ("micro_batch_size", c.mbs),
+        (KNOB_DEST["mbs"], c.mbs),
         ("global_batch_size", training.global_batch_size),
         ("seq_length", training.seq_len),
         ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
@@ -163,20 +163,17 @@ def _dispatcher_and_dtype_args(model: ModelSpec, c: ParallelConfig) -> list[tupl
 def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
-    out: list[tuple[str, Any]] = [
-        ("tensor_model_parallel_size", c.tp),
-        ("pipeline_model_parallel_size", c.pp),
-    ]
+    out: list[tuple[str, Any]] = [(KNOB_DEST["tp"], c.tp), (KNOB_DEST["pp"], c.pp)]
     if c.vpp > 1:
-        out.append(("num_virtual_stages_per_pipeline_rank", c.vpp))
+        out.append((KNOB_DEST["vpp"], c.vpp))
     if c.pipeline_split is PipelineSplit.EMBEDDING_LOSS:
         out += [("account_for_embedding_in_pipeline_split", True),
                 ("account_for_loss_in_pipeline_split", True)]
-    out.append(("context_parallel_size", c.cp))
+    out.append((KNOB_DEST["cp"], c.cp))
     if model.is_moe or c.ep > 1:
-        out.append(("expert_model_parallel_size", c.ep))
+        out.append((KNOB_DEST["ep"], c.ep))
     if model.is_moe:
-        out.append(("expert_tensor_parallel_size", c.etp_))
+        out.append((KNOB_DEST["etp"], c.etp_))
     if c.sp:
         out.append(("sequence_parallel", True))
     out += _batch_args(model, training, c)
@@ -390,12 +387,12 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     use_distributed_optimizer, the recompute keys, fp8)."""
     zero_bubble = c.schedule_ is Schedule.ZERO_BUBBLE
     out: list[tuple[str, Any]] = [
-        ("tensor_model_parallel_size", c.tp),
-        ("pipeline_model_parallel_size", c.pp),
-        ("num_virtual_stages_per_pipeline_rank", c.vpp if c.vpp > 1 else None),
-        ("context_parallel_size", c.cp),
-        ("expert_model_parallel_size", c.ep),
-        ("expert_tensor_parallel_size", c.etp_ if model.is_moe else None),
+        (KNOB_DEST["tp"], c.tp),
+        (KNOB_DEST["pp"], c.pp),
+        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 else None),
+        (KNOB_DEST["cp"], c.cp),
+        (KNOB_DEST["ep"], c.ep),
+        (KNOB_DEST["etp"], c.etp_ if model.is_moe else None),
         ("sequence_parallel", c.sp),
         ("account_for_embedding_in_pipeline_split",
          c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
@@ -513,28 +510,27 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     """(field path, Python expression) pairs on a Megatron-Bridge ``ConfigContainer``."""
     emb_loss = c.pipeline_split is PipelineSplit.EMBEDDING_LOSS
     out: list[tuple[str, str]] = [
-        ("model.tensor_model_parallel_size", repr(c.tp)),
-        ("model.pipeline_model_parallel_size", repr(c.pp)),
+        (KNOB_BRIDGE["tp"], repr(c.tp)),
+        (KNOB_BRIDGE["pp"], repr(c.pp)),
     ]
     if c.pp > 1:  # the recipes set it whenever pp > 1
         out.append(("model.pipeline_dtype", "torch.bfloat16"))
     out += [
-        ("model.virtual_pipeline_model_parallel_size", repr(c.vpp if c.vpp > 1 else None)),
+        (KNOB_BRIDGE["vpp"], repr(c.vpp if c.vpp > 1 else None)),
         ("model.pipeline_model_parallel_layout", "None"),
         ("model.num_layers_in_first_pipeline_stage", "None"),
         ("model.num_layers_in_last_pipeline_stage", "None"),
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
         ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
-        ("model.context_parallel_size", repr(c.cp)),
+        (KNOB_BRIDGE["cp"], repr(c.cp)),
     ]
     if model.is_moe:
-        out += [("model.expert_model_parallel_size", repr(c.ep)),
-                ("model.expert_tensor_parallel_size", repr(c.etp_))]
+        out += [(KNOB_BRIDGE["ep"], repr(c.ep)), (KNOB_BRIDGE["etp"], repr(c.etp_))]
     out += [
         ("model.sequence_parallel", repr(c.sp)),
         ("model.seq_length", repr(training.seq_len)),
         ("dataset.seq_length", repr(training.seq_len)),
-        ("train.micro_batch_size", repr(c.mbs)),
+        (KNOB_BRIDGE["mbs"], repr(c.mbs)),
         ("train.global_batch_size", repr(training.global_batch_size)),
     ]
     if c.recompute is Recompute.FULL:

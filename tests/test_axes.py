@@ -101,3 +101,13 @@ def test_plan_takes_the_constraints_search_takes(run_cli) -> None:
                            "--points", "1", "--constraint", "tp == 4", "--json")
     assert code == 0
     assert [q["config"]["tp"] for p in json.loads(out)["gpus"] for q in p["points"]] == [4]
+
+
+def test_bridge_model_spellings_are_provider_fields() -> None:
+    """Every registry knob spelled on Megatron-Bridge's model provider (``model.X``) names a
+    field of GPTModelProvider / TransformerConfig (formats/data/bridge_model_fields.json)."""
+    from formats.export import bridge_model_fields
+
+    fields = bridge_model_fields()
+    paths = [k.bridge for k in KNOBS if k.bridge and k.bridge.startswith("model.")]
+    assert paths and all(p.removeprefix("model.") in fields for p in paths), paths
