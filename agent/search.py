@@ -44,7 +44,7 @@ from agent.llm import (
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
 from oracle.inputs import finite, parse_number
-from oracle.projection import ConfigBatch, score_configs
+from oracle.projection import score_configs
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
@@ -59,6 +59,7 @@ from oracle.specs import (
     TrainingSpec,
 )
 from oracle.uncertainty import Interval, load_residuals
+from oracle.work import ConfigBatch
 from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, RECOMPUTE_FIELDS
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible

@@ -179,7 +179,7 @@ def llm_json(r: LlmReport) -> dict[str, Any]:
 
 
 def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
-    from oracle.projection import BREAKDOWN
+    from oracle.timing import BREAKDOWN
 
     return [k for k in BREAKDOWN if k in scores]
 
