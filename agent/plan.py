@@ -65,7 +65,8 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
                overheads: MemoryOverheads, margin: float, calibration: str | None,
                grad_reduce_in_fp32: bool = True) -> PlanPoint:
-    from oracle.projection import ConfigBatch, score_configs
+    from oracle.projection import score_configs
+    from oracle.work import ConfigBatch
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32)

@@ -55,7 +55,7 @@ def group_row(r: SearchResult, g: Any) -> dict[str, Any]:
 
 
 def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
-    from oracle.projection import BREAKDOWN
+    from oracle.timing import BREAKDOWN
 
     return [k for k in BREAKDOWN if k in scores]
 

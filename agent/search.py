@@ -46,7 +46,7 @@ from agent.llm import (
 from agent.seed import SeedResult, Step, apply, seed_phase
 from oracle.inputs import finite, parse_number
 from oracle.memory import MemoryOverheads
-from oracle.projection import ConfigBatch, score_configs
+from oracle.projection import score_configs
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
@@ -61,6 +61,7 @@ from oracle.specs import (
     TrainingSpec,
 )
 from oracle.uncertainty import Interval, load_residuals
+from oracle.work import ConfigBatch
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible

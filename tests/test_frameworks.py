@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
 from formats import (
     Fp8Format,
     canonical_config,
@@ -20,6 +19,7 @@ from formats import (
     to_primus_overrides,
 )
 from formats.keys import megatron_flags
+from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
 from oracle.specs import (
     ClusterSpec,
     ConfigError,

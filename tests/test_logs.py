@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from agent.search import GROUP_TOLERANCE, SearchOptions, search
-from oracle.catalog import load_gpu, load_model
 from formats.logs import read_log
-from oracle.projection import RunTraits, project
+from oracle.catalog import load_gpu, load_model
+from oracle.projection import project
 from oracle.refit import read_log_runs
 from oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config
 from oracle.uncertainty import ResidualTable, class_features
+from oracle.work import RunTraits
 from tests.conftest import setting
 
 LOGS = Path(__file__).parent / "data" / "logs"
