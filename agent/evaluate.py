@@ -51,18 +51,24 @@ class Evaluator(SettingsView):
     projector: Callable[..., Projection] = project
     trials: list[Trial] = field(default_factory=list)
     _cache: dict[tuple, tuple[CheckOutcome, Projection | None]] = field(default_factory=dict)
+    #: the resolved key of each configuration checked (as given): the seed phase meets the same
+    #: candidates again and again (Mixtral 8x22B on 4 nodes: 753 evaluations, 335 distinct)
+    _resolved: dict[tuple, tuple] = field(default_factory=dict)
 
     def evaluate(self, cfg: ParallelConfig, phase: str, label: str) -> Trial:
-        outcome = check_configuration(self.model, self.cluster, self.training, cfg,
-                                      settings=self.settings)
-        key = config_key(outcome.ctx.cfg)
-        if key in self._cache:
-            outcome, proj = self._cache[key]
-        else:
-            proj = None
-            if outcome.legal:
-                proj = self.projector(self.model, self.cluster, self.training, outcome.ctx.cfg)
-            self._cache[key] = (outcome, proj)
+        given = config_key(cfg)
+        key = self._resolved.get(given)
+        if key is None:
+            outcome = check_configuration(
+                self.model, self.cluster, self.training, cfg, settings=self.settings)
+            key = self._resolved[given] = config_key(outcome.ctx.cfg)
+            if key not in self._cache:
+                proj = None
+                if outcome.legal:
+                    proj = self.projector(self.model, self.cluster, self.training,
+                                          outcome.ctx.cfg)
+                self._cache[key] = (outcome, proj)
+        outcome, proj = self._cache[key]
         trial = Trial(phase, label, outcome, proj)
         self.trials.append(trial)
         return trial
