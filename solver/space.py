@@ -53,8 +53,6 @@ from oracle.specs import (
 from solver.axes import AXES
 from solver.rules import divisors, split_slots
 
-__all__ = ["AXES"]  # the registry's axis names (solver/axes.py), in branching order
-
 #: Micro-batch sizes a default search tries (capped by the global batch).
 DEFAULT_MBS: tuple[int, ...] = (1, 2, 4, 8)
 
