@@ -60,7 +60,7 @@ from oracle.specs import (
 )
 from oracle.uncertainty import Interval, load_residuals
 from oracle.work import ConfigBatch
-from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, RECOMPUTE_FIELDS
+from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, INT_AXES, RECOMPUTE_FIELDS
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
@@ -677,9 +677,7 @@ def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSp
     """``space`` with the axes a combination sets pinned to its values (possibly outside the
     default domains), and whether recompute was pinned (then dominance of recompute levels must
     not drop the pinned option). Raises ConfigError / ValueError for values that do not parse."""
-    rc_keys = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
-    axis_fix = {k: v for k, v in settings.items()
-                if k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
+    axis_fix = {k: v for k, v in settings.items() if k in INT_AXES}
     out = space.fix(**axis_fix) if axis_fix else space
     domains: dict[str, Any] = {}
     if "dispatcher" in settings:
@@ -692,7 +690,7 @@ def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSp
     if "distributed_optimizer" in settings:
         domains["optimizer"] = (OptimizerChoice.DISTRIBUTED if settings["distributed_optimizer"]
                                 else OptimizerChoice.REPLICATED,)
-    pinned_rc = any(k in settings for k in rc_keys)
+    pinned_rc = any(k in settings for k in RECOMPUTE_FIELDS)
     if pinned_rc:
         kind = Recompute(settings.get("recompute", "full" if "recompute_layers" in settings
                                       else "none"))

@@ -195,6 +195,9 @@ AXIS_TABLE: tuple[Axis, ...] = (
 
 #: Axis names of a search space (``SearchSpace`` fields), in branching order.
 AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE)
+#: The integer axes (their domains are sizes; the solver's value is the value itself, the other
+#: axes' values are indices into their domains).
+INT_AXES: tuple[str, ...] = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
 #: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
 RECOMPUTE_FIELDS: tuple[str, ...] = AXIS_TABLE[AXES.index("recompute")].fields
 #: ``--baseline KEY=VALUE`` keys.

@@ -11,6 +11,7 @@ from solver.axes import (
     AXES,
     BASELINE_KEYS,
     COMBINATION_AXES,
+    INT_AXES,
     KNOBS,
     RECOMPUTE_FIELDS,
 )
@@ -27,6 +28,7 @@ def test_every_knob_is_a_config_field_and_every_axis_a_space_field() -> None:
 def test_derived_lists_pinned() -> None:
     assert AXES == ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule",
                     "fp8_recipe", "dispatcher", "optimizer", "recompute")
+    assert INT_AXES == ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs")
     assert RECOMPUTE_FIELDS == ("recompute", "recompute_method", "recompute_layers",
                                 "recompute_modules")
     assert "grad_reduce_in_fp32" not in BASELINE_KEYS and "sequence_parallel" in BASELINE_KEYS
