@@ -1,6 +1,8 @@
 """The axis registry (solver/axes.py) against what it describes: ParallelConfig, SearchSpace, the
 command line and the framework readers."""
 
+import re
+
 from click.testing import CliRunner
 
 import cli
@@ -113,3 +115,20 @@ def test_bridge_model_spellings_are_provider_fields() -> None:
     fields = bridge_model_fields()
     paths = [k.bridge for k in KNOBS if k.bridge and k.bridge.startswith("model.")]
     assert paths and all(p.removeprefix("model.") in fields for p in paths), paths
+
+
+def test_the_planner_is_told_every_axis_it_may_combine() -> None:
+    """The planner's axis list is generated from the registry: every axis a combination may set
+    (and no other) is named, the integer ones with the search's domain."""
+    from agent.search import planner_axes
+    from solver.space import default_space
+    from tests.conftest import setting
+
+    m, cl, tr = setting("mixtral-8x7b", "h100", 2, 4096, 256)
+    text = planner_axes(default_space(m, cl, tr))
+    listed = text.split(";")[0]
+    for k in KNOBS:
+        named = re.search(rf"(^|, ){k.field}( |,|$)", listed) is not None
+        assert named == k.combinable, k.field
+    assert text.startswith("tp [1, 2, 4, 8], ") and "dispatcher (alltoall/allgather/flex)" in text
+    assert text.endswith("names usable in expressions: tp pp vpp cp ep etp dp mbs ga")
