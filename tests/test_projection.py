@@ -184,7 +184,7 @@ def test_fp8_all_gathers_move_half_the_bytes_under_sequence_parallelism() -> Non
         m, c, t = setup("llama3-70b", "gb200", 4, 8192, 128, prec, gpn=4)
         b = ConfigBatch.from_arrays(m, c, t, tp=4, pp=2, fp8=fp8, fp8_rowwise=rowwise)
         w = build_work(m, c, t, b)
-        units[(prec, fp8, rowwise)] = (w["tp_fwd_per_block"][0], w["tp_bwd_per_block"][0])
+        units[(prec, fp8, rowwise)] = (w.tp.fwd_per_block[0], w.tp.bwd_per_block[0])
     assert units[("bf16", -1, False)] == (2.0, 3.0)
     assert units[("fp8", 1, False)] == (1.5, 2.5)  # current scaling (amax reduced over TP)
     assert units[("fp8", 3, False)] == (1.5, 2.5)  # MXFP8
@@ -192,7 +192,7 @@ def test_fp8_all_gathers_move_half_the_bytes_under_sequence_parallelism() -> Non
     # without sequence parallelism: one all-reduce (2 units) each way, whatever the precision
     m, c, t = setup("llama3-70b", "h100", 2, 8192, 128, "fp8")
     w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=4, pp=2, sp=False))
-    assert (w["tp_fwd_per_block"][0], w["tp_bwd_per_block"][0]) == (2.0, 2.0)
+    assert (w.tp.fwd_per_block[0], w.tp.bwd_per_block[0]) == (2.0, 2.0)
 
 
 def test_tp_comm_without_overlap_is_every_collective_hand_worked() -> None:
@@ -222,10 +222,10 @@ def test_flex_dispatcher_sends_one_copy_per_node_hand_worked() -> None:
     T, h = 4096.0, 7168.0
     w = {d: build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, ep=64, pp=2, dispatcher=d))
          for d in (0, 2)}
-    assert w[0]["ep_inter_bytes"][0] == pytest.approx(T * 8 * h * 2 * 56 / 64)
-    assert w[2]["ep_inter_bytes"][0] == pytest.approx(T * h * 2 * 7 * (1 - (7 / 8) ** 8))
+    assert w[0].ep.inter_bytes[0] == pytest.approx(T * 8 * h * 2 * 56 / 64)
+    assert w[2].ep.inter_bytes[0] == pytest.approx(T * h * 2 * 7 * (1 - (7 / 8) ** 8))
     assert 7 * (1 - (7 / 8) ** 8) == pytest.approx(4.5947, abs=1e-4)
-    assert w[2]["ep_intra_bytes"][0] == w[0]["ep_intra_bytes"][0]
+    assert w[2].ep.intra_bytes[0] == w[0].ep.intra_bytes[0]
 
 
 def test_rowwise_fp8_casts_hand_worked() -> None:
@@ -237,9 +237,9 @@ def test_rowwise_fp8_casts_hand_worked() -> None:
         b = ConfigBatch.from_arrays(m, c, t, mbs=1, fp8=1, fp8_rowwise=rowwise)
         w = build_work(m, c, t, b)
         M, K, N = 8192, 4096, 2 * 14336
-        assert w["cast_fwd_bytes"][0, S["mlp_fc1"]] == pytest.approx((M * K + K * N / 8) * per)
-        assert w["cast_bwd_bytes"][0, S["mlp_fc1"]] == pytest.approx(M * N * per)
-        assert w["block_scaled"][0] == (1.0 if rowwise else 0.0)
+        assert w.gemm.cast_fwd_bytes[0, S["mlp_fc1"]] == pytest.approx((M * K + K * N / 8) * per)
+        assert w.gemm.cast_bwd_bytes[0, S["mlp_fc1"]] == pytest.approx(M * N * per)
+        assert w.device.block_scaled[0] == (1.0 if rowwise else 0.0)
     assert CAST_BYTES_PER_ELEMENT["rowwise"] == 10.0
     # row-wise FP8 on TP8 (torchtitan rows 384/385) is slower than per-tensor FP8
     cfg = resolve_config(ParallelConfig(tp=8, mbs=12), *setup("llama3-8b", "h100", 8, 8192,
@@ -439,7 +439,7 @@ def test_bf16_gradients_halve_the_dp_gradient_bytes_hand_worked() -> None:
         b = ConfigBatch.from_arrays(m, c, t, distributed_optimizer=False,
                                     grad_reduce_in_fp32=fp32)
         w = build_work(m, c, t, b)
-        assert w["grad_bytes"][0] == (4.0 if fp32 else 2.0)
+        assert w.dp.grad_bytes[0] == (4.0 if fp32 else 2.0)
         const = constants_arrays(load_calibration(), "hopper", 1)
         const["dp_comm_overlap"] = np.zeros(1)
         out[fp32] = timing(w, const)["dp_comm"][0]
@@ -464,7 +464,7 @@ def test_time_side_counts_the_mtp_layer_parameters_like_the_memory_side() -> Non
 
     m, c, t = setup("deepseek-v3", "h100", 128, 4096, 1024, "fp8")
     w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=16, ep=64))
-    dense, expert = w["st_params_dense"][0, -1], w["st_params_expert"][0, -1]
+    dense, expert = w.stages.params_dense[0, -1], w.stages.params_expert[0, -1]
     assert int(dense + expert) == 1_153_970_944
     assert int(expert) == 264_241_152
     cfg = resolve_config(ParallelConfig(tp=2, pp=16, ep=64), m, c, t)
@@ -547,3 +547,27 @@ def test_gpu_without_architecture_gets_generic_constants() -> None:
     with pytest.raises(ConfigError, match="unknown GPU architecture 'cdna2'; choose one of "
                                           "ampere, hopper, blackwell, cdna3, cdna4, generic"):
         table.constants("cdna2")
+
+
+def test_work_records_are_typed_a_misspelt_field_is_an_error() -> None:
+    # issue 10: the work was a dict of ~100 string keys read by position; a typo was a silent
+    # zero. Each record is a frozen dataclass with slots: reading or writing a name it does not
+    # declare raises, and concat_work keeps the types (stages padded to the longest pipeline)
+    import dataclasses
+
+    from oracle.work import StageWork, TpWork, concat_work
+
+    m, c, t = setup("llama3-8b", "h100", 2, 4096, 64)
+    w1 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=1))
+    w2 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=[1, 4], pp=[2, 4]))
+    assert isinstance(w1.tp, TpWork)
+    with pytest.raises(AttributeError):
+        _ = w1.tp.fwd_per_blok  # noqa: B018 (the misspelling is the point)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w1.tp.n = np.ones(1)  # type: ignore[misc]
+    both = concat_work([w1, w2])
+    assert isinstance(both.stages, StageWork)
+    assert both.stages.valid.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    # llama3-8b has 32 layers: pp 1 holds all of them, pp 2 16 per stage, pp 4 8 per stage
+    assert both.stages.dense_like.tolist() == [[32, 0, 0, 0], [16, 16, 0, 0], [8, 8, 8, 8]]
+    assert len(both) == 3
