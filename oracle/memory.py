@@ -350,10 +350,6 @@ class StageCounts:
         )
 
 
-def _is_moe_layer(model: ModelSpec, layer: int) -> bool:
-    return model.is_moe and layer >= model.num_dense_layers
-
-
 @lru_cache(maxsize=65536)
 def _stage_counts_cached(
     num_layers: int,

@@ -540,6 +540,23 @@ def derived_ga(global_batch_size: int, mbs: int, dp: int) -> int:
     return max(1, global_batch_size // (mbs * dp))
 
 
+def compute_precision(training: TrainingSpec, cfg: ParallelConfig) -> Precision:
+    """The precision the configuration's GEMMs run in, the one source every reader uses (the
+    check's header and JSON, the exporters, the interval class): FP8 when the configuration
+    has an FP8 recipe (``resolve_config`` gives every FP8 training one), else the training
+    precision (bf16, or NVFP4 ``fp4``). An FP8 recipe under fp4 training is illegal (rule
+    family ``precision``)."""
+    return Precision.FP8 if cfg.fp8_recipe is not None else training.precision
+
+
+def training_as_run(training: TrainingSpec, cfg: ParallelConfig) -> TrainingSpec:
+    """``training`` with the precision ``cfg`` runs in (:func:`compute_precision`): a bf16
+    training given an FP8 recipe trains in FP8 (fp4 with a recipe stays, and is illegal)."""
+    if training.precision is not Precision.BF16 or cfg.fp8_recipe is None:
+        return training
+    return training.model_copy(update={"precision": Precision.FP8})
+
+
 def resolve_config(
     cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 ) -> ParallelConfig:
