@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from oracle.memory import MemoryOverheads, memory_report  # noqa: E402
 from formats.runs import read_runs  # noqa: E402
+from oracle.memory import MemoryOverheads, memory_report  # noqa: E402
 from oracle.specs import GIB  # noqa: E402
 
 GB = 10**9

@@ -1007,6 +1007,8 @@ def main(argv=None) -> int:
             print_row(row, flush=True)
             rows.append(row)
             Path(opts.out).write_text(json.dumps(doc, indent=1) + "\n")
+        # the rows kept after the last rerun one are written too
+        Path(opts.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {opts.out}: {len(rows)} rows")
         return 0
     c = Case(name="cli", model=opts.model, gpu=opts.gpu, nodes=opts.nodes,

@@ -71,6 +71,7 @@ from oracle.specs import (
     ParallelConfig,
     PipelineSplit,
     PositionEmbedding,
+    Precision,
     Recompute,
     RecomputeMethod,
     Spec,
@@ -94,6 +95,8 @@ ROPE_TABLES = 4
 BOOL_BYTES = 1
 #: MXFP8 stores one 8-bit scale per 32-element block.
 MXFP8_BLOCK = 32
+#: NVFP4 stores 4-bit values with one FP8 (E4M3) scale per 16-element block.
+NVFP4_BLOCK = 16
 
 TERMS: tuple[str, ...] = (
     "weights",
@@ -513,14 +516,18 @@ class ActShape:
 def act_shape(model: ModelSpec, training: TrainingSpec, cfg: ParallelConfig) -> ActShape:
     t = P.cdiv(cfg.mbs * training.seq_len, cfg.cp)
     t_sp = P.cdiv(t, cfg.tp) if cfg.sp else t
-    num, den = fp8_saved_input_bytes(cfg.fp8_recipe)
+    num, den = fp8_saved_input_bytes(cfg.fp8_recipe, training.precision is Precision.FP4)
     return ActShape(t, t_sp, P.cdiv(training.seq_len, cfg.cp), cfg.tp, cfg.etp_, num, den)
 
 
-def fp8_saved_input_bytes(recipe: Fp8Recipe | None) -> tuple[int, int]:
+def fp8_saved_input_bytes(recipe: Fp8Recipe | None, fp4: bool = False) -> tuple[int, int]:
     """Bytes per element of a GEMM input Transformer Engine saves for backward under FP8, as a
     fraction: 1 byte (the FP8 copy it keeps instead of bf16; TE "performance considerations"
-    docs), plus one scale byte per 32 elements for MXFP8. ``(0, 1)`` means BF16."""
+    docs), plus one scale byte per 32 elements for MXFP8. NVFP4 (``fp4``) saves the column-wise
+    quantized input its weight-gradient GEMM reads: 4 bits plus one FP8 scale per 16 elements,
+    ``9/16`` B (TE ``NVFP4Quantizer``). ``(0, 1)`` means BF16."""
+    if fp4:
+        return (NVFP4_BLOCK // 2 + 1, NVFP4_BLOCK)
     if recipe is None:
         return (0, 1)
     if recipe is Fp8Recipe.MXFP8:
@@ -819,23 +826,40 @@ class Sharding:
     grad_reduce_in_fp32: bool
     fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
     fp8_cache_den: int
+    linear_weight_bytes: int  # bf16 copy of a linear weight: 2, or 0 with FP8 parameters
     collective_groups: int
     dispatcher_buffers: bool
 
 
-def fp8_weight_cache_bytes(recipe: Fp8Recipe | None, architecture: str) -> tuple[int, int]:
+def fp8_weight_cache_bytes(
+    recipe: Fp8Recipe | None, architecture: str, fp4: bool = False
+) -> tuple[int, int]:
     """Bytes per linear weight parameter of Transformer Engine's FP8 weight copies, as a fraction.
 
     TE keeps the bf16 weight and a quantized copy (TE docs, "performance considerations": "2 MB
     (weight) + 1 MB (weight in FP8)"). Per-tensor recipes need a second, transposed copy for the
     backward GEMMs except on Blackwell, whose tensor cores take either layout; MXFP8 keeps a
-    row-wise and a column-wise copy, each with one scale byte per 32 elements.
+    row-wise and a column-wise copy, each with one scale byte per 32 elements. NVFP4 (``fp4``)
+    keeps a row-wise and a column-wise copy of 4-bit values with one FP8 scale per 16 elements
+    (TE ``NVFP4Quantizer``): ``2 x 9/16`` B.
     """
+    if fp4:
+        return (2 * (NVFP4_BLOCK // 2 + 1), NVFP4_BLOCK)
     if recipe is None:
         return (0, 1)
     if recipe is Fp8Recipe.MXFP8:
         return (2 * (MXFP8_BLOCK + 1), MXFP8_BLOCK)
     return (1, 1) if architecture == "blackwell" else (2, 1)
+
+
+def linear_weight_bytes(cfg: ParallelConfig) -> int:
+    """Bytes per linear weight parameter of its bf16 copy: 2, or 0 with FP8 parameters
+    (``--fp8-param-gather``; Megatron-Bridge ``fp8_param_gather=True``, the default of its
+    tensorwise, delayed and MXFP8 mixed-precision recipes). Then Transformer Engine creates
+    the linear weights as FP8 tensors (``fp8_model_init``): the quantized copies of
+    :func:`fp8_weight_cache_bytes` are the weights, no bf16 copy exists, the fp32 master copy
+    stays in the optimizer and the distributed optimizer all-gathers FP8."""
+    return 0 if cfg.fp8_param_gather and cfg.fp8_recipe is not None else BF16_BYTES
 
 
 def communicator_count(model: ModelSpec, cfg: ParallelConfig, expert_dp: int) -> int:
@@ -848,9 +872,12 @@ def communicator_count(model: ModelSpec, cfg: ParallelConfig, expert_dp: int) ->
     return sum(1 for g in groups if g > 1)
 
 
-def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sharding:
+def sharding(
+    model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, fp4: bool = False
+) -> Sharding:
+    """``fp4``: the training precision is NVFP4 (its weight copies, :func:`fp8_weight_cache_bytes`)."""
     assert cfg.dp is not None
-    num, den = fp8_weight_cache_bytes(cfg.fp8_recipe, cluster.gpu.architecture)
+    num, den = fp8_weight_cache_bytes(cfg.fp8_recipe, cluster.gpu.architecture, fp4)
     expert_dp = max(1, cluster.world_size // (cfg.pp * cfg.ep * cfg.etp_))
     return Sharding(
         dense_group=cfg.dp * cfg.cp,
@@ -862,6 +889,7 @@ def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sha
         grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         fp8_cache_num=num,
         fp8_cache_den=den,
+        linear_weight_bytes=linear_weight_bytes(cfg),
         collective_groups=communicator_count(model, cfg, expert_dp),
         dispatcher_buffers=model.is_moe and cfg.dispatcher is Dispatcher.FLEX and cfg.ep > 1,
     )
@@ -951,6 +979,7 @@ def combine(
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
     gb = grad_bytes(sh.grad_reduce_in_fp32)
+    linear_params = all_params - c.has_embedding * pu.embedding - c.has_output * pu.output
     if sh.fsdp:
         sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
             expert_params, sh.expert_group, sh.expert_pad
@@ -961,7 +990,9 @@ def combine(
         # current and prefetched layer gathered in bf16, their grads reduced in the grad dtype
         t["fsdp_buffers"] = 2 * (BF16_BYTES + gb) * pu.largest_layer
     else:
-        t["weights"] = BF16_BYTES * all_params
+        # embedding and output layer in bf16; linear weights in bf16 or, with FP8 parameters,
+        # only as the FP8 copies of ``fp8_weight_cache``
+        t["weights"] = BF16_BYTES * (all_params - linear_params) + sh.linear_weight_bytes * linear_params
         t["gradients"] = gb * all_params
         if sh.distributed_optimizer:
             sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
@@ -970,7 +1001,6 @@ def combine(
             t["optimizer"] = ADAM_STATE_BYTES * sharded
         else:
             t["optimizer"] = ADAM_STATE_BYTES * all_params
-    linear_params = all_params - c.has_embedding * pu.embedding - c.has_output * pu.output
     t["fp8_weight_cache"] = linear_params * sh.fp8_cache_num // sh.fp8_cache_den
     mtp_layer = au.moe_layer if is_moe else au.dense_layer
     t["activations"] = (
@@ -1069,7 +1099,7 @@ def memory_report(
     ov = overheads or MemoryOverheads()
     pu = param_units(model, cfg.tp, cfg.pp, cfg.ep, cfg.etp_)
     au = activation_units(model, training, cfg, ov)
-    sh = sharding(model, cluster, cfg)
+    sh = sharding(model, cluster, cfg, training.precision is Precision.FP4)
     stages = []
     for c in stage_counts(model, cfg):
         terms = combine(c, pu, au, sh, ov)

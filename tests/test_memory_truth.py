@@ -56,8 +56,7 @@ KNOWN: dict[tuple[str, str], str] = {
     ("qwen-pp2-ep8-last", "layer_moe"): "as qwen-tp1-ep8 (capacity-padded dispatch)",
 }
 #: rows whose recorded model state predates a harness fix (rerun with --only NAME)
-STALE = {"l8b-no-distopt": "recorded before the harness counted the unsharded fp32 master copy "
-         "(fp32_from_float16_groups); harness fixed, row not rerun"}
+STALE: dict[str, str] = {}
 
 
 def test_recorded_file_names_its_truth():
