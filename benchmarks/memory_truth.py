@@ -369,8 +369,11 @@ def install_shims(fused: bool = True) -> None:
         mod.wgrad_gemm_accum_fp16 = _wgrad_accum
         sys.modules["fused_weight_gradient_mlp_cuda"] = mod
     import megatron.core.jit as mjit
+    import megatron.core.transformer.multi_latent_attention as mla
 
     mjit.disable_jit_fuser()
+    if not isinstance(mla.TELinear, type):  # TE's extension imports without TE, its classes None
+        mla.HAVE_TE = False
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
@@ -502,7 +505,7 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
         bias_activation_fusion=not unfused_swiglu,
         add_bias_linear=False,
         add_qkv_bias=m.qkv_bias,
-        qk_layernorm=m.qk_norm,
+        qk_layernorm=m.qk_norm or m.mla is not None,  # MLA: its q / kv latent norms
         attention_dropout=0.0,
         hidden_dropout=0.0,
         bf16=True,
@@ -531,7 +534,11 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
                   recompute_num_layers=min(k, num_layers))
     elif cfg.recompute is Recompute.SELECTIVE:
         kw.update(recompute_granularity="selective", recompute_modules=list(cfg.recompute_modules))
-    if split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
+    if split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1 and m.num_mtp_layers:
+        # Megatron's account_for_* split does not give MTP a slot (61 + 2 layers at pp 16 do
+        # not divide); tune-cp's slots (embedding, layers, MTP, loss) as an explicit layout
+        kw["pipeline_model_parallel_layout"] = pipeline_layout(m, stage_pp, vpp)
+    elif split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
         kw.update(account_for_embedding_in_pipeline_split=True,
                   account_for_loss_in_pipeline_split=True)
     if m.is_moe:
@@ -576,11 +583,23 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
     return TransformerConfig(**kw)
 
 
+def pipeline_layout(m: ModelSpec, pp: int, vpp: int) -> str:
+    """tune-cp's ``embedding_loss`` split (:func:`oracle.memory.pipeline_chunks`) in Megatron-Core's
+    ``pipeline_model_parallel_layout`` syntax: one ``|``-separated entry per virtual stage,
+    ``E`` embedding, ``t`` decoder layer, ``m`` MTP layer, ``L`` loss."""
+    chunks = M.pipeline_chunks(m.num_layers, m.num_mtp_layers, pp, vpp, PipelineSplit.EMBEDDING_LOSS)
+    by_virtual = sorted((ch for stage in chunks for ch in stage), key=lambda ch: ch.virtual_stage)
+    return "|".join(("E" if ch.has_embedding else "") + "t" * len(ch.layers) + "m" * ch.mtp_layers
+                    + ("L" if ch.has_output else "") for ch in by_virtual)
+
+
 def layer_spec(m: ModelSpec, torch_norm: bool):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(
-        num_experts=m.num_experts or None, qk_layernorm=m.qk_norm,
+        # MLA's q / kv latent RMSNorms (DeepSeek-V3 has them; the local spec builds them only
+        # with qk_layernorm)
+        num_experts=m.num_experts or None, qk_layernorm=m.qk_norm or m.mla is not None,
         multi_latent_attention=m.mla is not None, normalization="RMSNorm")
     _swap(spec, torch_norm)
     return spec
