@@ -455,6 +455,7 @@ class ParamUnits:
     output: int
     mtp_extra: int
     largest_layer: int  # for FSDP's gathered-layer buffers
+    mtp_embedding: int  # the last stage's copy of the word embeddings for MTP (pp > 1)
 
 
 def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamUnits:
@@ -471,7 +472,20 @@ def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamU
         output=P.output_params(model, tp, pp),
         mtp_extra=P.mtp_extra_params(model, tp) if model.num_mtp_layers else 0,
         largest_layer=attn + max(dense, moe_ne + experts),
+        mtp_embedding=mtp_embedding_params(model, tp, pp),
     )
+
+
+def mtp_embedding_params(model: ModelSpec, tp: int, pp: int) -> int:
+    """Multi-token prediction embeds the shifted tokens on the last pipeline stage, so with
+    ``pp > 1`` that stage holds its own copy of the word embeddings (Megatron-Core ``GPTModel``
+    builds ``LanguageModelEmbedding`` where ``mtp_process``; its gradient is all-reduced with
+    the first stage's). Measured: DeepSeek-V3 pp 16, last stage, 926,679,040 parameters
+    (``benchmarks/memory_truth.py``). Memory only: :func:`stage_params`, which the time model
+    shares, leaves it out."""
+    if not model.num_mtp_layers or pp == 1:
+        return 0
+    return P.embedding_params(model, tp)
 
 
 # ================================================================== 2b. activation units
@@ -976,10 +990,12 @@ def combine(
     evaluates this very function on CP-SAT expressions."""
     is_moe = pu.moe_nonexpert > 0  # an MoE layer always has a router
     dense_params, expert_params = stage_params(c, pu, is_moe)
+    dense_params = dense_params + c.has_output * pu.mtp_embedding
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
     gb = grad_bytes(sh.grad_reduce_in_fp32)
-    linear_params = all_params - c.has_embedding * pu.embedding - c.has_output * pu.output
+    linear_params = (all_params - c.has_embedding * pu.embedding
+                     - c.has_output * (pu.output + pu.mtp_embedding))
     if sh.fsdp:
         sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
             expert_params, sh.expert_group, sh.expert_pad

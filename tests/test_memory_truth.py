@@ -55,6 +55,32 @@ KNOWN: dict[tuple[str, str], str] = {
     ("qwen-tp2-ep8-etp1", "layer_moe"): "as qwen-tp1-ep8 (capacity-padded dispatch)",
     ("qwen-pp2-ep8-last", "layer_moe"): "as qwen-tp1-ep8 (capacity-padded dispatch)",
 }
+_DS_BIAS = ("DeepSeek's expert-score-correction bias is an fp32 buffer in Megatron-Core, a "
+            "parameter in oracle/params.py (256 per MoE layer): +2 B weights, +4 B gradients, "
+            "+12/dp B optimizer each")
+_DS_MOE_FWD = ("top-8 MoE with h 7168: the dispatcher's forward working set (permuted tokens "
+               "t k x h bf16 in three copies) has no tune-cp term")
+KNOWN.update({
+    ("dsv3-pp16-ep8-first", "micro_peak"): "MLA attention backward (dq, dk, dv of 128 heads) is "
+    "wider than the fc1 gradient dense_backward_bytes names",
+    ("dsv3-pp16-ep8-middle", "micro_peak"): _DS_MOE_FWD,
+    ("dsv3-tp2-pp16-ep8-etp1-middle", "micro_peak"): _DS_MOE_FWD,
+    ("dsv3-pp16-full-k1-middle", "micro_peak"): _DS_MOE_FWD,
+    ("dsv3-pp16-ep8-last", "micro_peak"): _DS_MOE_FWD + "; MTP's own loss side",
+    ("dsv3-pp16-ep8-last", "output"): "the harness books MTP's final norm, logits and loss under "
+    "output, tune-cp under its MTP term (mtp_extra)",
+})
+#: rows whose model state differs by a named amount: row -> (largest |tune-cp - measured| per
+#: term in bytes, or as a fraction when below 1, and the cause)
+STATE_KNOWN: dict[str, tuple[float, str]] = {
+    "dsv3-pp16-ep8-middle": (12_288, _DS_BIAS),
+    "dsv3-pp16-full-k1-middle": (12_288, _DS_BIAS),
+    "dsv3-pp16-ep8-last": (131_072, _DS_BIAS + "; below 0.001 % on the MTP / output stage"),
+    "dsv3-tp2-pp16-ep8-etp1-middle": (0.006, "the local spec's column-parallel MLA down-"
+                                      "projections are split over tp; Transformer Engine's spec "
+                                      "(TELinear, duplicated), which tune-cp counts, replicates "
+                                      "them: +0.50 % weights at tp 2"),
+}
 #: rows whose recorded model state predates a harness fix (rerun with --only NAME)
 STALE: dict[str, str] = {}
 
@@ -73,8 +99,14 @@ def test_model_state_is_exact(row):
     if row["case"]["name"] in STALE:
         pytest.skip(STALE[row["case"]["name"]])
     ours = tunecp_figures(case_from_json(row["case"]))
+    name = row["case"]["name"]
     for k in EXACT:
-        assert ours[k] == row["measured"][k], k
+        got, want = ours[k], row["measured"][k]
+        if name in STATE_KNOWN and k != "decoder_layers":
+            bound, _ = STATE_KNOWN[name]
+            assert abs(got - want) <= (bound * want if bound < 1 else bound), k
+            continue
+        assert got == want, k
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r["case"]["name"])
