@@ -265,8 +265,25 @@ class LiveTracker(TorchDispatchMode):
         self.label = "start"
         self._refs: dict[int, object] = {}
         self.by_label: dict[str, int] = {}
+        self.meta: dict[int, tuple] = {}
+        self.at_peak: list[int] = []
 
-    def adopt(self, t: torch.Tensor) -> None:
+    def print_peak(self, base_keys: set[int]) -> None:
+        """The storages alive at the peak that were not alive before the step, largest first."""
+        rows = [(self.live.get(k) or 0, self.meta.get(k)) for k in self.at_peak if k not in base_keys]
+        groups: dict[tuple, list[int]] = {}
+        for k in self.at_peak:
+            if k in base_keys or k not in self.meta:
+                continue
+            groups.setdefault(self.meta[k], []).append(k)
+        del rows
+        out = []
+        for meta, ks in groups.items():
+            out.append((len(ks), meta))
+        for n, (op, shape, dtype, label) in sorted(out, key=lambda r: -_numel(r[1][1]) * r[0])[:40]:
+            print(f"   peak: {n} x {op:<40} {shape} {dtype} [{label}]")
+
+    def adopt(self, t: torch.Tensor, op: str = "") -> None:
         st = t.untyped_storage()
         k = st._cdata
         if k in self.live:
@@ -275,8 +292,12 @@ class LiveTracker(TorchDispatchMode):
         self.live[k] = n
         self.cur += n
         self._refs[k] = weakref.ref(st, lambda _r, k=k: self._free(k))
+        if PEAK_LIST:  # TRUTH_PEAK=1: which tensors are alive at the peak (debugging aid)
+            self.meta[k] = (op, tuple(t.shape), str(t.dtype).replace("torch.", ""), self.label)
         if self.cur > self.peak:
             self.peak, self.peak_at = self.cur, self.label
+            if PEAK_LIST:
+                self.at_peak = list(self.live)
         if self.cur > self.by_label.get(self.label, 0):
             self.by_label[self.label] = self.cur
 
@@ -290,8 +311,18 @@ class LiveTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self.adopt(t)
+                self.adopt(t, str(func))
         return out
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+PEAK_LIST = bool(os.environ.get("TRUTH_PEAK"))
 
 
 @dataclass
@@ -368,6 +399,10 @@ def install_shims(fused: bool = True) -> None:
         mod.wgrad_gemm_accum_fp32 = _wgrad_accum
         mod.wgrad_gemm_accum_fp16 = _wgrad_accum
         sys.modules["fused_weight_gradient_mlp_cuda"] = mod
+        layers = sys.modules.get("megatron.core.tensor_parallel.layers")
+        if layers is not None:  # imported before the shim (a test session): tell it too
+            layers.fused_weight_gradient_mlp_cuda = mod
+            layers._grad_accum_fusion_available = True
     import megatron.core.jit as mjit
     import megatron.core.transformer.multi_latent_attention as mla
 
@@ -869,6 +904,7 @@ def measure_activations(c: Case, opts) -> dict:
         if hidden is not None:
             tracker.adopt(hidden)
         base = tracker.cur
+        base_keys = set(tracker.live)
         tracker.peak = base
         tracker.by_label = {}
         with tracker, torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
@@ -887,6 +923,8 @@ def measure_activations(c: Case, opts) -> dict:
         for h in hooks:
             for x in h:
                 x.remove()
+        if PEAK_LIST:
+            tracker.print_peak(base_keys)
         del loss, out
     n_dense = 1 if "dense" in kinds else 0
     return dict(

@@ -58,11 +58,11 @@ KNOWN: dict[tuple[str, str], str] = {
 _DS_BIAS = ("DeepSeek's expert-score-correction bias is an fp32 buffer in Megatron-Core, a "
             "parameter in oracle/params.py (256 per MoE layer): +2 B weights, +4 B gradients, "
             "+12/dp B optimizer each")
-_DS_MOE_FWD = ("top-8 MoE with h 7168: the dispatcher's forward working set (permuted tokens "
-               "t k x h bf16 in three copies) has no tune-cp term")
+_DS_MOE_FWD = ("32 local experts in the local spec's SequentialMLP: the backward holds every "
+               "expert's input gradient until it concatenates them (a grouped GEMM, which "
+               "moe_backward_bytes describes, makes one); harness kernel set, not a term")
 KNOWN.update({
-    ("dsv3-pp16-ep8-first", "micro_peak"): "MLA attention backward (dq, dk, dv of 128 heads) is "
-    "wider than the fc1 gradient dense_backward_bytes names",
+    ("dsv3-pp16-ep8-first", "micro_peak"): _EMB_BWD + " (MLA's q and k are among them)",
     ("dsv3-pp16-ep8-middle", "micro_peak"): _DS_MOE_FWD,
     ("dsv3-tp2-pp16-ep8-etp1-middle", "micro_peak"): _DS_MOE_FWD,
     ("dsv3-pp16-full-k1-middle", "micro_peak"): _DS_MOE_FWD,
