@@ -29,7 +29,8 @@ fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 ru
 fsdp_buffers           unsharded bf16 params + grads (fp32 or bf16 as above) of the layers being
                        gathered (FSDP only)
 activations            stored activations of all in-flight micro-batches (decoder layers,
-                       checkpointed layer inputs, embedding inputs, MTP layers)
+                       checkpointed layer inputs, embedding inputs, MTP layers) and the cached
+                       RoPE frequency table (:func:`rope_table_bytes`)
 routing_imbalance      extra expert activations when routing is not balanced (overhead)
 logits_loss            fp32 logits/softmax kept for the loss backward plus the bf16 logits alive
                        while the loss is computed (output stage)
@@ -762,6 +763,20 @@ class ActivationUnits:
     mtp_extra: int
     cp_buffers: int
     pipeline_buffers: int
+    rope_table: int
+
+
+def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
+    """Megatron-Core's rotary frequency table: ``RotaryEmbedding.forward`` is an
+    ``lru_cache``, so the fp32 ``seq/cp x rot_dim`` table it returns (the context-parallel
+    slice when cp > 1) stays allocated for the run, one per model chunk; full recomputation's
+    checkpoints keep a reference to it (measured on Megatron-Core 0.16.1: 2,097,152 B at 4k
+    tokens and head dim 128, ``benchmarks/memory_truth.py``). Counted once per stage (a rank
+    with ``vpp`` chunks holds ``vpp`` of them; the difference is a few MiB)."""
+    if model.position_embedding is not PositionEmbedding.ROPE:
+        return 0
+    rot = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+    return FP32_BYTES * P.cdiv(training.seq_len, cp) * rot
 
 
 def activation_units(
@@ -821,6 +836,7 @@ def activation_units(
         mtp_extra=mtp,
         cp_buffers=cp_buffers,
         pipeline_buffers=2 * BF16_BYTES * x.t_sp * h if cfg.pp > 1 else 0,
+        rope_table=rope_table_bytes(model, training, cfg.cp),
     )
 
 
@@ -1025,6 +1041,7 @@ def combine(
         + c.inflight_ckpt * au.ckpt_input
         + c.inflight_embedding * au.embedding
         + c.inflight_mtp * (mtp_layer + au.mtp_extra)
+        + c.has_layers * au.rope_table
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
     logits = c.inflight_output * au.output + c.has_output * au.logits_transient

@@ -58,8 +58,10 @@ def test_hand_worked_tiny_model():
     s0, s1 = rep.stages
     # 1F1B with 4 micro-batches: stage 0 holds 2 in flight, stage 1 holds 1
     # + input ids (int64) and the vocab-parallel embedding's bool mask of 2 micro-batches
-    act0 = 2 * 2 * layer + 2 * (8 + 1) * 64
-    act1 = 1 * 2 * layer
+    # + the cached fp32 RoPE frequency table of the stage (seq 32 x head_dim 16 x 4 B = 2048)
+    rope = 4 * 32 * 16
+    act0 = 2 * 2 * layer + 2 * (8 + 1) * 64 + rope
+    act1 = 1 * 2 * layer + rope
     expect0 = {
         "weights": 2 * stage0_params,
         "gradients": 4 * stage0_params,
@@ -84,7 +86,7 @@ def test_hand_worked_tiny_model():
               + (act0 + bws + p2p) * 50_000 // 1_000_000)
     transient1 = act1 + logits + 2 * 64 * 512 + p2p
     total1 = (2 + 4) * stage1_params + 12 * 70016 + transient1 + sp_buf + 1020 + transient1 // 20
-    assert (total0, total1) == (1_568_386, 1_628_434)
+    assert (total0, total1) == (1_570_536, 1_630_584)
     assert s0.total_bytes == total0 and s1.total_bytes == total1
     assert rep.peak_stage == 1 and rep.peak_bytes == total1
 

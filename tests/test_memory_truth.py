@@ -33,8 +33,6 @@ EXACT = ("weights", "gradients", "optimizer", "decoder_layers")
 ACTIVATION = ("layer_dense", "layer_moe", "embedding", "output")
 
 #: (row, term) -> why tune-cp differs by more than the tolerance.
-_SHARED_FREQS = ("the full-recompute checkpoint also keeps the shared fp32 RoPE frequency table "
-                 "(seq x d x 4 B once per stage), which tune-cp does not count")
 _TP8_BWD = ("tp 8 backward peak: gradients of t x f/tp and t_sp x h beside the fc1 gradient that "
             "dense_backward_bytes does not name (about 40 MB at 4k tokens)")
 _EMB_BWD = ("first stage: embedding backward nets out only the first layer's stored activations; "
@@ -42,12 +40,8 @@ _EMB_BWD = ("first stage: embedding backward nets out only the first layer's sto
 KNOWN: dict[tuple[str, str], str] = {
     ("l8b-pp4-first", "micro_peak"): _EMB_BWD,
     ("l8b-pp2-vpp2-first", "micro_peak"): _EMB_BWD,
-    ("l8b-full-block-k1", "layer_dense"): _SHARED_FREQS,
-    ("l8b-full-uniform-k2", "layer_dense"): _SHARED_FREQS,
-    ("l70b-tp8-pp4-full-uniform-k4", "layer_dense"): _SHARED_FREQS,
     ("l70b-tp8-pp4-full-uniform-k4", "micro_peak"): _TP8_BWD,
     ("l70b-tp8-pp8-middle", "micro_peak"): _TP8_BWD,
-    ("mx7-pp2-full-block-k1", "layer_moe"): _SHARED_FREQS,
     ("mx22-amd-last", "micro_peak"): "mbs 2 MoE last stage: the loss peak holds router/dispatch "
     "temporaries tune-cp does not name",
     ("qwen-tp1-ep8", "layer_moe"): "128 experts top-8: capacity-padded dispatch in the harness "
