@@ -35,7 +35,6 @@ import numpy as np
 from agent.baseline import Reference, find_reference, reference_training_matches
 from agent.evaluate import Evaluator, Trial
 from agent.llm import (
-    COMBINATION_AXES,
     MAX_ITEMS,
     LlmBudget,
     LlmReport,
@@ -45,8 +44,7 @@ from agent.llm import (
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
 from oracle.inputs import finite, parse_number
-from oracle.memory import MemoryOverheads
-from oracle.projection import ConfigBatch, score_configs
+from oracle.projection import score_configs
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
@@ -61,10 +59,13 @@ from oracle.specs import (
     TrainingSpec,
 )
 from oracle.uncertainty import Interval, load_residuals
+from oracle.work import ConfigBatch
+from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, RECOMPUTE_FIELDS
 from solver.constraints import HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES, training_precision
+from solver.rules import RULES, training_precision
+from solver.settings import RunSettings, SettingsView
 from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -110,16 +111,16 @@ class Preference:
 
 
 @dataclass(frozen=True)
-class SearchOptions:
+class SearchOptions(SettingsView):
+    """How a search runs: the run's ``settings`` (overheads, margin, cross-scale-up, hard
+    constraints, calibration; read as ``opts.memory_margin`` etc.) and the search's own
+    options."""
+
+    settings: RunSettings = field(default_factory=RunSettings)
     top_k: int = 10
-    constraints: tuple[HardConstraint, ...] = ()
     preferences: tuple[Preference, ...] = ()
     baseline: ParallelConfig | None = None
     allow_fp8: bool = False
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    calibration: str | None = None
     goal: str = ""
     lm: Any = None  # a DSPy LM, or None to skip the LLM phase
     lm_name: str | None = None
@@ -192,12 +193,13 @@ class SearchResult:
     attribution: list[Step]
     llm: LlmReport
     preference_costs: list[dict[str, Any]]
-    defaults: list[str]
     trials: list[Trial]
     timings: dict[str, float]
     groups: list[Group] = field(default_factory=list)  # the top distinct configurations
     answer_index: int | None = None  # index into ranked.configs of the rule's answer
     rule: str = ""
+    #: the defaults the caller took, stated in the report (the CLI's flags)
+    defaults: list[str] = field(default_factory=list)
     near_tie_band: float = 0.0
     interval: Interval | None = None  # of the best
 
@@ -206,9 +208,24 @@ class SearchResult:
 
     @property
     def speedup(self) -> float | None:
-        if self.baseline is None or not self.baseline.legal or not self.baseline.throughput:
+        if self.baseline is None or not self.baseline.legal:
             return None
-        return self.best.throughput / self.baseline.throughput
+        return speedup(self.best.throughput, self.baseline.throughput)
+
+
+def speedup(best_tokens: float, baseline_tokens: float) -> float | None:
+    """The answer's projected tokens/s/GPU over the baseline's (None without a baseline
+    throughput)."""
+    return best_tokens / baseline_tokens if baseline_tokens > 0 else None
+
+
+def regret(agent_lower: float, exhaustive_lower: float) -> float | None:
+    """How far the agent phases' best falls short of the exhaustive answer, both by the lower
+    bound of their interval: 1 - agent / exhaustive, 0 when the agent does as well or better
+    (None when the exhaustive answer has no positive lower bound)."""
+    if exhaustive_lower <= 0:
+        return None
+    return max(0.0, 1.0 - agent_lower / exhaustive_lower)
 
 
 def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
@@ -316,9 +333,6 @@ def default_baseline(ranked: Ranked) -> ParallelConfig:
                               key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
-RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
-
-
 def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
     """The value of change ``f`` that matters: recomputation as one change, its method and
     depth only under full recomputation and its modules only under selective."""
@@ -340,9 +354,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     that leaves the projection unchanged (e.g. the pipeline split while pp is 1) rides along
     with the next step that moves it; changes that are only legal together end the path as one
     step, at ``target`` itself."""
-    fields: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute",
-                               "dispatcher", "schedule", "fp8_recipe", "distributed_optimizer",
-                               "fsdp", "pipeline_split")
+    fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
         fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
     goal = target.model_dump()
@@ -438,16 +450,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     when nothing is legal."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    defaults: list[str] = []
     refused = training_precision(cluster, training)
     if refused:  # no layout can fix it: say so before enumerating
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
-    enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
-                              overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up,
+    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
                               families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
@@ -457,9 +466,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration)
     timings["rank_s"] = time.perf_counter() - t1
 
-    ev = Evaluator(model, cluster, training, overheads=opts.overheads,
-                   memory_margin=opts.memory_margin,
-                   allow_cross_scale_up=opts.allow_cross_scale_up, constraints=opts.constraints,
+    ev = Evaluator(model, cluster, training, opts.settings,
                    projector=_projector(opts.calibration))
     # baseline
     ref: Reference | None = None
@@ -522,9 +529,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         candidates, key=lambda pt: (lower(pt[1]) * (1 + ANSWER_TIE)
                                     if pt[0] == "exhaustive" else lower(pt[1])))
     agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=lower)
-    regret = None
-    if lower(exhaustive) > 0:
-        regret = max(0.0, 1.0 - lower(agent_best) / lower(exhaustive))
+    shortfall = regret(lower(agent_best), lower(exhaustive))
     attribution = attribute(ev, base, best.config, "attribution") if base.legal else []
     if base.legal and best_phase == "seed":
         attribution = list(seed.steps)
@@ -536,8 +541,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return SearchResult(
         model=model, cluster=cluster, training=training, options=opts, enumeration=enum,
         ranked=ranked, baseline=base, baseline_source=source, seed=seed, best=best,
-        best_phase=best_phase, exhaustive_best=exhaustive, regret=regret,
-        attribution=attribution, llm=llm, preference_costs=costs, defaults=defaults,
+        best_phase=best_phase, exhaustive_best=exhaustive, regret=shortfall,
+        attribution=attribution, llm=llm, preference_costs=costs,
         trials=ev.trials, timings=timings, groups=groups, answer_index=top, rule=ANSWER_RULE,
         near_tie_band=band, interval=interval,
     )
@@ -715,10 +720,8 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
     families = opts.families
     if pinned_rc:
         families = tuple(f for f in (families or RULES) if f != "recompute_dominance")
-    enum = enumerate_feasible(model, cluster, training, sub,
-                              constraints=tuple(opts.constraints) + tuple(hard),
-                              overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up,
+    narrowed = opts.settings.with_(constraints=tuple(opts.constraints) + tuple(hard))
+    enum = enumerate_feasible(model, cluster, training, sub, settings=narrowed,
                               families=families, count_removed=False)
     configs = [fc.config for fc in enum.configs]
     if not configs:

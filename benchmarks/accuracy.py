@@ -24,10 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
 from oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
 from oracle.constants import load_calibration  # noqa: E402
-from oracle.projection import BREAKDOWN, timing  # noqa: E402
-from formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
+from oracle.timing import BREAKDOWN, timing  # noqa: E402
 
 
 def _crossval_module():

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the oracle package
 sys.path.insert(0, str(ROOT))
 
-from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
 from formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
+from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
 
 DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
 

@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from oracle.catalog import load_gpu, load_model  # noqa: E402
-from oracle.projection import ConfigBatch, project, score_configs  # noqa: E402
+from oracle.projection import project, score_configs  # noqa: E402
 from oracle.specs import ClusterSpec, TrainingSpec  # noqa: E402
+from oracle.work import ConfigBatch  # noqa: E402
 
 CASES = [
     ("mixtral-8x22b", "mi355x", 4, 8192, 512, "bf16"),

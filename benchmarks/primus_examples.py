@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from oracle.catalog import load_gpu  # noqa: E402
 from formats import parse_primus_config  # noqa: E402
+from oracle.catalog import load_gpu  # noqa: E402
 from oracle.specs import ClusterSpec, ConfigError  # noqa: E402
 from solver.check import check_configuration  # noqa: E402
 

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before benchmarks/oracle.py can shadow the oracle package
 
 from benchmarks.crossval import DEFAULT_RUNS, CrossValidation, grouped_cv, table
-from oracle.constants import load_calibration, utc_now
 from formats.runs import RunRow, read_runs
+from oracle.constants import load_calibration, utc_now
 from oracle.uncertainty import (
     FEATURES,
     MIN_CLASS_ROWS,

@@ -35,6 +35,7 @@ from typing import Any
 from formats.shell import UNSET, describe_unset, unset_name
 from oracle.inputs import is_file, read_mapping
 from oracle.specs import ConfigError
+from solver.axes import KNOBS
 
 
 class Flavor(StrEnum):
@@ -90,6 +91,15 @@ def _int(lo: int = 1) -> Key:
 
 
 BOOL = Key(Kind.BOOL)
+
+#: The Megatron-LM (and Primus) argument dest of each axis-registry knob that has one name there
+#: (``solver/axes.py::KNOBS``: ``KNOB_DEST["tp"]`` is ``tensor_model_parallel_size``); the
+#: exporters and readers spell those knobs through it. Knobs the frameworks say in several
+#: arguments (pipeline split, schedule, FP8 format and recipe) are written out where they are
+#: read and exported.
+KNOB_DEST: dict[str, str] = {k.field: k.megatron for k in KNOBS if k.megatron}
+#: The Megatron-Bridge ``ConfigContainer`` field path of each knob that has one.
+KNOB_BRIDGE: dict[str, str] = {k.field: k.bridge for k in KNOBS if k.bridge}
 
 # Arguments that set tune-cp's ParallelConfig / TrainingSpec (Megatron dest -> Key).
 CONFIG_KEYS: dict[str, Key] = {

@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.catalog import model_entries
 from formats.keys import (
     FRAMEWORK_NAME,
     Flavor,
@@ -28,6 +27,7 @@ from formats.keys import (
     layer_pattern,
     spell,
 )
+from oracle.catalog import model_entries
 from oracle.specs import (
     ConfigError,
     MlaSpec,

@@ -17,7 +17,7 @@ Rules (each documented where it is applied):
 * **GPU**: catalog name or alias, or the catalog name the GPU column starts with
   (``H100 96GB HBM2e SXM-variant`` -> ``h100``); a power limit stated in the column
   (``500W limit``) replaces the catalog's ``tdp_w`` (it sets the sustained tensor rate,
-  :func:`oracle.projection.sustained_rate`).
+  :func:`oracle.compute.sustained_rate`).
 * **Parallel layout**: tp, pp, vpp, cp, ep, etp, mbs from the columns (``n/a`` = 1; etp blank =
   tp, except 1 for Megatron-Bridge MoE rows, whose recipes set it); dp is always world / (tp pp cp) (the CSV's dp column is sometimes world / (tp pp ep)).
   FSDP when the ``fsdp`` column is > 0; the distributed optimizer unless the optimizer column
@@ -31,7 +31,7 @@ Rules (each documented where it is applied):
 * **Precision**: NVFP4 -> fp4; FP8 flavours -> fp8 with recipe ``blockwise`` (blockwise, 1x128,
   torchao rowwise), ``mxfp8`` (MX, block-scaled), ``delayed``, else ``tensorwise`` (current
   scaling, "FP8-CS", torchao tensorwise); FP16 / BF16 / amp / unstated -> bf16.
-* **Run traits** (:class:`oracle.projection.RunTraits`): TP communication overlap is on for
+* **Run traits** (:class:`oracle.work.RunTraits`): TP communication overlap is on for
   Megatron-Bridge / NeMo / Primus recipes (Transformer Engine userbuffers), for torchtitan only
   with async TP (``Async TP`` / ``AsyncTP`` in the settings), for other Megatron-LM runs only
   when the settings name ``--tp-comm-overlap``; off elsewhere. FP8 ``rowwise`` (torchao) sets
@@ -80,7 +80,6 @@ from pydantic import ValidationError
 
 from oracle.catalog import gpu_entries, load_gpu, model_entries
 from oracle.constants import software_stack
-from oracle.projection import RunTraits
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -96,6 +95,7 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
+from oracle.work import RunTraits
 
 REQUIRED_COLUMNS = (
     "row_id", "source", "model", "num_gpus", "tp", "pp", "tokens_per_sec_per_gpu",
@@ -394,7 +394,7 @@ def recipe_settings(row: dict[str, str], model: ModelSpec,
 
 
 def row_traits(row: dict[str, str], software: str) -> RunTraits:
-    """The :class:`~oracle.projection.RunTraits` a row states or its framework implies (see the
+    """The :class:`~oracle.work.RunTraits` a row states or its framework implies (see the
     module docstring)."""
     framework = row.get("framework", "").lower()
     settings = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
@@ -577,7 +577,7 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         return
     resolved = resolve_config(cfg, model, cluster, training)
     try:  # a row the time model cannot evaluate is unrepresentable, not a crash
-        from oracle.projection import ConfigBatch, build_work
+        from oracle.work import ConfigBatch, build_work
 
         traits = row_traits(row, out.software)
         build_work(model, cluster, training, ConfigBatch.from_configs([resolved], traits))

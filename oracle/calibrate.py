@@ -3,8 +3,8 @@
 Method (maximum a posteriori, regularised towards physical priors):
 
 * every row of the CSV with a measured tokens/s/GPU that :mod:`formats.runs` can represent is
-  projected with :func:`oracle.projection.build_work` once; the constants enter only
-  :func:`oracle.projection.timing`, so one evaluation of all rows takes milliseconds;
+  projected with :func:`oracle.work.build_work` once; the constants enter only
+  :func:`oracle.timing.timing`, so one evaluation of all rows takes milliseconds;
 * unknowns: each per-architecture constant (:mod:`oracle.constants`) once per architecture that
   has rows, each shared constant once; fractions are fitted in logit space, positive constants
   in log space, each with a Gaussian prior of width ``prior_sigma`` around its documented prior
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from formats.runs import RunRow, read_runs, scored_rows
 from oracle.constants import (
     ARCHITECTURES,
     BY_NAME,
@@ -47,9 +48,9 @@ from oracle.constants import (
     table_from_json,
     utc_now,
 )
-from oracle.projection import ConfigBatch, build_work, concat_work, timing
-from formats.runs import RunRow, read_runs, scored_rows
 from oracle.specs import ConfigError
+from oracle.timing import timing
+from oracle.work import ConfigBatch, build_work, concat_work
 
 #: log-scale scatter assumed for one published measurement (release-to-release differences of the
 #: same configuration on the Megatron-Bridge page are 5-15 %).
@@ -287,14 +288,14 @@ def mfu_ceilings(prep: PreparedRows) -> dict[str, dict[str, Any]]:
     """Best measured MFU of the prepared rows per :func:`mfu_class`, with the row that set it
     (measured MFU = model FLOPs per token x measured tokens/s/GPU / the dense peak of the
     precision the GEMMs run in, as :class:`oracle.projection.Projection` defines it)."""
-    from oracle.projection import _peak_for, model_flops_per_token_array
+    from oracle.projection import mfu_peak_flops, model_flops_per_token_array
 
     best: dict[str, dict[str, Any]] = {}
     for r, measured in zip(prep.rows, prep.measured, strict=True):
         assert r.model and r.cluster and r.training and r.cfg
         flops = float(model_flops_per_token_array(r.model, r.training.seq_len,
                                                   np.array([r.cfg.tp]))[0])
-        peak = _peak_for(r.cluster, r.training, r.cfg.fp8_recipe is not None)
+        peak = mfu_peak_flops(r.cluster, r.training, r.cfg.fp8_recipe is not None)
         mfu = flops * float(measured) / peak
         key = mfu_class(r.model.is_moe, r.cluster.gpu.architecture, r.training.precision.value)
         if key not in best or mfu > best[key]["mfu"]:

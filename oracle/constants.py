@@ -114,7 +114,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "(tile quantisation, prologue/epilogue and wave effects of skinny GEMMs from high tp, "
         "small experts or few tokens per expert), in BF16 work; an FP8/FP4 GEMM's half dimension "
         "is this times its peak over the BF16 peak (the fixed part of a GEMM takes as long at any "
-        "precision; oracle.projection.gemm_half_dims)",
+        "precision; oracle.compute.gemm_half_dims)",
         "prior: 128 = one output-tile edge of common Hopper/Blackwell GEMM kernels (CUTLASS "
         "128x128 / 128x256 tiles); generic: 256 (larger tiles, worse small-GEMM behaviour "
         "assumed)",
@@ -178,7 +178,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
     ConstantDef(
         "kernel_overhead_s", "positive", 10e-6, 0.7, False,
         "host time to issue one operation of a layer (Python and framework dispatch, kernel "
-        "launch), counted per operation of each layer (oracle.projection.KERNELS_PER_LAYER: "
+        "launch), counted per operation of each layer (oracle.host.KERNELS_PER_LAYER: "
         "a MoE layer issues a fixed set plus four per local expert); a layer takes the smooth "
         "maximum of its host and GPU times, so it binds only where the GPU work per layer is "
         "small (fine-grained MoE at small micro-batches)",
@@ -194,7 +194,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "parameter-gather hooks of the chunk, the forward_step / backward_step wrappers); a "
         "dense or token-drop stage hides it behind the GPU's queue, a dropless MoE stage (one "
         "host-device synchronisation per layer) exposes it at each of its 2 vpp boundaries per "
-        "micro-batch (oracle.projection.chunk_boundary_host)",
+        "micro-batch (oracle.schedule.chunk_boundary_host)",
         "prior (order of magnitude): a few hundred microseconds of Python per chunk in "
         "forward_backward_pipelining_with_interleaving (two NCCL p2p calls of ~20-50 us each, "
         "tensor allocation and bookkeeping); shared (host and framework, not GPU)",
@@ -205,7 +205,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "fraction of the first layer of a pipeline chunk of a dropless MoE stage during which "
         "host and GPU do not overlap: the chunk starts with an empty GPU queue after the "
         "schedule's boundary work, so the host's issue time and the GPU time add there instead "
-        "of taking their smooth maximum (oracle.projection.chunk_boundary_host)",
+        "of taking their smooth maximum (oracle.schedule.chunk_boundary_host)",
         "prior: half (between an empty queue for the whole first layer, 1, and a host that "
         "catches up at once, 0); very wide (sigma 2 in logit space): the published runs decide",
     ),
@@ -246,7 +246,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "tp_comm_overlap", "fraction", 0.5, 0.6, False,
         "fraction of a layer's GEMM time that can hide its tensor-parallel all-gather / "
         "reduce-scatter in runs that overlap TP communication (Transformer Engine userbuffers, "
-        "torchtitan async TP; oracle.projection.RunTraits.tp_comm_overlap); runs without it "
+        "torchtitan async TP; oracle.work.RunTraits.tp_comm_overlap); runs without it "
         "expose all of it",
         "prior: half; Transformer Engine TP-comm overlap and async TP hide most of it, "
         "plain Megatron/torchtitan TP hides none",
@@ -277,7 +277,7 @@ CONSTANTS: tuple[ConstantDef, ...] = (
 CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
 #: The part of each architecture whose catalog peak the kernel-efficiency constants refer to;
 #: other parts of the architecture sustain a rate scaled by their compute units and board power
-#: (``power_clock_exponent``; :func:`oracle.projection.sustained_rate`).
+#: (``power_clock_exponent``; :func:`oracle.compute.sustained_rate`).
 POWER_REFERENCE_GPU: dict[str, str] = {
     "ampere": "a100", "hopper": "h100", "blackwell": "b200", "cdna3": "mi300x", "cdna4": "mi355x",
 }

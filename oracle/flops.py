@@ -101,12 +101,6 @@ def moe_flops(model: ModelSpec) -> float:
     return FMA * (routed + shared)
 
 
-def router_flops(model: ModelSpec) -> float:
-    """Forward FLOPs per token of one router (``h x E``). Not part of model FLOPs; the time model
-    uses it."""
-    return FMA * model.hidden_size * model.num_experts
-
-
 def logits_flops(model: ModelSpec, tp: int = 1) -> float:
     """Forward FLOPs per token of the output layer over Megatron's padded vocabulary."""
     return FMA * model.hidden_size * P.padded_vocab_size(model.vocab_size, tp)
@@ -151,10 +145,3 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int, tp: int = 1) -> floa
 def model_flops_per_token(model: ModelSpec, seq_len: int, tp: int = 1) -> float:
     """Model FLOPs per trained token: forward plus backward, ``3 x`` forward."""
     return FWD_BWD_FACTOR * forward_flops_per_token(model, seq_len, tp)
-
-
-def model_flops_per_step(
-    model: ModelSpec, seq_len: int, global_batch_size: int, tp: int = 1
-) -> float:
-    """Model FLOPs of one optimizer step: per token x ``global_batch_size x seq_len`` tokens."""
-    return model_flops_per_token(model, seq_len, tp) * global_batch_size * seq_len

@@ -28,16 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
-from oracle.constants import load_calibration, utc_now
 from formats.logs import (
     LogMeasurement,
     dump_as_megatron_args,
     read_log,
     read_torchtitan_config,
 )
-from oracle.projection import RunTraits
 from formats.runs import RunRow, read_runs, scored_rows
+from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
+from oracle.constants import load_calibration, utc_now
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -48,6 +47,7 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
+from oracle.work import RunTraits
 
 PUBLISHED_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 #: weight of one of the user's rows against one published row in the fit (its squared residual

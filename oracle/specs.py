@@ -161,8 +161,38 @@ class MlaSpec(Spec):
     v_head_dim: int = Field(ge=1, le=MAX_DIM)
 
 
+class MambaSpec(Spec):
+    """Mamba-2 mixer dimensions (Megatron-Core ``ssm/mamba_mixer.py``; Megatron-LM
+    ``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``, ``--mamba-num-heads``;
+    Hugging Face ``NemotronHConfig`` ``ssm_state_size``, ``mamba_head_dim``, ``n_groups``,
+    ``mamba_num_heads``, ``conv_kernel``, ``chunk_size``). ``d_inner = num_heads x head_dim``."""
+
+    state_dim: int = Field(ge=1, le=MAX_DIM, description="d_state (N)")
+    head_dim: int = Field(ge=1, le=MAX_DIM, description="P")
+    num_heads: int = Field(ge=1, le=MAX_DIM, description="nheads (d_inner / head_dim)")
+    num_groups: int = Field(default=8, ge=1, le=MAX_DIM, description="ngroups of B and C")
+    conv_kernel: int = Field(default=4, ge=1, le=64, description="d_conv")
+    chunk_size: int = Field(default=128, ge=1, le=1 << 16, description="SSD scan chunk")
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @model_validator(mode="after")
+    def _check(self) -> MambaSpec:
+        if self.num_heads % self.num_groups:
+            raise ValueError(f"mamba num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_groups ({self.num_groups})")
+        return self
+
+
+#: Megatron-Core's hybrid layer symbols (``ssm/mamba_hybrid_layer_allocation.py::Symbols``):
+#: each character of ``--hybrid-override-pattern`` is one decoder layer of that kind.
+HYBRID_SYMBOLS = frozenset("M*-E")
+
+
 class ModelSpec(Spec):
-    """A decoder-only transformer, dense or mixture-of-experts.
+    """A decoder-only transformer, dense or mixture-of-experts, or a hybrid Mamba model.
 
     Symbols used throughout the oracle: h = ``hidden_size``, f = ``ffn_hidden_size``,
     a = ``num_attention_heads``, g = ``num_kv_heads``, d = ``head_dim``, V = ``vocab_size``,
@@ -221,6 +251,18 @@ class ModelSpec(Spec):
     # attention variants
     mla: MlaSpec | None = None
     num_mtp_layers: int = Field(default=0, ge=0, le=64, description="multi-token prediction")
+    # hybrid Mamba models (Nemotron-H, Nemotron 3): one pattern character per decoder layer
+    hybrid_pattern: str = Field(
+        default="", max_length=MAX_LAYERS,
+        description="Megatron-LM --hybrid-override-pattern: M Mamba-2 mixer, * attention, "
+        "- dense MLP, E MoE, one character per layer; empty: every layer is attention + MLP/MoE",
+    )
+    mamba: MambaSpec | None = None
+    moe_latent_size: int = Field(
+        default=0, ge=0, le=MAX_DIM,
+        description="latent MoE (Megatron-Core --moe-latent-size): routed experts work on a "
+        "latent width, with replicated h -> latent -> h projections; 0: off",
+    )
     default_seq_len: int = Field(default=4096, ge=1, le=1 << 24)
     default_global_batch_size: int = Field(default=256, ge=1, le=1 << 30)
     source: str = ""
@@ -254,20 +296,63 @@ class ModelSpec(Spec):
             raise ValueError("learned position embeddings need max_position_embeddings > 0")
         if self.num_sliding_window_layers > self.num_layers:
             raise ValueError("num_sliding_window_layers exceeds num_layers")
+        if self.hybrid_pattern:
+            self._check_hybrid()
+        elif self.mamba is not None:
+            raise ValueError(f"{self.name}: a Mamba mixer needs a hybrid_pattern")
         return self
+
+    def _check_hybrid(self) -> None:
+        pat = self.hybrid_pattern
+        bad = sorted(set(pat) - HYBRID_SYMBOLS)
+        if bad:
+            raise ValueError(f"hybrid_pattern has {bad}; each character is one of M * - E")
+        if len(pat) != self.num_layers:
+            raise ValueError(f"hybrid_pattern has {len(pat)} layers, num_layers is "
+                             f"{self.num_layers}; they must agree")
+        if "M" in pat and self.mamba is None:
+            raise ValueError(f"{self.name}: the pattern has Mamba layers (M) but no mamba spec")
+        if "E" in pat and not self.num_experts:
+            raise ValueError(f"{self.name}: the pattern has MoE layers (E) but num_experts is 0")
+        if self.num_experts and "E" not in pat:
+            raise ValueError(f"{self.name}: num_experts > 0 but the pattern has no MoE layer (E)")
+        if "-" in pat and self.ffn_hidden_size < 1:
+            raise ValueError(f"{self.name}: the pattern has MLP layers (-) but ffn_hidden_size 0")
+        if self.num_dense_layers or self.num_mtp_layers:
+            raise ValueError(f"{self.name}: num_dense_layers and num_mtp_layers are not "
+                             f"supported with a hybrid_pattern (the pattern says each layer)")
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
     @property
+    def is_hybrid(self) -> bool:
+        """A Megatron-Core hybrid model: each layer is one block (``hybrid_pattern``)."""
+        return bool(self.hybrid_pattern)
+
+    @property
     def num_dense_layers_effective(self) -> int:
-        """Layers with a dense MLP: all of them for a dense model, the leading ones for MoE."""
+        """Layers with a dense MLP: all of them for a dense model, the leading ones for MoE,
+        the ``-`` layers of a hybrid pattern."""
+        if self.hybrid_pattern:
+            return self.hybrid_pattern.count("-")
         return self.num_dense_layers if self.is_moe else self.num_layers
 
     @property
     def num_moe_layers(self) -> int:
+        if self.hybrid_pattern:
+            return self.hybrid_pattern.count("E")
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with a self-attention block: every layer, or the ``*`` of a hybrid pattern."""
+        return self.hybrid_pattern.count("*") if self.hybrid_pattern else self.num_layers
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return self.hybrid_pattern.count("M")
 
 
 # ------------------------------------------------------------------------------ GPU and cluster
@@ -299,7 +384,7 @@ class GpuSpec(Spec):
     tdp_w: float | None = Field(
         default=None, gt=0, le=1e5,
         description="board power limit (W); with compute_units it scales the sustained tensor "
-        "rate within an architecture (oracle.projection); None: not modelled",
+        "rate within an architecture (oracle.compute.sustained_rate); None: not modelled",
     )
     compute_units: int | None = Field(
         default=None, ge=1, le=1 << 20, description="streaming multiprocessors (NVIDIA) or "
@@ -459,6 +544,23 @@ def derived_ga(global_batch_size: int, mbs: int, dp: int) -> int:
     """ga (micro-batches per step) as :func:`resolve_config` derives it: ``gbs // (mbs dp)``,
     at least 1."""
     return max(1, global_batch_size // (mbs * dp))
+
+
+def compute_precision(training: TrainingSpec, cfg: ParallelConfig) -> Precision:
+    """The precision the configuration's GEMMs run in, the one source every reader uses (the
+    check's header and JSON, the exporters, the interval class): FP8 when the configuration
+    has an FP8 recipe (``resolve_config`` gives every FP8 training one), else the training
+    precision (bf16, or NVFP4 ``fp4``). An FP8 recipe under fp4 training is illegal (rule
+    family ``precision``)."""
+    return Precision.FP8 if cfg.fp8_recipe is not None else training.precision
+
+
+def training_as_run(training: TrainingSpec, cfg: ParallelConfig) -> TrainingSpec:
+    """``training`` with the precision ``cfg`` runs in (:func:`compute_precision`): a bf16
+    training given an FP8 recipe trains in FP8 (fp4 with a recipe stays, and is illegal)."""
+    if training.precision is not Precision.BF16 or cfg.fp8_recipe is None:
+        return training
+    return training.model_copy(update={"precision": Precision.FP8})
 
 
 def resolve_config(

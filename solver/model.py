@@ -435,10 +435,12 @@ def enc_recompute(m: LegalityModel) -> Value:
 
 
 def enc_precision(m: LegalityModel) -> Value:
-    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4; NVFP4 training needs FP4
-    tensor cores (``rules.training_precision``: false for every layout)."""
+    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4; no FP8 recipe under fp4
+    training; NVFP4 training needs FP4 tensor cores (``rules.training_precision``: false for
+    every layout)."""
     gpu = m.p.cluster.gpu
     precision_ok = not training_precision(m.p.cluster, m.p.training)
+    fp4 = m.p.training.precision is Precision.FP4
 
     def ok(f: int) -> bool:
         if not precision_ok:
@@ -446,7 +448,7 @@ def enc_precision(m: LegalityModel) -> Value:
         r = FP8[f]
         if r is None:
             return True
-        if gpu.peak_fp8_flops is None:
+        if fp4 or gpu.peak_fp8_flops is None:  # an FP8 recipe under fp4 training: illegal
             return False
         return r is not Fp8Recipe.MXFP8 or gpu.architecture in FP8_ARCHITECTURES_MX
 

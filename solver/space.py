@@ -50,7 +50,10 @@ from oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
+from solver.axes import AXES
 from solver.rules import divisors, split_slots
+
+__all__ = ["AXES"]  # the registry's axis names (solver/axes.py), in branching order
 
 #: Micro-batch sizes a default search tries (capped by the global batch).
 DEFAULT_MBS: tuple[int, ...] = (1, 2, 4, 8)
@@ -121,11 +124,6 @@ class RecomputeOption(Spec):
 
 NO_RECOMPUTE = RecomputeOption()
 
-#: Axis names of a space, in the order the solver branches on them and candidates are listed.
-AXES: tuple[str, ...] = (
-    "tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule", "fp8_recipe",
-    "dispatcher", "optimizer", "recompute",
-)
 
 
 def _positive_sorted(name: str, values: tuple[int, ...]) -> tuple[int, ...]:

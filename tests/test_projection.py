@@ -11,20 +11,8 @@ import pytest
 from oracle import flops as F
 from oracle.catalog import load_gpu, load_model
 from oracle.constants import load_calibration
-from oracle.projection import (
-    BREAKDOWN,
-    CAST_BYTES_PER_ELEMENT,
-    ZERO_BUBBLE_FACTOR,
-    ConfigBatch,
-    RunTraits,
-    S,
-    build_work,
-    constants_arrays,
-    pipeline_time,
-    project,
-    score_configs,
-    timing,
-)
+from oracle.projection import project, score_configs
+from oracle.schedule import ZERO_BUBBLE_FACTOR, pipeline_time
 from oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -34,6 +22,8 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
+from oracle.timing import BREAKDOWN, constants_arrays, timing
+from oracle.work import CAST_BYTES_PER_ELEMENT, ConfigBatch, RunTraits, S, build_work
 
 
 def setup(model: str, gpu: str, nodes: int, seq: int, gbs: int, precision: str = "bf16",
@@ -342,7 +332,7 @@ def test_shipped_calibration_names_its_rows() -> None:
 
 
 def test_layer_host_time_hand_worked() -> None:
-    from oracle.projection import layer_host_time
+    from oracle.host import layer_host_time
 
     # dense layer: 3 x (7 attention + 5 MLP) operations x 10 us = 360 us
     assert layer_host_time(False, 0, 10e-6) == pytest.approx(360e-6)
@@ -351,7 +341,7 @@ def test_layer_host_time_hand_worked() -> None:
 
 
 def test_host_exposed_is_a_smooth_maximum() -> None:
-    from oracle.projection import host_exposed
+    from oracle.host import host_exposed
 
     # p = 2: (3^2 + 4^2)^(1/2) - 4 = 5 - 4 = 1
     assert host_exposed(3.0, 4.0, 2.0) == pytest.approx(1.0, rel=1e-12)
@@ -367,7 +357,7 @@ def test_host_exposed_is_a_smooth_maximum() -> None:
 
 
 def test_pipeline_p2p_hand_worked() -> None:
-    from oracle.projection import pipeline_p2p
+    from oracle.collectives import pipeline_p2p
 
     # interleaved, vpp 4: chunk forward 8/4 = 2 s hides 0.5 x 2 = 1 s of a 2 s transfer (1 s
     # exposed), chunk backward 16/4 = 4 s hides all of it: 4 x (1 + 0) = 4 s per micro-batch
@@ -379,7 +369,7 @@ def test_pipeline_p2p_hand_worked() -> None:
 
 
 def test_sustained_rate_hand_worked() -> None:
-    from oracle.projection import power_ratios, sustained_rate
+    from oracle.compute import power_ratios, sustained_rate
 
     gb300, b200 = load_gpu("gb300"), load_gpu("b200")
     assert power_ratios(b200) == (1.0, 1.0, 1.0)  # the Blackwell reference part
@@ -484,14 +474,14 @@ def test_time_side_counts_the_mtp_layer_parameters_like_the_memory_side() -> Non
 
 
 def test_interleaving_cp_and_dp_terms_hand_worked() -> None:
-    from oracle.projection import (
-        chunk_boundary_host,
+    from oracle.collectives import (
         cp_attention_block,
         cp_correction_bytes,
         cp_ring_exposed,
         ddp_bucket_params,
         dp_exposed,
     )
+    from oracle.schedule import chunk_boundary_host
 
     # Megatron-Core's default bucket: max(40M, 1M x dp_cp) parameters
     assert list(ddp_bucket_params([8, 64])) == [40e6, 64e6]

@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from oracle.calibrate import calibrate
-from oracle.constants import load_calibration
-from oracle.projection import project
 from formats.runs import (
     parse_row,
     read_runs,
@@ -19,6 +16,9 @@ from formats.runs import (
     row_recompute,
     row_traits,
 )
+from oracle.calibrate import calibrate
+from oracle.constants import load_calibration
+from oracle.projection import project
 from oracle.specs import (
     ConfigError,
     Dispatcher,

@@ -1,0 +1,391 @@
+"""How long the work of :func:`oracle.work.build_work` takes, given the constants of
+``oracle/constants.py`` (scalars or one value per configuration): :func:`timing`.
+
+GEMM time from a shape-dependent efficiency and attention at the flash-attention efficiency
+(:mod:`oracle.compute`), element-wise work at HBM bandwidth, host overhead
+(:mod:`oracle.host`), collectives on an alpha-beta model of the right link with the overlap the
+framework achieves (:mod:`oracle.collectives`), then the pipeline schedule over the slowest stage
+(:mod:`oracle.schedule`), data-parallel traffic and the optimizer step.
+
+* **Element-wise**: bytes read + written / (HBM x ``hbm_efficiency``); backward moves twice the
+  forward bytes.
+* **Optimizer**: Adam with fp32 master weights reads and writes
+  :data:`OPTIMIZER_BYTES_PER_PARAM` bytes per local parameter at HBM speed.
+* **Step overhead**: ``step_overhead_s`` once per step (host work the GPU waits for: gradient
+  norm and clipping, loss averaging and logging synchronisation, optimizer launches, the
+  data batch); it matters for short steps (few micro-batches).
+
+Breakdown (:data:`BREAKDOWN`): seconds per step that add up to ``step_time_s``: the components
+of the slowest stage times the number of micro-batches, then the bubble, the exposed DP
+traffic and the optimizer step of the stage that finishes last, and the fixed step overhead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
+from oracle.compute import ATTENTION_BWD_FLOPS_RATIO, gemm_half_dims, shape_factor, sustained_rate
+from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
+from oracle.host import host_exposed, layer_host_time
+from oracle.schedule import chunk_boundary_host, pipeline_bubble
+from oracle.work import (
+    ATTN_SLOTS,
+    BF16,
+    EXP_SLOTS,
+    GROUPED_SLOTS,
+    LOW_PREC_SLOTS,
+    MLA_UP_SLOTS,
+    MLP_SLOTS,
+    SH_SLOTS,
+    S,
+)
+
+#: Adam step per local parameter: read fp32 grad (4), read+write fp32 master (8), exp_avg (8),
+#: exp_avg_sq (8), write bf16 param (2), gradient-norm pass (4). Megatron distributed optimizer.
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+
+
+BREAKDOWN: tuple[str, ...] = (
+    "attention_gemm",  # QKV / MLA projections and the attention output projection, fwd + bwd
+    "core_attention",  # flash attention fwd + bwd
+    "mlp_gemm",  # dense MLP GEMMs
+    "expert_gemm",  # routed (grouped) and shared expert GEMMs
+    "router",  # router GEMM
+    "elementwise",  # norms, rope, activations, residuals, permutes, FP8/FP4 casts
+    "embedding_logits_loss",  # embedding, final norm, logits GEMM, cross-entropy, MTP heads
+    "recompute",  # recomputed forward work (selective modules or full layers)
+    "kernel_overhead",  # launch / host overhead not hidden
+    "tp_comm",  # exposed TP/SP collectives
+    "cp_comm",  # exposed context-parallel ring exchange
+    "ep_comm",  # exposed MoE dispatch / combine
+    "pp_p2p",  # exposed pipeline send / receive
+    "pipeline_bubble",  # fill and drain of the pipeline schedule
+    "dp_comm",  # exposed data-parallel / FSDP collectives
+    "optimizer",  # optimizer step
+    "step_overhead",  # fixed host work per step (grad norm, loss logging sync, launches)
+)
+
+
+def constants_arrays(
+    calib: CalibrationTable,
+    archs: Sequence[str] | str,
+    n: int,
+    software: Sequence[str] | str = REFERENCE_SOFTWARE,
+) -> dict[str, np.ndarray]:
+    """Constants as arrays of length ``n`` (one architecture and software stack, or one per
+    entry)."""
+    if isinstance(archs, str) and isinstance(software, str):
+        c = calib.constants(archs, software)
+        return {k: np.full(n, c[k]) for k in CONSTANT_NAMES}
+    archs_l = [archs] * n if isinstance(archs, str) else list(archs)
+    soft_l = [software] * n if isinstance(software, str) else list(software)
+    table = {key: calib.constants(*key) for key in set(zip(archs_l, soft_l, strict=True))}
+    return {k: np.array([table[key][k] for key in zip(archs_l, soft_l, strict=True)])
+            for k in CONSTANT_NAMES}
+
+
+def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Step time and breakdown for every configuration of a work batch (see module docstring).
+
+    Returns ``step_time_s`` and one array per :data:`BREAKDOWN` entry (seconds per step, they
+    add up to the step time), plus ``critical_stage``.
+    """
+    eff_prec = np.choose(
+        w["prec"], [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
+                    c["gemm_efficiency_fp4"]]
+    ) * (1 - w["block_scaled"] * (1 - np.asarray(c["block_scaled_gemm_efficiency"])))
+    hbm = w["hbm_bw"] * c["hbm_efficiency"]
+    up_bw = w["scale_up_bw"] * c["scale_up_efficiency"]
+    nic_bw = w["nic_bw"] * c["nic_efficiency"]
+    alpha = c["collective_latency_s"]
+    kern = c["kernel_overhead_s"]
+    peak_bf16 = w["peak_bf16"]
+    rate = sustained_rate(w["pw_peak"], w["pw_units"], w["pw_tdp"], c["power_clock_exponent"])
+
+    def link(intra: np.ndarray) -> np.ndarray:
+        """Point-to-point / all-to-all bandwidth per GPU."""
+        return np.where(intra > 0, up_bw, nic_bw)
+
+    def ring(intra: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Bus bandwidth of a ring collective (see :func:`group_local`)."""
+        return np.where(intra > 0, up_bw, np.minimum(up_bw, local * nic_bw))
+
+    # ---- GEMMs, forward time per slot
+    M, N, K, cnt = w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"]
+    present = cnt > 0
+    Ms, Ns, Ks = (np.where(present, x, 1.0) for x in (M, N, K))
+    low = LOW_PREC_SLOTS[None, :] & (w["prec"][:, None] > 0)
+    eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
+    half_s = gemm_half_dims(c["gemm_half_dim"], low, w["peak_low"], peak_bf16)
+    eff = eff * shape_factor(Ms, half_s) * shape_factor(Ns, half_s) * shape_factor(Ks, half_s)
+    eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
+        ..., None], eff)
+    peak = np.where(low, w["peak_low"][:, None], peak_bf16[:, None]) * rate[:, None]
+    t_compute = 2.0 * Ms * Ns * Ks * cnt / (peak * eff)
+    opb = np.where(low, w["operand_bytes"][:, None], BF16)
+    t_memory = cnt * ((Ms * Ks + Ks * Ns) * opb + Ms * Ns * BF16) / hbm[:, None]
+    gf = np.where(present, np.maximum(t_compute, t_memory), 0.0)  # forward; backward = 2x
+    cast_f = w["cast_fwd_bytes"] / hbm[:, None]
+    cast_b = w["cast_bwd_bytes"] / hbm[:, None]
+
+    def slots(x: np.ndarray, idx: list[int]) -> np.ndarray:
+        return x[:, idx].sum(axis=1)
+
+    g_attn, g_mlp = slots(gf, ATTN_SLOTS), slots(gf, MLP_SLOTS)
+    g_exp, g_sh = slots(gf, EXP_SLOTS), slots(gf, SH_SLOTS)
+    g_router, g_logits, g_mtp = gf[:, S["router"]], gf[:, S["logits"]], gf[:, S["mtp_proj"]]
+    g_mla_up = slots(gf, MLA_UP_SLOTS)
+    cf_attn, cb_attn = slots(cast_f, ATTN_SLOTS), slots(cast_b, ATTN_SLOTS)
+    cf_mlp, cb_mlp = slots(cast_f, MLP_SLOTS), slots(cast_b, MLP_SLOTS)
+    cf_moe = slots(cast_f, EXP_SLOTS + SH_SLOTS)
+    cb_moe = slots(cast_b, EXP_SLOTS + SH_SLOTS)
+
+    # ---- core attention
+    hd = c["attention_head_dim_half"]
+    dfac = (w["attn_head_dim"] / (w["attn_head_dim"] + hd)) / (128.0 / (128.0 + hd))
+    a_eff = c["attention_efficiency"] * dfac
+    hh = np.asarray(c["gemm_half_dim"])
+    sfu = np.where(w["sfu_exp_per_s"] > 0, w["sfu_exp_per_s"] * rate, np.inf)
+    core_f = np.zeros_like(w["peak_bf16"])
+    core_b = np.zeros_like(w["peak_bf16"])
+    for part in ("full", "slide"):
+        eff_ctx = shape_factor(w[f"attn_ctx_{part}"], hh)
+        t_mm = w[f"attn_flops_{part}"] / (peak_bf16 * rate * a_eff * eff_ctx)
+        # softmax exponentials on the special-function units overlap the matmuls (FA3/FA4)
+        t_exp = w[f"attn_flops_{part}"] * w["attn_exp_per_flop"] / (
+            sfu * c["attention_efficiency"] * eff_ctx)
+        core_f = core_f + np.maximum(t_mm, t_exp)
+        core_b = core_b + np.maximum(ATTENTION_BWD_FLOPS_RATIO * t_mm, t_exp)
+
+    # ---- element-wise
+    ew_attn, ew_mlp, ew_moe = w["ew_attn"] / hbm, w["ew_mlp"] / hbm, w["ew_moe"] / hbm
+    ew_out_f, ew_out_b = w["ew_out_fwd"] / hbm, w["ew_out_bwd"] / hbm
+    ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
+
+    # ---- host time per layer (forward + backward launches twice as many kernels)
+    host_dense = layer_host_time(False, 0.0, kern, w["cp_steps"])
+    host_moe = layer_host_time(True, w["local_experts"], kern, w["cp_steps"])
+
+    # ---- TP
+    t_tp = collective_time(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
+    ov_tp = c["tp_comm_overlap"] * w["tp_overlap"]
+    tp_attn_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_attn)
+    tp_attn_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_attn)
+    tp_mlp_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mlp)
+    tp_mlp_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_mlp)
+    tp_sh_f = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_fwd_per_block"] * t_tp
+                         - ov_tp * g_sh)
+    tp_sh_b = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_bwd_per_block"] * t_tp
+                         - ov_tp * 2 * g_sh)
+    # one bf16 collective of T h each way before the logits (SP gather) / after the embedding
+    # (the output layer and the embedding stay bf16 under FP8 recipes)
+    tp_out_f = w["tp_has"] * t_tp
+    tp_out_b = w["tp_has"] * t_tp
+
+    # ---- CP
+    cp_bw = link(w["cp_intra"])
+    cp_step_f = np.where(w["cp_steps"] > 0, alpha + w["cp_bytes"] / cp_bw, 0.0)
+    cp_step_b = np.where(w["cp_steps"] > 0, alpha + 2 * w["cp_bytes"] / cp_bw, 0.0)
+    cp_f = cp_ring_exposed(w["cp_steps"], cp_step_f, core_f, alpha)
+    cp_b = cp_ring_exposed(w["cp_steps"], cp_step_b, core_b, alpha)
+
+    # ---- EP (per direction: dispatch + combine)
+    lat = alpha * (1 + np.log2(np.maximum(w["ep_n"], 1)))
+    a2a = w["ep_active"] * (lat + np.maximum(w["ep_intra_bytes"] / up_bw,
+                                             w["ep_inter_bytes"] / nic_bw))
+    agd = collective_time(w["ep_ag_bytes"], w["ep_n"], ring(w["ep_ag_intra"], w["ep_ag_local"]),
+                      alpha)
+    etp = collective_time(w["etp_bytes"], w["etp_n"], ring(w["etp_intra"], w["etp_local"]), alpha)
+    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - c["ep_comm_overlap"])
+    ep_f = ep_dir * w["has_moe"]
+    ep_b = ep_dir * w["has_moe"]
+
+    # ---- per-layer forward / backward (compute | comm), and selective recompute
+    attn_f = g_attn + core_f + ew_attn + cf_attn
+    attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn
+    mlp_f = g_mlp + ew_mlp + cf_mlp
+    mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp
+    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe
+    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe
+    comm_attn_f, comm_attn_b = tp_attn_f + cp_f, tp_attn_b + cp_b
+    comm_mlp_f, comm_mlp_b = tp_mlp_f, tp_mlp_b
+    comm_moe_f, comm_moe_b = tp_sh_f + ep_f, tp_sh_b + ep_b
+    dense_fwd = attn_f + mlp_f + comm_attn_f + comm_mlp_f
+    moe_fwd = attn_f + moe_f + comm_attn_f + comm_moe_f
+    rc_common = (
+        w["rc_core_attn"] * core_f
+        + w["rc_layernorm"] * (w["ew_attn_norm"] + w["ew_mlp_norm"]) / hbm
+        + w["rc_mla_up_proj"] * g_mla_up
+    )
+    rc_dense = rc_common + w["rc_mlp"] * (mlp_f + comm_mlp_f)
+    rc_moe = (
+        rc_common
+        + w["rc_moe"] * (moe_f + comm_moe_f)
+        + (1 - w["rc_moe"]) * (
+            w["rc_moe_act"] * w["ew_moe_act"] / hbm
+            + w["rc_shared_experts"] * (g_sh + tp_sh_f)
+        )
+    )
+
+    # ---- output, embedding, MTP heads (per micro-batch)
+    out_f = g_logits + ew_out_f + tp_out_f
+    out_b = 2 * g_logits + ew_out_b + tp_out_b
+    emb_f, emb_b = ew_emb_f + tp_out_f, ew_emb_b + tp_out_b
+    mtp_fb = 3 * g_mtp
+
+    # ---- pipeline p2p: one activation transfer per chunk boundary and direction
+    t_send = np.where(w["pp_bytes"] > 0, alpha + w["pp_bytes"] / link(w["pp_intra"]), 0.0)
+
+    # ---- per-stage buckets for one micro-batch: (n, P)
+    nd, nm = w["st_dense"], w["st_moe"]
+    rd, rm = w["st_rc_dense"], w["st_rc_moe"]
+    ne, no, nmtp = w["st_emb"], w["st_out"], w["st_mtp"]
+    valid = w["st_valid"]
+    nl = nd + nm
+
+    def col(x: Any) -> np.ndarray:
+        return np.asarray(x)[:, None] if np.ndim(x) else np.asarray(x)
+
+    bucket: dict[str, np.ndarray] = {}
+    bucket["attention_gemm"] = nl * col(3 * g_attn)
+    bucket["core_attention"] = nl * col(core_f + core_b)
+    bucket["mlp_gemm"] = nd * col(3 * g_mlp)
+    bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh))
+    bucket["router"] = nm * col(3 * g_router)
+    bucket["elementwise"] = (
+        nl * col(3 * ew_attn + cf_attn + cb_attn) + nd * col(3 * ew_mlp + cf_mlp + cb_mlp)
+        + nm * col(3 * ew_moe + cf_moe + cb_moe)
+    )
+    bucket["embedding_logits_loss"] = (
+        ne * col(emb_f + emb_b) + no * col(out_f + out_b) + nmtp * col(mtp_fb)
+    )
+    bucket["recompute"] = (
+        nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
+    )
+    # the host runs ahead of the GPU: a dense layer exposes only host time beyond its GPU time;
+    # a dropless MoE layer synchronises host and device once (token counts), so the host cannot
+    # run ahead across it: smooth maximum of its host and GPU time, the excess is exposed
+    gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
+        + comm_mlp_b + rc_dense
+    gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
+        + comm_moe_b + rc_moe
+    p_host = c["host_gpu_overlap_exponent"]
+    drop = w["moe_sync"]
+    moe_host_exp = np.where(drop > 0, host_exposed(host_moe, gpu_moe, p_host),
+                            np.maximum(0.0, host_moe - gpu_moe))
+    bucket["kernel_overhead"] = (
+        nd * col(np.maximum(0.0, host_dense - gpu_dense))
+        + nm * col(moe_host_exp * w["has_moe"])
+        # pipeline chunk boundaries of a dropless MoE stage (chunk_boundary_host)
+        + (nm > 0) * col(w["pp_on"] * w["has_moe"] * chunk_boundary_host(
+            w["vpp"], c["pipeline_chunk_host_s"], host_moe, gpu_moe, p_host, drop,
+            c["chunk_start_serial_fraction"]))
+    )
+    bucket["tp_comm"] = (
+        nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
+        + nm * col(tp_sh_f + tp_sh_b)
+    )
+    bucket["cp_comm"] = nl * col(cp_f + cp_b)
+    bucket["ep_comm"] = nm * col(ep_f + ep_b)
+    bucket["pp_p2p"] = np.zeros_like(valid)  # below, once the chunk times are known
+
+    # forward / backward split of a stage's micro-batch (DP overlap windows)
+    fwd_s = (
+        nd * col(dense_fwd) + nm * col(moe_fwd) + ne * col(emb_f) + no * col(out_f)
+        + nmtp * col(g_mtp)
+    )
+
+    # ---- link time of the layer traffic (hidden or not) per micro-batch and stage, forward
+    # and backward, on the scale-up links [0] and the NICs [1]: the DP collectives share them
+    tp_raw_f = (2.0 + w["tp_shared_blocks"]) * w["tp_fwd_per_block"] * t_tp
+    tp_raw_b = (2.0 + w["tp_shared_blocks"]) * w["tp_bwd_per_block"] * t_tp
+    cp_raw_f = w["cp_steps"] * cp_step_f
+    cp_raw_b = w["cp_steps"] * cp_step_b
+    ep_up = w["ep_active"] * 2 * w["ep_intra_bytes"] / up_bw
+    ep_nic = w["ep_active"] * 2 * w["ep_inter_bytes"] / nic_bw
+    tpi, cpi = w["tp_intra"], w["cp_intra"]
+    link_busy = tuple(
+        tuple(nl * col(tp_raw * (tpi if k == 0 else 1 - tpi) + cp_raw * (cpi if k == 0 else 1 - cpi))
+              + nm * col(ep_up if k == 0 else ep_nic) for k in (0, 1))
+        for tp_raw, cp_raw in ((tp_raw_f, cp_raw_f), (tp_raw_b, cp_raw_b))
+    )
+
+    # ---- data parallel and FSDP
+    pd, pe = w["st_params_dense"], w["st_params_expert"]
+    bw_dd = col(ring(w["dp_dense_intra"], w["dp_dense_local"]))
+    bw_de = col(ring(w["dp_expert_intra"], w["dp_expert_local"]))
+    nd_n, ne_n = col(w["dp_dense_n"]), col(w["dp_expert_n"])
+    alpha_c = col(alpha)
+    gbytes = col(w["grad_bytes"])  # the gradient buffer's dtype (fp32 or bf16)
+    rs = collective_time(gbytes * pd, nd_n, bw_dd, alpha_c) + collective_time(gbytes * pe, ne_n, bw_de,
+                                                                       alpha_c)
+    ag = collective_time(BF16 * pd, nd_n, bw_dd, alpha_c) + collective_time(BF16 * pe, ne_n, bw_de,
+                                                                     alpha_c)
+    ov_dp = col(c["dp_comm_overlap"])
+    stage_mb = sum(bucket.values())
+    bwd_s = stage_mb - fwd_s
+    # interleaved: every chunk's receive is a synchronisation the overlap cannot hide (the
+    # next chunk's kernels wait on it): one latency per chunk and direction
+    pp_sync = np.where(w["vpp"] > 1, w["pp_sends"] * alpha, 0.0)
+    bucket["pp_p2p"] = valid * (pipeline_p2p(col(t_send), col(w["pp_sends"]), col(w["vpp"]),
+                                             fwd_s, bwd_s, col(c["pp_comm_overlap"]))
+                                + col(pp_sync))
+    stage_mb = stage_mb + bucket["pp_p2p"]
+    fsdp = col(w["fsdp"])
+    dist = col(w["dist_opt"])
+    fsdp_mb = fsdp * (
+        np.maximum(0.0, ag - ov_dp * fwd_s) + np.maximum(0.0, ag + rs - ov_dp * bwd_s)
+    )
+    bucket["dp_comm"] = fsdp_mb * valid
+    stage_mb = stage_mb + bucket["dp_comm"]
+    # the last gradient bucket and the next step's first parameter bucket are exposed
+    # (dp_exposed); chunk 0 is bucketed, later chunks are one bucket each but finish earlier
+    bucket_p = col(w["dp_bucket_params"])
+    vv = col(w["vpp"])
+    bd = np.minimum(bucket_p, pd / vv)
+    be = np.minimum(bucket_p, pe / vv)
+    rs_last = collective_time(gbytes * bd, nd_n, bw_dd, alpha_c) + collective_time(gbytes * be, ne_n,
+                                                                            bw_de, alpha_c)
+    ag_first = collective_time(BF16 * bd, nd_n, bw_dd, alpha_c) + collective_time(BF16 * be, ne_n,
+                                                                           bw_de, alpha_c)
+    # the window is shared with the layer traffic on the same links (dp_window)
+    busy_f, busy_b = link_busy
+    dp_on_nic = col(1.0 - w["dp_dense_intra"])
+    win_b = np.maximum(0.0, bwd_s - np.where(dp_on_nic > 0, busy_b[1], busy_b[0]))
+    win_f = np.maximum(0.0, fwd_s - np.where(dp_on_nic > 0, busy_f[1], busy_f[0]))
+    dp_step = (1 - fsdp) * np.where(
+        dist > 0,
+        dp_exposed(rs, rs_last, win_b, ov_dp) + dp_exposed(ag, ag_first, win_f, ov_dp),
+        dp_exposed(2 * rs, 2 * rs_last, win_b, ov_dp),
+    )
+    sharded = (dist > 0) | (fsdp > 0)
+    local = np.where(sharded, pd / nd_n + pe / ne_n, pd + pe)
+    opt = OPTIMIZER_BYTES_PER_PARAM * local / col(hbm)
+    tail = (dp_step + opt) * valid
+
+    # ---- pipeline schedule
+    m = w["m"]
+    stage_mb = stage_mb * valid
+    crit, bubble = pipeline_bubble(stage_mb, m, w["vpp"], w["bubble_factor"])
+    rows = np.arange(stage_mb.shape[0])
+    last = np.argmax(tail, axis=1)
+    out: dict[str, np.ndarray] = {}
+    for key in BREAKDOWN:
+        if key in bucket:
+            out[key] = m * bucket[key][rows, crit]
+    out["pipeline_bubble"] = bubble
+    out["dp_comm"] = out["dp_comm"] + dp_step[rows, last]
+    out["optimizer"] = opt[rows, last]
+    out["step_overhead"] = np.broadcast_to(np.asarray(c["step_overhead_s"], dtype=np.float64),
+                                           m.shape).copy()
+    out = {key: out[key] for key in BREAKDOWN}
+    total = np.zeros_like(m)
+    for key in BREAKDOWN:
+        total = total + out[key]
+    out["step_time_s"] = total
+    out["critical_stage"] = crit
+    return out

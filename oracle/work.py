@@ -1,0 +1,736 @@
+"""What one rank does per micro-batch, independent of the fitted constants.
+
+:class:`ConfigBatch` holds many resolved configurations of one (model, cluster, training) as
+integer arrays (with :class:`RunTraits`, the framework settings that change the time);
+:func:`build_work` turns them into the work of one rank: the shape ``(M, N, K)`` of every GEMM
+(:data:`SLOTS`), core-attention FLOPs, bytes of memory-bound element-wise work, bytes of every
+collective with its group size and link, how many layers of each kind every pipeline stage holds
+and recomputes, parameters per stage (for data-parallel traffic and the optimizer). numpy
+arrays, one entry per configuration; :func:`concat_work` stacks the work of several batches
+(calibration over many published runs). :func:`oracle.timing.timing` turns the work into time.
+
+Symbols (one micro-batch on one rank): T = mbs s / cp tokens, T_sp = T / tp under sequence
+parallelism, h hidden, f FFN width, V vocabulary.
+
+* **Element-wise** (norms, rope, residual adds, SwiGLU/GELU, router softmax, MoE permute and
+  unpermute, cross-entropy, embedding): bytes read + written per micro-batch forward; the time
+  model moves them at HBM speed, backward twice the forward bytes.
+* **Quantisation**: FP8/FP4 quantisation of GEMM inputs (and of output gradients in backward)
+  is element-wise work: :data:`CAST_BYTES_PER_ELEMENT` bytes per element (torchao row-wise
+  scaling, ``RunTraits.fp8_rowwise``: 10). Weights are quantised once per step where the
+  framework keeps the low-precision copy across micro-batches, every micro-batch forward and
+  backward under FSDP (:func:`weight_casts_per_microbatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from oracle import flops as F
+from oracle import params as P
+from oracle.collectives import (
+    TP_FP8_ALLGATHER_FRACTION,
+    cp_attention_block,
+    cp_correction_bytes,
+    ddp_bucket_params,
+    group_intra,
+    group_local,
+)
+from oracle.compute import OPERAND_BYTES, power_ratios
+from oracle.memory import param_units, pipeline_chunks, recompute_groups, stage_params
+from oracle.schedule import ZERO_BUBBLE_FACTOR
+from oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    TrainingSpec,
+)
+
+BF16 = 2.0
+FP32 = 4.0
+
+
+#: Bytes moved per element to quantise a GEMM input (Transformer Engine cast(+transpose)):
+#: read bf16 (2) + write the row-wise and column-wise low-precision copies (1 + 1 for FP8);
+#: current/tensorwise scaling and NVFP4 add an amax pass over the input (+2).
+CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0,
+                          "nvfp4": 6.0, "rowwise": 10.0}
+#: torchao's row-wise ("axiswise") FP8 recipe (``RunTraits.fp8_rowwise``) scales every GEMM
+#: operand along the reduction axis of the GEMM it feeds, and an operand feeds two GEMMs with
+#: different reduction axes (the input: forward over K and weight gradient over tokens; the
+#: output gradient: data gradient over N and weight gradient over tokens), so each operand is
+#: quantised twice from bf16 (amax pass 2 + cast read 2 + write 1, twice = 10 bytes per element);
+#: its GEMMs (CUTLASS row-wise kernel) run at ``block_scaled_gemm_efficiency`` like the other
+#: finer-than-tensor scalings, and its tensor-parallel all-gathers stay in bf16.
+
+
+# ------------------------------------------------------------------------------ GEMM slots
+#: Named GEMMs of one layer (plus output/MTP heads), in a fixed order.
+SLOTS: tuple[str, ...] = (
+    "qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out",
+    "mlp_fc1", "mlp_fc2", "exp_fc1", "exp_fc2", "sh_fc1", "sh_fc2",
+    "router", "logits", "mtp_proj",
+)
+S = {name: i for i, name in enumerate(SLOTS)}
+ATTN_SLOTS = [S[x] for x in ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out")]
+MLA_UP_SLOTS = [S["q_up"], S["kv_up"]]
+MLP_SLOTS = [S["mlp_fc1"], S["mlp_fc2"]]
+EXP_SLOTS = [S["exp_fc1"], S["exp_fc2"]]
+SH_SLOTS = [S["sh_fc1"], S["sh_fc2"]]
+#: slots that run in the training's low precision (FP8/FP4); router, logits, MTP projection: BF16
+LOW_PREC_SLOTS = np.array(
+    [name not in ("router", "logits", "mtp_proj") for name in SLOTS], dtype=bool
+)
+GROUPED_SLOTS = np.array([name in ("exp_fc1", "exp_fc2") for name in SLOTS], dtype=bool)
+
+# config codes
+RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
+DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
+SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
+SPLIT_CODE = {PipelineSplit.EVEN: 0, PipelineSplit.EMBEDDING_LOSS: 1}
+FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
+            Fp8Recipe.MXFP8: 3}
+MODULE_BITS = {"core_attn": 1, "layernorm": 2, "mlp": 4, "moe": 8, "moe_act": 16,
+               "shared_experts": 32, "mla_up_proj": 64}
+_CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
+_CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
+_CODE_SPLIT = {v: k for k, v in SPLIT_CODE.items()}
+
+
+# ============================================================================ config batch
+
+
+@dataclass(frozen=True)
+class RunTraits:
+    """How a run executes beyond its parallel layout and precision: framework settings that
+    change the time of the same configuration. The defaults are Megatron-Core with Transformer
+    Engine as Megatron-Bridge / NeMo recipes configure it (what the search plans for);
+    :mod:`formats.runs` reads other values from a published row's columns.
+
+    ``tp_comm_overlap``: tensor-parallel collectives can hide behind the layer's GEMMs
+    (Transformer Engine userbuffers, ``--tp-comm-overlap``, torchtitan async TP); False for plain
+    Megatron-LM without the flag and torchtitan's vanilla TP, whose all-gather and
+    reduce-scatter run between the GEMMs.
+    ``fp8_rowwise``: the FP8 recipe is torchao's row-wise scaling (see
+    :data:`CAST_BYTES_PER_ELEMENT`); ignored without FP8.
+    ``moe_dropless``: MoE layers route without a capacity limit (Megatron-Core's default,
+    ``--moe-expert-capacity-factor`` unset): each layer copies its token counts to the host, so
+    the host cannot run ahead of the GPU across it (:func:`host_exposed`, and at every pipeline
+    chunk boundary :func:`chunk_boundary_host`). False: token-drop (``--moe-expert-capacity-factor
+    1.0 --moe-pad-expert-input-to-capacity``): fixed shapes, no synchronisation, the host runs
+    ahead as for a dense layer. Ignored for dense models.
+    """
+
+    tp_comm_overlap: bool = True
+    fp8_rowwise: bool = False
+    moe_dropless: bool = True
+
+
+DEFAULT_TRAITS = RunTraits()
+
+
+@dataclass
+class ConfigBatch:
+    """Many resolved configurations of one (model, cluster, training) as integer arrays.
+
+    Codes: ``recompute`` 0 none / 1 selective / 2 full; ``recompute_method`` 0 uniform /
+    1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
+    :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
+    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss; ``fp8`` -1 none /
+    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
+    :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
+    """
+
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    dp: np.ndarray
+    mbs: np.ndarray
+    ga: np.ndarray
+    sp: np.ndarray
+    recompute: np.ndarray
+    recompute_method: np.ndarray
+    recompute_layers: np.ndarray
+    recompute_modules: np.ndarray
+    distributed_optimizer: np.ndarray
+    fsdp: np.ndarray
+    dispatcher: np.ndarray
+    schedule: np.ndarray
+    split: np.ndarray
+    fp8: np.ndarray
+    tp_overlap: np.ndarray | None = None
+    #: gradient buffer / DP reduction in fp32 (None: all True, the default)
+    grad_fp32: np.ndarray | None = None
+    fp8_rowwise: np.ndarray | None = None
+    #: dropless MoE routing (None: all True, the default; RunTraits.moe_dropless)
+    dropless: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @classmethod
+    def from_configs(
+        cls,
+        configs: Sequence[ParallelConfig],
+        traits: RunTraits | Sequence[RunTraits] | None = None,
+    ) -> ConfigBatch:
+        """From configurations already resolved by :func:`oracle.specs.resolve_config`;
+        ``traits``: one :class:`RunTraits` for all, one per configuration, or None (defaults)."""
+        if traits is None or isinstance(traits, RunTraits):
+            traits = [traits or DEFAULT_TRAITS] * len(configs)
+        if len(traits) != len(configs):
+            raise ConfigError("from_configs(): give one RunTraits per configuration")
+        for c in configs:
+            if c.dp is None or c.ga is None or c.pipeline_split is None:
+                raise ConfigError("resolve_config() the configuration before projecting it")
+        def arr(get: Any, dtype: Any = np.int64) -> np.ndarray:
+            return np.array([get(c) for c in configs], dtype=dtype)
+        return cls(
+            tp=arr(lambda c: c.tp), pp=arr(lambda c: c.pp), vpp=arr(lambda c: c.vpp),
+            cp=arr(lambda c: c.cp), ep=arr(lambda c: c.ep), etp=arr(lambda c: c.etp_),
+            dp=arr(lambda c: c.dp), mbs=arr(lambda c: c.mbs), ga=arr(lambda c: c.ga),
+            sp=arr(lambda c: c.sp, bool),
+            recompute=arr(lambda c: RECOMPUTE_CODE[c.recompute]),
+            recompute_method=arr(lambda c: METHOD_CODE[c.recompute_method]),
+            recompute_layers=arr(
+                lambda c: -1 if c.recompute_layers is None else c.recompute_layers
+            ),
+            recompute_modules=arr(
+                lambda c: sum(MODULE_BITS[m] for m in set(c.recompute_modules))
+            ),
+            distributed_optimizer=arr(lambda c: c.distributed_optimizer, bool),
+            fsdp=arr(lambda c: c.fsdp, bool),
+            dispatcher=arr(lambda c: DISPATCH_CODE[c.dispatcher]),
+            schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
+            split=arr(lambda c: SPLIT_CODE[c.pipeline_split]),
+            fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
+            tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
+            fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
+            dropless=np.array([t.moe_dropless for t in traits], dtype=bool),
+            grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        training: TrainingSpec,
+        *,
+        tp: Any = 1,
+        pp: Any = 1,
+        vpp: Any = 1,
+        cp: Any = 1,
+        ep: Any = 1,
+        etp: Any = None,
+        mbs: Any = 1,
+        recompute: Any = 0,
+        recompute_method: Any = 1,
+        recompute_layers: Any = -1,
+        recompute_modules: Any = MODULE_BITS["core_attn"],
+        distributed_optimizer: Any = True,
+        fsdp: Any = False,
+        dispatcher: Any = 0,
+        schedule: Any = None,
+        fp8: Any = None,
+        sp: Any = None,
+        tp_comm_overlap: Any = True,
+        fp8_rowwise: Any = False,
+        grad_reduce_in_fp32: Any = True,
+        moe_dropless: Any = True,
+    ) -> ConfigBatch:
+        """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
+        free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
+        interleaved when vpp > 1, FP8 recipe from the training precision, pipeline split
+        ``even`` when the layers divide over pp x vpp. Recompute layers only count under full
+        recompute (``-1`` = all). ``tp_comm_overlap`` / ``fp8_rowwise``: :class:`RunTraits`
+        fields (scalars or arrays)."""
+        tp_ = np.asarray(tp, dtype=np.int64)
+        arrays = np.broadcast_arrays(
+            tp_, np.asarray(pp), np.asarray(vpp), np.asarray(cp), np.asarray(ep),
+            np.asarray(mbs), np.asarray(recompute),
+        )
+        n = arrays[0].size
+        def b(x: Any, dtype: Any = np.int64) -> np.ndarray:
+            return np.broadcast_to(np.asarray(x, dtype=dtype), (n,)).copy()
+        tp_, pp_, vpp_, cp_, ep_, mbs_, rc_ = (b(a.ravel()) for a in arrays)
+        etp_ = tp_.copy() if etp is None else b(etp)
+        dp_ = np.maximum(1, cluster.world_size // (tp_ * pp_ * cp_))
+        ga_ = np.maximum(1, training.global_batch_size // (mbs_ * dp_))
+        if fp8 is None:
+            code = -1
+            if training.precision is Precision.FP8:
+                from oracle.specs import default_fp8_recipe
+
+                code = FP8_CODE[default_fp8_recipe(cluster.gpu)]
+            fp8 = code
+        split_ = np.where(model.num_layers % (pp_ * vpp_) == 0, 0, 1)
+        sched_ = np.where(vpp_ > 1, 1, 0) if schedule is None else b(schedule)
+        layers_ = np.where(rc_ == 2, b(recompute_layers), -1)
+        return cls(
+            tp=tp_, pp=pp_, vpp=vpp_, cp=cp_, ep=ep_, etp=etp_, dp=dp_, mbs=mbs_, ga=ga_,
+            sp=(tp_ > 1) if sp is None else b(sp, bool),
+            recompute=rc_, recompute_method=b(recompute_method), recompute_layers=layers_,
+            recompute_modules=b(recompute_modules), distributed_optimizer=b(
+                distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
+            schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
+            tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
+            grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
+        )
+
+    def traits(self, i: int) -> RunTraits:
+        """The :class:`RunTraits` of configuration ``i``."""
+        return RunTraits(
+            tp_comm_overlap=True if self.tp_overlap is None else bool(self.tp_overlap[i]),
+            fp8_rowwise=False if self.fp8_rowwise is None else bool(self.fp8_rowwise[i]),
+            moe_dropless=True if self.dropless is None else bool(self.dropless[i]),
+        )
+
+    def config(self, i: int) -> ParallelConfig:
+        """Configuration ``i`` as a resolved :class:`ParallelConfig`."""
+        mods = tuple(m for m, bit in MODULE_BITS.items() if self.recompute_modules[i] & bit)
+        rc = _CODE_RECOMPUTE[int(self.recompute[i])]
+        fp8 = {v: k for k, v in FP8_CODE.items()}[int(self.fp8[i])]
+        return ParallelConfig(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]), cp=int(self.cp[i]),
+            ep=int(self.ep[i]), etp=int(self.etp[i]), dp=int(self.dp[i]), mbs=int(self.mbs[i]),
+            ga=int(self.ga[i]), sequence_parallel=bool(self.sp[i]), recompute=rc,
+            recompute_method=_CODE_METHOD[int(self.recompute_method[i])],
+            recompute_layers=(None if self.recompute_layers[i] < 0 or rc is not Recompute.FULL
+                              else int(self.recompute_layers[i])),
+            recompute_modules=mods or ("core_attn",),
+            distributed_optimizer=bool(self.distributed_optimizer[i]),
+            fsdp=bool(self.fsdp[i]),
+            grad_reduce_in_fp32=True if self.grad_fp32 is None else bool(self.grad_fp32[i]),
+            dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
+            schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
+            fp8_recipe=fp8, pipeline_split=_CODE_SPLIT[int(self.split[i])],
+        )
+
+
+# ================================================================================ work
+
+
+@lru_cache(maxsize=65536)
+def _stage_layers(
+    num_layers: int, num_dense: int, is_moe: bool, num_mtp: int, pp: int, vpp: int,
+    split: int, recompute: int, method: int, k: int,
+) -> np.ndarray:
+    """Per stage (rows): dense layers, MoE layers, MTP layers, has embedding, has output, fully
+    recomputed dense layers, fully recomputed MoE layers. Pipeline layout and recompute groups
+    come from :mod:`oracle.memory` (``pipeline_chunks``, ``recompute_groups``)."""
+    out = np.zeros((pp, 7), dtype=np.int64)
+    chunks = pipeline_chunks(num_layers, num_mtp, pp, vpp, _CODE_SPLIT[split])
+    rc = _CODE_RECOMPUTE[recompute]
+    kk = None if k < 0 else k
+    for s, stage in enumerate(chunks):
+        for ch in stage:
+            moe = [is_moe and i >= num_dense for i in ch.layers]
+            out[s, 0] += len(moe) - sum(moe)
+            out[s, 1] += sum(moe)
+            out[s, 2] += ch.mtp_layers
+            out[s, 3] |= int(ch.has_embedding)
+            out[s, 4] |= int(ch.has_output)
+            for lo, hi in recompute_groups(len(ch.layers), rc, _CODE_METHOD[method], kk):
+                n_moe = sum(moe[lo:hi])
+                out[s, 5] += hi - lo - n_moe
+                out[s, 6] += n_moe
+    return out
+
+
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the stacked integer columns and the index of each row's distinct row
+    (mixed-radix key: one 1-d ``np.unique`` instead of a slow row-wise one)."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        lo = int(c.min())
+        span = int(c.max()) - lo + 1
+        key = key * span + (c - lo)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    uniq = np.stack([c[first] for c in cols], axis=1)
+    return uniq, inverse.reshape(-1)
+
+
+def padded_vocab(vocab: int, tp: np.ndarray) -> np.ndarray:
+    """Megatron's padded vocabulary (a multiple of ``VOCAB_DIVISIBLE_BY x tp``) for an array
+    of tp: :func:`oracle.params.padded_vocab_size` vectorised."""
+    multiple = P.VOCAB_DIVISIBLE_BY * tp
+    return -(-vocab // multiple) * multiple
+
+
+def weight_casts_per_microbatch(fsdp: Any, ga: Any) -> tuple[np.ndarray, np.ndarray]:
+    """How often one micro-batch quantises a low-precision GEMM's weights, forward and
+    backward (each time ``K N`` elements at :data:`CAST_BYTES_PER_ELEMENT`).
+
+    Without FSDP the framework keeps the quantised weights (and their transposed/column-wise
+    copy) across the micro-batches of a step (Transformer Engine's ``is_first_microbatch``
+    weight cache), so the cast happens once per step: ``1/ga`` per micro-batch forward and none
+    in backward. Under FSDP (ZeRO-3) the full weights exist only between their all-gather and
+    their release, which happens every micro-batch in forward and again in backward: the
+    gathered bf16 weights are quantised in forward and the copy the data gradient needs is
+    quantised again in backward (Megatron-Bridge's Megatron-FSDP override sets
+    ``ddp.keep_fp8_transpose_cache = False``: scripts/performance/utils/overrides.py and
+    helpers.py, ``_set_megatron_fsdp_overrides``; torchao's ``Float8Linear`` under FSDP2 casts
+    the gathered weight on every call): one cast forward and one backward per micro-batch.
+    Worked example: Llama 3 70B FP8 under FSDP at 2 micro-batches per step quantises its 70e9
+    weights 4 times per step instead of once."""
+    fs = np.asarray(fsdp, dtype=bool)
+    g = np.asarray(ga, dtype=np.float64)
+    return np.where(fs, 1.0, 1.0 / g), np.where(fs, 1.0, 0.0)
+
+
+def moe_host_sync(dropless: Any, dispatcher: Any) -> np.ndarray:
+    """Whether a MoE layer makes the host wait for the GPU once per layer (1) or lets it run
+    ahead as a dense layer does (0). Dropless routing copies the token counts per expert to the
+    host (Megatron-Core's token dispatchers: ``cuda_sync_point``); token-drop with padding to
+    capacity (``moe_pad_expert_input_to_capacity``) has fixed shapes and no synchronisation with
+    the ``alltoall`` / ``allgather`` dispatchers, but the ``flex`` dispatcher (DeepEP, HybridEP)
+    returns its received-token counts to the host in any case (DeepEP ``dispatch`` returns
+    ``num_recv_tokens_per_expert_list``, a host list). ``dispatcher``: the :data:`DISPATCH_CODE`
+    codes."""
+    return np.asarray(dropless, dtype=bool) | (np.asarray(dispatcher) == DISPATCH_CODE[
+        Dispatcher.FLEX])
+
+
+def build_work(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
+) -> dict[str, np.ndarray]:
+    """Everything :func:`timing` needs, per configuration (see the module docstring)."""
+    n = len(b)
+    gpu = cluster.gpu
+    f64 = np.float64
+    s = float(training.seq_len)
+    h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads
+    tp, cp, ep, etp = (x.astype(f64) for x in (b.tp, b.cp, b.ep, b.etp))
+    mbs = b.mbs.astype(f64)
+    T = mbs * s / cp
+    Tsp = np.where(b.sp, T / tp, T)
+    a_loc = np.ceil(a / tp)
+    g_loc = np.maximum(1.0, np.ceil(g / tp))
+    vloc = padded_vocab(model.vocab_size, b.tp).astype(f64) / tp
+    up = 2.0 if model.gated_mlp else 1.0
+    w: dict[str, np.ndarray] = {}
+
+    # --- GEMM shapes (n, slots): M, N, K, count
+    M = np.zeros((n, len(SLOTS)))
+    N = np.zeros((n, len(SLOTS)))
+    K = np.zeros((n, len(SLOTS)))
+    C = np.zeros((n, len(SLOTS)))
+
+    def gemm(slot: str, m: Any, nn: Any, kk: Any, count: Any = 1.0) -> None:
+        i = S[slot]
+        M[:, i], N[:, i], K[:, i], C[:, i] = m, nn, kk, count
+
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            gemm("q_down", T, m.q_lora_rank, h)  # duplicated over tp (Megatron-Core MLA)
+            gemm("q_up", T, a_loc * qk, m.q_lora_rank)
+        else:
+            gemm("qkv", T, a_loc * qk, h)
+        gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h)
+        gemm("kv_up", T, a_loc * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+        gemm("attn_out", T, h, a_loc * m.v_head_dim)
+        kv_width = a_loc * (qk + m.v_head_dim)  # K and V per token the CP ring moves
+        rope_width = (a_loc + 1) * m.qk_rope_head_dim
+        d_attn = (qk + m.v_head_dim) / 2
+        mla_norm_width = m.q_lora_rank + m.kv_lora_rank
+    else:
+        d = model.head_dim
+        gemm("qkv", T, (a_loc + 2 * g_loc) * d, h)
+        gemm("attn_out", T, h, a_loc * d)
+        kv_width = 2 * g_loc * d
+        rope_width = (a_loc + g_loc) * d
+        d_attn = float(d)
+        mla_norm_width = 0.0
+    if model.num_dense_layers_effective:
+        f_loc = np.ceil(model.ffn_hidden_size / tp)
+        gemm("mlp_fc1", T, up * f_loc, h)
+        gemm("mlp_fc2", T, h, f_loc)
+    else:
+        f_loc = np.zeros(n)
+    E, k = model.num_experts, model.moe_top_k
+    if model.is_moe:
+        fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
+        rows = Tsp * k * etp  # token copies this rank's experts process
+        local_experts = np.ceil(E / ep)
+        m_e = rows / local_experts
+        gemm("exp_fc1", m_e, up * fe_loc, h, local_experts)
+        gemm("exp_fc2", m_e, h, fe_loc, local_experts)
+        fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
+        fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
+        if fs:
+            gemm("sh_fc1", T, up * fs_loc, h)
+            gemm("sh_fc2", T, h, fs_loc)
+        gemm("router", Tsp, E, h)
+    else:
+        fe_loc = rows = fs_loc = np.zeros(n)
+        fs = 0
+    gemm("logits", T, vloc, h)
+    if model.num_mtp_layers:
+        gemm("mtp_proj", T, h / tp, 2 * h)
+    w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
+
+    # --- precision: 0 bf16, 1 fp8, 2 fp4
+    rowwise = (b.fp8 >= 0) & (False if b.fp8_rowwise is None else b.fp8_rowwise)
+    if training.precision is Precision.FP4:
+        if gpu.peak_fp4_flops is None:
+            raise ConfigError(
+                f"precision fp4 (NVFP4) needs a GPU with FP4 tensor cores; {gpu.name} has no "
+                f"peak_fp4_tflops in the catalog; choose precision bf16 or fp8"
+            )
+        prec = np.full(n, 2)
+        cast = np.full(n, CAST_BYTES_PER_ELEMENT["nvfp4"])
+    else:
+        prec = np.where(b.fp8 >= 0, 1, 0)
+        cast_by_code = np.array([CAST_BYTES_PER_ELEMENT[x] for x in
+                                 ("delayed", "tensorwise", "blockwise", "mxfp8")] + [0.0])
+        cast = cast_by_code[np.where(b.fp8 >= 0, b.fp8, 4)]
+        cast = np.where(rowwise, CAST_BYTES_PER_ELEMENT["rowwise"], cast)
+        if gpu.peak_fp8_flops is None and np.any(prec == 1):
+            raise ConfigError(
+                f"precision fp8 needs a GPU with FP8 tensor cores; {gpu.name} has none; "
+                f"choose precision bf16"
+            )
+    w["prec"] = prec
+    # blockwise, MXFP8 and torchao row-wise scaling: finer than per-tensor scales
+    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3) | rowwise).astype(f64)
+    w["peak_bf16"] = np.full(n, gpu.peak_bf16_flops)
+    w["peak_low"] = np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
+                                     gpu.peak_fp4_flops or 1.0]).astype(f64)
+    w["operand_bytes"] = np.choose(prec, [OPERAND_BYTES[0], OPERAND_BYTES[1], OPERAND_BYTES[2]])
+    # quantisation bytes per micro-batch: inputs (M K) forward, output grads (M N) backward,
+    # weights (K N): once per step where the quantised copy is cached across micro-batches,
+    # forward and backward of every micro-batch under FSDP (weight_casts_per_microbatch)
+    low = LOW_PREC_SLOTS[None, :] & (prec[:, None] > 0)
+    wc_f, wc_b = weight_casts_per_microbatch(b.fsdp, b.ga)
+    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wc_f[:, None] * K * N * C)
+                                   * cast[:, None], 0.0)
+    w["cast_bwd_bytes"] = np.where(low, (M * N * C + wc_b[:, None] * K * N * C)
+                                   * cast[:, None], 0.0)
+    w["hbm_bw"] = np.full(n, gpu.hbm_bytes_per_s)
+
+    # --- core attention (per layer, averaged over sliding and full layers)
+    n_slide = sum(F.layer_is_sliding(model, i) for i in range(model.num_layers))
+    frac_slide = n_slide / model.num_layers
+    per_tok_full = F.core_attention_flops(model, training.seq_len, False)
+    per_tok_slide = F.core_attention_flops(model, training.seq_len, True)
+    w["attn_flops_full"] = (1 - frac_slide) * mbs * s * per_tok_full / (tp * cp)
+    w["attn_flops_slide"] = frac_slide * mbs * s * per_tok_slide / (tp * cp)
+    # under context parallelism every attention kernel sees one ring step's key block
+    # (cp_attention_block): its efficiency follows that length, not the whole context
+    kv_block = cp_attention_block(training.seq_len, cp)
+    w["attn_ctx_full"] = np.minimum(F.attention_context(model, training.seq_len, False), kv_block)
+    w["attn_ctx_slide"] = np.minimum(F.attention_context(model, training.seq_len, True), kv_block)
+    w["attn_head_dim"] = np.full(n, d_attn)
+    # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
+    w["attn_exp_per_flop"] = np.full(n, 1.0 / (2.0 * 2.0 * d_attn))
+    w["sfu_exp_per_s"] = np.full(n, gpu.sfu_exp_per_s or 0.0)
+    # sustained tensor rate relative to the architecture's reference part (power-limited clock)
+    pw = power_ratios(gpu)
+    w["pw_peak"], w["pw_units"], w["pw_tdp"] = (np.full(n, x) for x in pw)
+
+    # --- element-wise bytes per micro-batch (forward; backward moves twice as much)
+    qk_norm = T * rope_width * 4 if model.qk_norm else 0.0
+    w["ew_attn_norm"] = Tsp * h * 4 + T * mla_norm_width * 4
+    v_width = a_loc * (model.mla.v_head_dim if model.mla is not None else model.head_dim)
+    w["ew_cp_correction"] = cp_correction_bytes(T, v_width, cp)
+    w["ew_attn"] = (w["ew_attn_norm"] + T * rope_width * 4 + Tsp * h * 6 + qk_norm
+                    + w["ew_cp_correction"])
+    act_bytes = (up + 1) * BF16
+    w["ew_mlp_norm"] = Tsp * h * 4
+    w["ew_mlp_act"] = T * f_loc * act_bytes
+    w["ew_mlp"] = w["ew_mlp_norm"] + w["ew_mlp_act"] + Tsp * h * 6
+    if model.is_moe:
+        w["ew_moe_norm"] = Tsp * h * 4
+        w["ew_moe_act"] = rows * fe_loc * act_bytes + T * fs_loc * act_bytes
+        w["ew_moe"] = (
+            w["ew_moe_norm"] + w["ew_moe_act"] + Tsp * h * 6
+            + Tsp * E * 12  # fp32 router logits: write, softmax read/write
+            + 2 * Tsp * h * BF16 * (1 + k)  # permute and unpermute
+        )
+    else:
+        w["ew_moe_norm"] = w["ew_moe_act"] = w["ew_moe"] = np.zeros(n)
+    w["ew_out_fwd"] = Tsp * h * 4 + T * vloc * 10.0  # final norm; CE: read bf16, fp32 passes
+    w["ew_out_bwd"] = Tsp * h * 8 + T * vloc * 6.0
+    w["ew_emb_fwd"] = T * h * BF16
+    w["ew_emb_bwd"] = T * h * (BF16 + FP32)
+
+    # --- tensor parallel (S = T h bf16; counts in all-gather/reduce-scatter equivalents)
+    has_tp = (b.tp > 1).astype(f64)
+    sp = b.sp.astype(f64)
+    w["tp_bytes"] = T * h * BF16
+    w["tp_n"] = tp
+    w["tp_has"] = has_tp
+    w["tp_intra"] = group_intra(cluster, b.tp)
+    w["tp_local"] = group_local(cluster, np.ones(n, dtype=np.int64), b.tp)
+    # with sequence parallelism an FP8 recipe quantises the layer input before gathering it
+    # (Transformer Engine: current scaling reduces the amax over the TP group first, MXFP8 /
+    # blockwise gather the scaled data; torchtitan's float8 tensor-parallel styles): the forward
+    # all-gather and the backward re-gather move 1 byte per element instead of 2; reduce-scatters
+    # and the gradient all-gather stay bf16. torchao row-wise scaling and NVFP4 gather bf16.
+    ag = np.where((prec == 1) & ~rowwise, TP_FP8_ALLGATHER_FRACTION, 1.0)
+    w["tp_fwd_per_block"] = has_tp * (sp * (ag + 1.0) + (1 - sp) * 2.0)  # AG + RS, or one AR (= 2)
+    w["tp_bwd_per_block"] = has_tp * (sp * (2.0 + ag) + (1 - sp) * 2.0)  # + input re-gather (SP)
+    w["tp_shared_blocks"] = np.full(n, 1.0 if fs else 0.0)
+    w["tp_overlap"] = np.ones(n) if b.tp_overlap is None else b.tp_overlap.astype(f64)
+
+    # --- context parallel ring (p2p, K and V of the local chunk per step)
+    w["cp_bytes"] = T * kv_width * BF16
+    w["cp_steps"] = cp - 1
+    w["cp_intra"] = group_intra(cluster, b.tp * b.cp)
+
+    # --- expert parallel
+    if model.is_moe:
+        span = b.etp * b.ep
+        per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
+        ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
+        disp = Tsp * k * h * BF16  # bytes one rank dispatches (bf16 token copies)
+        a2a_intra = disp * (ep_local - 1) / ep
+        a2a_inter = disp * (ep - ep_local) / ep
+        nodes = ep / ep_local
+        flex_inter = Tsp * h * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+        ag_n = tp * ep
+        ag_span = b.tp * b.ep
+        ag_bytes = Tsp * h * BF16 * ag_n  # gathered tensor over tp x ep
+        is_ag = b.dispatcher == 1
+        is_flex = b.dispatcher == 2
+        w["ep_intra_bytes"] = np.where(is_ag, 0.0, a2a_intra)
+        w["ep_inter_bytes"] = np.where(is_ag, 0.0, np.where(is_flex, flex_inter, a2a_inter))
+        w["ep_n"] = np.where(is_ag, ag_n, ep)
+        w["ep_ag_bytes"] = np.where(is_ag & (ag_n > 1), ag_bytes, 0.0)
+        w["ep_ag_intra"] = group_intra(cluster, ag_span)
+        w["ep_ag_local"] = group_local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep)
+        w["ep_active"] = ((b.ep > 1) & ~is_ag).astype(f64)
+        w["etp_bytes"] = np.where(b.etp > 1, rows * h * BF16, 0.0)
+        w["etp_n"] = etp
+        w["etp_intra"] = group_intra(cluster, b.etp)
+        w["etp_local"] = group_local(cluster, np.ones(n, dtype=np.int64), b.etp)
+    else:
+        for key in ("ep_intra_bytes", "ep_inter_bytes", "ep_ag_bytes", "ep_active",
+                    "etp_bytes"):
+            w[key] = np.zeros(n)
+        w["ep_n"] = w["etp_n"] = np.ones(n)
+        w["ep_ag_intra"] = w["etp_intra"] = np.ones(n)
+        w["ep_ag_local"] = w["etp_local"] = np.ones(n)
+
+    # --- pipeline p2p
+    w["pp_bytes"] = np.where(b.pp > 1, Tsp * h * BF16, 0.0)
+    w["pp_sends"] = np.where(b.pp > 1, 2.0 * b.vpp, 0.0)  # forward + backward per chunk
+    w["pp_intra"] = group_intra(cluster, b.tp * b.cp * b.dp * b.pp)
+
+    # --- links and GPU
+    w["scale_up_bw"] = np.full(n, gpu.scale_up_bytes_per_s)
+    w["nic_bw"] = np.full(n, gpu.nic_bytes_per_s)
+
+    # --- per-stage layer counts and parameters
+    Pmax = int(b.pp.max())
+    uniq, inv = _unique_rows(b.pp, b.vpp, b.split, b.recompute, b.recompute_method,
+                             b.recompute_layers)
+    tables = np.zeros((len(uniq), Pmax, 7), dtype=np.int64)
+    valid_u = np.zeros((len(uniq), Pmax), dtype=bool)
+    for j, (pp_, vpp_, split_, rc_, meth_, k_) in enumerate(uniq):
+        t = _stage_layers(model.num_layers, model.num_dense_layers, model.is_moe,
+                          model.num_mtp_layers, int(pp_), int(vpp_), int(split_), int(rc_),
+                          int(meth_), int(k_))
+        tables[j, : int(pp_)] = t
+        valid_u[j, : int(pp_)] = True
+    st = tables[inv].astype(f64)  # (n, Pmax, 7)
+    valid = valid_u[inv]
+    mtp_moe = model.is_moe  # MTP layers copy the last layer's kind (MoE for MoE models)
+    w["st_dense"] = st[:, :, 0] + (0 if mtp_moe else st[:, :, 2])
+    w["st_moe"] = st[:, :, 1] + (st[:, :, 2] if mtp_moe else 0)
+    w["st_mtp"] = st[:, :, 2]
+    w["st_emb"] = st[:, :, 3]
+    w["st_out"] = st[:, :, 4] + st[:, :, 2]  # each MTP module has its own logits and loss
+    w["st_rc_dense"] = st[:, :, 5]
+    w["st_rc_moe"] = st[:, :, 6]
+    w["st_valid"] = valid.astype(f64)
+
+    uq, inv2 = _unique_rows(b.tp, b.pp, b.ep, b.etp)
+    units = np.array([_param_units_cached(model, *map(int, row)) for row in uq], dtype=f64)
+    pu = units[inv2]  # (n, len(PARAM_UNIT_FIELDS))
+    # the memory model's own per-stage count (oracle.memory.stage_params), on arrays
+    counts = SimpleNamespace(dense_layers=st[:, :, 0], moe_layers=st[:, :, 1],
+                             mtp_layers=st[:, :, 2], has_embedding=st[:, :, 3],
+                             has_output=st[:, :, 4])
+    units_ns = SimpleNamespace(**{f: pu[:, None, i] for i, f in enumerate(PARAM_UNIT_FIELDS)})
+    w["st_params_dense"], w["st_params_expert"] = stage_params(counts, units_ns, model.is_moe)
+
+    # --- data parallel
+    dense_group = b.dp * b.cp
+    expert_group = np.maximum(1, cluster.world_size // (b.pp * b.ep * b.etp))
+    w["dp_dense_n"] = dense_group.astype(f64)
+    w["dp_dense_intra"] = group_intra(cluster, b.tp * dense_group)
+    w["dp_dense_local"] = group_local(cluster, b.tp, dense_group)
+    w["dp_expert_n"] = expert_group.astype(f64)
+    w["dp_expert_intra"] = group_intra(cluster, b.ep * b.etp * expert_group)
+    w["dp_expert_local"] = group_local(cluster, b.ep * b.etp, expert_group)
+    w["dist_opt"] = b.distributed_optimizer.astype(f64)
+    w["fsdp"] = b.fsdp.astype(f64)
+    w["grad_bytes"] = (np.full(n, FP32) if b.grad_fp32 is None
+                       else np.where(b.grad_fp32, FP32, BF16))
+    w["dp_bucket_params"] = ddp_bucket_params(dense_group).astype(f64)
+
+    # --- schedule and recompute
+    w["m"] = b.ga.astype(f64)
+    w["vpp"] = b.vpp.astype(f64)
+    w["bubble_factor"] = np.where(b.schedule == 2, ZERO_BUBBLE_FACTOR, 1.0)
+    sel = b.recompute == 1
+    for mod, bit in MODULE_BITS.items():
+        w[f"rc_{mod}"] = (sel & ((b.recompute_modules & bit) > 0)).astype(f64)
+    w["has_moe"] = np.full(n, 1.0 if model.is_moe else 0.0)
+    # the host synchronises with the GPU once per MoE layer unless routing is token-drop with a
+    # dispatcher of fixed shapes: the flex dispatcher (DeepEP / HybridEP) returns its receive
+    # counts to the host even when the experts are padded to capacity (moe_host_sync)
+    dropless = np.ones(n, dtype=bool) if b.dropless is None else b.dropless
+    w["moe_sync"] = moe_host_sync(dropless, b.dispatcher).astype(f64)
+    w["pp_on"] = (b.pp > 1).astype(f64)
+    w["local_experts"] = np.ceil(E / ep) if model.is_moe else np.zeros(n)
+    return w
+
+
+#: The :class:`oracle.memory.ParamUnits` fields :func:`oracle.memory.stage_params` reads.
+PARAM_UNIT_FIELDS = ("attention", "dense_mlp", "moe_nonexpert", "experts", "embedding", "output",
+                     "mtp_extra")
+
+
+@lru_cache(maxsize=4096)
+def _param_units_cached(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple:
+    pu = param_units(model, tp, pp, ep, etp)
+    return tuple(getattr(pu, f) for f in PARAM_UNIT_FIELDS)
+
+
+def concat_work(works: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Stack the work of several (model, cluster, training) batches into one (stage axis padded
+    with empty stages), so :func:`timing` evaluates them all at once."""
+    pmax = max(w["st_valid"].shape[1] for w in works)
+    out: dict[str, np.ndarray] = {}
+    for key in works[0]:
+        parts = []
+        for w in works:
+            x = w[key]
+            if key.startswith("st_") and x.shape[1] < pmax:
+                x = np.pad(x, ((0, 0), (0, pmax - x.shape[1])))
+            parts.append(x)
+        out[key] = np.concatenate(parts, axis=0)
+    return out
