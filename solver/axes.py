@@ -153,6 +153,11 @@ KNOBS: tuple[Knob, ...] = (
          bridge="ddp.use_megatron_fsdp"),
     Knob("grad_reduce_in_fp32", None, "grad-reduce-in-bf16", GRAD_BF16_HELP, kind=FlagKind.FLAG,
          negated=True, baseline=False, megatron="grad_reduce_in_bf16"),
+    Knob("fp8_param_gather", None, "fp8-param-gather",
+         "FP8 runs keep the linear weights in FP8 only (no bf16 copy; Megatron-LM "
+         "--fp8-param-gather, Megatron-Bridge mixed_precision.fp8_param_gather)  [default: off]",
+         kind=FlagKind.FLAG, baseline=False, megatron="fp8_param_gather",
+         bridge="mixed_precision.fp8_param_gather"),
     Knob("pipeline_split", "pipeline_split", "pipeline-split",
          "Layer split  [default: even when layers divide, else embedding_loss]",
          kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),

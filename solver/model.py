@@ -664,7 +664,7 @@ class MemoryEncoding:
                                   distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
                                   fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp,
                                   grad_reduce_in_fp32=grad_fp32)
-                sh = M.sharding(model, cluster, cfg)
+                sh = M.sharding(model, cluster, cfg, p.training.precision is Precision.FP4)
                 out = memo.shard[key] = (
                     *(getattr(sh, n) for n in numeric),
                     (sh.distributed_optimizer, sh.fsdp, sh.grad_reduce_in_fp32,
