@@ -12,7 +12,7 @@ Two tables, and every list of axis names in tune-cp is derived from them:
   the order the solver branches on them: the ``ParallelConfig`` fields it sets and how the
   default space enumerates its domain. ``optimizer`` sets two fields (distributed optimizer,
   FSDP) and ``recompute`` four (one recompute option); ``sequence_parallel`` (derived from tp)
-  and ``grad_reduce_in_fp32`` (fixed per search) are knobs but not axes.
+  and ``grad_reduce_in_fp32`` / ``fp8_param_gather`` (fixed per search) are knobs but not axes.
 
 Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`,
 :data:`BASELINE_KEYS`, :data:`COMBINATION_AXES` (the planner's schema), :data:`ATTRIBUTION_FIELDS`
@@ -153,6 +153,11 @@ KNOBS: tuple[Knob, ...] = (
          bridge="ddp.use_megatron_fsdp"),
     Knob("grad_reduce_in_fp32", None, "grad-reduce-in-bf16", GRAD_BF16_HELP, kind=FlagKind.FLAG,
          negated=True, baseline=False, megatron="grad_reduce_in_bf16"),
+    Knob("fp8_param_gather", None, "fp8-param-gather",
+         "FP8 parameters: linear weights kept only as FP8 copies, no bf16 copy (memory only; "
+         "Megatron-LM --fp8-param-gather, Megatron-Bridge fp8_param_gather, the default of "
+         "its tensorwise, delayed and MXFP8 recipes)  [default: off]", kind=FlagKind.FLAG,
+         baseline=False),
     Knob("pipeline_split", "pipeline_split", "pipeline-split",
          "Layer split  [default: even when layers divide, else embedding_loss]",
          kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),
