@@ -154,10 +154,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("grad_reduce_in_fp32", None, "grad-reduce-in-bf16", GRAD_BF16_HELP, kind=FlagKind.FLAG,
          negated=True, baseline=False, megatron="grad_reduce_in_bf16"),
     Knob("fp8_param_gather", None, "fp8-param-gather",
-         "FP8 parameters: linear weights kept only as FP8 copies, no bf16 copy (memory only; "
-         "Megatron-LM --fp8-param-gather, Megatron-Bridge fp8_param_gather, the default of "
-         "its tensorwise, delayed and MXFP8 recipes)  [default: off]", kind=FlagKind.FLAG,
-         baseline=False),
+         "FP8 runs keep the linear weights in FP8 only (no bf16 copy; Megatron-LM "
+         "--fp8-param-gather, Megatron-Bridge mixed_precision.fp8_param_gather)  [default: off]",
+         kind=FlagKind.FLAG, baseline=False, megatron="fp8_param_gather",
+         bridge="mixed_precision.fp8_param_gather"),
     Knob("pipeline_split", "pipeline_split", "pipeline-split",
          "Layer split  [default: even when layers divide, else embedding_loss]",
          kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),
@@ -200,6 +200,9 @@ AXIS_TABLE: tuple[Axis, ...] = (
 
 #: Axis names of a search space (``SearchSpace`` fields), in branching order.
 AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE)
+#: The integer axes (their domains are sizes; the solver's value is the value itself, the other
+#: axes' values are indices into their domains).
+INT_AXES: tuple[str, ...] = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
 #: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
 RECOMPUTE_FIELDS: tuple[str, ...] = AXIS_TABLE[AXES.index("recompute")].fields
 #: ``--baseline KEY=VALUE`` keys.

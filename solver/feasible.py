@@ -18,6 +18,7 @@ from typing import Any
 
 from oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
 from solver.attribution import PROBE_AXES, attribute, attribution_walk
+from solver.axes import INT_AXES
 from solver.constraints import (
     Direction,
     SoftObjective,
@@ -159,7 +160,7 @@ SLICE_AXES: tuple[str, ...] = ("tp", "pp")
 #: Axes a space may be sliced on (fixing one of them keeps every other domain as it is).
 SLICEABLE: tuple[str, ...] = ("tp", "pp", "cp", "vpp", "ep", "mbs")
 #: Axes whose raw solver value is the value itself (the others are domain indices).
-NUMERIC_AXES = frozenset(("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"))
+NUMERIC_AXES = frozenset(INT_AXES)
 
 
 def default_slice_axes(space: SearchSpace) -> tuple[str, ...]:

@@ -47,6 +47,7 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
+from solver.axes import INT_AXES
 from solver.constraints import compile_expr
 from solver.cpsat import cp_model
 from solver.problem import Problem
@@ -293,7 +294,7 @@ class LegalityModel:
         out: dict[str, Any] = {}
         for name, v in self.axis.items():
             raw = values[name] if isinstance(v, Sym) else v
-            if name in ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"):
+            if name in INT_AXES:
                 out[name] = raw
             else:
                 out[name] = getattr(sp, name)[raw]
