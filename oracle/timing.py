@@ -30,7 +30,7 @@ import numpy as np
 from oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
 from oracle.compute import ATTENTION_BWD_FLOPS_RATIO, gemm_half_dims, shape_factor, sustained_rate
 from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
-from oracle.host import host_exposed, layer_host_time
+from oracle.host import a2a_sync_exponent, host_exposed, layer_host_time
 from oracle.schedule import chunk_boundary_host, pipeline_bubble
 from oracle.work import (
     ATTN_SLOTS,
@@ -167,8 +167,9 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
-    host_dense = layer_host_time(False, 0.0, kern, w["cp_steps"])
-    host_moe = layer_host_time(True, w["local_experts"], kern, w["cp_steps"])
+    graphs = w if "graph_attn" in w else None
+    host_dense = layer_host_time(False, 0.0, kern, w["cp_steps"], graphs)
+    host_moe = layer_host_time(True, w["local_experts"], kern, w["cp_steps"], graphs)
 
     # ---- TP
     t_tp = collective_time(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
@@ -200,7 +201,9 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     agd = collective_time(w["ep_ag_bytes"], w["ep_n"], ring(w["ep_ag_intra"], w["ep_ag_local"]),
                       alpha)
     etp = collective_time(w["etp_bytes"], w["etp_n"], ring(w["etp_intra"], w["etp_local"]), alpha)
-    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - c["ep_comm_overlap"])
+    # --overlap-moe-expert-parallel-comm hides the all-to-all behind another micro-batch
+    ep_hidden = np.where(w["a2a_overlap"] > 0, c["ep_a2a_overlap"], c["ep_comm_overlap"])
+    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - ep_hidden)
     ep_f = ep_dir * w["has_moe"]
     ep_b = ep_dir * w["has_moe"]
 
@@ -273,7 +276,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         + comm_mlp_b + rc_dense
     gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
         + comm_moe_b + rc_moe
-    p_host = c["host_gpu_overlap_exponent"]
+    # dropless MoE inside the combined 1F1B schedule: host and GPU add (a2a_sync_exponent)
+    p_host = a2a_sync_exponent(c["host_gpu_overlap_exponent"], w["a2a_overlap"], w["moe_sync"])
     drop = w["moe_sync"]
     moe_host_exp = np.where(drop > 0, host_exposed(host_moe, gpu_moe, p_host),
                             np.maximum(0.0, host_moe - gpu_moe))
