@@ -1,14 +1,21 @@
 """A fuzz campaign against the command line, one subprocess per case (issue 16).
 
-    python benchmarks/fuzz.py [--cases N] [--seed S] [--timeout 60] [--memory-gib 1] [--jobs 1]
+    python benchmarks/fuzz.py [--cases N] [--seed S] [--timeout 60] [--memory-gib 1]
+                              [--light] [--no-runaway] [--batch N]
 
-Cases come from ``tests/fuzzing.py`` (malformed flags, files, expressions, output paths), plus
-the runaway reproducers of issue 16 (a 100,000-layer model, ``--baseline vpp=100000``,
+Cases come from ``tests/fuzzing.py`` (malformed flags, files, expressions, output paths; and,
+unless ``--light``, searches of extreme models and cluster sizes and mutated Primus YAMLs),
+plus the runaway reproducers of issue 16 (a 100,000-layer model, ``--baseline vpp=100000``,
 ``--moe-layer-freq '[1]*300000000'``, slow explanations, ...). Each case runs as
 ``python cli.py ARGS`` in a scratch directory with a wall-clock limit (``--timeout``, default
-60 s) and an address-space limit (``resource.setrlimit(RLIMIT_AS)``, default 1 GiB). Prints a
-table of exit codes per kind of input, the defects (exit 3, a traceback, more than one error
-line, invalid JSON under ``--json``, a time-out, running out of memory) and the slowest cases.
+60 s) and an address-space limit (``resource.setrlimit(RLIMIT_AS)``, default 1 GiB).
+``--batch N`` (N > 1) runs the cases of the light kinds N to a process instead (``cli.run``
+in a fresh process per batch, each case under the same wall-clock limit by ``SIGALRM``): the
+interpreter's start-up is most of what a light case costs, so a campaign of thousands fits in
+minutes on a shared machine; the heavy kinds and the runaway cases still get a process each.
+Prints a table of exit codes per kind of input, the defects (exit 3, a traceback, more than one
+error line, invalid JSON under ``--json``, a time-out, running out of memory) and the slowest
+cases.
 """
 
 from __future__ import annotations
@@ -90,6 +97,72 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
             "defects": found, "err": p.stderr.strip()[:160]}
 
 
+#: Runs the cases of a JSON list (argv[1]) with ``cli.run`` in this process, one JSON line of
+#: results per case on stdout; a case past argv[2] seconds is stopped by SIGALRM.
+BATCH = """
+import contextlib, io, json, signal, sys, time
+sys.setrecursionlimit(10000)
+import cli
+from click.testing import CliRunner
+cases, limit = json.load(open(sys.argv[1])), float(sys.argv[2])
+class Late(BaseException):
+    pass
+def late(*_):
+    raise Late()
+signal.signal(signal.SIGALRM, late)
+runner = CliRunner()
+for args in cases:
+    t0 = time.monotonic()
+    with runner.isolation() as (out, err, _):
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            code = cli.run(list(args))
+        except Late:
+            code = "timeout"
+        except MemoryError:
+            code = "memory"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    print(json.dumps({"code": code, "out": stdout[-20000:], "err": stderr[-4000:],
+                      "wall_s": time.monotonic() - t0}), flush=True)
+"""
+
+LIGHT_KINDS = frozenset(("int flag", "float flag", "overhead", "model file", "gpu file",
+                         "calibration file", "primus file", "constraint", "prefer",
+                         "output path", "baseline", "price", "runs file"))
+
+
+def run_batch(batch: list[Case], cwd: Path, timeout_s: float, memory_bytes: int) -> list[dict]:
+    """The cases of ``batch`` in one process (``BATCH``); a case the process did not report
+    (it died) is a defect of its own."""
+    listing = cwd / "batch.json"
+    listing.write_text(json.dumps([list(c.args) for c in batch]))
+    p = subprocess.run([sys.executable, "-c", BATCH, str(listing), str(timeout_s)], cwd=cwd,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                       preexec_fn=limit(memory_bytes),
+                       env=os.environ | {"PYTHONPATH": str(ROOT)},
+                       timeout=timeout_s * (len(batch) + 1))
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    out = []
+    for case, got in zip(batch, lines + [None] * (len(batch) - len(lines)), strict=True):
+        if got is None:
+            out.append({"case": case, "code": "other", "wall_s": 0.0,
+                        "defects": [f"batch process ended ({p.returncode})"],
+                        "err": p.stderr.strip()[-160:]})
+            continue
+        code = got["code"]
+        if code == "timeout":
+            found = ["ran past the time limit"]
+        elif code == "memory":
+            found = ["out of memory"]
+        else:
+            found = defects(code, got["out"], got["err"], case.args)
+        out.append({"case": case, "code": code, "wall_s": got["wall_s"], "defects": found,
+                    "err": got["err"].strip()[:160]})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=600)
@@ -97,18 +170,31 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--memory-gib", type=float, default=1.0)
     ap.add_argument("--no-runaway", action="store_true", help="leave out the runaway cases")
+    ap.add_argument("--light", action="store_true",
+                    help="only the kinds of the bounded test (no searches of extreme models, "
+                    "clusters or mutated Primus YAMLs)")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="light cases per process (1: a process per case)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        todo = cases(args.seed, args.cases, tmp)
+        todo = cases(args.seed, args.cases, tmp, heavy=not args.light)
         if not args.no_runaway:
             todo += runaway_cases(tmp)
         results = []
         t0 = time.monotonic()
-        for i, case in enumerate(todo, 1):
-            results.append(run_case(case, tmp, args.timeout, int(args.memory_gib * 2**30)))
+        mem = int(args.memory_gib * 2**30)
+        light = [c for c in todo if c.kind in LIGHT_KINDS] if args.batch > 1 else []
+        for i in range(0, len(light), args.batch):
+            results += run_batch(light[i:i + args.batch], tmp, args.timeout, mem)
+            print(f"  {len(results)}/{len(todo)} cases, {time.monotonic() - t0:.0f} s",
+                  file=sys.stderr)
+        alone = [c for c in todo if not (args.batch > 1 and c.kind in LIGHT_KINDS)]
+        for i, case in enumerate(alone, 1):
+            results.append(run_case(case, tmp, args.timeout, mem))
             if i % 50 == 0:
-                print(f"  {i}/{len(todo)} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr)
+                print(f"  {len(results)}/{len(todo)} cases, {time.monotonic() - t0:.0f} s",
+                      file=sys.stderr)
     kinds = sorted({r["case"].kind for r in results})
     codes = ["0", "1", "2", "3", "timeout", "other"]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +35,15 @@ EXPR_TOKENS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga", "(", ")"
                "x", "[1]", "'s'", "1.5", "True", ":", ",", "１", "ｔｐ")
 
 
+#: A Hugging Face config.json of Mixtral 8x7B's shape, the start of the hostile model files.
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000,
+           "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
 def _model_files() -> list[tuple[str, bytes]]:
     """(suffix, content) of hostile model/GPU/calibration/experiment files."""
-    mixtral = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000,
-               "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}
+    mixtral = MIXTRAL
     bomb, prev = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n', "a"
     for name in "bcdefghi":
         bomb += f"{name}: &{name} [" + ",".join(["*" + prev] * 9) + "]\n"
@@ -76,9 +81,56 @@ class Case:
         return shown.replace("\n", "\\n")
 
 
-def cases(seed: int, n: int, tmp: Path) -> list[Case]:
-    """``n`` cases from ``seed``; files are written under ``tmp``."""
+#: Primus experiment YAMLs the "primus mutation" cases start from (tests/data).
+PRIMUS_EXAMPLES = ("tests/data/primus/examples/MI355X/mixtral_8x22B_v0.1-BF16-4node.yaml",)
+#: (key, values) a "model search" case sets in a Mixtral config.json: legal-looking extremes
+#: that make the search's model large, odd or beyond 64-bit arithmetic (issue 14).
+MODEL_EXTREMES = (("hidden_size", (1, 3, 2**20, 2**31, 10**12)),
+                  ("num_hidden_layers", (1, 3, 1000, 100_000)),
+                  ("vocab_size", (1, 2**28, 2**40)),
+                  ("intermediate_size", (1, 2**30)),
+                  ("num_local_experts", (1, 3, 1024, 10**6)),
+                  ("num_experts_per_tok", (1, 8, 1000)),
+                  ("num_attention_heads", (1, 3, 4096)),
+                  ("num_key_value_heads", (1, 3, 32)),
+                  ("max_position_embeddings", (1, 2**40)))
+#: --gpus-per-node / --nodes values of the "cluster size" cases.
+CLUSTER_SIZES = ("1", "3", "7", "1000", "65536", "1048576", "1048577", "9" * 19, "9" * 30)
+
+
+def _primus_mutants(tmp: Path, rng: random.Random, root: Path) -> str:
+    """A copy of a Primus experiment of ``PRIMUS_EXAMPLES`` with the model YAMLs it extends
+    (``tests/data/primus/models/megatron``) in a fresh folder under ``tmp``, one value of one of
+    these files replaced by a hostile one (a bad number, a huge integer, a string, a deep list,
+    nested environment defaults); returns the experiment's path."""
+    folder = tmp / f"primus{rng.randrange(10**9)}"
+    models = folder / "models" / "megatron"
+    models.mkdir(parents=True, exist_ok=True)
+    exp = folder / "experiment.yaml"
+    exp.write_text((root / rng.choice(PRIMUS_EXAMPLES)).read_text())
+    for src in sorted((root / "tests/data/primus/models/megatron").glob("*.yaml")):
+        (models / src.name).write_text(src.read_text())
+    target = rng.choice([exp, *sorted(models.glob("*.yaml"))])
+    lines = target.read_text().splitlines()
+    slots = [i for i, line in enumerate(lines) if re.match(r"^\s*\w+: \S", line)]
+    if slots:
+        i = rng.choice(slots)
+        indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+        key = lines[i].split(":", 1)[0].strip()
+        value = rng.choice((*BAD_NUMBERS[:20], "9" * 400, "[" * 200 + "1" + "]" * 200,
+                            "{a: 1}", "${PRIMUS_TP:abc}", "${X:${Y:${Z:1}}}", "~", "'8k'", "-2",
+                            "1e9", "1048576", "100000", "0.5", "true", "[1, 2]"))
+        lines[i] = f"{indent}{key}: {value}"
+    target.write_text("\n".join(lines) + "\n")
+    return str(exp)
+
+
+def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
+    """``n`` cases from ``seed``; files are written under ``tmp``. ``heavy`` adds the kinds
+    whose runs do real work (searches of extreme models and clusters, mutated Primus YAMLs):
+    the campaign of ``benchmarks/fuzz.py`` uses them, the bounded test in the suite does not."""
     rng = random.Random(seed)
+    root = Path(__file__).resolve().parent.parent
     files = _model_files()
     paths = []
     for i, (suffix, content) in enumerate(files):
@@ -98,7 +150,9 @@ def cases(seed: int, n: int, tmp: Path) -> list[Case]:
     for _ in range(n):
         kind = rng.choice(("int flag", "float flag", "overhead", "model file", "gpu file",
                            "calibration file", "primus file", "constraint", "prefer",
-                           "output path", "baseline", "price", "runs file"))
+                           "output path", "baseline", "price", "runs file")
+                          + (("model search", "cluster size", "primus mutation") if heavy
+                             else ()))
         js = ("--json",) if rng.random() < 0.5 else ()
         bad = rng.choice(BAD_NUMBERS)
         if kind == "int flag":
@@ -133,6 +187,27 @@ def cases(seed: int, n: int, tmp: Path) -> list[Case]:
             args = ("plan", "--model", "llama3-8b", "--gpu", rng.choice(("h100", "x" * 300)),
                     "--price-per-gpu-hour", rng.choice((bad, f"h100={bad}")), "--plot",
                     rng.choice(out_paths), *js)
+        elif kind == "model search":
+            mixtral = dict(MIXTRAL)
+            for _ in range(rng.randint(1, 2)):
+                key, values = rng.choice(MODEL_EXTREMES)
+                mixtral[key] = rng.choice(values)
+            p = tmp / f"model{rng.randrange(10**9)}.json"
+            p.write_text(json.dumps(mixtral))
+            args = ("--model", str(p), "--gpu", rng.choice(("mi355x", "h100")), "--nodes",
+                    rng.choice(("1", "4")), *js)
+        elif kind == "cluster size":
+            flag = rng.choice(("--gpus-per-node", "--nodes"))
+            rest = ("--gpus-per-node", "8") if flag == "--nodes" else ("--nodes", "1")
+            cmd = rng.choice((("--model", "llama3-8b"), ("check", "--model", "llama3-8b"),
+                              ("plan", "--model", "llama3-8b", "--points", "2")))
+            if cmd[0] == "plan":
+                rest = ()  # plan chooses its node counts
+                flag = "--gpus-per-node"
+            args = (*cmd, "--gpu", "h100", flag, rng.choice(CLUSTER_SIZES), *rest, *js)
+        elif kind == "primus mutation":
+            args = ("check", "--primus-config", _primus_mutants(tmp, rng, root), "--gpu",
+                    "mi355x", "--nodes", rng.choice(("4", "1")), *js)
         else:  # runs file
             args = ("calibrate", "--runs", rng.choice(paths + specials), "--out",
                     rng.choice(out_paths + ["ok.json"]), *js)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from formats.runs import read_runs, recipe_settings, stated_settings
+from formats.runs import read_runs, recipe_run_settings, stated_settings
 from oracle.calibrate import SHARED_STACK_KEY, make_layout, table_for_theta
 from oracle.catalog import load_gpu, load_model
 from oracle.host import a2a_sync_exponent, layer_host_time
@@ -108,21 +108,21 @@ def test_stated_settings_are_read_from_other_settings() -> None:
     assert stated_settings({"other_settings": "FSDP + torch.compile"}) == {}
 
 
-def test_recipe_settings_follow_the_release() -> None:
+def test_recipe_run_settings_follow_the_release() -> None:
     row = {"framework": "Megatron-Bridge / Megatron-Core", "release_or_date": "NeMo container 26.06"}
-    assert recipe_settings(row, "qwen3-30b-a3b", "gb200", "mxfp8") == {
+    assert recipe_run_settings(row, "qwen3-30b-a3b", "gb200", "mxfp8") == {
         "cuda_graph_scope": ("full_iteration",), "moe_a2a_overlap": True}
-    assert recipe_settings(row, "qwen3-30b-a3b", "gb200", "tensorwise") == {}
+    assert recipe_run_settings(row, "qwen3-30b-a3b", "gb200", "tensorwise") == {}
     old = {**row, "release_or_date": "NeMo container 26.04.01"}
-    assert recipe_settings(old, "qwen3-30b-a3b", "gb200", "mxfp8") == {}
+    assert recipe_run_settings(old, "qwen3-30b-a3b", "gb200", "mxfp8") == {}
     h100 = {**row, "release_or_date": "NeMo container 25.11"}
-    assert recipe_settings(h100, "qwen3-30b-a3b", "h100", "tensorwise") == {
+    assert recipe_run_settings(h100, "qwen3-30b-a3b", "h100", "tensorwise") == {
         "dispatcher": "alltoall", "moe_a2a_overlap": True}
-    assert recipe_settings({**h100, "framework": "Megatron-LM"}, "qwen3-30b-a3b", "h100",
+    assert recipe_run_settings({**h100, "framework": "Megatron-LM"}, "qwen3-30b-a3b", "h100",
                            "tensorwise") == {}
 
 
-def test_published_rows_carry_their_recipe_settings() -> None:
+def test_published_rows_carry_their_recipe_run_settings() -> None:
     rows = {r.row_id: r for r in read_runs(RUNS)}
     # 26.06+ MXFP8 Qwen3 / DeepSeek-V3 on GB200/GB300: full-iteration graphs with the overlap
     for rid in ("2", "7", "8", "9", "20", "23", "24", "25", "42", "47", "48", "51"):
