@@ -22,30 +22,28 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from pydantic import ValidationError
 
+from agent.serialize import check_json, cluster_json, model_json, plan_json, strict_json
 from oracle import params as P
 from oracle.inputs import check_output_path, one_line
 from oracle.specs import (
     GIB,
     ClusterSpec,
     ConfigError,
-    Dispatcher,
-    Fp8Recipe,
     ModelSpec,
     ParallelConfig,
-    PipelineSplit,
     Precision,
     Recompute,
-    RecomputeMethod,
-    Schedule,
     TrainingSpec,
     validation_message,
 )
-from solver.defaults import DEFAULT_MEMORY_MARGIN
+from solver.axes import BASELINE_KEYS, KNOB, KNOBS, FlagKind, Knob
+from solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
     from oracle.memory import MemoryOverheads
     from oracle.projection import Projection
     from solver.check import CheckOutcome
+    from solver.settings import RunSettings
 
 # Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
 # specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
@@ -143,18 +141,6 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         fail(f"invalid {kind}: {validation_message(e)}")
 
 
-def strict_json(data: Any) -> Any:
-    """``data`` with every non-finite float (NaN, infinities) replaced by ``null``, so that
-    ``--json`` output is always strict JSON (RFC 8259 has no NaN/Infinity)."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: strict_json(v) for k, v in data.items()}
-    if isinstance(data, list | tuple):
-        return [strict_json(v) for v in data]
-    return data
-
-
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
 
@@ -221,119 +207,162 @@ class Progress:
 # --------------------------------------------------------------------------- options
 
 
+def apply_options(f: Callable, options: Sequence[Callable]) -> Callable:
+    """``f`` with ``options`` (click decorators) listed in ``--help`` in their order."""
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+#: The training flags every command that builds a ``TrainingSpec`` takes (search, check, plan).
+TRAINING_OPTIONS: tuple[Callable, ...] = (
+    click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
+                 help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
+                      "GB200/GB300 trays]"),
+    click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
+                 help="Sequence length  [default: the model's usual one]"),
+    click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
+                 help="Global batch size in sequences  [default: the model's reference]"),
+    click.option("--precision", type=enum_choice(Precision), default="bf16",
+                 show_default=True, help="Training precision."),
+)
+
+
+def training_options(f: Callable) -> Callable:
+    return apply_options(f, TRAINING_OPTIONS)
+
+
 def cluster_options(f: Callable | None = None, *, required: bool = True) -> Callable:
     """The model/cluster/training flags. ``required=False`` (``check``): --model and --nodes may
     come from imported launch arguments instead."""
     if f is None:
         return lambda g: cluster_options(g, required=required)
-    for opt in reversed(
-        [
-            click.option("--model", "model_name", required=required,
-                         help="Catalog name (see `tune-cp models`), a Hugging Face config.json, "
-                              "or a tune-cp model YAML/JSON file."),
-            click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
-                         help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
-            click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
-                         help="Number of nodes."),
-            click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
-                         help="GPUs per node  [default: the GPU's usual node size, 8; 4 for "
-                              "GB200/GB300 trays]"),
-            click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
-                         help="Sequence length  [default: the model's usual one]"),
-            click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
-                         help="Global batch size in sequences  [default: the model's reference]"),
-            click.option("--precision", type=enum_choice(Precision), default="bf16",
-                         show_default=True, help="Training precision."),
-            click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables."),
-        ]
-    ):
-        f = opt(f)
-    return f
+    return apply_options(f, (
+        click.option("--model", "model_name", required=required,
+                     help="Catalog name (see `tune-cp models`), a Hugging Face config.json, "
+                          "or a tune-cp model YAML/JSON file."),
+        click.option("--gpu", "gpu_name", default="mi355x", show_default=True,
+                     help="Catalog name (see `tune-cp gpus`) or a GPU YAML/JSON file."),
+        click.option("--nodes", type=AsciiIntRange(1, 1 << 20), required=required,
+                     help="Number of nodes."),
+        *TRAINING_OPTIONS,
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables."),
+    ))
 
 
-GRAD_BF16_HELP = (
-    "Keep the gradient buffer and the data-parallel gradient reduce-scatter/all-reduce in bf16 "
-    "(2 B/param) instead of fp32 (4 B/param)  [default: fp32, Megatron-LM's default under "
-    "--bf16]. Megatron-LM --grad-reduce-in-bf16 / Primus grad_reduce_in_bf16: true; "
-    "Megatron-Core DDP and Megatron-Bridge (NeMo) grad_reduce_in_fp32=False.")
+def knob_option(k: Knob) -> Callable:
+    """The click option of one registry knob (``solver/axes.py::KNOBS``)."""
+    if k.kind is FlagKind.INT:
+        return click.option(f"--{k.flag}", type=AsciiIntRange(k.lo, k.hi), default=k.default,
+                            show_default=k.default is not None, help=k.help)
+    if k.kind is FlagKind.CHOICE:
+        assert k.choices is not None
+        return click.option(f"--{k.flag}", type=enum_choice(k.choices), default=k.default,
+                            show_default=k.default is not None, help=k.help)
+    if k.kind is FlagKind.FLAG:
+        return click.option(f"--{k.flag}", is_flag=True, help=k.help)
+    if k.kind is FlagKind.SWITCH:
+        return click.option(f"--{k.flag}/--no-{k.flag}", k.param, default=None, help=k.help)
+    return click.option(f"--{k.flag}", default=None, help=k.help)  # MODULES
 
 
 def grad_dtype_option(f: Callable) -> Callable:
-    return click.option("--grad-reduce-in-bf16", is_flag=True, help=GRAD_BF16_HELP)(f)
+    return knob_option(KNOB["grad_reduce_in_fp32"])(f)
 
 
 def config_options(f: Callable) -> Callable:
-    for opt in reversed(
-        [
-            click.option("--tp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Tensor-parallel size."),
-            click.option("--pp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
-                         help="Pipeline-parallel size."),
-            click.option("--vpp", type=AsciiIntRange(1, 100_000), default=1, show_default=True,
-                         help="Virtual pipeline stages per rank (interleaved schedule when > 1)."),
-            click.option("--cp", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Context-parallel size."),
-            click.option("--ep", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Expert-parallel size."),
-            click.option("--etp", type=AsciiIntRange(1, 1 << 20), default=None,
-                         help="Expert tensor-parallel size  [default: tp]"),
-            click.option("--mbs", type=AsciiIntRange(1, 1 << 20), default=1, show_default=True,
-                         help="Micro-batch size."),
-            click.option("--recompute", type=enum_choice(Recompute), default="none",
-                         show_default=True, help="Activation recomputation granularity."),
-            click.option("--recompute-method", type=enum_choice(RecomputeMethod),
-                         default="block", show_default=True,
-                         help="Full recompute: block (first N layers of each virtual stage) or "
-                              "uniform (groups of N)."),
-            click.option("--recompute-layers", type=AsciiIntRange(0, 100_000), default=None,
-                         help="Full recompute: N layers per virtual stage  [default: all]"),
-            click.option("--recompute-modules", default=None,
-                         help="Selective recompute modules, comma separated  [default: core_attn]"),
-            click.option("--sequence-parallel/--no-sequence-parallel", default=None,
-                         help="Sequence parallelism  [default: on when tp > 1]"),
-            click.option("--no-distributed-optimizer", is_flag=True,
-                         help="Replicate optimizer state (default: distributed optimizer)."),
-            click.option("--fsdp", is_flag=True, help="Fully shard params, grads, optimizer."),
-            click.option("--grad-reduce-in-bf16", is_flag=True, help=GRAD_BF16_HELP),
-            click.option("--dispatcher", type=enum_choice(Dispatcher), default="alltoall",
-                         show_default=True, help="MoE token dispatcher (flex = DeepEP)."),
-            click.option("--schedule", type=enum_choice(Schedule), default=None,
-                         help="Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]"),
-            click.option("--fp8-recipe", type=enum_choice(Fp8Recipe), default=None,
-                         help="FP8 recipe  [default with --precision fp8: mxfp8 on Blackwell, "
-                              "tensorwise elsewhere]"),
-            click.option("--pipeline-split", type=enum_choice(PipelineSplit), default=None,
-                         help="Layer split  [default: even when layers divide, else "
-                              "embedding_loss]"),
-        ]
-    ):
-        f = opt(f)
+    """Every configuration flag, generated from the axis registry in its order."""
+    for k in reversed(KNOBS):
+        f = knob_option(k)(f)
     return f
 
 
-def calibration_option(f: Callable) -> Callable:
-    return click.option(
-        "--calibration", "calibration", default=None, metavar="FILE.json",
-        help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
-             "oracle/catalog/calibration.json, fitted on published runs]",
-    )(f)
-
-
-def overhead_options(f: Callable) -> Callable:
-    f = click.option(
+#: One flag per field of the run settings (``solver/settings.py::RunSettings``; a test checks
+#: that every field has its flag): search, check and plan take them alike (``settings_options``)
+#: and ``run_settings`` reads them back.
+SETTINGS_FLAGS: dict[str, Callable] = {
+    "constraints": click.option(
+        "--constraint", "constraints", multiple=True, metavar="EXPR",
+        help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable)."),
+    "memory_margin": click.option(
+        "--memory-margin", type=FiniteFloatRange(0.0, MAX_MEMORY_MARGIN),
+        default=DEFAULT_MEMORY_MARGIN, show_default=True,
+        help="Fraction of HBM kept free beyond the modelled terms (0 allowed)."),
+    "overheads": click.option(
         "--overhead", "overheads", multiple=True, metavar="NAME=VALUE",
         help="Override a memory overhead term, e.g. fragmentation=0.1, "
-             "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable).",
-    )(f)
-    f = click.option(
-        "--memory-margin", type=FiniteFloatRange(0.0, 0.9), default=DEFAULT_MEMORY_MARGIN,
-        show_default=True, help="Fraction of HBM kept free beyond the modelled terms (0 allowed).",
-    )(f)
-    f = click.option(
+             "runtime_context_bytes=2GiB, moe_routing_imbalance=0.5 (repeatable)."),
+    "allow_cross_scale_up": click.option(
         "--allow-cross-scale-up", is_flag=True,
-        help="Allow tp/etp larger than the scale-up domain (NVLink/xGMI).",
-    )(f)
-    return f
+        help="Allow tp/etp larger than the scale-up domain (NVLink/xGMI)."),
+    "calibration": click.option(
+        "--calibration", "calibration", default=None, metavar="FILE.json",
+        help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
+             "oracle/catalog/calibration.json, fitted on published runs]"),
+}
+
+
+def settings_options(f: Callable) -> Callable:
+    """The run-settings flags (``SETTINGS_FLAGS``)."""
+    return apply_options(f, tuple(SETTINGS_FLAGS.values()))
+
+
+def run_settings(flags: dict[str, Any]) -> RunSettings:
+    """The run settings from the parsed flags; their parameters are taken out of ``flags``."""
+    from solver.settings import RunSettings
+
+    values = {name: flags.pop(name) for name in SETTINGS_FLAGS}
+    values["overheads"] = parse_overheads(values["overheads"])
+    from solver.constraints import as_constraints
+
+    values["constraints"] = as_constraints(values["constraints"])
+    return build("settings", RunSettings, **values)
+
+
+#: The LLM planner's flags (``search --lm ...``), read back by ``LmFlags``.
+LM_OPTIONS: tuple[Callable, ...] = (
+    click.option("--lm", "lm_model", default=None, metavar="PROVIDER/MODEL",
+                 help="LLM for the planner phase through DSPy, e.g. openai/gpt-4o-mini; key from "
+                      "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]"),
+    click.option("--lm-base-url", default=None, metavar="URL",
+                 help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. "
+                      "http://127.0.0.1:8000/v1"),
+    click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
+                 help="Planner rounds (one LM call each)."),
+    click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0,
+                 show_default=True, help="Seconds one LM call may take."),
+    click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0,
+                 show_default=True, help="Seconds the whole LLM phase may take."),
+)
+
+
+def lm_options(f: Callable) -> Callable:
+    return apply_options(f, LM_OPTIONS)
+
+
+class LmFlags:
+    """The planner flags (``LM_OPTIONS``) taken out of the parsed flags and checked;
+    ``options()`` builds the LM (DSPy is imported only then) as ``SearchOptions`` fields."""
+
+    def __init__(self, flags: dict[str, Any]) -> None:
+        self.model: str | None = flags.pop("lm_model")
+        self.base_url: str | None = flags.pop("lm_base_url")
+        self.rounds: int = flags.pop("lm_rounds")
+        self.timeout_s: float = flags.pop("lm_timeout")
+        self.budget_s: float = flags.pop("lm_budget")
+        if self.model:
+            provider, _, lm_id = self.model.partition("/")
+            if not provider.strip() or not lm_id.strip():
+                fail(f"--lm {self.model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
+                     f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
+
+    def options(self) -> dict[str, Any]:
+        from agent.llm import LlmBudget, make_lm
+
+        lm = make_lm(self.model, self.base_url, timeout_s=self.timeout_s) if self.model else None
+        return {"lm": lm, "lm_name": self.model,
+                "budget": LlmBudget(rounds=self.rounds, calls=self.rounds, wall_s=self.budget_s,
+                                    call_timeout_s=self.timeout_s)}
 
 
 SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -421,20 +450,25 @@ def load_specs(
     return model, cluster, training
 
 
+def knob_values(opts: dict[str, Any], only: Sequence[str] | None = None) -> dict[str, Any]:
+    """``ParallelConfig`` fields from the parsed configuration flags (``only``: those params)."""
+    out: dict[str, Any] = {}
+    for k in KNOBS:
+        if only is not None and k.param not in only:
+            continue
+        value = opts[k.param]
+        if k.negated:
+            value = not value
+        elif k.kind is FlagKind.MODULES:
+            if not value:
+                continue
+            value = tuple(m.strip() for m in str(value).split(",") if m.strip())
+        out[k.field] = value
+    return out
+
+
 def build_config(opts: dict[str, Any]) -> ParallelConfig:
-    modules = opts.get("recompute_modules")
-    kwargs: dict[str, Any] = dict(
-        tp=opts["tp"], pp=opts["pp"], vpp=opts["vpp"], cp=opts["cp"], ep=opts["ep"],
-        etp=opts["etp"], mbs=opts["mbs"], recompute=opts["recompute"],
-        recompute_method=opts["recompute_method"], recompute_layers=opts["recompute_layers"],
-        sequence_parallel=opts["sequence_parallel"],
-        distributed_optimizer=not opts["no_distributed_optimizer"], fsdp=opts["fsdp"],
-        grad_reduce_in_fp32=not opts["grad_reduce_in_bf16"], dispatcher=opts["dispatcher"], schedule=opts["schedule"],
-        fp8_recipe=opts["fp8_recipe"], pipeline_split=opts["pipeline_split"],
-    )
-    if modules:
-        kwargs["recompute_modules"] = tuple(m.strip() for m in modules.split(",") if m.strip())
-    return build("configuration", ParallelConfig, **kwargs)
+    return build("configuration", ParallelConfig, **knob_values(opts))
 
 
 # ------------------------------------------------------------------------------ output
@@ -636,22 +670,14 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     return None
 
 
-CONFIG_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
-                "recompute_layers", "recompute_modules", "sequence_parallel",
-                "no_distributed_optimizer", "fsdp", "grad_reduce_in_bf16", "dispatcher",
-                "schedule", "fp8_recipe", "pipeline_split")
-FLAG_TO_FIELD = {"no_distributed_optimizer": "distributed_optimizer",
-                 "grad_reduce_in_bf16": "grad_reduce_in_fp32"}
-NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of their field
+#: The click parameters of the configuration flags (from the axis registry).
+CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 
 
 @main.command("check")
 @cluster_options(required=False)
 @config_options
-@overhead_options
-@calibration_option
-@click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
-              help="Extra hard constraint, e.g. 'ep*etp<=8' or 'pp in {2,4}' (repeatable).")
+@settings_options
 @click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
                    "(a torchrun line or a script's argument block) or the path of its launch "
@@ -668,14 +694,16 @@ NEGATED_FLAGS = frozenset(FLAG_TO_FIELD)  # flags that store the negation of the
 @click.pass_context
 def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
-              as_json: bool, memory_margin: float, overheads: Sequence[str],
-              allow_cross_scale_up: bool, calibration: str | None, constraints: Sequence[str],
-              megatron_args: str | None, env_items: Sequence[str], primus_config: str | None,
-              export_fmt: str | None, **config: Any) -> None:
+              as_json: bool, megatron_args: str | None, env_items: Sequence[str],
+              primus_config: str | None, export_fmt: str | None, **flags: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
+    from oracle.specs import training_as_run
+
+    settings = run_settings(flags)
+    config = flags  # the configuration flags (solver/axes.py::KNOBS)
     run = import_run(megatron_args, primus_config, model_name, env_items)
     notes: list[str] = []
     defaults: list[str] = []  # stated like search states its defaults
@@ -711,28 +739,25 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
             training = build("training settings", TrainingSpec,
                              **(training.model_dump() | explicit))
             notes.append("from the flags: " + ", ".join(f"{k}={v}" for k, v in explicit.items()))
-        overrides = {}
-        for flag in CONFIG_FLAGS:
-            if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
-                overrides[FLAG_TO_FIELD.get(flag, flag)] = (
-                    not config[flag] if flag in NEGATED_FLAGS else config[flag])
-        if "recompute_modules" in overrides:
-            overrides["recompute_modules"] = tuple(
-                x.strip() for x in str(overrides["recompute_modules"]).split(",") if x.strip())
+        given = [f for f in CONFIG_FLAGS
+                 if ctx.get_parameter_source(f) is not click.core.ParameterSource.DEFAULT]
+        overrides = knob_values(config, given)
         cfg = run.config if not overrides else build(
             "configuration", ParallelConfig, **(run.config.model_dump() | overrides))
         if overrides:
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
-    outcome = check_configuration(model, cluster, training, cfg,
-                                  overheads=parse_overheads(overheads),
-                                  memory_margin=memory_margin,
-                                  allow_cross_scale_up=allow_cross_scale_up,
-                                  constraints=constraints)
+    as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8
+    if as_run is not training:
+        defaults.append(f"--precision fp8 (the FP8 recipe {cfg.fp8_recipe and cfg.fp8_recipe.value} "
+                        f"trains in FP8)")
+        training = as_run
+    outcome = check_configuration(model, cluster, training, cfg, settings=settings)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
-        projection = project(model, cluster, training, outcome.ctx.cfg, calib=calibration)
+        projection = project(model, cluster, training, outcome.ctx.cfg,
+                             calib=settings.calibration)
         from oracle.uncertainty import load_residuals
 
         interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
@@ -746,7 +771,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
                    "training": training.model_dump(mode="json"), "defaults": defaults,
-                   **outcome.to_json(),
+                   **check_json(outcome),
                    "projection": projection.model_dump() if projection else None,
                    "interval": interval.to_json() if interval else None,
                    "imported": imported, "export": exported})
@@ -791,16 +816,6 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
 
 
-def model_json(m: ModelSpec) -> dict[str, Any]:
-    return {"name": m.name, "total_params": P.total_params(m),
-            "active_params": P.active_params(m), **m.model_dump(mode="json", exclude={"name"})}
-
-
-def cluster_json(c: ClusterSpec) -> dict[str, Any]:
-    return {"gpu": c.gpu.name, "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
-            "world_size": c.world_size, "hbm_bytes": c.gpu.hbm_bytes}
-
-
 @main.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def models_cmd(as_json: bool) -> None:
@@ -838,27 +853,13 @@ def gpus_cmd(as_json: bool) -> None:
     click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
 
 
-BASELINE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
-                 "recompute_layers", "recompute_modules", "sequence_parallel",
-                 "distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8_recipe",
-                 "pipeline_split")
-
-
 def write_trials(result: Any, path: str) -> None:
     """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
-    from solver.check import config_json
+    from agent.serialize import ranking_lines, trial_line
 
-    ranked, training = result.ranked, result.training
     with open(path, "w") as fh:
-        for t in result.trials:
-            fh.write(json.dumps(strict_json(t.to_json()), allow_nan=False) + "\n")
-        for rank, i in enumerate(ranked.order.tolist(), start=1):
-            row = {"phase": "exhaustive ranking", "label": f"rank {rank}",
-                   "config": config_json(ranked.configs[i], training), "legal": True,
-                   "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
-                   "tokens_per_s_per_gpu": float(ranked.tokens[i]),
-                   "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
-            fh.write(json.dumps(strict_json(row), allow_nan=False) + "\n")
+        for line in [*map(trial_line, result.trials), *ranking_lines(result)]:
+            fh.write(json.dumps(strict_json(line), allow_nan=False) + "\n")
 
 
 def parse_baseline(text: str) -> ParallelConfig:
@@ -876,8 +877,8 @@ def parse_baseline(text: str) -> ParallelConfig:
             values[key] = tuple(m for m in raw.split("+") if m)
         elif raw.lower() in ("true", "false"):
             values[key] = raw.lower() == "true"
-        elif raw.lower() in ("none", "null") and key in ("recompute_layers", "schedule",
-                                                        "fp8_recipe", "pipeline_split", "etp"):
+        elif raw.lower() in ("none", "null") and KNOB[key].default is None \
+                and KNOB[key].kind in (FlagKind.INT, FlagKind.CHOICE):
             values[key] = None
         else:
             values[key] = raw
@@ -888,8 +889,6 @@ def parse_baseline(text: str) -> ParallelConfig:
 @cluster_options
 @click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
               help="How many configurations to list.")
-@click.option("--constraint", "constraints", multiple=True, metavar="EXPR",
-              help="Hard constraint, e.g. 'ep*etp<=8', 'cp==1', 'pp in {2,4}' (repeatable).")
 @click.option("--prefer", "preferences", multiple=True, metavar="COND[:WEIGHT]",
               help="Soft objective: a condition and the share of throughput it is worth "
                    "(default 0.1, at most 0.5), e.g. 'ep*etp<=8:0.2' (repeatable).")
@@ -901,17 +900,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--allow-fp8", is_flag=True, help="Let the seed phase try FP8 recipes.")
 @click.option("--all-recompute-levels", is_flag=True,
               help="Keep every full-recompute depth that fits, not only the shallowest.")
-@click.option("--lm", "lm_model", default=None, metavar="PROVIDER/MODEL",
-              help="LLM for the planner phase through DSPy, e.g. openai/gpt-4o-mini; key from "
-                   "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]")
-@click.option("--lm-base-url", default=None, metavar="URL",
-              help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. http://127.0.0.1:8000/v1")
-@click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
-              help="Planner rounds (one LM call each).")
-@click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0, show_default=True,
-              help="Seconds one LM call may take.")
-@click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0, show_default=True,
-              help="Seconds the whole LLM phase may take.")
+@lm_options
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
               help="Write every evaluated candidate as JSON lines (.jsonl): first each "
                    "configuration the baseline, seed, LLM and attribution steps judged (legal or "
@@ -934,20 +923,14 @@ def parse_baseline(text: str) -> ParallelConfig:
               type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
 @export_option
-@overhead_options
-@calibration_option
+@settings_options
 @click.pass_context
-def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
-               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
-               as_json: bool, top_k: int, constraints: Sequence[str], preferences: Sequence[str],
+def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
-               lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
-               lm_budget: float, trials_out: str | None, timings: bool, workers: int,
+               trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
-               memory_margin: float,
-               overheads: Sequence[str], allow_cross_scale_up: bool,
-               calibration: str | None, grad_reduce_in_bf16: bool, verify_n: int | None,
-               verify_dir: str) -> None:
+               grad_reduce_in_bf16: bool, verify_n: int | None, verify_dir: str,
+               **flags: Any) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -956,35 +939,24 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     """
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
-        defaults.append(f"--gpu {gpu_name} (default)")
-    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
-                                          gbs, precision, defaults)
-    from agent.llm import LlmBudget, make_lm
+        defaults.append(f"--gpu {flags['gpu_name']} (default)")
+    model, cluster, training = load_specs(
+        *(flags.pop(k) for k in ("model_name", "gpu_name", "nodes", "gpus_per_node", "seq_len",
+                                 "gbs", "precision")), defaults)
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
-    from solver.constraints import as_constraints
 
     # every flag and output path is checked before any work starts (issue 16)
-    hard = as_constraints(constraints)
+    settings = run_settings(flags)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text) if baseline_text else None
-    mem_overheads = parse_overheads(overheads)
-    if lm_model:
-        provider, _, lm_id = lm_model.partition("/")
-        if not provider.strip() or not lm_id.strip():
-            fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
-                 f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
+    planner = LmFlags(flags)
     if trials_out is not None:
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
-    lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
-        top_k=top_k, constraints=hard, preferences=prefs, baseline=baseline,
-        allow_fp8=allow_fp8, overheads=mem_overheads, memory_margin=memory_margin,
-        allow_cross_scale_up=allow_cross_scale_up, calibration=calibration, goal=goal,
-        lm=lm, lm_name=lm_model,
-        budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
-                         call_timeout_s=lm_timeout),
+        settings=settings, top_k=top_k, preferences=prefs, baseline=baseline,
+        allow_fp8=allow_fp8, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
         grad_reduce_in_fp32=not grad_reduce_in_bf16,
     )
@@ -1001,7 +973,8 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     result.defaults[:0] = defaults
     if trials_out:
         write_trials(result, trials_out)
-    from agent.report import render_search, search_json
+    from agent.report import render_search
+    from agent.serialize import search_json
 
     if pareto_path:
         from agent.plots import pareto_plot
@@ -1069,14 +1042,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Catalog name, a Hugging Face config.json, or a tune-cp model file.")
 @click.option("--gpu", "gpu_names", default="mi355x", show_default=True,
               help="One or several GPUs, comma separated (e.g. h100,b200,mi355x).")
-@click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
-              help="GPUs per node  [default: each GPU's usual node size]")
-@click.option("--seq-len", type=AsciiIntRange(1, 1 << 24), default=None,
-              help="Sequence length  [default: the model's usual one]")
-@click.option("--gbs", type=AsciiIntRange(1, 1 << 30), default=None,
-              help="Global batch size  [default: the model's reference]")
-@click.option("--precision", type=enum_choice(Precision), default="bf16", show_default=True,
-              help="Training precision (FP8 falls back to BF16 on GPUs without FP8).")
+@training_options
 @click.option("--tokens", type=FiniteFloatRange(1, 1e18), default=None,
               help="Tokens to train, e.g. 15e12: adds time to train, GPU-hours and cost.")
 @click.option("--price-per-gpu-hour", "prices", default=None, metavar="PRICE|GPU=PRICE,...",
@@ -1089,16 +1055,17 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @grad_dtype_option
-@overhead_options
-@calibration_option
+@settings_options
 def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
              gbs: int | None, precision: str, tokens: float | None, prices: str | None,
              max_nodes: int, points: int, plot_path: str | None, as_json: bool,
-             memory_margin: float, overheads: Sequence[str], allow_cross_scale_up: bool,
-             calibration: str | None, grad_reduce_in_bf16: bool) -> None:
+             grad_reduce_in_bf16: bool, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
-    configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs."""
+    configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
+    (FP8 falls back to BF16 on GPUs without FP8)."""
     from agent.plan import plan, training_for_precision
+
+    settings = run_settings(flags)
 
     if plot_path is not None:
         check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
@@ -1113,9 +1080,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
-                 prices=price_map, max_nodes=max_nodes, points=points,
-                 overheads=parse_overheads(overheads), memory_margin=memory_margin,
-                 calibration=calibration, progress=bar.bar,
+                 prices=price_map, max_nodes=max_nodes, points=points, settings=settings,
+                 progress=bar.bar,
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
     bar.close()
     if plot_path:
@@ -1125,7 +1091,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if as_json:
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
-                   "tokens": tokens, "gpus": [p.to_json() for p in plans], "plot": plot_path})
+                   "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
@@ -1161,7 +1127,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
             click.echo(line)
-        note = plan_mfu_note(model, p, precision, calibration)
+        note = plan_mfu_note(model, p, precision, settings.calibration)
         if note:
             click.echo(f"  note: {note}")
     click.echo("")

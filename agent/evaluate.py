@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from oracle.memory import MemoryOverheads
 from oracle.projection import Projection, project
 from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
-from solver.check import CheckOutcome, check_configuration, config_json
-from solver.constraints import HardConstraint
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.check import CheckOutcome, check_configuration
+from solver.settings import RunSettings, SettingsView
 
 
 def config_key(cfg: ParallelConfig) -> tuple:
@@ -42,27 +39,15 @@ class Trial:
         """Projected tokens/s/GPU, 0 for an illegal candidate."""
         return self.projection.tokens_per_s_per_gpu if self.legal and self.projection else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "label": self.label,
-            "config": config_json(self.config, self.outcome.ctx.training),
-            "legal": self.legal,
-            "violations": [{"rule": v.rule, "message": v.message} for v in self.outcome.violations],
-            "peak_bytes": self.outcome.memory.peak_bytes if self.outcome.memory else None,
-            "tokens_per_s_per_gpu": self.throughput if self.legal else None,
-        }
-
 
 @dataclass
-class Evaluator:
+class Evaluator(SettingsView):
+    """Judges candidates of one model, cluster and training under the run's ``settings``."""
+
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    constraints: Sequence[HardConstraint] = ()
+    settings: RunSettings = field(default_factory=RunSettings)
     projector: Callable[..., Projection] = project
     trials: list[Trial] = field(default_factory=list)
     _cache: dict[tuple, tuple[CheckOutcome, Projection | None]] = field(default_factory=dict)
@@ -75,10 +60,7 @@ class Evaluator:
         key = self._resolved.get(given)
         if key is None:
             outcome = check_configuration(
-                self.model, self.cluster, self.training, cfg,
-                overheads=self.overheads, memory_margin=self.memory_margin,
-                allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
-            )
+                self.model, self.cluster, self.training, cfg, settings=self.settings)
             key = self._resolved[given] = config_key(outcome.ctx.cfg)
             if key not in self._cache:
                 proj = None

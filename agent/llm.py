@@ -19,11 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-#: Axes a combination may set, and the configuration fields they map to.
-COMBINATION_AXES = (
-    "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "recompute_method",
-    "recompute_layers", "dispatcher", "schedule", "fp8_recipe", "distributed_optimizer",
-)
+from solver.axes import COMBINATION_AXES
+
 MAX_ITEMS = 6  # per list, per round: keeps a round's enumeration bounded
 MAX_TEXT = 300  # characters kept of an expression or rationale
 API_KEY_ENVS = ("TUNE_CP_LM_API_KEY", "OPENAI_API_KEY")
@@ -42,7 +39,8 @@ class ObjectiveHint(BaseModel):
 
 class CombinationHint(BaseModel):
     settings: dict[str, int | str | bool | None] = Field(
-        description="axis -> value to try together, e.g. {'tp': 2, 'ep': 4, 'mbs': 2}"
+        description=(f"axis -> value to try together, e.g. {{'tp': 2, 'ep': 4, 'mbs': 2}}; "
+                     f"axes: {', '.join(COMBINATION_AXES)}")
     )
     rationale: str = ""
 
@@ -99,10 +97,6 @@ class LlmRound:
     results: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"round": self.index, "hints": self.hints, "accepted": self.accepted,
-                "rejected": self.rejected, "results": self.results, "error": self.error}
-
 
 @dataclass
 class LlmReport:
@@ -112,11 +106,6 @@ class LlmReport:
     calls: int = 0
     rounds: list[LlmRound] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "reason": self.reason, "model": self.model,
-                "calls": self.calls, "rounds": [r.to_json() for r in self.rounds],
-                "warnings": self.warnings}
 
 
 def api_key_from_env() -> str | None:

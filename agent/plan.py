@@ -14,11 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from oracle.memory import MemoryOverheads
+from agent.serialize import config_json
 from oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
-from solver.check import config_json
 from solver.feasible import enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN
+from solver.settings import RunSettings
 from solver.space import default_space
 
 SECONDS_PER_HOUR = 3600.0
@@ -42,9 +41,6 @@ class PlanPoint:
     #: the 80 % interval of tokens_per_s_per_gpu (oracle.uncertainty), as in search --json
     interval: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass
 class GpuPlan:
@@ -55,29 +51,25 @@ class GpuPlan:
     price_per_gpu_hour: float | None = None
     note: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "min_nodes": self.min_nodes,
-                "price_per_gpu_hour": self.price_per_gpu_hour, "note": self.note,
-                "points": [p.to_json() for p in self.points]}
-
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
-               overheads: MemoryOverheads, margin: float, calibration: str | None,
-               grad_reduce_in_fp32: bool = True) -> PlanPoint:
+               settings: RunSettings, grad_reduce_in_fp32: bool = True) -> PlanPoint:
     from oracle.projection import score_configs
     from oracle.work import ConfigBatch
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
-    space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32)
+    space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                          allow_cross_scale_up=settings.allow_cross_scale_up)
     # the removal counts are not shown: without them the enumeration costs about 40% less
-    enum = enumerate_feasible(model, cluster, training, space, overheads=overheads,
-                              memory_margin=margin, count_removed=False)
+    enum = enumerate_feasible(model, cluster, training, space, settings=settings,
+                              count_removed=False)
     world = cluster.world_size
     if enum.empty:
         return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
     configs = [fc.config for fc in enum.configs]
-    scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs), calibration)
+    scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
+                            settings.calibration)
     tok = scores["tokens_per_s_per_gpu"]
     i = max(range(len(configs)), key=lambda j: (tok[j], -j))
     per_gpu = float(tok[i])
@@ -112,12 +104,12 @@ def node_counts(min_nodes: int, max_nodes: int, points: int) -> list[int]:
 
 def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Callable[[GpuSpec], TrainingSpec],
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
-         max_nodes: int = 1024, points: int = 6, overheads: MemoryOverheads | None = None,
-         memory_margin: float = DEFAULT_MEMORY_MARGIN, calibration: str | None = None,
+         max_nodes: int = 1024, points: int = 6, settings: RunSettings | None = None,
          progress: Callable[[int, int, str], None] | None = None,
          grad_reduce_in_fp32: bool = True) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
     configuration (doubling, then bisecting), then a table over node counts.
+    ``settings``: the run's overheads, margin, cross-scale-up, constraints and calibration;
     ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16).
 
     ``progress(done, total, what)`` is called before each node count is enumerated: ``done``
@@ -126,7 +118,7 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
     else doubling up to ``max_nodes`` and the table), ``what`` the GPU and node count.
     The enumerations of one model share the tables that do not depend on the cluster
     (``solver.model.oracle_cache``)."""
-    ov = overheads or MemoryOverheads()
+    settings = settings or RunSettings()
     counts: list[int] = []  # node counts enumerated per GPU planned so far
     first_guess = max_nodes.bit_length() + points
 
@@ -147,8 +139,8 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                 if progress:
                     progress(sum(counts) + len(cache), estimate(),
                              f"{gpu.name}: {n} node{'s' if n != 1 else ''}")
-                cache[n] = plan_point(model, gpu, n, gpn, training, tokens, price, ov,
-                                      memory_margin, calibration, grad_reduce_in_fp32)
+                cache[n] = plan_point(model, gpu, n, gpn, training, tokens, price, settings,
+                                      grad_reduce_in_fp32)
             return cache[n]
 
         try:

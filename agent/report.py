@@ -1,104 +1,12 @@
-"""The search report: the same facts as text (``render_search``) and as JSON (``search_json``)."""
+"""The search report as text (``render_search``); the same facts as JSON are
+``agent/serialize.py::search_json``."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from agent.evaluate import Trial
 from agent.search import SearchResult
 from oracle.memory import TERMS
 from oracle.specs import GIB, ParallelConfig, Recompute
-from solver.check import config_json, memory_json
-
-# ------------------------------------------------------------------------------ JSON
-
-
-def trial_json(t: Trial) -> dict[str, Any]:
-    """A candidate with the configuration keys of ``check --json``, its projection and memory."""
-    out = config_json(t.config, t.outcome.ctx.training)
-    out["projection"] = t.projection.model_dump() if t.projection else None
-    out["memory"] = memory_json(t.outcome.memory, t.outcome.limit_bytes,
-                                t.outcome.ctx.memory_margin)
-    out["legal"] = t.legal
-    out["violations"] = [{"rule": v.rule, "message": v.message} for v in t.outcome.violations]
-    return out
-
-
-def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
-    cfg = r.ranked.configs[i]
-    row = config_json(cfg, r.training)
-    s = r.ranked.scores
-    row["projection"] = {
-        "step_time_s": float(s["step_time_s"][i]),
-        "tokens_per_s_per_gpu": float(s["tokens_per_s_per_gpu"][i]),
-        "model_tflops_per_gpu": float(s["model_tflops_per_gpu"][i]),
-        "mfu": float(s["mfu"][i]),
-        "breakdown": {k: float(s[k][i]) for k in _breakdown_keys(s)},
-    }
-    row["memory"] = {"peak_bytes": int(r.ranked.peak_bytes[i]),
-                     "hbm_bytes": r.cluster.gpu.hbm_bytes,
-                     "limit_bytes": r.best.outcome.limit_bytes}
-    row["score"] = float(r.ranked.adjusted[i])
-    if r.ranked.intervals:
-        row["interval"] = r.ranked.intervals[i].to_json()
-    return row
-
-
-def group_row(r: SearchResult, g: Any) -> dict[str, Any]:
-    """A distinct configuration: its head as a ranked row, plus ``variants`` (the members the
-    oracle cannot tell apart from it, as ranked rows), ``near_tie`` and ``answer``."""
-    row = ranked_row(r, g.head)
-    row["variants"] = [ranked_row(r, i) for i in g.variants]
-    row["near_tie"] = g.near_tie
-    row["answer"] = g.answer
-    return row
-
-
-def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
-    from oracle.timing import BREAKDOWN
-
-    return [k for k in BREAKDOWN if k in scores]
-
-
-def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
-    """Everything the text report says. Deterministic for the same inputs unless ``timings``
-    adds the wall-clock seconds of each phase."""
-    top = [group_row(r, g) for g in r.groups]
-    enum = r.enumeration
-    return {
-        "model": r.model.name,
-        "cluster": {"gpu": r.cluster.gpu.name, "num_nodes": r.cluster.num_nodes,
-                    "gpus_per_node": r.cluster.gpus_per_node, "world_size": r.cluster.world_size},
-        "training": r.training.model_dump(mode="json"),
-        "defaults": r.defaults,
-        "best": trial_json(r.best) | {"phase": r.best_phase} | (
-            {"interval": r.interval.to_json()} if r.interval else {}),
-        "answer_rule": r.rule,
-        "near_tie_band": r.near_tie_band,
-        "oracle_best": ranked_row(r, int(r.ranked.order[0])),
-        "top": top,
-        "baseline": trial_json(r.baseline) if r.baseline is not None else None,
-        "baseline_source": r.baseline_source,
-        "speedup_vs_baseline": r.speedup,
-        "feasible_count": len(enum.configs),
-        "candidates": enum.space_size,
-        "removed_by_rule": {k: v for k, v in enum.removed.items() if v},
-        "regret": r.regret,
-        "exhaustive_best": trial_json(r.exhaustive_best),
-        "seed_best": trial_json(r.seed.best) if r.seed else None,
-        "attribution": [s.to_json() for s in r.attribution],
-        "seed_moves": [
-            {"change": mv.label, "axis": mv.axis, "legal": t.legal,
-             "tokens_per_s_per_gpu": t.throughput if t.legal else None,
-             "violations": [v.rule for v in t.outcome.violations]}
-            for mv, t in (r.seed.moves if r.seed else ())
-        ],
-        "constraints": [c.expr for c in r.options.constraints],
-        "preferences": r.preference_costs,
-        "llm": r.llm.to_json(),
-    } | ({"timings": r.timings | {f"enumerate_{k}": v for k, v in enum.timings.items()}}
-         if timings else {})
-
 
 # ------------------------------------------------------------------------------ text
 

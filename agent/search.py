@@ -35,7 +35,6 @@ import numpy as np
 from agent.baseline import Reference, find_reference, reference_training_matches
 from agent.evaluate import Evaluator, Trial
 from agent.llm import (
-    COMBINATION_AXES,
     MAX_ITEMS,
     LlmBudget,
     LlmReport,
@@ -45,7 +44,6 @@ from agent.llm import (
 )
 from agent.seed import SeedResult, Step, apply, seed_phase
 from oracle.inputs import finite, parse_number
-from oracle.memory import MemoryOverheads
 from oracle.projection import score_configs
 from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
@@ -62,10 +60,19 @@ from oracle.specs import (
 )
 from oracle.uncertainty import Interval, load_residuals
 from oracle.work import ConfigBatch
-from solver.constraints import HardConstraint, SoftObjective, axis_values
+from solver.axes import (
+    ATTRIBUTION_FIELDS,
+    COMBINATION_AXES,
+    INT_AXES,
+    KNOB,
+    RECOMPUTE_FIELDS,
+    FlagKind,
+)
+from solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES, training_precision
+from solver.rules import RULES, training_precision
+from solver.settings import RunSettings, SettingsView
 from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -111,16 +118,16 @@ class Preference:
 
 
 @dataclass(frozen=True)
-class SearchOptions:
+class SearchOptions(SettingsView):
+    """How a search runs: the run's ``settings`` (overheads, margin, cross-scale-up, hard
+    constraints, calibration; read as ``opts.memory_margin`` etc.) and the search's own
+    options."""
+
+    settings: RunSettings = field(default_factory=RunSettings)
     top_k: int = 10
-    constraints: tuple[HardConstraint, ...] = ()
     preferences: tuple[Preference, ...] = ()
     baseline: ParallelConfig | None = None
     allow_fp8: bool = False
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    calibration: str | None = None
     goal: str = ""
     lm: Any = None  # a DSPy LM, or None to skip the LLM phase
     lm_name: str | None = None
@@ -193,12 +200,13 @@ class SearchResult:
     attribution: list[Step]
     llm: LlmReport
     preference_costs: list[dict[str, Any]]
-    defaults: list[str]
     trials: list[Trial]
     timings: dict[str, float]
     groups: list[Group] = field(default_factory=list)  # the top distinct configurations
     answer_index: int | None = None  # index into ranked.configs of the rule's answer
     rule: str = ""
+    #: the defaults the caller took, stated in the report (the CLI's flags)
+    defaults: list[str] = field(default_factory=list)
     near_tie_band: float = 0.0
     interval: Interval | None = None  # of the best
 
@@ -207,9 +215,24 @@ class SearchResult:
 
     @property
     def speedup(self) -> float | None:
-        if self.baseline is None or not self.baseline.legal or not self.baseline.throughput:
+        if self.baseline is None or not self.baseline.legal:
             return None
-        return self.best.throughput / self.baseline.throughput
+        return speedup(self.best.throughput, self.baseline.throughput)
+
+
+def speedup(best_tokens: float, baseline_tokens: float) -> float | None:
+    """The answer's projected tokens/s/GPU over the baseline's (None without a baseline
+    throughput)."""
+    return best_tokens / baseline_tokens if baseline_tokens > 0 else None
+
+
+def regret(agent_lower: float, exhaustive_lower: float) -> float | None:
+    """How far the agent phases' best falls short of the exhaustive answer, both by the lower
+    bound of their interval: 1 - agent / exhaustive, 0 when the agent does as well or better
+    (None when the exhaustive answer has no positive lower bound)."""
+    if exhaustive_lower <= 0:
+        return None
+    return max(0.0, 1.0 - agent_lower / exhaustive_lower)
 
 
 def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
@@ -317,9 +340,6 @@ def default_baseline(ranked: Ranked) -> ParallelConfig:
                               key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
-RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
-
-
 def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
     """The value of change ``f`` that matters: recomputation as one change, its method and
     depth only under full recomputation and its modules only under selective."""
@@ -341,9 +361,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     that leaves the projection unchanged (e.g. the pipeline split while pp is 1) rides along
     with the next step that moves it; changes that are only legal together end the path as one
     step, at ``target`` itself."""
-    fields: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute",
-                               "dispatcher", "schedule", "fp8_recipe", "distributed_optimizer",
-                               "fsdp", "pipeline_split")
+    fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
         fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
     goal = target.model_dump()
@@ -439,16 +457,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     when nothing is legal."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    defaults: list[str] = []
     refused = training_precision(cluster, training)
     if refused:  # no layout can fix it: say so before enumerating
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
-    enum = enumerate_feasible(model, cluster, training, space, constraints=opts.constraints,
-                              overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up,
+    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
                               families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
@@ -458,9 +473,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration)
     timings["rank_s"] = time.perf_counter() - t1
 
-    ev = Evaluator(model, cluster, training, overheads=opts.overheads,
-                   memory_margin=opts.memory_margin,
-                   allow_cross_scale_up=opts.allow_cross_scale_up, constraints=opts.constraints,
+    ev = Evaluator(model, cluster, training, opts.settings,
                    projector=_projector(opts.calibration))
     # baseline
     ref: Reference | None = None
@@ -523,9 +536,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         candidates, key=lambda pt: (lower(pt[1]) * (1 + ANSWER_TIE)
                                     if pt[0] == "exhaustive" else lower(pt[1])))
     agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=lower)
-    regret = None
-    if lower(exhaustive) > 0:
-        regret = max(0.0, 1.0 - lower(agent_best) / lower(exhaustive))
+    shortfall = regret(lower(agent_best), lower(exhaustive))
     attribution = attribute(ev, base, best.config, "attribution") if base.legal else []
     if base.legal and best_phase == "seed":
         attribution = list(seed.steps)
@@ -537,8 +548,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return SearchResult(
         model=model, cluster=cluster, training=training, options=opts, enumeration=enum,
         ranked=ranked, baseline=base, baseline_source=source, seed=seed, best=best,
-        best_phase=best_phase, exhaustive_best=exhaustive, regret=regret,
-        attribution=attribution, llm=llm, preference_costs=costs, defaults=defaults,
+        best_phase=best_phase, exhaustive_best=exhaustive, regret=shortfall,
+        attribution=attribution, llm=llm, preference_costs=costs,
         trials=ev.trials, timings=timings, groups=groups, answer_index=top, rule=ANSWER_RULE,
         near_tie_band=band, interval=interval,
     )
@@ -614,11 +625,29 @@ def describe_bottleneck(t: Trial) -> str:
     return ", ".join(f"{k} {100 * v / step:.0f}%" for v, k in parts)
 
 
+def planner_axes(space: SearchSpace) -> str:
+    """What the planner is told it may set (``COMBINATION_AXES``, from the axis registry), with
+    the search's domain of each integer axis and the values of each choice, and the names its
+    expressions may use (``solver.constraints.NAMES``)."""
+    parts = []
+    for name in COMBINATION_AXES:
+        knob = KNOB[name]
+        if name == "etp":
+            parts.append(f"etp {list(space.etp_all_values)}")
+        elif name in INT_AXES:
+            parts.append(f"{name} {list(getattr(space, name))}")
+        elif knob.choices is not None:
+            parts.append(f"{name} ({'/'.join(e.value for e in knob.choices)})")
+        elif knob.kind is FlagKind.FLAG:
+            parts.append(f"{name} (true/false)")
+        else:
+            parts.append(name)
+    return ", ".join(parts) + f"; names usable in expressions: {' '.join(NAMES)}"
+
+
 def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive, ranked, prefs):
     state = {"best": max((seed.best, exhaustive), key=lambda t: t.throughput)}
-    axes = (f"tp {list(space.tp)}, pp {list(space.pp)}, vpp {list(space.vpp)}, cp {list(space.cp)}, "
-            f"ep {list(space.ep)}, etp, mbs {list(space.mbs)}, recompute (none/selective/full), "
-            f"recompute_layers; names usable in expressions: tp pp vpp cp ep etp dp mbs ga")
+    axes = planner_axes(space)
 
     def context(rounds: list[LlmRound]) -> dict[str, str]:
         hist = "\n".join(f"round {r.index}: accepted {r.accepted}; rejected {r.rejected}; "
@@ -673,9 +702,7 @@ def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSp
     """``space`` with the axes a combination sets pinned to its values (possibly outside the
     default domains), and whether recompute was pinned (then dominance of recompute levels must
     not drop the pinned option). Raises ConfigError / ValueError for values that do not parse."""
-    rc_keys = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
-    axis_fix = {k: v for k, v in settings.items()
-                if k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
+    axis_fix = {k: v for k, v in settings.items() if k in INT_AXES}
     out = space.fix(**axis_fix) if axis_fix else space
     domains: dict[str, Any] = {}
     if "dispatcher" in settings:
@@ -688,7 +715,7 @@ def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSp
     if "distributed_optimizer" in settings:
         domains["optimizer"] = (OptimizerChoice.DISTRIBUTED if settings["distributed_optimizer"]
                                 else OptimizerChoice.REPLICATED,)
-    pinned_rc = any(k in settings for k in rc_keys)
+    pinned_rc = any(k in settings for k in RECOMPUTE_FIELDS)
     if pinned_rc:
         kind = Recompute(settings.get("recompute", "full" if "recompute_layers" in settings
                                       else "none"))
@@ -716,10 +743,8 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
     families = opts.families
     if pinned_rc:
         families = tuple(f for f in (families or RULES) if f != "recompute_dominance")
-    enum = enumerate_feasible(model, cluster, training, sub,
-                              constraints=tuple(opts.constraints) + tuple(hard),
-                              overheads=opts.overheads, memory_margin=opts.memory_margin,
-                              allow_cross_scale_up=opts.allow_cross_scale_up,
+    narrowed = opts.settings.with_(constraints=tuple(opts.constraints) + tuple(hard))
+    enum = enumerate_feasible(model, cluster, training, sub, settings=narrowed,
                               families=families, count_removed=False)
     configs = [fc.config for fc in enum.configs]
     if not configs:

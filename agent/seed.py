@@ -51,10 +51,6 @@ class Step:
     def gain(self) -> float:
         return self.after / self.before - 1.0 if self.before else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"change": self.move, "phase": self.phase, "tokens_per_s_per_gpu_before": self.before,
-                "tokens_per_s_per_gpu_after": self.after, "gain": self.gain}
-
 
 @dataclass(frozen=True)
 class SeedResult:

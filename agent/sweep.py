@@ -50,6 +50,7 @@ from oracle.specs import (
     Precision,
     TrainingSpec,
 )
+from solver.settings import MAX_MEMORY_MARGIN
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -94,7 +95,8 @@ class GridError(ConfigError):
 #: Grid keys: the axes (a value or a list) and the settings every scenario shares.
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
-                "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration", "name")
+                "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
+                "allow_cross_scale_up", "name")
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")
 
@@ -109,12 +111,7 @@ class Settings:
     grad_reduce_in_bf16: bool = False
     overheads: tuple[tuple[str, float], ...] = ()
     calibration: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"constraints": list(self.constraints), "preferences": list(self.preferences),
-                "memory_margin": self.memory_margin,
-                "grad_reduce_in_bf16": self.grad_reduce_in_bf16,
-                "overheads": dict(self.overheads), "calibration": self.calibration}
+    allow_cross_scale_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -319,26 +316,31 @@ def _settings(data: Mapping[str, Any]) -> Settings:
                 raise GridError(f"grid key {key!r}: {_show(s)} must be an expression string")
         return tuple(items)
 
-    constraints = strings("constraints")
-    for c in constraints:
-        try:
-            HardConstraint.of(c)
-        except ConfigError as e:
-            raise GridError(f"grid key 'constraints': {c!r}: {e}") from None
-    preferences = strings("preferences")
-    for c in preferences:
-        try:
-            Preference.parse(c)
-        except ConfigError as e:
-            raise GridError(f"grid key 'preferences': {c!r}: {e}") from None
+    def parsed(key: str, parse: Callable[[str], Any]) -> tuple[str, ...]:
+        items = strings(key)
+        for c in items:
+            try:
+                parse(c)
+            except ConfigError as e:
+                raise GridError(f"grid key {key!r}: {c!r}: {e}") from None
+        return items
+
+    constraints = parsed("constraints", HardConstraint.of)
+    preferences = parsed("preferences", Preference.parse)
     margin = data.get("memory_margin")
     if margin is not None:
         margin = _number("memory_margin", margin)
-        if margin > 0.9:
-            raise GridError(f"grid key 'memory_margin': {margin:g} must be at most 0.9")
-    bf16 = data.get("grad_reduce_in_bf16", False)
-    if not isinstance(bf16, bool):
-        raise GridError(f"grid key 'grad_reduce_in_bf16': {_show(bf16)} must be true or false")
+        if margin > MAX_MEMORY_MARGIN:
+            raise GridError(f"grid key 'memory_margin': {margin:g} must be at most "
+                            f"{MAX_MEMORY_MARGIN:g}")
+    def flag(key: str) -> bool:
+        v = data.get(key, False)
+        if not isinstance(v, bool):
+            raise GridError(f"grid key {key!r}: {_show(v)} must be true or false")
+        return v
+
+    bf16 = flag("grad_reduce_in_bf16")
+    cross = flag("allow_cross_scale_up")
     ov = data.get("overheads") or {}
     if not isinstance(ov, dict):
         raise GridError(f"grid key 'overheads': {_show(ov)} must be a mapping NAME: VALUE")
@@ -347,7 +349,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     calib = data.get("calibration")
     if calib is not None and (not isinstance(calib, str) or not Path(calib).is_file()):
         raise GridError(f"grid key 'calibration': {_show(calib)} is not a file")
-    return Settings(constraints, preferences, margin, bf16, overheads, calib)
+    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -368,11 +370,13 @@ def _overheads(items: Iterable[tuple[str, Any]]):
 
 
 def _with_digest(sc: Scenario) -> Scenario:
+    from agent.serialize import sweep_settings_json
+
     blob = json.dumps({
         "model": sc.model.model_dump(mode="json"), "gpu": sc.gpu.model_dump(mode="json"),
         "gpus_per_node": sc.gpus_per_node, "nodes": sc.nodes, "seq_len": sc.seq_len,
         "global_batch": sc.global_batch, "precision": sc.precision.value, "tokens": sc.tokens,
-        "price": sc.price_per_gpu_hour, "settings": sc.settings.to_json(),
+        "price": sc.price_per_gpu_hour, "settings": sweep_settings_json(sc.settings),
     }, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return Scenario(**{**sc.__dict__, "digest": digest})
@@ -485,19 +489,20 @@ def _init_worker(share_tables: bool = True) -> None:
 def scenario_inputs(sc: Scenario):
     """The specs and search options of a scenario."""
     from agent.search import Preference, SearchOptions
-    from solver.constraints import as_constraints
-    from solver.rules import DEFAULT_MEMORY_MARGIN
+    from solver.settings import RunSettings
 
     st = sc.settings
     cluster = ClusterSpec(gpu=sc.gpu, num_nodes=sc.nodes, gpus_per_node=sc.gpus_per_node)
     training = TrainingSpec(seq_len=sc.seq_len, global_batch_size=sc.global_batch,
                             precision=sc.precision)
+    given = {"memory_margin": st.memory_margin} if st.memory_margin is not None else {}
+    settings = RunSettings(constraints=st.constraints, overheads=_overheads(st.overheads),
+                           calibration=st.calibration,
+                           allow_cross_scale_up=st.allow_cross_scale_up, **given)
     opts = SearchOptions(
-        top_k=1, constraints=as_constraints(st.constraints),
+        settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),
-        overheads=_overheads(st.overheads),
-        memory_margin=DEFAULT_MEMORY_MARGIN if st.memory_margin is None else st.memory_margin,
-        calibration=st.calibration, grad_reduce_in_fp32=not st.grad_reduce_in_bf16)
+        grad_reduce_in_fp32=not st.grad_reduce_in_bf16)
     return cluster, training, opts
 
 
@@ -566,7 +571,7 @@ def interval_of(result: Any) -> tuple[float | None, float | None]:
 
 def result_columns(r: Any, sc: Scenario) -> dict[str, Any]:
     """The row fields of a search result (``r``: :class:`agent.search.SearchResult`)."""
-    from solver.check import config_json
+    from agent.serialize import config_json
 
     best = r.best
     cfg = config_json(best.config, r.training)

@@ -28,6 +28,7 @@ from solver.feasible import enumerate_problem
 from solver.problem import Problem
 from solver.reference import reference_enumerate
 from solver.rules import RULES
+from solver.settings import RunSettings
 from solver.space import AXES, OptimizerChoice, default_space
 
 GPUS = ("h100", "h200", "b200", "mi300x", "mi355x", "a100")
@@ -70,7 +71,7 @@ def draw(rng: random.Random, max_size: int) -> tuple[Problem, list[str], str]:
         families.remove(rng.choice(["recompute_dominance", "scale_up", "pipeline_split",
                                     "virtual_pipeline", "batch"]))
     p = Problem(model=model, cluster=cluster, training=training, space=space,
-                constraints=as_constraints(cons))
+                settings=RunSettings(constraints=as_constraints(cons)))
     label = (f"{model.name} {nodes}x{gpu.name} seq {seq} gbs {gbs}{' fp8' if fp8 else ''} "
              f"fixed {fixed} constraints {cons} off {set(RULES) - set(families) or '-'}")
     return p, families, label

@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from formats.keys import Fp8Format, megatron_flag
+from formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
 from formats.model import LLAMA3_ORIGINAL_POSITIONS
 from oracle.memory import pipeline_chunks
 from oracle.specs import (
@@ -49,6 +49,7 @@ from oracle.specs import (
     RouterScore,
     Schedule,
     TrainingSpec,
+    compute_precision,
     resolve_config,
 )
 
@@ -108,8 +109,9 @@ def _refuse_zero_bubble(c: ParallelConfig, framework: str) -> None:
 def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: ParallelConfig,
             prefix: str = "# ") -> list[str]:
     recompute = c.recompute.value
-    precision = f"fp8 {c.fp8_recipe.value}" if c.fp8_recipe else (
-        "fp4 nvfp4" if training.precision is Precision.FP4 else "bf16")
+    precision = {Precision.FP8: f"fp8 {c.fp8_recipe and c.fp8_recipe.value}",
+                 Precision.FP4: f"fp4 {FP4_RECIPE}",
+                 Precision.BF16: "bf16"}[compute_precision(training, c)]
     sharding = ("fsdp" if c.fsdp else "distributed optimizer" if c.distributed_optimizer
                 else "replicated optimizer")
     if not c.grad_reduce_in_fp32:
@@ -136,30 +138,44 @@ def _batch_args(model: ModelSpec, training: TrainingSpec,
     """Batch and sequence arguments, spelled alike by Megatron-LM and Primus; the position
     table is at least the sequence length."""
     return [
-        ("micro_batch_size", c.mbs),
+        (KNOB_DEST["mbs"], c.mbs),
         ("global_batch_size", training.global_batch_size),
         ("seq_length", training.seq_len),
         ("max_position_embeddings", max(model.max_position_embeddings, training.seq_len)),
     ]
 
 
+def _dispatcher_and_dtype_args(model: ModelSpec, c: ParallelConfig) -> list[tuple[str, Any]]:
+    """The MoE dispatcher (DeepEP behind ``flex``), grouped GEMMs, bf16 and the gradient dtype:
+    the same (dest, value) pairs for Megatron-LM and Primus."""
+    out: list[tuple[str, Any]] = []
+    if model.is_moe:
+        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
+        if c.dispatcher is Dispatcher.FLEX:
+            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
+        out.append(("moe_grouped_gemm", True))
+    out.append(("bf16", True))
+    if not c.grad_reduce_in_fp32:
+        out.append(("grad_reduce_in_bf16", True))
+    if c.fp8_param_gather and c.fp8_recipe is not None:
+        out.append(("fp8_param_gather", True))
+    return out
+
+
 def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
-    out: list[tuple[str, Any]] = [
-        ("tensor_model_parallel_size", c.tp),
-        ("pipeline_model_parallel_size", c.pp),
-    ]
+    out: list[tuple[str, Any]] = [(KNOB_DEST["tp"], c.tp), (KNOB_DEST["pp"], c.pp)]
     if c.vpp > 1:
-        out.append(("num_virtual_stages_per_pipeline_rank", c.vpp))
+        out.append((KNOB_DEST["vpp"], c.vpp))
     if c.pipeline_split is PipelineSplit.EMBEDDING_LOSS:
         out += [("account_for_embedding_in_pipeline_split", True),
                 ("account_for_loss_in_pipeline_split", True)]
-    out.append(("context_parallel_size", c.cp))
+    out.append((KNOB_DEST["cp"], c.cp))
     if model.is_moe or c.ep > 1:
-        out.append(("expert_model_parallel_size", c.ep))
+        out.append((KNOB_DEST["ep"], c.ep))
     if model.is_moe:
-        out.append(("expert_tensor_parallel_size", c.etp_))
+        out.append((KNOB_DEST["etp"], c.etp_))
     if c.sp:
         out.append(("sequence_parallel", True))
     out += _batch_args(model, training, c)
@@ -178,17 +194,11 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
     out.append(("overlap_grad_reduce", True))
     if c.fsdp or c.distributed_optimizer:  # --overlap-param-gather needs one of them
         out.append(("overlap_param_gather", True))
-    if model.is_moe:
-        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
-        if c.dispatcher is Dispatcher.FLEX:
-            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
-        out.append(("moe_grouped_gemm", True))
-    out.append(("bf16", True))
-    if not c.grad_reduce_in_fp32:  # Megatron-LM keeps fp32 gradients under --bf16 otherwise
-        out.append(("grad_reduce_in_bf16", True))
+    # Megatron-LM keeps fp32 gradients under --bf16 unless --grad-reduce-in-bf16
+    out += _dispatcher_and_dtype_args(model, c)
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
-    elif training.precision is Precision.FP4:
+    elif compute_precision(training, c) is Precision.FP4:
         out += [("fp4", FP4_FORMAT), ("fp4_recipe", FP4_RECIPE)]
     if not training.flash_attention:
         out.append(("attention_backend", UNFUSED_BACKEND))
@@ -379,12 +389,12 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     use_distributed_optimizer, the recompute keys, fp8)."""
     zero_bubble = c.schedule_ is Schedule.ZERO_BUBBLE
     out: list[tuple[str, Any]] = [
-        ("tensor_model_parallel_size", c.tp),
-        ("pipeline_model_parallel_size", c.pp),
-        ("num_virtual_stages_per_pipeline_rank", c.vpp if c.vpp > 1 else None),
-        ("context_parallel_size", c.cp),
-        ("expert_model_parallel_size", c.ep),
-        ("expert_tensor_parallel_size", c.etp_ if model.is_moe else None),
+        (KNOB_DEST["tp"], c.tp),
+        (KNOB_DEST["pp"], c.pp),
+        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 else None),
+        (KNOB_DEST["cp"], c.cp),
+        (KNOB_DEST["ep"], c.ep),
+        (KNOB_DEST["etp"], c.etp_ if model.is_moe else None),
         ("sequence_parallel", c.sp),
         ("account_for_embedding_in_pipeline_split",
          c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
@@ -409,19 +419,13 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     overlap = not zero_bubble
     out += [("overlap_grad_reduce", overlap),
             ("overlap_param_gather", overlap and (c.distributed_optimizer or c.fsdp))]
-    if model.is_moe:
-        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
-        if c.dispatcher is Dispatcher.FLEX:
-            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
-        out.append(("moe_grouped_gemm", True))
-    out.append(("bf16", True))
-    if not c.grad_reduce_in_fp32:  # Primus default (trainer_base.yaml): false, fp32 gradients
-        out.append(("grad_reduce_in_bf16", True))
+    # Primus default (trainer_base.yaml) grad_reduce_in_bf16: false, fp32 gradients
+    out += _dispatcher_and_dtype_args(model, c)
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
         out.append(("fp8", None))
-    if training.precision is Precision.FP4:  # trainer_base.yaml: fp4: null
+    if compute_precision(training, c) is Precision.FP4:  # trainer_base.yaml: fp4: null
         out.append(("fp4", FP4_FORMAT))
     out.append(("patch_zero_bubble", zero_bubble))
     if zero_bubble:
@@ -508,28 +512,27 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     """(field path, Python expression) pairs on a Megatron-Bridge ``ConfigContainer``."""
     emb_loss = c.pipeline_split is PipelineSplit.EMBEDDING_LOSS
     out: list[tuple[str, str]] = [
-        ("model.tensor_model_parallel_size", repr(c.tp)),
-        ("model.pipeline_model_parallel_size", repr(c.pp)),
+        (KNOB_BRIDGE["tp"], repr(c.tp)),
+        (KNOB_BRIDGE["pp"], repr(c.pp)),
     ]
     if c.pp > 1:  # the recipes set it whenever pp > 1
         out.append(("model.pipeline_dtype", "torch.bfloat16"))
     out += [
-        ("model.virtual_pipeline_model_parallel_size", repr(c.vpp if c.vpp > 1 else None)),
+        (KNOB_BRIDGE["vpp"], repr(c.vpp if c.vpp > 1 else None)),
         ("model.pipeline_model_parallel_layout", "None"),
         ("model.num_layers_in_first_pipeline_stage", "None"),
         ("model.num_layers_in_last_pipeline_stage", "None"),
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
         ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
-        ("model.context_parallel_size", repr(c.cp)),
+        (KNOB_BRIDGE["cp"], repr(c.cp)),
     ]
     if model.is_moe:
-        out += [("model.expert_model_parallel_size", repr(c.ep)),
-                ("model.expert_tensor_parallel_size", repr(c.etp_))]
+        out += [(KNOB_BRIDGE["ep"], repr(c.ep)), (KNOB_BRIDGE["etp"], repr(c.etp_))]
     out += [
         ("model.sequence_parallel", repr(c.sp)),
         ("model.seq_length", repr(training.seq_len)),
         ("dataset.seq_length", repr(training.seq_len)),
-        ("train.micro_batch_size", repr(c.mbs)),
+        (KNOB_BRIDGE["mbs"], repr(c.mbs)),
         ("train.global_batch_size", repr(training.global_batch_size)),
     ]
     if c.recompute is Recompute.FULL:
@@ -556,7 +559,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out += [("model.moe_token_dispatcher_type", json.dumps(c.dispatcher.value)),
                 ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
                 ("model.moe_grouped_gemm", "True")]
-    fp4 = training.precision is Precision.FP4 and c.fp8_recipe is None
+    fp4 = compute_precision(training, c) is Precision.FP4
     # Megatron-Bridge training/mixed_precision.py: bf16_with_nvfp4_mixed (NVFP4BlockScaling)
     out.append(("mixed_precision", "bf16_with_nvfp4_mixed()" if fp4 else "bf16_mixed()"))
     if not c.grad_reduce_in_fp32:
@@ -567,7 +570,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     if c.fp8_recipe is not None:
         out += [("mixed_precision.fp8", json.dumps(fp8_format(c.fp8_recipe).value)),
                 ("mixed_precision.fp8_recipe", json.dumps(c.fp8_recipe.value)),
-                ("mixed_precision.fp8_param_gather", "False")]
+                ("mixed_precision.fp8_param_gather", str(bool(c.fp8_param_gather)))]
     if not training.flash_attention:
         out.append(("model.attention_backend", f"AttnBackend.{UNFUSED_BACKEND}"))
     return out

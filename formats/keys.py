@@ -35,6 +35,7 @@ from typing import Any
 from formats.shell import UNSET, describe_unset, unset_name
 from oracle.inputs import is_file, read_mapping
 from oracle.specs import ConfigError
+from solver.axes import KNOBS
 
 
 class Flavor(StrEnum):
@@ -91,6 +92,15 @@ def _int(lo: int = 1) -> Key:
 
 BOOL = Key(Kind.BOOL)
 
+#: The Megatron-LM (and Primus) argument dest of each axis-registry knob that has one name there
+#: (``solver/axes.py::KNOBS``: ``KNOB_DEST["tp"]`` is ``tensor_model_parallel_size``); the
+#: exporters and readers spell those knobs through it. Knobs the frameworks say in several
+#: arguments (pipeline split, schedule, FP8 format and recipe) are written out where they are
+#: read and exported.
+KNOB_DEST: dict[str, str] = {k.field: k.megatron for k in KNOBS if k.megatron}
+#: The Megatron-Bridge ``ConfigContainer`` field path of each knob that has one.
+KNOB_BRIDGE: dict[str, str] = {k.field: k.bridge for k in KNOBS if k.bridge}
+
 # Arguments that set tune-cp's ParallelConfig / TrainingSpec (Megatron dest -> Key).
 CONFIG_KEYS: dict[str, Key] = {
     "tensor_model_parallel_size": _int(),
@@ -123,6 +133,7 @@ CONFIG_KEYS: dict[str, Key] = {
     # gradient buffer dtype (arguments.py::_add_mixed_precision_args; validate_args: under --bf16
     # accumulate_allreduce_grads_in_fp32 is forced on unless --grad-reduce-in-bf16)
     "grad_reduce_in_bf16": BOOL,
+    "fp8_param_gather": BOOL,
     "accumulate_allreduce_grads_in_fp32": BOOL,
     "data_parallel_sharding_strategy": Key(
         Kind.CHOICE, choices=("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -246,9 +257,6 @@ UNMODELED: dict[str, Unmodeled] = {
         Key(Kind.BOOL, flag="--no-overlap-p2p-communication", flag_stores=False),
         "without p2p overlap Megatron-LM needs pp > 2 for virtual stages; tune-cp assumes the "
         "overlap", neutral=(None, True)),
-    "fp8_param_gather": Unmodeled(
-        BOOL, "FP8 parameter all-gather (1-byte parameter buffer) is not modeled; the bf16 "
-        "buffer is counted"),
     "first_last_layers_bf16": Unmodeled(BOOL, "bf16 first/last layers in FP8 runs are not modeled"),
     "moe_expert_capacity_factor": Unmodeled(
         Key(Kind.FLOAT), "token dropping at an expert capacity is not modeled (dropless assumed)"),

@@ -13,6 +13,7 @@ from formats.keys import (
     CONFIG_KEYS,
     FRAMEWORK_NAME,
     IGNORED,
+    KNOB_DEST,
     MODEL_KEYS,
     UNMODELED,
     UNMODELED_RECOMPUTE_MODULES,
@@ -305,13 +306,10 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     num_layers = model.num_layers if model is not None else arch.num_layers
 
     kw: dict[str, Any] = {
-        "tp": r.get("tensor_model_parallel_size"),
-        "pp": r.get("pipeline_model_parallel_size"),
-        "cp": r.get("context_parallel_size"),
-        "ep": r.get("expert_model_parallel_size", state=is_moe),
-    }
+        axis: r.get(KNOB_DEST[axis]) for axis in ("tp", "pp", "cp")
+    } | {"ep": r.get(KNOB_DEST["ep"], state=is_moe)}
     if is_moe:
-        kw["etp"] = r.get("expert_tensor_parallel_size")
+        kw["etp"] = r.get(KNOB_DEST["etp"])
         if kw["etp"] is None:
             r.defaults.append("expert_tensor_parallel_size: tensor_model_parallel_size "
                               f"({FRAMEWORK_NAME[r.flavor]} default)")
@@ -331,6 +329,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     precision, fp8_format, recipe = _precision(r)
     kw["fp8_recipe"] = recipe
     kw["grad_reduce_in_fp32"] = _grad_dtype(r)
+    kw["fp8_param_gather"] = bool(r.get("fp8_param_gather", state=False)) and recipe is not None
     kw["schedule"] = _schedule(r)
     flash = (r.get("attention_backend", state=False) or "auto") not in UNFUSED_ATTENTION
     _unmodeled_notes(r)

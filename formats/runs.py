@@ -51,6 +51,20 @@ Rules (each documented where it is applied):
   selective AC (recomputes every second matmul) -> selective ``mlp`` (the module closest to half
   the layer's GEMMs); Megatron ``recompute-activations`` -> selective ``core_attn``;
   ``RMSNorm and MLA up-projection`` -> ``layernorm, mla_up_proj``; blank / none -> none.
+* **Recipe memory settings** (:func:`recipe_settings`, kept apart in ``RunRow.recipe`` and applied
+  by :meth:`RunRow.recipe_cfg`, not to ``cfg``: the time model and its calibration read the
+  columns only): what the framework's recipe sets that the row does not state and that changes
+  memory. Megatron-Bridge performance recipes (``scripts/performance/configs/*/
+  *_llm_pretrain.py``, ``set_*_common_configs`` of Llama 3, Llama 3.1, DeepSeek-V3, Qwen3 and
+  GPT-OSS) set ``grad_reduce_in_fp32 = False`` (bf16 gradient buffers); their FP8 tensorwise,
+  delayed and MXFP8 mixed-precision recipes (``training/mixed_precision.py``:
+  ``bf16_with_fp8_current_scaling_mixed`` etc.) set ``fp8_param_gather = True`` (blockwise /
+  subchannel does not); DeepSeek-V3's sets ``recompute_granularity = "selective"`` with the
+  workload's ``recompute_modules = ["mla_up_proj"]`` (``deepseek_workload_base_configs.py``,
+  B200 / B300 / GB300 and GB200 MXFP8) when the row leaves recompute blank. The recipes run
+  with ``expandable_segments:True`` (no fragmentation allowance, :func:`recipe_fragmentation`);
+  their FSDP recipes offload activations to the CPU (:data:`BRIDGE_CPU_OFFLOAD_LAYERS`, named,
+  not modelled).
 """
 
 from __future__ import annotations
@@ -114,6 +128,17 @@ class RunRow:
     notes: list[str] = field(default_factory=list)
     software: str = "megatron"
     traits: RunTraits = field(default_factory=RunTraits)
+    #: memory settings the framework's recipe implies (:func:`recipe_settings`) and their notes
+    recipe: dict[str, Any] = field(default_factory=dict)
+    recipe_notes: list[str] = field(default_factory=list)
+    #: the caching allocator's fragmentation allowance the recipe implies (None: tune-cp's default)
+    recipe_fragmentation: float | None = None
+
+    def recipe_cfg(self) -> ParallelConfig | None:
+        """``cfg`` with the recipe's memory settings applied (``cfg`` itself when there are none)."""
+        if self.cfg is None or not self.recipe:
+            return self.cfg
+        return self.cfg.model_copy(update=self.recipe)
 
     @property
     def representable(self) -> bool:
@@ -320,6 +345,54 @@ def row_recompute(text: str) -> dict[str, Any]:
     return {"recompute": Recompute.NONE}
 
 
+#: Megatron-Bridge FSDP performance recipes that offload activations of this many layers to the
+#: CPU (``cpu_offloading_num_layers``; ``llama3_workload_base_configs.py``,
+#: ``llama31_workload_base_configs.py``): keyed by (catalog model, GPU, FP8 recipe or None).
+#: tune-cp does not model offloading; :mod:`benchmarks.memory` names it as the reason.
+BRIDGE_CPU_OFFLOAD_LAYERS: dict[tuple[str, str, str | None], int] = {
+    ("llama3-70b", "gb300", "tensorwise"): 20,
+    ("llama3-70b", "gb300", None): 30,
+    ("llama3-70b", "gb200", "tensorwise"): 40,
+    ("llama3-70b", "gb200", None): 20,
+    ("llama3-70b", "b200", "tensorwise"): 5,
+    ("llama3.1-405b", "gb300", "tensorwise"): 10,
+    ("llama3.1-405b", "gb300", None): 40,
+    ("llama3.1-405b", "gb200", "tensorwise"): 92,
+}
+
+
+def recipe_fragmentation(row: dict[str, str], model: ModelSpec, fsdp: bool) -> float | None:
+    """0 where the recipe runs PyTorch's allocator with ``expandable_segments:True`` (Megatron-
+    Bridge ``scripts/performance/utils/executors.py::PERF_ENV_VARS``; its ``perf_plugins.py``
+    removes it for Llama with Megatron-FSDP and for NCCL user buffers): segments grow in place,
+    so the allocator's fragmentation over the activations is negligible. None elsewhere."""
+    if "megatron-bridge" not in row.get("framework", "").lower():
+        return None
+    if fsdp and _key(model.name).startswith("llama"):
+        return None
+    return 0.0
+
+
+def recipe_settings(row: dict[str, str], model: ModelSpec,
+                    recipe: Fp8Recipe | None) -> tuple[dict[str, Any], list[str]]:
+    """Memory settings a row's framework recipe implies and the row does not state, with one
+    note each (see the module docstring, "Recipe memory settings")."""
+    if "megatron-bridge" not in row.get("framework", "").lower():
+        return {}, []
+    out: dict[str, Any] = {"grad_reduce_in_fp32": False}
+    notes = ["bf16 gradient buffers (Megatron-Bridge performance recipes: grad_reduce_in_fp32 "
+             "False)"]
+    if recipe in (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.MXFP8):
+        out["fp8_param_gather"] = True
+        notes.append(f"FP8 parameters (Megatron-Bridge {recipe.value} recipe: fp8_param_gather "
+                     f"True)")
+    if model.mla is not None and model.is_moe and not row.get("recompute", "").strip():
+        out |= {"recompute": Recompute.SELECTIVE, "recompute_modules": ("mla_up_proj",)}
+        notes.append("selective recompute of mla_up_proj (Megatron-Bridge DeepSeek-V3 "
+                     "performance recipe)")
+    return out, notes
+
+
 def row_traits(row: dict[str, str], software: str) -> RunTraits:
     """The :class:`~oracle.work.RunTraits` a row states or its framework implies (see the
     module docstring)."""
@@ -513,6 +586,14 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         return
     out.model, out.cluster, out.training, out.cfg = model, cluster, training, resolved
     out.traits = traits
+    out.recipe, out.recipe_notes = recipe_settings(row, model, recipe)
+    out.recipe_fragmentation = recipe_fragmentation(row, model, fsdp)
+    if out.recipe_fragmentation is not None:
+        out.recipe_notes.append("no fragmentation allowance (expandable_segments)")
+    offload = BRIDGE_CPU_OFFLOAD_LAYERS.get((model.name, gname, recipe.value if recipe else None))
+    if offload and fsdp and "megatron-bridge" in row.get("framework", "").lower():
+        out.recipe_notes.append(f"CPU offloading of {offload} layers' activations (recipe "
+                                f"cpu_offloading_num_layers; not modelled)")
 
 
 def read_runs(path: str | Path) -> list[RunRow]:

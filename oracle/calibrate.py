@@ -51,7 +51,7 @@ from oracle.constants import (
 )
 from oracle.specs import ConfigError
 from oracle.timing import timing
-from oracle.work import ConfigBatch, build_work, concat_work
+from oracle.work import ConfigBatch, Work, build_work, concat_work
 
 #: log-scale scatter assumed for one published measurement (release-to-release differences of the
 #: same configuration on the Megatron-Bridge page are 5-15 %).
@@ -64,10 +64,10 @@ MIN_ROWS = 3
 
 @dataclass
 class PreparedRows:
-    """Rows projected to work arrays once (constants-independent)."""
+    """Rows projected to work records once (constants-independent)."""
 
     rows: list[RunRow]
-    work: dict[str, np.ndarray]
+    work: Work
     archs: list[str]
     software: list[str]
     measured: np.ndarray

@@ -50,8 +50,8 @@ class PositionEmbedding(StrEnum):
 
 class Precision(StrEnum):
     """GEMM precision of the transformer layers. ``fp4`` is NVFP4 (Blackwell; Transformer Engine
-    ``NVFP4BlockScaling``, Megatron-Bridge ``bf16_with_nvfp4_mixed``); the memory accounting treats
-    it like BF16 (its weight and activation copies are not modelled there yet)."""
+    ``NVFP4BlockScaling``, Megatron-Bridge ``bf16_with_nvfp4_mixed``); the memory accounting counts
+    its saved GEMM inputs and weight copies at 9/16 B per element (``oracle/memory.py``)."""
 
     BF16 = "bf16"
     FP8 = "fp8"
@@ -466,6 +466,12 @@ class ParallelConfig(Spec):
         "under --bf16); False: in bf16 (2 B/param; Megatron-LM --grad-reduce-in-bf16, "
         "Megatron-Core DDP / Megatron-Bridge grad_reduce_in_fp32=False). Not searched",
     )
+    fp8_param_gather: bool = Field(
+        default=False,
+        description="FP8 parameters (Megatron-LM --fp8-param-gather, Megatron-Bridge "
+        "fp8_param_gather; the default of its tensorwise, delayed and MXFP8 recipes): linear "
+        "weights exist only as FP8 copies, no bf16 copy. Memory only; not searched",
+    )
     dispatcher: Dispatcher = Dispatcher.ALLTOALL
     schedule: Schedule | None = Field(default=None, description="None: interleaved if vpp > 1")
     fp8_recipe: Fp8Recipe | None = Field(default=None, description="None: BF16 compute")
@@ -542,6 +548,23 @@ def derived_ga(global_batch_size: int, mbs: int, dp: int) -> int:
     """ga (micro-batches per step) as :func:`resolve_config` derives it: ``gbs // (mbs dp)``,
     at least 1."""
     return max(1, global_batch_size // (mbs * dp))
+
+
+def compute_precision(training: TrainingSpec, cfg: ParallelConfig) -> Precision:
+    """The precision the configuration's GEMMs run in, the one source every reader uses (the
+    check's header and JSON, the exporters, the interval class): FP8 when the configuration
+    has an FP8 recipe (``resolve_config`` gives every FP8 training one), else the training
+    precision (bf16, or NVFP4 ``fp4``). An FP8 recipe under fp4 training is illegal (rule
+    family ``precision``)."""
+    return Precision.FP8 if cfg.fp8_recipe is not None else training.precision
+
+
+def training_as_run(training: TrainingSpec, cfg: ParallelConfig) -> TrainingSpec:
+    """``training`` with the precision ``cfg`` runs in (:func:`compute_precision`): a bf16
+    training given an FP8 recipe trains in FP8 (fp4 with a recipe stays, and is illegal)."""
+    if training.precision is not Precision.BF16 or cfg.fp8_recipe is None:
+        return training
+    return training.model_copy(update={"precision": Precision.FP8})
 
 
 def resolve_config(

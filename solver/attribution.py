@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from oracle.specs import Recompute
+from solver.axes import AXES
 from solver.problem import Problem
 from solver.rules import FAMILY_AXES, RULES, RuleContext
-from solver.space import AXES
 
 #: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
 #: optimizer (read only by memory) last.

@@ -6,3 +6,6 @@ re-exports them."""
 #: (allocator behaviour of a specific framework build, stray buffers). The named overhead terms
 #: (context, collectives, fragmentation) are already inside the estimate.
 DEFAULT_MEMORY_MARGIN = 0.05
+
+#: Largest ``--memory-margin`` (grid key ``memory_margin``).
+MAX_MEMORY_MARGIN = 0.9

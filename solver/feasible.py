@@ -16,20 +16,19 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from oracle.memory import MemoryOverheads
 from oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
 from solver.attribution import PROBE_AXES, attribute, attribution_walk
+from solver.axes import INT_AXES
 from solver.constraints import (
     Direction,
-    HardConstraint,
     SoftObjective,
-    as_constraints,
     compile_expr,
 )
 from solver.cpsat import cp_model
 from solver.model import LegalityModel
 from solver.problem import Problem
-from solver.rules import DEFAULT_MEMORY_MARGIN, RULES
+from solver.rules import RULES
+from solver.settings import RunSettings
 from solver.space import AXES, SearchSpace, default_space
 from solver.symbolic import Sym
 
@@ -161,7 +160,7 @@ SLICE_AXES: tuple[str, ...] = ("tp", "pp")
 #: Axes a space may be sliced on (fixing one of them keeps every other domain as it is).
 SLICEABLE: tuple[str, ...] = ("tp", "pp", "cp", "vpp", "ep", "mbs")
 #: Axes whose raw solver value is the value itself (the others are domain indices).
-NUMERIC_AXES = frozenset(("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"))
+NUMERIC_AXES = frozenset(INT_AXES)
 
 
 def default_slice_axes(space: SearchSpace) -> tuple[str, ...]:
@@ -356,31 +355,27 @@ def enumerate_feasible(
     training: TrainingSpec,
     space: SearchSpace | None = None,
     *,
-    constraints: Sequence[HardConstraint | str] = (),
-    overheads: MemoryOverheads | None = None,
-    memory_margin: float = DEFAULT_MEMORY_MARGIN,
-    allow_cross_scale_up: bool = False,
+    settings: RunSettings | None = None,
     families: Iterable[str] | None = None,
     count_removed: bool = True,
     workers: int = 1,
     slice_axes: Sequence[str] | None = None,
 ) -> Enumeration:
     """Every configuration of ``space`` (default: :func:`~solver.space.default_space`) that
-    passes every family of ``families`` (default: all, including ``extra`` with
-    ``constraints`` and ``recompute_dominance``), in a deterministic order.
+    passes every family of ``families`` (default: all, including ``extra`` with the settings'
+    constraints and ``recompute_dominance``), in a deterministic order, under ``settings``.
 
-    ``constraints`` (text such as ``"ep * etp <= 8"`` or :class:`HardConstraint`) only narrow
-    the set. Pass ``families=[f for f in RULES if f != "recompute_dominance"]`` to keep every K
+    The constraints (``RunSettings(constraints=["ep * etp <= 8"])``) only narrow the set. Pass ``families=[f for f in RULES if f != "recompute_dominance"]`` to keep every K
     of full recompute that fits. ``workers`` > 1 enumerates the slices of the space in that many
     processes (same result; ``os.cpu_count()`` uses every core); ``slice_axes``: see
     :func:`enumerate_problem`.
     """
+    settings = settings or RunSettings()
     if space is None:
-        space = default_space(model, cluster, training, allow_cross_scale_up=allow_cross_scale_up)
+        space = default_space(model, cluster, training,
+                              allow_cross_scale_up=settings.allow_cross_scale_up)
     problem = Problem(model=model, cluster=cluster, training=training, space=space,
-                      overheads=overheads or MemoryOverheads(), memory_margin=memory_margin,
-                      allow_cross_scale_up=allow_cross_scale_up,
-                      constraints=as_constraints(constraints))
+                      settings=settings)
     return enumerate_problem(problem, families, count_removed=count_removed, workers=workers,
                              slice_axes=slice_axes)
 

@@ -39,6 +39,7 @@ from oracle.specs import (
     ParallelConfig,
     PipelineSplit,
     PositionEmbedding,
+    Precision,
     Recompute,
     RecomputeMethod,
     Schedule,
@@ -46,6 +47,7 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
+from solver.axes import INT_AXES
 from solver.constraints import compile_expr
 from solver.cpsat import cp_model
 from solver.problem import Problem
@@ -292,7 +294,7 @@ class LegalityModel:
         out: dict[str, Any] = {}
         for name, v in self.axis.items():
             raw = values[name] if isinstance(v, Sym) else v
-            if name in ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"):
+            if name in INT_AXES:
                 out[name] = raw
             else:
                 out[name] = getattr(sp, name)[raw]
@@ -434,10 +436,12 @@ def enc_recompute(m: LegalityModel) -> Value:
 
 
 def enc_precision(m: LegalityModel) -> Value:
-    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4; NVFP4 training needs FP4
-    tensor cores (``rules.training_precision``: false for every layout)."""
+    """FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4; no FP8 recipe under fp4
+    training; NVFP4 training needs FP4 tensor cores (``rules.training_precision``: false for
+    every layout)."""
     gpu = m.p.cluster.gpu
     precision_ok = not training_precision(m.p.cluster, m.p.training)
+    fp4 = m.p.training.precision is Precision.FP4
 
     def ok(f: int) -> bool:
         if not precision_ok:
@@ -445,7 +449,7 @@ def enc_precision(m: LegalityModel) -> Value:
         r = FP8[f]
         if r is None:
             return True
-        if gpu.peak_fp8_flops is None:
+        if fp4 or gpu.peak_fp8_flops is None:  # an FP8 recipe under fp4 training: illegal
             return False
         return r is not Fp8Recipe.MXFP8 or gpu.architecture in FP8_ARCHITECTURES_MX
 
@@ -660,7 +664,7 @@ class MemoryEncoding:
                                   distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
                                   fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp,
                                   grad_reduce_in_fp32=grad_fp32)
-                sh = M.sharding(model, cluster, cfg)
+                sh = M.sharding(model, cluster, cfg, p.training.precision is Precision.FP4)
                 out = memo.shard[key] = (
                     *(getattr(sh, n) for n in numeric),
                     (sh.distributed_optimizer, sh.fsdp, sh.grad_reduce_in_fp32,

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from oracle.memory import MemoryOverheads
 from oracle.specs import (
     ClusterSpec,
     ModelSpec,
@@ -20,26 +19,22 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
-from solver.constraints import HardConstraint
-from solver.rules import DEFAULT_MEMORY_MARGIN, RuleContext, hbm_limit_bytes
+from solver.axes import RECOMPUTE_FIELDS
+from solver.rules import RuleContext, hbm_limit_bytes
+from solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
 from solver.space import SearchSpace, candidate_config
-
-#: The configuration fields a recompute option sets (``RecomputeOption.config_fields``).
-RECOMPUTE_FIELDS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
 
 
 @dataclass(frozen=True)
-class Problem:
-    """The inputs of a search. ``constraints`` feed the ``extra`` family."""
+class Problem(SettingsView):
+    """The inputs of a search: what is trained, where, the space, and the run's settings (their
+    ``constraints`` feed the ``extra`` family)."""
 
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
     space: SearchSpace
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    constraints: tuple[HardConstraint, ...] = ()
+    settings: RunSettings = field(default_factory=RunSettings)
 
     @property
     def limit_bytes(self) -> int:
@@ -54,8 +49,7 @@ class Problem:
         """The rule context of a resolved configuration, with this problem's settings."""
         return RuleContext(
             model=self.model, cluster=self.cluster, training=self.training, cfg=cfg,
-            overheads=self.overheads, memory_margin=self.memory_margin,
-            allow_cross_scale_up=self.allow_cross_scale_up, constraints=self.constraints,
+            settings=self.settings,
             full_recompute_layers=self._full_layers,
             recompute_none_option=self._none_option,
         )
@@ -83,4 +77,8 @@ class Problem:
         return self.space.has_no_recompute
 
     def replace(self, **changes: Any) -> Problem:
+        """A copy with ``changes``: problem fields, or settings fields (``memory_margin=0``)."""
+        settings = {k: changes.pop(k) for k in SETTINGS_FIELDS if k in changes}
+        if settings:
+            changes["settings"] = changes.get("settings", self.settings).with_(**settings)
         return Problem(**({f: getattr(self, f) for f in self.__dataclass_fields__} | changes))

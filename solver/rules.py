@@ -43,11 +43,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from oracle.memory import (
     TERM_GROUPS,
-    MemoryOverheads,
     MemoryReport,
     max_chunk_layers,
     memory_report,
@@ -65,10 +63,9 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
-from solver.defaults import DEFAULT_MEMORY_MARGIN
-
-if TYPE_CHECKING:
-    from solver.constraints import HardConstraint
+from solver.axes import AXES
+from solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
+from solver.settings import RunSettings, SettingsView
 
 PPM = 1_000_000
 
@@ -83,18 +80,16 @@ class Violation:
 
 
 @dataclass(frozen=True)
-class RuleContext:
-    """Everything a rule may look at. ``cfg`` must be resolved (``resolve_config``)."""
+class RuleContext(SettingsView):
+    """Everything a rule may look at. ``cfg`` must be resolved (``resolve_config``); the run's
+    settings (overheads, margin, cross-scale-up, the ``extra`` family's constraints) are
+    ``settings`` (read as ``ctx.memory_margin`` etc.)."""
 
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
     cfg: ParallelConfig
-    overheads: MemoryOverheads = field(default_factory=MemoryOverheads)
-    memory_margin: float = DEFAULT_MEMORY_MARGIN
-    allow_cross_scale_up: bool = False
-    #: extra hard constraints (family ``extra``)
-    constraints: tuple[HardConstraint, ...] = ()
+    settings: RunSettings = field(default_factory=RunSettings)
     #: the K values a search tries for full block recompute (family ``recompute_dominance``);
     #: empty: the family does not apply (``tune-cp check``)
     full_recompute_layers: tuple[int, ...] = ()
@@ -396,6 +391,10 @@ def precision(ctx: RuleContext) -> list[Violation]:
     out = training_precision(ctx.cluster, ctx.training)
     if c.fp8_recipe is None:
         return out
+    if ctx.training.precision is Precision.FP4:
+        out.append(Violation("precision", f"the fp8 recipe {c.fp8_recipe.value} with precision "
+                             f"fp4: a configuration computes in one precision; drop the FP8 "
+                             f"recipe or use precision fp8"))
     if gpu.peak_fp8_flops is None:
         out.append(Violation("precision", f"FP8 needs FP8 tensor cores; {gpu.name} has none: "
                              f"use precision bf16"))
@@ -526,10 +525,7 @@ LEGALITY = tuple(r for r in RULES if r not in SEARCH_ONLY)
 #: Search axes (``solver/space.AXES``) each family reads, besides the model, cluster and training
 #: spec. dp and ga are derived from tp, pp, cp (and mbs). ``extra`` reads the axes its
 #: constraints name; ``recompute_dominance`` and ``hbm`` read every axis.
-ALL_AXES: tuple[str, ...] = (
-    "tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule", "fp8_recipe",
-    "dispatcher", "optimizer", "recompute",
-)
+ALL_AXES: tuple[str, ...] = AXES
 FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "world_size": ("tp", "pp", "cp"),
     "tensor_parallel": ("tp",),

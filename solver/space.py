@@ -50,6 +50,7 @@ from oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
+from solver.axes import AXES, INT_AXES
 from solver.rules import divisors, split_slots
 
 #: Micro-batch sizes a default search tries (capped by the global batch).
@@ -121,11 +122,6 @@ class RecomputeOption(Spec):
 
 NO_RECOMPUTE = RecomputeOption()
 
-#: Axis names of a space, in the order the solver branches on them and candidates are listed.
-AXES: tuple[str, ...] = (
-    "tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule", "fp8_recipe",
-    "dispatcher", "optimizer", "recompute",
-)
 
 
 def _positive_sorted(name: str, values: tuple[int, ...]) -> tuple[int, ...]:
@@ -161,7 +157,7 @@ class SearchSpace(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
-        for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+        for name in INT_AXES:
             values = getattr(self, name)
             if tuple(values) != _positive_sorted(name, values):
                 raise ValueError(f"{name}: list distinct values in increasing order, got "

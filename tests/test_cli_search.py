@@ -4,6 +4,9 @@ the LLM phase against a loopback OpenAI-compatible server answering garbage, exi
 from __future__ import annotations
 
 import json
+import math
+
+import pytest
 
 from tests.test_llm_phase import GarbageHandler, garbage_server  # noqa: F401 (fixture)
 
@@ -19,7 +22,10 @@ def test_search_json_keys_and_trials(run_json, tmp_path):
     assert data["baseline_source"].startswith("stated default")
     assert any("--seq-len 8192 --gbs 128" in d for d in data["defaults"])
     assert data["llm"]["status"] == "skipped"
-    assert data["speedup_vs_baseline"] == data["best"]["projection"]["tokens_per_s_per_gpu"] / \
+    # the attribution's gains compound to the reported speedup
+    gains = [1 + s["gain"] for s in data["attribution"]]
+    assert gains and math.prod(gains) == pytest.approx(data["speedup_vs_baseline"])
+    assert data["attribution"][0]["tokens_per_s_per_gpu_before"] == \
         data["baseline"]["projection"]["tokens_per_s_per_gpu"]
     lines = [json.loads(x) for x in trials.read_text().splitlines()]
     assert lines and {"phase", "config", "legal"} <= set(lines[0])

@@ -21,6 +21,7 @@ from agent.llm import (
     make_lm,
     run_llm_phase,
 )
+from agent.serialize import llm_json
 
 INPUTS = dict(model="m", cluster="c", baseline="b", best_so_far="b", bottleneck="x", goal="",
               axes="tp pp", history="")
@@ -110,7 +111,7 @@ def test_unreachable_server_is_a_warning(monkeypatch):
     lm = make_lm("openai/test-model", "http://127.0.0.1:9/v1", timeout_s=2)
     report = run_llm_phase(lm, "openai/test-model", lambda r: INPUTS, explore_recorder([]))
     assert report.status == "stopped" and report.warnings
-    assert "sk-secret-123" not in json.dumps(report.to_json())
+    assert "sk-secret-123" not in json.dumps(llm_json(report))
 
 
 class GarbageHandler(BaseHTTPRequestHandler):

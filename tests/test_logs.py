@@ -179,7 +179,8 @@ def test_search_rows_are_distinct_and_the_answer_follows_its_rule():
     assert low[r.answer_index] >= low.max() * (1 - 0.005)
     assert r.best.config == r.exhaustive_best.config or r.best_phase != "exhaustive"
     assert r.interval is not None and r.interval.low < r.best.throughput < r.interval.high
-    from agent.report import render_search, search_json
+    from agent.report import render_search
+    from agent.serialize import search_json
 
     text = "\n".join(render_search(r))
     assert "80% interval" in text and "  rule: the answer is the configuration with the highest " \

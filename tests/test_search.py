@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 from dspy.utils import DummyLM
 
 from agent.llm import LlmBudget
-from agent.report import search_json
 from agent.search import Preference, SearchOptions, search
+from agent.serialize import search_json
 from solver.check import check_configuration
 from solver.constraints import as_constraints
+from solver.settings import RunSettings
 from tests.conftest import setting
 from tests.test_llm_phase import SlowLM
 
@@ -37,7 +39,9 @@ def test_attribution_chains_from_baseline_to_best(llama_result):
     assert steps[-1].after == pytest.approx(r.best.throughput)
     for a, b in itertools.pairwise(steps):
         assert a.after == pytest.approx(b.before)
-    assert r.speedup == pytest.approx(r.best.throughput / r.baseline.throughput)
+    # the path's step ratios multiply to the reported speedup (the path starts at the baseline
+    # and ends at the answer)
+    assert math.prod(s.after / s.before for s in steps) == pytest.approx(r.speedup)
     for s in r.seed.steps:  # each accepted seed move is a gain
         assert s.after > s.before
 
@@ -77,7 +81,22 @@ def test_exhaustive_best_is_the_top_of_the_ranking_and_regret_is_consistent(llam
     top = int(r.ranked.order[0])
     assert r.exhaustive_best.throughput == pytest.approx(float(r.ranked.tokens[top]))
     assert r.best.throughput >= r.seed.best.throughput
-    assert r.regret == pytest.approx(max(0.0, 1 - r.seed.best.throughput / r.exhaustive_best.throughput))
+    # without an LLM the agent phases are the seed phase, whose single-axis moves stop short
+    # of the exhaustive answer here
+    assert 0.0 < r.regret < 1.0
+
+
+def test_regret_and_speedup_hand_worked():
+    """Regret and speedup on numbers worked by hand (lower bounds / projections in tokens/s/GPU):
+    the agent at 27,000 against the exhaustive 30,000 falls 10% short; at or above it, 0; an
+    answer at 30,000 over a baseline at 20,000 is 1.5x."""
+    from agent.search import regret, speedup
+
+    assert regret(27_000.0, 30_000.0) == pytest.approx(0.1)
+    assert regret(30_000.0, 30_000.0) == 0.0 and regret(31_000.0, 30_000.0) == 0.0
+    assert regret(5_000.0, 0.0) is None
+    assert speedup(30_000.0, 20_000.0) == pytest.approx(1.5)
+    assert speedup(30_000.0, 0.0) is None
 
 
 def test_every_listed_configuration_passes_check_with_the_same_figures(llama_result):
@@ -99,7 +118,8 @@ def _same(row, cfg):
 def test_constraint_contradicting_the_best_changes_the_answer(llama_result):
     best_tp = llama_result.best.config.tp
     other = 1 if best_tp != 1 else 2
-    r = search(*setting(*LLAMA), SearchOptions(constraints=as_constraints([f"tp == {other}"])))
+    r = search(*setting(*LLAMA), SearchOptions(
+        settings=RunSettings(constraints=as_constraints([f"tp == {other}"]))))
     assert r.best.config.tp == other
     assert all(c.tp == other for c in r.ranked.configs)
     assert r.best.throughput <= llama_result.best.throughput

@@ -27,6 +27,7 @@ from solver.feasible import enumerate_problem
 from solver.problem import Problem
 from solver.reference import reference_enumerate
 from solver.rules import RULES
+from solver.settings import RunSettings
 from solver.space import EtpPolicy, OptimizerChoice, default_space
 
 TINY_GPT = ModelSpec(
@@ -53,7 +54,7 @@ def problem(model: str | ModelSpec, gpu: str, nodes: int, seq: int, gbs: int, *,
     if domains:
         sp = sp.with_domains(**domains)
     return Problem(model=m, cluster=cl, training=tr, space=sp,
-                   constraints=as_constraints(constraints))
+                   settings=RunSettings(constraints=as_constraints(constraints)))
 
 
 CASES = {
@@ -188,3 +189,16 @@ def test_fp4_without_fp4_tensor_cores_is_a_precision_rule():
     a = enumerate_problem(p)
     assert not a.configs and a.removed["precision"] > 0
     assert all(a.removed[f] == 0 for f in ("batch", "extra", "hbm"))
+
+
+def test_no_fp8_recipe_under_fp4_training_in_both():
+    """The precision family's one-precision rule (an FP8 recipe under fp4 training is illegal)
+    holds alike in CP-SAT and the Python loop: only the recipe-less candidates survive."""
+    from oracle.specs import Fp8Recipe
+
+    p = problem("llama3-8b", "b200", 1, 4096, 32, precision="fp4", fix={"mbs": 1, "cp": 1},
+                domains={"fp8_recipe": (None, Fp8Recipe.TENSORWISE)})
+    assert_same(p)
+    got = enumerate_problem(p)
+    assert len(got) > 0 and all(f.config.fp8_recipe is None for f in got.configs)
+    assert got.removed["precision"] > 0

@@ -7,6 +7,7 @@ from solver.constraints import as_constraints
 from solver.explain import explain_infeasible, feasible
 from solver.feasible import enumerate_feasible
 from solver.problem import Problem
+from solver.settings import RunSettings
 from solver.space import SearchSpace, default_space
 from tests.conftest import setting
 
@@ -56,8 +57,8 @@ def test_batch_conflict_suggests_the_nearest_global_batch():
     """Hand-worked: 16 H100s, pp = cp = 1 forced, so tp <= 8 leaves dp in {2, 4, 8, 16}; gbs 5
     has no such divisor. gbs 4 (dp 2 or 4) and 6 (dp 2) are both one away; the larger wins."""
     m, cl, tr = setting("llama3-8b", "h100", 2, 8192, 5)
-    p = Problem(m, cl, tr, default_space(m, cl, tr), constraints=as_constraints(["pp == 1",
-                                                                               "cp == 1"]))
+    p = Problem(m, cl, tr, default_space(m, cl, tr),
+                settings=RunSettings(constraints=as_constraints(["pp == 1", "cp == 1"])))
     why = explain_infeasible(p)
     assert "batch" in why.conflict and why.nearest_gbs == 6
     assert "--gbs 6 on this cluster" in why.text()

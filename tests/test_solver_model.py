@@ -225,14 +225,16 @@ def test_mixtral_reference_layout_is_feasible_with_its_bytes():
     recomputation the layout needs 278.9 GiB of the 273.6 GiB limit (issue 11's measured
     attention and working sets), so dominance keeps recomputing variants, not "none"."""
     from solver.feasible import enumerate_feasible
+    from solver.settings import RunSettings
     from tests.conftest import resolved, setting
 
     m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
     fixed = ["tp == 1", "pp == 4", "vpp == 2", "ep == 8", "etp == 1", "mbs == 1"]
-    dominated = enumerate_feasible(m, cl, tr, constraints=fixed, count_removed=False)
+    dominated = enumerate_feasible(m, cl, tr, settings=RunSettings(constraints=fixed),
+                                   count_removed=False)
     kinds = {f.config.recompute.value for f in dominated.configs}
     assert "full" in kinds  # recomputing variants survive dominance
-    e = enumerate_feasible(m, cl, tr, constraints=fixed, count_removed=False,
+    e = enumerate_feasible(m, cl, tr, settings=RunSettings(constraints=fixed), count_removed=False,
                            families=[f for f in RULES if f != "recompute_dominance"])
     ref = resolved(m, cl, tr, tp=1, pp=4, vpp=2, ep=8, recompute="full", recompute_layers=1)
     match = [f for f in e.configs if f.config == ref]

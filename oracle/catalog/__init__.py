@@ -369,11 +369,3 @@ def _hf_sliding_window(cfg: dict[str, Any], model_type: str, layers: int) -> dic
                               "layers) is not modelled")
         return {"sliding_window": int(window), "num_sliding_window_layers": layers}
     return {}
-
-
-def catalog_model_names() -> list[str]:
-    return list(model_entries())
-
-
-def catalog_gpu_names() -> list[str]:
-    return list(gpu_entries())

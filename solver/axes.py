@@ -1,0 +1,216 @@
+"""The axis registry: every setting of a :class:`~oracle.specs.ParallelConfig` a user, a search or
+the LLM planner may choose, declared once.
+
+Two tables, and every list of axis names in tune-cp is derived from them:
+
+* :data:`KNOBS` — one entry per ``ParallelConfig`` field a user sets: its command-line flag
+  (spelling, value type and range, default, help), whether ``--baseline`` takes it, whether
+  the LLM planner may combine it, whether the attribution walks it as one change, and its
+  Megatron-LM / Megatron-Bridge spellings where the framework has one name for it (the
+  many-to-one readings and the other frameworks' keys are in ``formats/keys.py``).
+* :data:`AXIS_TABLE` — one entry per search-space axis (``solver/space.py::SearchSpace``), in
+  the order the solver branches on them: the ``ParallelConfig`` fields it sets and how the
+  default space enumerates its domain. ``optimizer`` sets two fields (distributed optimizer,
+  FSDP) and ``recompute`` four (one recompute option); ``sequence_parallel`` (derived from tp)
+  and ``grad_reduce_in_fp32`` (fixed per search) are knobs but not axes.
+
+Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`,
+:data:`BASELINE_KEYS`, :data:`COMBINATION_AXES` (the planner's schema), :data:`ATTRIBUTION_FIELDS`
+(the search's attribution changes). ``cli.py`` generates its configuration flags from
+:data:`KNOBS`. This module imports only the specs (no OR-Tools, no numpy), so the CLI's
+``--help`` stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from oracle.specs import (
+    MAX_GPUS,
+    Dispatcher,
+    Fp8Recipe,
+    PipelineSplit,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+)
+
+#: Largest pipeline size / virtual stages / recompute depth a flag takes (``ParallelConfig``).
+MAX_STAGES = 100_000
+#: Largest micro-batch a flag takes.
+MAX_MBS = 1 << 20
+
+
+class FlagKind(StrEnum):
+    """How a knob is spelled on the command line."""
+
+    INT = "int"  # --tp 8
+    CHOICE = "choice"  # --dispatcher flex (the values of an enum)
+    FLAG = "flag"  # --fsdp (a flag without value; ``negated``: stores False into the field)
+    SWITCH = "switch"  # --sequence-parallel / --no-sequence-parallel (unset: derived)
+    MODULES = "modules"  # --recompute-modules core_attn,mlp (comma separated)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One ``ParallelConfig`` field as a user, the search and the planner set it.
+
+    ``field``: the ``ParallelConfig`` field; ``axis``: the search-space axis that sets it (None:
+    not searched); ``flag``: the command-line flag (``--`` + its spelling); ``negated``: the flag
+    stores the negation of the field (``--no-distributed-optimizer``); ``lo``/``hi``: integer
+    range; ``choices``: the enum of a choice; ``default``: the flag's default (None: derived,
+    said in ``help``); ``baseline``: a ``--baseline`` key; ``combinable``: the LLM planner may
+    set it in a combination; ``attributed``: one change of the search's attribution (the
+    recompute fields are one change, ``recompute``); ``megatron``: Megatron-LM argument dest;
+    ``bridge``: Megatron-Bridge ``ConfigContainer`` field path.
+    """
+
+    field: str
+    axis: str | None
+    flag: str
+    help: str
+    kind: FlagKind = FlagKind.INT
+    lo: int = 1
+    hi: int = MAX_GPUS
+    choices: type[StrEnum] | None = None
+    default: object = None
+    negated: bool = False
+    baseline: bool = True
+    combinable: bool = False
+    attributed: bool = False
+    megatron: str | None = None
+    bridge: str | None = None
+
+    @property
+    def param(self) -> str:
+        """The click parameter name of the flag (``--no-distributed-optimizer`` ->
+        ``no_distributed_optimizer``)."""
+        return self.flag.replace("-", "_")
+
+
+GRAD_BF16_HELP = (
+    "Keep the gradient buffer and the data-parallel gradient reduce-scatter/all-reduce in bf16 "
+    "(2 B/param) instead of fp32 (4 B/param)  [default: fp32, Megatron-LM's default under "
+    "--bf16]. Megatron-LM --grad-reduce-in-bf16 / Primus grad_reduce_in_bf16: true; "
+    "Megatron-Core DDP and Megatron-Bridge (NeMo) grad_reduce_in_fp32=False.")
+
+#: Every knob, in the order the flags are listed (``tune-cp check --help``), ``--baseline`` keys
+#: are named, the planner's schema lists them and the attribution tries them.
+KNOBS: tuple[Knob, ...] = (
+    Knob("tp", "tp", "tp", "Tensor-parallel size.", default=1, combinable=True,
+         attributed=True, megatron="tensor_model_parallel_size",
+         bridge="model.tensor_model_parallel_size"),
+    Knob("pp", "pp", "pp", "Pipeline-parallel size.", hi=MAX_STAGES, default=1, combinable=True,
+         attributed=True, megatron="pipeline_model_parallel_size",
+         bridge="model.pipeline_model_parallel_size"),
+    Knob("vpp", "vpp", "vpp", "Virtual pipeline stages per rank (interleaved schedule when > 1).",
+         hi=MAX_STAGES, default=1, combinable=True, attributed=True,
+         megatron="num_virtual_stages_per_pipeline_rank",
+         bridge="model.virtual_pipeline_model_parallel_size"),
+    Knob("cp", "cp", "cp", "Context-parallel size.", default=1, combinable=True, attributed=True,
+         megatron="context_parallel_size", bridge="model.context_parallel_size"),
+    Knob("ep", "ep", "ep", "Expert-parallel size.", default=1, combinable=True, attributed=True,
+         megatron="expert_model_parallel_size", bridge="model.expert_model_parallel_size"),
+    Knob("etp", "etp", "etp", "Expert tensor-parallel size  [default: tp]", combinable=True,
+         attributed=True, megatron="expert_tensor_parallel_size",
+         bridge="model.expert_tensor_parallel_size"),
+    Knob("mbs", "mbs", "mbs", "Micro-batch size.", hi=MAX_MBS, default=1, combinable=True,
+         attributed=True, megatron="micro_batch_size", bridge="train.micro_batch_size"),
+    Knob("recompute", "recompute", "recompute", "Activation recomputation granularity.",
+         kind=FlagKind.CHOICE, choices=Recompute, default=Recompute.NONE.value, combinable=True,
+         attributed=True, megatron="recompute_granularity", bridge="model.recompute_granularity"),
+    Knob("recompute_method", "recompute", "recompute-method",
+         "Full recompute: block (first N layers of each virtual stage) or uniform (groups of N).",
+         kind=FlagKind.CHOICE, choices=RecomputeMethod, default=RecomputeMethod.BLOCK.value,
+         combinable=True, megatron="recompute_method", bridge="model.recompute_method"),
+    Knob("recompute_layers", "recompute", "recompute-layers",
+         "Full recompute: N layers per virtual stage  [default: all]", lo=0, hi=MAX_STAGES,
+         combinable=True, megatron="recompute_num_layers", bridge="model.recompute_num_layers"),
+    Knob("recompute_modules", "recompute", "recompute-modules",
+         "Selective recompute modules, comma separated  [default: core_attn]",
+         kind=FlagKind.MODULES, megatron="recompute_modules", bridge="model.recompute_modules"),
+    Knob("sequence_parallel", None, "sequence-parallel",
+         "Sequence parallelism  [default: on when tp > 1]", kind=FlagKind.SWITCH,
+         megatron="sequence_parallel", bridge="model.sequence_parallel"),
+    Knob("dispatcher", "dispatcher", "dispatcher", "MoE token dispatcher (flex = DeepEP).",
+         kind=FlagKind.CHOICE, choices=Dispatcher, default=Dispatcher.ALLTOALL.value,
+         combinable=True, attributed=True, megatron="moe_token_dispatcher_type",
+         bridge="model.moe_token_dispatcher_type"),
+    Knob("schedule", "schedule", "schedule",
+         "Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]",
+         kind=FlagKind.CHOICE, choices=Schedule, combinable=True, attributed=True),
+    Knob("fp8_recipe", "fp8_recipe", "fp8-recipe",
+         "FP8 recipe  [default with --precision fp8: mxfp8 on Blackwell, tensorwise elsewhere]",
+         kind=FlagKind.CHOICE, choices=Fp8Recipe, combinable=True, attributed=True,
+         megatron="fp8_recipe"),
+    Knob("distributed_optimizer", "optimizer", "no-distributed-optimizer",
+         "Replicate optimizer state (default: distributed optimizer).", kind=FlagKind.FLAG,
+         negated=True, combinable=True, attributed=True, megatron="use_distributed_optimizer",
+         bridge="optimizer.use_distributed_optimizer"),
+    Knob("fsdp", "optimizer", "fsdp", "Fully shard params, grads, optimizer.",
+         kind=FlagKind.FLAG, attributed=True, megatron="use_megatron_fsdp",
+         bridge="ddp.use_megatron_fsdp"),
+    Knob("grad_reduce_in_fp32", None, "grad-reduce-in-bf16", GRAD_BF16_HELP, kind=FlagKind.FLAG,
+         negated=True, baseline=False, megatron="grad_reduce_in_bf16"),
+    Knob("fp8_param_gather", None, "fp8-param-gather",
+         "FP8 runs keep the linear weights in FP8 only (no bf16 copy; Megatron-LM "
+         "--fp8-param-gather, Megatron-Bridge mixed_precision.fp8_param_gather)  [default: off]",
+         kind=FlagKind.FLAG, baseline=False, megatron="fp8_param_gather",
+         bridge="mixed_precision.fp8_param_gather"),
+    Knob("pipeline_split", "pipeline_split", "pipeline-split",
+         "Layer split  [default: even when layers divide, else embedding_loss]",
+         kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),
+)
+
+KNOB: dict[str, Knob] = {k.field: k for k in KNOBS}
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One search-space axis: the ``ParallelConfig`` fields it sets and how
+    ``solver/space.py::default_space`` enumerates its domain."""
+
+    name: str
+    domain: str
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(k.field for k in KNOBS if k.axis == self.name)
+
+
+#: The search axes, in the order the solver branches on them and candidates are listed.
+AXIS_TABLE: tuple[Axis, ...] = (
+    Axis("tp", "divisors of the world size within the scale-up domain (unless crossing it is "
+               "allowed)"),
+    Axis("pp", "divisors of the world size, at most the layer count"),
+    Axis("cp", "divisors of the world size where the sequence splits in 2 cp"),
+    Axis("vpp", "the values some pipeline size and the layer count allow (1 always)"),
+    Axis("ep", "divisors of the expert count (1 for a dense model)"),
+    Axis("etp", "from the policy: {1, tp}, tp, or divisors of the expert FFN width"),
+    Axis("mbs", "1, 2, 4, 8 up to the global batch"),
+    Axis("pipeline_split", "automatic (even when the layers divide, else embedding_loss)"),
+    Axis("schedule", "from vpp (zero-bubble when asked)"),
+    Axis("fp8_recipe", "from the training precision (every FP8 recipe when asked)"),
+    Axis("dispatcher", "alltoall (flex when asked)"),
+    Axis("optimizer", "distributed optimizer (replicated, FSDP when asked)"),
+    Axis("recompute", "none; selective module sets per model; full block, K = 1 .. the largest "
+                      "virtual stage"),
+)
+
+#: Axis names of a search space (``SearchSpace`` fields), in branching order.
+AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE)
+#: The integer axes (their domains are sizes; the solver's value is the value itself, the other
+#: axes' values are indices into their domains).
+INT_AXES: tuple[str, ...] = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
+#: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
+RECOMPUTE_FIELDS: tuple[str, ...] = AXIS_TABLE[AXES.index("recompute")].fields
+#: ``--baseline KEY=VALUE`` keys.
+BASELINE_KEYS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.baseline)
+#: Fields a planner combination may set (``agent/llm.py::CombinationHint``).
+COMBINATION_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.combinable)
+#: The changes the search's attribution walks (``agent/search.py::attribute``); ``recompute``
+#: stands for every field of :data:`RECOMPUTE_FIELDS`.
+ATTRIBUTION_FIELDS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.attributed)
+# every axis sets at least one knob, and every knob's axis exists
+assert {k.axis for k in KNOBS} - {None} == set(AXES)

@@ -1,0 +1,82 @@
+"""What a check, a search or a plan is run with besides the model, the cluster, the training and
+the configuration: one frozen spec, passed through (never re-declared) by the rule context
+(``solver/rules.py::RuleContext``), the search problem (``solver/problem.py::Problem``), the
+agent's evaluator (``agent/evaluate.py::Evaluator``) and the search options
+(``agent/search.py::SearchOptions``). ``cli.py`` generates the flags of every field
+(``settings_options``) for ``search``, ``check`` and ``plan``; ``tune-cp sweep`` reads the same
+fields from its grid file.
+
+Light on purpose: it imports the specs, the memory overheads (pydantic) and the constraint parser,
+no OR-Tools and no numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from oracle.memory import MemoryOverheads
+from oracle.specs import Spec
+from solver.constraints import HardConstraint, as_constraints
+from solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
+
+
+class RunSettings(Spec):
+    """The rule and model settings of one run.
+
+    ``overheads``: the memory overhead terms (``--overhead``); ``memory_margin``: share of HBM
+    kept free (``--memory-margin``); ``allow_cross_scale_up``: tp/etp may cross the scale-up
+    domain (``--allow-cross-scale-up``); ``constraints``: extra hard constraints, family
+    ``extra`` (``--constraint``; text is parsed); ``calibration``: the time model's constants
+    file (``--calibration``; None: the shipped one).
+    """
+
+    overheads: MemoryOverheads = Field(default_factory=MemoryOverheads)
+    memory_margin: float = Field(default=DEFAULT_MEMORY_MARGIN, ge=0.0, le=MAX_MEMORY_MARGIN)
+    allow_cross_scale_up: bool = False
+    constraints: tuple[HardConstraint, ...] = ()
+    calibration: str | None = None
+
+    @field_validator("constraints", mode="before")
+    @classmethod
+    def _parse(cls, v: Any) -> tuple[HardConstraint, ...]:
+        if isinstance(v, str):
+            v = (v,)
+        return as_constraints(v) if isinstance(v, Sequence) else v
+
+    def with_(self, **changes: Any) -> RunSettings:
+        """A copy with ``changes`` (validated)."""
+        return RunSettings(**(dict(self) | changes))
+
+
+#: The settings field names (what ``Problem.replace`` and the views pass to the settings).
+SETTINGS_FIELDS: tuple[str, ...] = tuple(RunSettings.model_fields)
+
+
+class SettingsView:
+    """Read access to a ``settings: RunSettings`` attribute under the settings' own names, for
+    the classes that run with one (they do not re-declare the fields)."""
+
+    settings: RunSettings
+
+    @property
+    def overheads(self) -> MemoryOverheads:
+        return self.settings.overheads
+
+    @property
+    def memory_margin(self) -> float:
+        return self.settings.memory_margin
+
+    @property
+    def allow_cross_scale_up(self) -> bool:
+        return self.settings.allow_cross_scale_up
+
+    @property
+    def constraints(self) -> tuple[HardConstraint, ...]:
+        return self.settings.constraints
+
+    @property
+    def calibration(self) -> str | None:
+        return self.settings.calibration
