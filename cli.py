@@ -319,6 +319,52 @@ def run_settings(flags: dict[str, Any]) -> RunSettings:
     return build("settings", RunSettings, **values)
 
 
+#: The LLM planner's flags (``search --lm ...``), read back by ``LmFlags``.
+LM_OPTIONS: tuple[Callable, ...] = (
+    click.option("--lm", "lm_model", default=None, metavar="PROVIDER/MODEL",
+                 help="LLM for the planner phase through DSPy, e.g. openai/gpt-4o-mini; key from "
+                      "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]"),
+    click.option("--lm-base-url", default=None, metavar="URL",
+                 help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. "
+                      "http://127.0.0.1:8000/v1"),
+    click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
+                 help="Planner rounds (one LM call each)."),
+    click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0,
+                 show_default=True, help="Seconds one LM call may take."),
+    click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0,
+                 show_default=True, help="Seconds the whole LLM phase may take."),
+)
+
+
+def lm_options(f: Callable) -> Callable:
+    return apply_options(f, LM_OPTIONS)
+
+
+class LmFlags:
+    """The planner flags (``LM_OPTIONS``) taken out of the parsed flags and checked;
+    ``options()`` builds the LM (DSPy is imported only then) as ``SearchOptions`` fields."""
+
+    def __init__(self, flags: dict[str, Any]) -> None:
+        self.model: str | None = flags.pop("lm_model")
+        self.base_url: str | None = flags.pop("lm_base_url")
+        self.rounds: int = flags.pop("lm_rounds")
+        self.timeout_s: float = flags.pop("lm_timeout")
+        self.budget_s: float = flags.pop("lm_budget")
+        if self.model:
+            provider, _, lm_id = self.model.partition("/")
+            if not provider.strip() or not lm_id.strip():
+                fail(f"--lm {self.model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
+                     f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
+
+    def options(self) -> dict[str, Any]:
+        from agent.llm import LlmBudget, make_lm
+
+        lm = make_lm(self.model, self.base_url, timeout_s=self.timeout_s) if self.model else None
+        return {"lm": lm, "lm_name": self.model,
+                "budget": LlmBudget(rounds=self.rounds, calls=self.rounds, wall_s=self.budget_s,
+                                    call_timeout_s=self.timeout_s)}
+
+
 SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
@@ -493,9 +539,8 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
 def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
     """One line when plan rows project an MFU above the best published MFU of their class
     (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
-    from oracle.calibrate import mfu_class
     from oracle.catalog import load_gpu
-    from oracle.constants import load_calibration
+    from oracle.constants import load_calibration, mfu_class
 
     arch = load_gpu(p.gpu).architecture
     key = mfu_class(model.is_moe, arch, precision)
@@ -855,17 +900,7 @@ def parse_baseline(text: str) -> ParallelConfig:
 @click.option("--allow-fp8", is_flag=True, help="Let the seed phase try FP8 recipes.")
 @click.option("--all-recompute-levels", is_flag=True,
               help="Keep every full-recompute depth that fits, not only the shallowest.")
-@click.option("--lm", "lm_model", default=None, metavar="PROVIDER/MODEL",
-              help="LLM for the planner phase through DSPy, e.g. openai/gpt-4o-mini; key from "
-                   "TUNE_CP_LM_API_KEY or OPENAI_API_KEY  [default: no LLM phase]")
-@click.option("--lm-base-url", default=None, metavar="URL",
-              help="OpenAI-compatible server (vLLM, Ollama, ...), e.g. http://127.0.0.1:8000/v1")
-@click.option("--lm-rounds", type=AsciiIntRange(1, 20), default=3, show_default=True,
-              help="Planner rounds (one LM call each).")
-@click.option("--lm-timeout", type=FiniteFloatRange(1, 3600), default=60.0, show_default=True,
-              help="Seconds one LM call may take.")
-@click.option("--lm-budget", type=FiniteFloatRange(1, 86400), default=180.0, show_default=True,
-              help="Seconds the whole LLM phase may take.")
+@lm_options
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
               help="Write every evaluated candidate as JSON lines (.jsonl): first each "
                    "configuration the baseline, seed, LLM and attribution steps judged (legal or "
@@ -890,12 +925,9 @@ def parse_baseline(text: str) -> ParallelConfig:
 @export_option
 @settings_options
 @click.pass_context
-def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
-               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
-               as_json: bool, top_k: int, preferences: Sequence[str],
+def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
-               lm_model: str | None, lm_base_url: str | None, lm_rounds: int, lm_timeout: float,
-               lm_budget: float, trials_out: str | None, timings: bool, workers: int,
+               trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                grad_reduce_in_bf16: bool, verify_n: int | None, verify_dir: str,
                **flags: Any) -> None:
@@ -907,31 +939,24 @@ def search_cmd(ctx: click.Context, model_name: str, gpu_name: str, nodes: int,
     """
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
-        defaults.append(f"--gpu {gpu_name} (default)")
-    model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node, seq_len,
-                                          gbs, precision, defaults)
-    from agent.llm import LlmBudget, make_lm
+        defaults.append(f"--gpu {flags['gpu_name']} (default)")
+    model, cluster, training = load_specs(
+        *(flags.pop(k) for k in ("model_name", "gpu_name", "nodes", "gpus_per_node", "seq_len",
+                                 "gbs", "precision")), defaults)
     from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
 
     # every flag and output path is checked before any work starts (issue 16)
     settings = run_settings(flags)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text) if baseline_text else None
-    if lm_model:
-        provider, _, lm_id = lm_model.partition("/")
-        if not provider.strip() or not lm_id.strip():
-            fail(f"--lm {lm_model!r}: write PROVIDER/MODEL, e.g. openai/gpt-4o-mini (any "
-                 f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
+    planner = LmFlags(flags)
     if trials_out is not None:
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
-    lm = make_lm(lm_model, lm_base_url, timeout_s=lm_timeout) if lm_model else None
     opts = SearchOptions(
         settings=settings, top_k=top_k, preferences=prefs, baseline=baseline,
-        allow_fp8=allow_fp8, goal=goal, lm=lm, lm_name=lm_model,
-        budget=LlmBudget(rounds=lm_rounds, calls=lm_rounds, wall_s=lm_budget,
-                         call_timeout_s=lm_timeout),
+        allow_fp8=allow_fp8, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
         grad_reduce_in_fp32=not grad_reduce_in_bf16,
     )

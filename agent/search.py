@@ -49,8 +49,6 @@ from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
     ConfigError,
-    Dispatcher,
-    Fp8Recipe,
     ModelSpec,
     ParallelConfig,
     Recompute,
@@ -60,8 +58,15 @@ from oracle.specs import (
 )
 from oracle.uncertainty import Interval, load_residuals
 from oracle.work import ConfigBatch
-from solver.axes import ATTRIBUTION_FIELDS, COMBINATION_AXES, RECOMPUTE_FIELDS
-from solver.constraints import HardConstraint, SoftObjective, axis_values
+from solver.axes import (
+    ATTRIBUTION_FIELDS,
+    COMBINATION_AXES,
+    INT_AXES,
+    KNOB,
+    RECOMPUTE_FIELDS,
+    FlagKind,
+)
+from solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from solver.explain import Explanation, explain_infeasible
 from solver.feasible import Enumeration, enumerate_feasible
 from solver.rules import RULES, training_precision
@@ -624,11 +629,29 @@ def describe_bottleneck(t: Trial) -> str:
     return ", ".join(f"{k} {100 * v / step:.0f}%" for v, k in parts)
 
 
+def planner_axes(space: SearchSpace) -> str:
+    """What the planner is told it may set (``COMBINATION_AXES``, from the axis registry), with
+    the search's domain of each integer axis and the values of each choice, and the names its
+    expressions may use (``solver.constraints.NAMES``)."""
+    parts = []
+    for name in COMBINATION_AXES:
+        knob = KNOB[name]
+        if name == "etp":
+            parts.append(f"etp {list(space.etp_all_values)}")
+        elif name in INT_AXES:
+            parts.append(f"{name} {list(getattr(space, name))}")
+        elif knob.choices is not None:
+            parts.append(f"{name} ({'/'.join(e.value for e in knob.choices)})")
+        elif knob.kind is FlagKind.FLAG:
+            parts.append(f"{name} (true/false)")
+        else:
+            parts.append(name)
+    return ", ".join(parts) + f"; names usable in expressions: {' '.join(NAMES)}"
+
+
 def _llm_phase(model, cluster, training, opts, space, ev, base, seed, exhaustive, ranked, prefs):
     state = {"best": max((seed.best, exhaustive), key=lambda t: t.throughput)}
-    axes = (f"tp {list(space.tp)}, pp {list(space.pp)}, vpp {list(space.vpp)}, cp {list(space.cp)}, "
-            f"ep {list(space.ep)}, etp, mbs {list(space.mbs)}, recompute (none/selective/full), "
-            f"recompute_layers; names usable in expressions: tp pp vpp cp ep etp dp mbs ga")
+    axes = planner_axes(space)
 
     def context(rounds: list[LlmRound]) -> dict[str, str]:
         hist = "\n".join(f"round {r.index}: accepted {r.accepted}; rejected {r.rejected}; "
@@ -683,22 +706,19 @@ def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSp
     """``space`` with the axes a combination sets pinned to its values (possibly outside the
     default domains), and whether recompute was pinned (then dominance of recompute levels must
     not drop the pinned option). Raises ConfigError / ValueError for values that do not parse."""
-    rc_keys = ("recompute", "recompute_method", "recompute_layers", "recompute_modules")
-    axis_fix = {k: v for k, v in settings.items()
-                if k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
+    axis_fix = {k: v for k, v in settings.items() if k in INT_AXES}
     out = space.fix(**axis_fix) if axis_fix else space
     domains: dict[str, Any] = {}
-    if "dispatcher" in settings:
-        domains["dispatcher"] = (Dispatcher(settings["dispatcher"]),)
-    if "schedule" in settings:
-        domains["schedule"] = (Schedule(settings["schedule"]),)
-    if "fp8_recipe" in settings:
-        v = settings["fp8_recipe"]
-        domains["fp8_recipe"] = (None if v in (None, "none", "") else Fp8Recipe(v),)
+    for name, v in settings.items():  # the choice axes (dispatcher, schedule, fp8_recipe)
+        knob = KNOB.get(name)
+        if knob is not None and knob.kind is FlagKind.CHOICE and knob.axis == name:
+            assert knob.choices is not None
+            derived = knob.default is None and v in (None, "none", "")  # e.g. BF16: no recipe
+            domains[name] = (None if derived else knob.choices(v),)
     if "distributed_optimizer" in settings:
         domains["optimizer"] = (OptimizerChoice.DISTRIBUTED if settings["distributed_optimizer"]
                                 else OptimizerChoice.REPLICATED,)
-    pinned_rc = any(k in settings for k in rc_keys)
+    pinned_rc = any(k in settings for k in RECOMPUTE_FIELDS)
     if pinned_rc:
         kind = Recompute(settings.get("recompute", "full" if "recompute_layers" in settings
                                       else "none"))

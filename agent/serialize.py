@@ -268,7 +268,9 @@ def plan_json(p: GpuPlan) -> dict[str, Any]:
 
 
 def sweep_settings_json(s: Settings) -> dict[str, Any]:
-    """What every scenario of a grid shares (part of each scenario's digest)."""
+    """What every scenario of a grid shares (part of each scenario's digest; a setting added
+    later is written only when set, so the digests of grids without it stay as they were)."""
     return {"constraints": list(s.constraints), "preferences": list(s.preferences),
             "memory_margin": s.memory_margin, "grad_reduce_in_bf16": s.grad_reduce_in_bf16,
-            "overheads": dict(s.overheads), "calibration": s.calibration}
+            "overheads": dict(s.overheads), "calibration": s.calibration} | (
+        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {})

@@ -95,7 +95,8 @@ class GridError(ConfigError):
 #: Grid keys: the axes (a value or a list) and the settings every scenario shares.
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
-                "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration", "name")
+                "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
+                "allow_cross_scale_up", "name")
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")
 
@@ -110,6 +111,7 @@ class Settings:
     grad_reduce_in_bf16: bool = False
     overheads: tuple[tuple[str, float], ...] = ()
     calibration: str | None = None
+    allow_cross_scale_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -331,9 +333,14 @@ def _settings(data: Mapping[str, Any]) -> Settings:
         if margin > MAX_MEMORY_MARGIN:
             raise GridError(f"grid key 'memory_margin': {margin:g} must be at most "
                             f"{MAX_MEMORY_MARGIN:g}")
-    bf16 = data.get("grad_reduce_in_bf16", False)
-    if not isinstance(bf16, bool):
-        raise GridError(f"grid key 'grad_reduce_in_bf16': {_show(bf16)} must be true or false")
+    def flag(key: str) -> bool:
+        v = data.get(key, False)
+        if not isinstance(v, bool):
+            raise GridError(f"grid key {key!r}: {_show(v)} must be true or false")
+        return v
+
+    bf16 = flag("grad_reduce_in_bf16")
+    cross = flag("allow_cross_scale_up")
     ov = data.get("overheads") or {}
     if not isinstance(ov, dict):
         raise GridError(f"grid key 'overheads': {_show(ov)} must be a mapping NAME: VALUE")
@@ -342,7 +349,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     calib = data.get("calibration")
     if calib is not None and (not isinstance(calib, str) or not Path(calib).is_file()):
         raise GridError(f"grid key 'calibration': {_show(calib)} is not a file")
-    return Settings(constraints, preferences, margin, bf16, overheads, calib)
+    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -490,7 +497,8 @@ def scenario_inputs(sc: Scenario):
                             precision=sc.precision)
     given = {"memory_margin": st.memory_margin} if st.memory_margin is not None else {}
     settings = RunSettings(constraints=st.constraints, overheads=_overheads(st.overheads),
-                           calibration=st.calibration, **given)
+                           calibration=st.calibration,
+                           allow_cross_scale_up=st.allow_cross_scale_up, **given)
     opts = SearchOptions(
         settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),

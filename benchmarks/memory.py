@@ -9,9 +9,12 @@ is the same quantity as tune-cp's model of a Megatron-LM rank (allocated bytes p
 runtime terms), and the rows leave settings unstated (see the ``notes`` column), so the table
 is evidence about the memory model, not a calibration target: nothing is fitted to it.
 
-Also prints, for the rows with a measured throughput whose recompute column is blank, how many
-would need more than the GPU's HBM without recomputation by tune-cp's count (the published
-configuration ran, so it fit).
+Also prints, for the rows with a measured throughput whose recompute column is blank, the ones
+tune-cp calls out of memory (the published configuration ran, so it fit), twice: from the row's
+columns only, and with the memory settings the framework's recipe implies
+(:func:`formats.runs.recipe_settings`: Megatron-Bridge's bf16 gradient buffers, FP8 parameters,
+DeepSeek-V3's selective recompute). Each remaining one gets a reason: the least recomputation
+that fits, else how far over HBM it stays with full recompute and its largest term.
 
     PYTHONPATH=. python benchmarks/memory.py [--runs FILE.csv]
 """
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from formats.runs import read_runs  # noqa: E402
 from oracle.memory import MemoryOverheads, memory_report  # noqa: E402
-from oracle.specs import GIB  # noqa: E402
+from oracle.specs import GIB, Recompute, RecomputeMethod  # noqa: E402
 
 GB = 10**9
 
@@ -43,6 +46,85 @@ def published_gib(text: str, note: str) -> float | None:
     value = float(m.group(0))
     unit_gb = re.search(r"\bGB\b", text + " " + note) and not re.search(r"GiB", text + note)
     return value * GB / GIB if unit_gb else value
+
+
+#: selective-recompute modules tried for a row that does not fit (Megatron-Core's module names;
+#: ``core_attn`` is Megatron-LM's ``--recompute-activations``)
+SELECTIVE_TRIES: tuple[tuple[str, ...], ...] = (
+    ("core_attn",), ("core_attn", "layernorm", "mlp"), ("core_attn", "layernorm", "moe"),
+)
+
+
+def overheads(r, use_recipe: bool) -> MemoryOverheads:
+    """tune-cp's default overheads, less the fragmentation allowance where the recipe says so."""
+    if use_recipe and r.recipe_fragmentation is not None:
+        return MemoryOverheads(fragmentation=r.recipe_fragmentation)
+    return MemoryOverheads()
+
+
+def peak(r, cfg, ov: MemoryOverheads) -> int:
+    return memory_report(r.model, r.cluster, r.training, cfg, ov).peak_bytes
+
+
+def oom_reason(r, cfg, ov: MemoryOverheads) -> str:
+    """Why a run that ran is called out of memory: the least recomputation that fits (the row
+    leaves recompute blank), else how far over HBM it is even with full recompute and its
+    largest term."""
+    hbm = r.cluster.gpu.hbm_bytes
+    for mods in SELECTIVE_TRIES:
+        if r.model.is_moe == ("mlp" in mods) and mods != ("core_attn",):
+            continue
+        sel = cfg.model_copy(update={"recompute": Recompute.SELECTIVE, "recompute_modules": mods})
+        got = peak(r, sel, ov)
+        if got <= hbm:
+            return (f"fits with selective recompute of {', '.join(mods)} ({got / GIB:.1f} GiB; "
+                    f"the row leaves recompute blank)")
+    full = cfg.model_copy(update={"recompute": Recompute.FULL, "recompute_layers": None,
+                                  "recompute_method": RecomputeMethod.UNIFORM})
+    rep = memory_report(r.model, r.cluster, r.training, full, ov)
+    if rep.peak_bytes <= hbm:
+        return (f"fits with full recompute of every layer ({rep.peak_bytes / GIB:.1f} GiB; the "
+                f"row leaves recompute blank)")
+    terms = rep.peak.terms
+    top = max(terms, key=lambda k: terms[k])
+    return (f"needs {(rep.peak_bytes - hbm) / GIB:.1f} GiB over HBM even with full recompute; "
+            f"largest term {top} {terms[top] / GIB:.1f} GiB")
+
+
+def oom_table(rows, raw, use_recipe: bool, label: str) -> int:
+    """The published runs with a measured throughput and a blank recompute column that tune-cp
+    calls out of memory, each with its reason; returns how many."""
+    print(f"\n== Published runs without a stated recompute that tune-cp calls out of memory "
+          f"({label}) ==")
+    blank = 0
+    lines = []
+    for r in rows:
+        src = raw.get(r.row_id, {})
+        if not r.representable or r.measured_tokens_per_s_per_gpu is None:
+            continue
+        if src.get("recompute", "").strip():
+            continue
+        blank += 1
+        cfg = r.recipe_cfg() if use_recipe else r.cfg
+        ov = overheads(r, use_recipe)
+        hbm = r.cluster.gpu.hbm_bytes
+        got = peak(r, cfg, ov)
+        if got <= hbm:
+            continue
+        unmodelled = [n for n in r.recipe_notes if "not modelled" in n] if use_recipe else []
+        lines.append((r.row_id, r.model.name, r.cluster.gpu.name,
+                      r.cfg.label().replace(" ", "") + (" FSDP" if r.cfg.fsdp else ""),
+                      f"mbs{r.cfg.mbs}", r.training.precision.value, f"{got / GIB:.1f}",
+                      f"{hbm / GIB:.0f}", "; ".join([*unmodelled, oom_reason(r, cfg, ov)])))
+    head = ("row", "model", "gpu", "layout", "mbs", "prec", "tune-cp", "HBM", "reason")
+    widths = [max(len(h), *(len(t[i]) for t in lines)) if lines else len(h)
+              for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip())
+    for t in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+    print(f"{len(lines)} of {blank} published runs with a blank recompute column called out of "
+          f"memory ({label})")
+    return len(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,36 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(table)} rows; tune-cp minus published: median {diffs[len(diffs) // 2]:+.0f}%, "
               f"range {diffs[0]:+.0f}% to {diffs[-1]:+.0f}%")
 
-    print("\n== Published configurations without a stated recompute that tune-cp says need more "
-          "than HBM without it ==")
-    over = []
-    bf16_fits = bf16_nofrag_fits = 0
-    blank = 0
-    no_frag = MemoryOverheads(fragmentation=0.0)
-    for r in rows:
-        src = raw.get(r.row_id, {})
-        if not r.representable or r.measured_tokens_per_s_per_gpu is None:
-            continue
-        if src.get("recompute", "").strip():
-            continue
-        blank += 1
-        hbm = r.cluster.gpu.hbm_bytes
-        ratio = memory_report(r.model, r.cluster, r.training, r.cfg).peak_bytes / hbm
-        if ratio <= 1:
-            continue
-        over.append(ratio)
-        bf16 = r.cfg.model_copy(update={"grad_reduce_in_fp32": False})
-        bf16_fits += memory_report(r.model, r.cluster, r.training, bf16).peak_bytes <= hbm
-        bf16_nofrag_fits += memory_report(r.model, r.cluster, r.training, bf16,
-                                          no_frag).peak_bytes <= hbm
-    over.sort()
-    if over:
-        print(f"{len(over)} of {blank} rows with a blank recompute column: peak / HBM from "
-              f"{over[0]:.2f} to {over[-1]:.2f} (median {over[len(over) // 2]:.2f}); of these, "
-              f"{bf16_fits} fit with bf16 gradient buffers (--grad-reduce-in-bf16) and "
-              f"{bf16_nofrag_fits} with bf16 gradients and no fragmentation allowance")
-    else:
-        print(f"none of {blank} rows with a blank recompute column")
+    for label, use_recipe in (("the row's columns only", False),
+                              ("with the framework recipe's memory settings", True)):
+        oom_table(rows, raw, use_recipe, label)
     return 0
 
 

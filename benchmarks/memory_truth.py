@@ -265,8 +265,25 @@ class LiveTracker(TorchDispatchMode):
         self.label = "start"
         self._refs: dict[int, object] = {}
         self.by_label: dict[str, int] = {}
+        self.meta: dict[int, tuple] = {}
+        self.at_peak: list[int] = []
 
-    def adopt(self, t: torch.Tensor) -> None:
+    def print_peak(self, base_keys: set[int]) -> None:
+        """The storages alive at the peak that were not alive before the step, largest first."""
+        rows = [(self.live.get(k) or 0, self.meta.get(k)) for k in self.at_peak if k not in base_keys]
+        groups: dict[tuple, list[int]] = {}
+        for k in self.at_peak:
+            if k in base_keys or k not in self.meta:
+                continue
+            groups.setdefault(self.meta[k], []).append(k)
+        del rows
+        out = []
+        for meta, ks in groups.items():
+            out.append((len(ks), meta))
+        for n, (op, shape, dtype, label) in sorted(out, key=lambda r: -_numel(r[1][1]) * r[0])[:40]:
+            print(f"   peak: {n} x {op:<40} {shape} {dtype} [{label}]")
+
+    def adopt(self, t: torch.Tensor, op: str = "") -> None:
         st = t.untyped_storage()
         k = st._cdata
         if k in self.live:
@@ -275,8 +292,12 @@ class LiveTracker(TorchDispatchMode):
         self.live[k] = n
         self.cur += n
         self._refs[k] = weakref.ref(st, lambda _r, k=k: self._free(k))
+        if PEAK_LIST:  # TRUTH_PEAK=1: which tensors are alive at the peak (debugging aid)
+            self.meta[k] = (op, tuple(t.shape), str(t.dtype).replace("torch.", ""), self.label)
         if self.cur > self.peak:
             self.peak, self.peak_at = self.cur, self.label
+            if PEAK_LIST:
+                self.at_peak = list(self.live)
         if self.cur > self.by_label.get(self.label, 0):
             self.by_label[self.label] = self.cur
 
@@ -290,8 +311,18 @@ class LiveTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self.adopt(t)
+                self.adopt(t, str(func))
         return out
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+PEAK_LIST = bool(os.environ.get("TRUTH_PEAK"))
 
 
 @dataclass
@@ -368,9 +399,16 @@ def install_shims(fused: bool = True) -> None:
         mod.wgrad_gemm_accum_fp32 = _wgrad_accum
         mod.wgrad_gemm_accum_fp16 = _wgrad_accum
         sys.modules["fused_weight_gradient_mlp_cuda"] = mod
+        layers = sys.modules.get("megatron.core.tensor_parallel.layers")
+        if layers is not None:  # imported before the shim (a test session): tell it too
+            layers.fused_weight_gradient_mlp_cuda = mod
+            layers._grad_accum_fusion_available = True
     import megatron.core.jit as mjit
+    import megatron.core.transformer.multi_latent_attention as mla
 
     mjit.disable_jit_fuser()
+    if not isinstance(mla.TELinear, type):  # TE's extension imports without TE, its classes None
+        mla.HAVE_TE = False
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
@@ -502,7 +540,7 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
         bias_activation_fusion=not unfused_swiglu,
         add_bias_linear=False,
         add_qkv_bias=m.qkv_bias,
-        qk_layernorm=m.qk_norm,
+        qk_layernorm=m.qk_norm or m.mla is not None,  # MLA: its q / kv latent norms
         attention_dropout=0.0,
         hidden_dropout=0.0,
         bf16=True,
@@ -531,7 +569,11 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
                   recompute_num_layers=min(k, num_layers))
     elif cfg.recompute is Recompute.SELECTIVE:
         kw.update(recompute_granularity="selective", recompute_modules=list(cfg.recompute_modules))
-    if split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
+    if split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1 and m.num_mtp_layers:
+        # Megatron's account_for_* split does not give MTP a slot (61 + 2 layers at pp 16 do
+        # not divide); tune-cp's slots (embedding, layers, MTP, loss) as an explicit layout
+        kw["pipeline_model_parallel_layout"] = pipeline_layout(m, stage_pp, vpp)
+    elif split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
         kw.update(account_for_embedding_in_pipeline_split=True,
                   account_for_loss_in_pipeline_split=True)
     if m.is_moe:
@@ -576,11 +618,23 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
     return TransformerConfig(**kw)
 
 
+def pipeline_layout(m: ModelSpec, pp: int, vpp: int) -> str:
+    """tune-cp's ``embedding_loss`` split (:func:`oracle.memory.pipeline_chunks`) in Megatron-Core's
+    ``pipeline_model_parallel_layout`` syntax: one ``|``-separated entry per virtual stage,
+    ``E`` embedding, ``t`` decoder layer, ``m`` MTP layer, ``L`` loss."""
+    chunks = M.pipeline_chunks(m.num_layers, m.num_mtp_layers, pp, vpp, PipelineSplit.EMBEDDING_LOSS)
+    by_virtual = sorted((ch for stage in chunks for ch in stage), key=lambda ch: ch.virtual_stage)
+    return "|".join(("E" if ch.has_embedding else "") + "t" * len(ch.layers) + "m" * ch.mtp_layers
+                    + ("L" if ch.has_output else "") for ch in by_virtual)
+
+
 def layer_spec(m: ModelSpec, torch_norm: bool):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(
-        num_experts=m.num_experts or None, qk_layernorm=m.qk_norm,
+        # MLA's q / kv latent RMSNorms (DeepSeek-V3 has them; the local spec builds them only
+        # with qk_layernorm)
+        num_experts=m.num_experts or None, qk_layernorm=m.qk_norm or m.mla is not None,
         multi_latent_attention=m.mla is not None, normalization="RMSNorm")
     _swap(spec, torch_norm)
     return spec
@@ -850,6 +904,7 @@ def measure_activations(c: Case, opts) -> dict:
         if hidden is not None:
             tracker.adopt(hidden)
         base = tracker.cur
+        base_keys = set(tracker.live)
         tracker.peak = base
         tracker.by_label = {}
         with tracker, torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
@@ -868,6 +923,8 @@ def measure_activations(c: Case, opts) -> dict:
         for h in hooks:
             for x in h:
                 x.remove()
+        if PEAK_LIST:
+            tracker.print_peak(base_keys)
         del loss, out
     n_dense = 1 if "dense" in kinds else 0
     return dict(
@@ -1007,6 +1064,8 @@ def main(argv=None) -> int:
             print_row(row, flush=True)
             rows.append(row)
             Path(opts.out).write_text(json.dumps(doc, indent=1) + "\n")
+        # the rows kept after the last rerun one are written too
+        Path(opts.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {opts.out}: {len(rows)} rows")
         return 0
     c = Case(name="cli", model=opts.model, gpu=opts.gpu, nodes=opts.nodes,

@@ -106,10 +106,14 @@ def tunecp_figures(c: Case) -> dict[str, int]:
     out = dict(decoder_layers=st.decoder_layers, weights=st.terms["weights"],
                gradients=st.terms["gradients"], optimizer=st.terms["optimizer"])
     full = cfg.recompute is Recompute.FULL  # a checkpointed layer keeps only its input
+    # a checkpointed layer keeps its input and a reference to the stage's cached RoPE table,
+    # which the small build's one checkpoint is the only holder of (MLA computes its rotary
+    # table inside the attention, so its checkpoints pass none)
+    ckpt = au.ckpt_input + (au.rope_table if m.mla is None else 0)
     if b["n_dense"]:
-        out["layer_dense"] = au.ckpt_input if full else au.dense_layer
+        out["layer_dense"] = ckpt if full else au.dense_layer
     if b["n_moe"]:
-        out["layer_moe"] = au.ckpt_input if full else au.moe_layer
+        out["layer_moe"] = ckpt if full else au.moe_layer
     if b["pre"]:
         out["embedding"] = au.embedding
     if b["post"]:

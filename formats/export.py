@@ -157,6 +157,8 @@ def _dispatcher_and_dtype_args(model: ModelSpec, c: ParallelConfig) -> list[tupl
     out.append(("bf16", True))
     if not c.grad_reduce_in_fp32:
         out.append(("grad_reduce_in_bf16", True))
+    if c.fp8_param_gather and c.fp8_recipe is not None:
+        out.append(("fp8_param_gather", True))
     return out
 
 
@@ -608,7 +610,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     if c.fp8_recipe is not None:
         out += [("mixed_precision.fp8", json.dumps(fp8_format(c.fp8_recipe).value)),
                 ("mixed_precision.fp8_recipe", json.dumps(c.fp8_recipe.value)),
-                ("mixed_precision.fp8_param_gather", "False")]
+                ("mixed_precision.fp8_param_gather", str(bool(c.fp8_param_gather)))]
     if not training.flash_attention:
         out.append(("model.attention_backend", f"AttnBackend.{UNFUSED_BACKEND}"))
     return out

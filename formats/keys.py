@@ -133,6 +133,7 @@ CONFIG_KEYS: dict[str, Key] = {
     # gradient buffer dtype (arguments.py::_add_mixed_precision_args; validate_args: under --bf16
     # accumulate_allreduce_grads_in_fp32 is forced on unless --grad-reduce-in-bf16)
     "grad_reduce_in_bf16": BOOL,
+    "fp8_param_gather": BOOL,
     "accumulate_allreduce_grads_in_fp32": BOOL,
     "data_parallel_sharding_strategy": Key(
         Kind.CHOICE, choices=("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -267,9 +268,6 @@ UNMODELED: dict[str, Unmodeled] = {
         Key(Kind.BOOL, flag="--no-overlap-p2p-communication", flag_stores=False),
         "without p2p overlap Megatron-LM needs pp > 2 for virtual stages; tune-cp assumes the "
         "overlap", neutral=(None, True)),
-    "fp8_param_gather": Unmodeled(
-        BOOL, "FP8 parameter all-gather (1-byte parameter buffer) is not modeled; the bf16 "
-        "buffer is counted"),
     "first_last_layers_bf16": Unmodeled(BOOL, "bf16 first/last layers in FP8 runs are not modeled"),
     "moe_expert_capacity_factor": Unmodeled(
         Key(Kind.FLOAT), "token dropping at an expert capacity is not modeled (dropless assumed)"),

@@ -329,6 +329,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     precision, fp8_format, recipe = _precision(r)
     kw["fp8_recipe"] = recipe
     kw["grad_reduce_in_fp32"] = _grad_dtype(r)
+    kw["fp8_param_gather"] = bool(r.get("fp8_param_gather", state=False)) and recipe is not None
     kw["schedule"] = _schedule(r)
     flash = (r.get("attention_backend", state=False) or "auto") not in UNFUSED_ATTENTION
     _unmodeled_notes(r)

@@ -50,6 +50,13 @@ def architecture_key(architecture: str) -> str:
     return a
 
 
+def mfu_class(is_moe: bool, architecture: str, precision: str) -> str:
+    """The class a published MFU ceiling is kept for: ``dense|moe / architecture / precision``
+    (:func:`oracle.calibrate.mfu_ceilings` writes the ceilings; here so that reading one does
+    not import the calibration and the framework readers)."""
+    return f"{'moe' if is_moe else 'dense'}/{architecture_key(architecture)}/{precision}"
+
+
 @dataclass(frozen=True)
 class ConstantDef:
     """One constant: ``kind`` is ``fraction`` (0..1, fitted in logit space) or ``positive``
@@ -256,6 +263,16 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "fraction of the MoE dispatch/combine all-to-all hidden behind computation",
         "prior: Megatron-Core overlaps EP all-to-all only with --overlap-moe-expert-parallel-"
         "comm or shared-expert overlap; most published runs expose most of it",
+    ),
+    ConstantDef(
+        "ep_a2a_overlap", "fraction", 0.7, 0.6, False,
+        "fraction of the MoE dispatch/combine all-to-all hidden in runs with Megatron-Core's "
+        "expert-parallel overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; "
+        "Megatron-Bridge moe_a2a_overlap): the forward of one micro-batch and the backward of "
+        "another run as one schedule, each all-to-all beside the other's computation "
+        "(oracle.projection.RunTraits.moe_a2a_overlap)",
+        "prior: most of it (0.7); the overlap needs compute of the other micro-batch of at "
+        "least the all-to-all's length, which fine-grained MoE at small micro-batches may lack",
     ),
     ConstantDef(
         "pp_comm_overlap", "fraction", 0.5, 0.6, False,

@@ -37,6 +37,7 @@ from oracle.specs import (
     NormKind,
     ParallelConfig,
     PositionEmbedding,
+    Precision,
     TrainingSpec,
 )
 
@@ -49,6 +50,8 @@ BOOL_BYTES = 1
 ROPE_TABLES = 4
 #: MXFP8 stores one 8-bit scale per 32-element block.
 MXFP8_BLOCK = 32
+#: NVFP4 stores 4-bit values with one FP8 (E4M3) scale per 16-element block.
+NVFP4_BLOCK = 16
 #: parts per million (the routing-imbalance scale of :func:`moe_tensors`)
 PPM = 1_000_000
 
@@ -176,14 +179,18 @@ class ActShape:
 def act_shape(model: ModelSpec, training: TrainingSpec, cfg: ParallelConfig) -> ActShape:
     t = P.cdiv(cfg.mbs * training.seq_len, cfg.cp)
     t_sp = P.cdiv(t, cfg.tp) if cfg.sp else t
-    num, den = fp8_saved_input_bytes(cfg.fp8_recipe)
+    num, den = fp8_saved_input_bytes(cfg.fp8_recipe, training.precision is Precision.FP4)
     return ActShape(t, t_sp, P.cdiv(training.seq_len, cfg.cp), cfg.tp, cfg.etp_, num, den, cfg.cp)
 
 
-def fp8_saved_input_bytes(recipe: Fp8Recipe | None) -> tuple[int, int]:
+def fp8_saved_input_bytes(recipe: Fp8Recipe | None, fp4: bool = False) -> tuple[int, int]:
     """Bytes per element of a GEMM input Transformer Engine saves for backward under FP8, as a
     fraction: 1 byte (the FP8 copy it keeps instead of bf16; TE "performance considerations"
-    docs), plus one scale byte per 32 elements for MXFP8. ``(0, 1)`` means BF16."""
+    docs), plus one scale byte per 32 elements for MXFP8. NVFP4 (``fp4``) saves the column-wise
+    quantized input its weight-gradient GEMM reads: 4 bits plus one FP8 scale per 16 elements,
+    ``9/16`` B (TE ``NVFP4Quantizer``). ``(0, 1)`` means BF16."""
+    if fp4:
+        return (NVFP4_BLOCK // 2 + 1, NVFP4_BLOCK)
     if recipe is None:
         return (0, 1)
     if recipe is Fp8Recipe.MXFP8:

@@ -29,7 +29,8 @@ fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 ru
 fsdp_buffers           unsharded bf16 params + grads (fp32 or bf16 as above) of the layers being
                        gathered (FSDP only)
 activations            stored activations of all in-flight micro-batches (decoder layers,
-                       checkpointed layer inputs, embedding inputs, MTP layers)
+                       checkpointed layer inputs, embedding inputs, MTP layers) and the cached
+                       RoPE frequency table (:func:`rope_table_bytes`)
 routing_imbalance      extra expert activations when routing is not balanced (overhead)
 logits_loss            fp32 logits/softmax kept for the loss backward plus the bf16 logits alive
                        while the loss is computed (output stage)
@@ -68,6 +69,7 @@ from oracle.inventory import (  # the per-layer tensor lists live in the workloa
     INT64_BYTES,
     KINDS,
     MXFP8_BLOCK,
+    NVFP4_BLOCK,
     ActShape,
     Block,
     LayerKind,
@@ -94,6 +96,8 @@ from oracle.specs import (
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
+    PositionEmbedding,
+    Precision,
     Recompute,
     RecomputeMethod,
     Spec,
@@ -485,6 +489,7 @@ class ParamUnits:
     output: int
     mtp_extra: int
     largest_layer: int  # for FSDP's gathered-layer buffers
+    mtp_embedding: int  # the last stage's copy of the word embeddings for MTP (pp > 1)
     #: the attention block inside a ``dense``/``moe`` layer: ``attention`` for a transformer,
     #: 0 in a hybrid model (its attention is a layer of its own, counted by
     #: ``StageCounts.attention_layers``)
@@ -517,7 +522,20 @@ def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamU
         largest_layer=largest,
         layer_attention=in_layer,
         mamba=mamba,
+        mtp_embedding=mtp_embedding_params(model, tp, pp),
     )
+
+
+def mtp_embedding_params(model: ModelSpec, tp: int, pp: int) -> int:
+    """Multi-token prediction embeds the shifted tokens on the last pipeline stage, so with
+    ``pp > 1`` that stage holds its own copy of the word embeddings (Megatron-Core ``GPTModel``
+    builds ``LanguageModelEmbedding`` where ``mtp_process``; its gradient is all-reduced with
+    the first stage's). Measured: DeepSeek-V3 pp 16, last stage, 926,679,040 parameters
+    (``benchmarks/memory_truth.py``). Memory only: :func:`stage_params`, which the time model
+    shares, leaves it out."""
+    if not model.num_mtp_layers or pp == 1:
+        return 0
+    return P.embedding_params(model, tp)
 
 
 # ================================================================== 2b. activation units
@@ -598,11 +616,25 @@ class ActivationUnits:
     mtp_extra: int
     cp_buffers: int
     pipeline_buffers: int
+    rope_table: int
     # hybrid models only (0 otherwise): an attention-only and a Mamba layer, their backward
     attention_layer: int = 0
     mamba_layer: int = 0
     attention_backward: int = 0
     mamba_backward: int = 0
+
+
+def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
+    """Megatron-Core's rotary frequency table: ``RotaryEmbedding.forward`` is an
+    ``lru_cache``, so the fp32 ``seq/cp x rot_dim`` table it returns (the context-parallel
+    slice when cp > 1) stays allocated for the run, one per model chunk; full recomputation's
+    checkpoints keep a reference to it (measured on Megatron-Core 0.16.1: 2,097,152 B at 4k
+    tokens and head dim 128, ``benchmarks/memory_truth.py``). Counted once per stage (a rank
+    with ``vpp`` chunks holds ``vpp`` of them; the difference is a few MiB)."""
+    if model.position_embedding is not PositionEmbedding.ROPE:
+        return 0
+    rot = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+    return FP32_BYTES * P.cdiv(training.seq_len, cp) * rot
 
 
 def activation_units(
@@ -677,6 +709,7 @@ def activation_units(
         mtp_extra=mtp,
         cp_buffers=cp_buffers,
         pipeline_buffers=2 * BF16_BYTES * x.t_sp * h if cfg.pp > 1 else 0,
+        rope_table=rope_table_bytes(model, training, cfg.cp),
         attention_layer=layer(LayerKind.ATTENTION),
         mamba_layer=layer(LayerKind.MAMBA),
         attention_backward=(attention_backward_bytes(model, x)
@@ -701,23 +734,40 @@ class Sharding:
     grad_reduce_in_fp32: bool
     fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
     fp8_cache_den: int
+    linear_weight_bytes: int  # bf16 copy of a linear weight: 2, or 0 with FP8 parameters
     collective_groups: int
     dispatcher_buffers: bool
 
 
-def fp8_weight_cache_bytes(recipe: Fp8Recipe | None, architecture: str) -> tuple[int, int]:
+def fp8_weight_cache_bytes(
+    recipe: Fp8Recipe | None, architecture: str, fp4: bool = False
+) -> tuple[int, int]:
     """Bytes per linear weight parameter of Transformer Engine's FP8 weight copies, as a fraction.
 
     TE keeps the bf16 weight and a quantized copy (TE docs, "performance considerations": "2 MB
     (weight) + 1 MB (weight in FP8)"). Per-tensor recipes need a second, transposed copy for the
     backward GEMMs except on Blackwell, whose tensor cores take either layout; MXFP8 keeps a
-    row-wise and a column-wise copy, each with one scale byte per 32 elements.
+    row-wise and a column-wise copy, each with one scale byte per 32 elements. NVFP4 (``fp4``)
+    keeps a row-wise and a column-wise copy of 4-bit values with one FP8 scale per 16 elements
+    (TE ``NVFP4Quantizer``): ``2 x 9/16`` B.
     """
+    if fp4:
+        return (2 * (NVFP4_BLOCK // 2 + 1), NVFP4_BLOCK)
     if recipe is None:
         return (0, 1)
     if recipe is Fp8Recipe.MXFP8:
         return (2 * (MXFP8_BLOCK + 1), MXFP8_BLOCK)
     return (1, 1) if architecture == "blackwell" else (2, 1)
+
+
+def linear_weight_bytes(cfg: ParallelConfig) -> int:
+    """Bytes per linear weight parameter of its bf16 copy: 2, or 0 with FP8 parameters
+    (``--fp8-param-gather``; Megatron-Bridge ``fp8_param_gather=True``, the default of its
+    tensorwise, delayed and MXFP8 mixed-precision recipes). Then Transformer Engine creates
+    the linear weights as FP8 tensors (``fp8_model_init``): the quantized copies of
+    :func:`fp8_weight_cache_bytes` are the weights, no bf16 copy exists, the fp32 master copy
+    stays in the optimizer and the distributed optimizer all-gathers FP8."""
+    return 0 if cfg.fp8_param_gather and cfg.fp8_recipe is not None else BF16_BYTES
 
 
 def communicator_count(model: ModelSpec, cfg: ParallelConfig, expert_dp: int) -> int:
@@ -730,9 +780,12 @@ def communicator_count(model: ModelSpec, cfg: ParallelConfig, expert_dp: int) ->
     return sum(1 for g in groups if g > 1)
 
 
-def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sharding:
+def sharding(
+    model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, fp4: bool = False
+) -> Sharding:
+    """``fp4``: the training precision is NVFP4 (its weight copies, :func:`fp8_weight_cache_bytes`)."""
     assert cfg.dp is not None
-    num, den = fp8_weight_cache_bytes(cfg.fp8_recipe, cluster.gpu.architecture)
+    num, den = fp8_weight_cache_bytes(cfg.fp8_recipe, cluster.gpu.architecture, fp4)
     expert_dp = max(1, cluster.world_size // (cfg.pp * cfg.ep * cfg.etp_))
     return Sharding(
         dense_group=cfg.dp * cfg.cp,
@@ -744,6 +797,7 @@ def sharding(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig) -> Sha
         grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         fp8_cache_num=num,
         fp8_cache_den=den,
+        linear_weight_bytes=linear_weight_bytes(cfg),
         collective_groups=communicator_count(model, cfg, expert_dp),
         dispatcher_buffers=model.is_moe and cfg.dispatcher is Dispatcher.FLEX and cfg.ep > 1,
     )
@@ -834,9 +888,12 @@ def combine(
     evaluates this very function on CP-SAT expressions."""
     is_moe = pu.moe_nonexpert > 0  # an MoE layer always has a router
     dense_params, expert_params = stage_params(c, pu, is_moe)
+    dense_params = dense_params + c.has_output * pu.mtp_embedding
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
     gb = grad_bytes(sh.grad_reduce_in_fp32)
+    linear_params = (all_params - c.has_embedding * pu.embedding
+                     - c.has_output * (pu.output + pu.mtp_embedding))
     if sh.fsdp:
         sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
             expert_params, sh.expert_group, sh.expert_pad
@@ -847,7 +904,9 @@ def combine(
         # current and prefetched layer gathered in bf16, their grads reduced in the grad dtype
         t["fsdp_buffers"] = 2 * (BF16_BYTES + gb) * pu.largest_layer
     else:
-        t["weights"] = BF16_BYTES * all_params
+        # embedding and output layer in bf16; linear weights in bf16 or, with FP8 parameters,
+        # only as the FP8 copies of ``fp8_weight_cache``
+        t["weights"] = BF16_BYTES * (all_params - linear_params) + sh.linear_weight_bytes * linear_params
         t["gradients"] = gb * all_params
         if sh.distributed_optimizer:
             sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
@@ -856,7 +915,6 @@ def combine(
             t["optimizer"] = ADAM_STATE_BYTES * sharded
         else:
             t["optimizer"] = ADAM_STATE_BYTES * all_params
-    linear_params = all_params - c.has_embedding * pu.embedding - c.has_output * pu.output
     t["fp8_weight_cache"] = linear_params * sh.fp8_cache_num // sh.fp8_cache_den
     mtp_layer = au.moe_layer if is_moe else au.dense_layer
     t["activations"] = (
@@ -867,6 +925,7 @@ def combine(
         + c.inflight_ckpt * au.ckpt_input
         + c.inflight_embedding * au.embedding
         + c.inflight_mtp * (mtp_layer + au.mtp_extra)
+        + c.has_layers * au.rope_table
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
     logits = c.inflight_output * au.output + c.has_output * au.logits_transient
@@ -960,7 +1019,7 @@ def memory_report(
     ov = overheads or MemoryOverheads()
     pu = param_units(model, cfg.tp, cfg.pp, cfg.ep, cfg.etp_)
     au = activation_units(model, training, cfg, ov)
-    sh = sharding(model, cluster, cfg)
+    sh = sharding(model, cluster, cfg, training.precision is Precision.FP4)
     stages = []
     for c in stage_counts(model, cfg):
         terms = combine(c, pu, au, sh, ov)

@@ -16,6 +16,10 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from oracle._plugins import skip_plugin_scan
+
+skip_plugin_scan()  # before the first model is built: tune-cp uses no pydantic plugins
+
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
@@ -50,8 +54,8 @@ class PositionEmbedding(StrEnum):
 
 class Precision(StrEnum):
     """GEMM precision of the transformer layers. ``fp4`` is NVFP4 (Blackwell; Transformer Engine
-    ``NVFP4BlockScaling``, Megatron-Bridge ``bf16_with_nvfp4_mixed``); the memory accounting treats
-    it like BF16 (its weight and activation copies are not modelled there yet)."""
+    ``NVFP4BlockScaling``, Megatron-Bridge ``bf16_with_nvfp4_mixed``); the memory accounting counts
+    its saved GEMM inputs and weight copies at 9/16 B per element (``oracle/memory.py``)."""
 
     BF16 = "bf16"
     FP8 = "fp8"
@@ -468,6 +472,12 @@ class ParallelConfig(Spec):
         description="gradient buffer and DP reduction in fp32 (4 B/param, Megatron-LM's default "
         "under --bf16); False: in bf16 (2 B/param; Megatron-LM --grad-reduce-in-bf16, "
         "Megatron-Core DDP / Megatron-Bridge grad_reduce_in_fp32=False). Not searched",
+    )
+    fp8_param_gather: bool = Field(
+        default=False,
+        description="FP8 parameters (Megatron-LM --fp8-param-gather, Megatron-Bridge "
+        "fp8_param_gather; the default of its tensorwise, delayed and MXFP8 recipes): linear "
+        "weights exist only as FP8 copies, no bf16 copy. Memory only; not searched",
     )
     dispatcher: Dispatcher = Dispatcher.ALLTOALL
     schedule: Schedule | None = Field(default=None, description="None: interleaved if vpp > 1")

@@ -36,7 +36,14 @@ from oracle.compute import (
     sustained_rate,
 )
 from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
-from oracle.host import CP_OPS_PER_RING_STEP, KERNELS_PER_LAYER, host_exposed, layer_host_time
+from oracle.host import (
+    GRAPH_BITS,
+    a2a_sync_exponent,
+    attention_host_time,
+    host_exposed,
+    layer_host_time,
+    mamba_host_time,
+)
 from oracle.schedule import chunk_boundary_host, pipeline_bubble
 from oracle.work import (
     ATTN_SLOTS,
@@ -50,6 +57,7 @@ from oracle.work import (
     MLP_SLOTS,
     SH_SLOTS,
     S,
+    Work,
 )
 
 #: Adam step per local parameter: read fp32 grad (4), read+write fp32 master (8), exp_avg (8),
@@ -97,23 +105,23 @@ def constants_arrays(
             for k in CONSTANT_NAMES}
 
 
-def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]:
+def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     """Step time and breakdown for every configuration of a work batch (see module docstring).
 
     Returns ``step_time_s`` and one array per :data:`BREAKDOWN` entry (seconds per step, they
     add up to the step time), plus ``critical_stage``.
     """
     eff_prec = np.choose(
-        w["prec"], [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
+        w.device.prec, [c["gemm_efficiency_bf16"], c["gemm_efficiency_fp8"],
                     c["gemm_efficiency_fp4"]]
-    ) * (1 - w["block_scaled"] * (1 - np.asarray(c["block_scaled_gemm_efficiency"])))
-    hbm = w["hbm_bw"] * c["hbm_efficiency"]
-    up_bw = w["scale_up_bw"] * c["scale_up_efficiency"]
-    nic_bw = w["nic_bw"] * c["nic_efficiency"]
+    ) * (1 - w.device.block_scaled * (1 - np.asarray(c["block_scaled_gemm_efficiency"])))
+    hbm = w.device.hbm_bw * c["hbm_efficiency"]
+    up_bw = w.device.scale_up_bw * c["scale_up_efficiency"]
+    nic_bw = w.device.nic_bw * c["nic_efficiency"]
     alpha = c["collective_latency_s"]
     kern = c["kernel_overhead_s"]
-    peak_bf16 = w["peak_bf16"]
-    rate = sustained_rate(w["pw_peak"], w["pw_units"], w["pw_tdp"], c["power_clock_exponent"])
+    peak_bf16 = w.device.peak_bf16
+    rate = sustained_rate(w.device.pw_peak, w.device.pw_units, w.device.pw_tdp, c["power_clock_exponent"])
 
     def link(intra: np.ndarray) -> np.ndarray:
         """Point-to-point / all-to-all bandwidth per GPU."""
@@ -124,22 +132,22 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         return np.where(intra > 0, up_bw, np.minimum(up_bw, local * nic_bw))
 
     # ---- GEMMs, forward time per slot
-    M, N, K, cnt = w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"]
+    M, N, K, cnt = w.gemm.M, w.gemm.N, w.gemm.K, w.gemm.count
     present = cnt > 0
     Ms, Ns, Ks = (np.where(present, x, 1.0) for x in (M, N, K))
-    low = LOW_PREC_SLOTS[None, :] & (w["prec"][:, None] > 0)
+    low = LOW_PREC_SLOTS[None, :] & (w.device.prec[:, None] > 0)
     eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
-    half_s = gemm_half_dims(c["gemm_half_dim"], low, w["peak_low"], peak_bf16)
+    half_s = gemm_half_dims(c["gemm_half_dim"], low, w.device.peak_low, peak_bf16)
     eff = eff * shape_factor(Ms, half_s) * shape_factor(Ns, half_s) * shape_factor(Ks, half_s)
     eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
         ..., None], eff)
-    peak = np.where(low, w["peak_low"][:, None], peak_bf16[:, None]) * rate[:, None]
+    peak = np.where(low, w.device.peak_low[:, None], peak_bf16[:, None]) * rate[:, None]
     t_compute = 2.0 * Ms * Ns * Ks * cnt / (peak * eff)
-    opb = np.where(low, w["operand_bytes"][:, None], BF16)
+    opb = np.where(low, w.device.operand_bytes[:, None], BF16)
     t_memory = cnt * ((Ms * Ks + Ks * Ns) * opb + Ms * Ns * BF16) / hbm[:, None]
     gf = np.where(present, np.maximum(t_compute, t_memory), 0.0)  # forward; backward = 2x
-    cast_f = w["cast_fwd_bytes"] / hbm[:, None]
-    cast_b = w["cast_bwd_bytes"] / hbm[:, None]
+    cast_f = w.gemm.cast_fwd_bytes / hbm[:, None]
+    cast_b = w.gemm.cast_bwd_bytes / hbm[:, None]
 
     def slots(x: np.ndarray, idx: list[int]) -> np.ndarray:
         return x[:, idx].sum(axis=1)
@@ -155,7 +163,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     # hybrid models (oracle/inventory.py): Mamba mixers, a latent MoE's projections; a
     # transformer has none of these (zeros), and ``nh`` = 1 keeps attention inside its
     # dense/MoE layers (``hyb`` = 1: each hybrid layer is one block)
-    hyb = w["is_hybrid"]
+    hyb = w.hybrid.is_hybrid
     nh = 1.0 - hyb
     g_mamba, g_lat = slots(gf, MAMBA_SLOTS), slots(gf, LAT_SLOTS)
     cf_mamba, cb_mamba = slots(cast_f, MAMBA_SLOTS), slots(cast_b, MAMBA_SLOTS)
@@ -163,78 +171,81 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
 
     # ---- core attention
     hd = c["attention_head_dim_half"]
-    dfac = (w["attn_head_dim"] / (w["attn_head_dim"] + hd)) / (128.0 / (128.0 + hd))
+    dfac = (w.attention.head_dim / (w.attention.head_dim + hd)) / (128.0 / (128.0 + hd))
     a_eff = c["attention_efficiency"] * dfac
     hh = np.asarray(c["gemm_half_dim"])
-    sfu = np.where(w["sfu_exp_per_s"] > 0, w["sfu_exp_per_s"] * rate, np.inf)
-    core_f = np.zeros_like(w["peak_bf16"])
-    core_b = np.zeros_like(w["peak_bf16"])
-    for part in ("full", "slide"):
-        eff_ctx = shape_factor(w[f"attn_ctx_{part}"], hh)
-        t_mm = w[f"attn_flops_{part}"] / (peak_bf16 * rate * a_eff * eff_ctx)
+    sfu = np.where(w.device.sfu_exp_per_s > 0, w.device.sfu_exp_per_s * rate, np.inf)
+    core_f = np.zeros_like(w.device.peak_bf16)
+    core_b = np.zeros_like(w.device.peak_bf16)
+    att = w.attention
+    for flops, ctx in ((att.flops_full, att.ctx_full), (att.flops_slide, att.ctx_slide)):
+        eff_ctx = shape_factor(ctx, hh)
+        t_mm = flops / (peak_bf16 * rate * a_eff * eff_ctx)
         # softmax exponentials on the special-function units overlap the matmuls (FA3/FA4)
-        t_exp = w[f"attn_flops_{part}"] * w["attn_exp_per_flop"] / (
-            sfu * c["attention_efficiency"] * eff_ctx)
+        t_exp = flops * att.exp_per_flop / (sfu * c["attention_efficiency"] * eff_ctx)
         core_f = core_f + np.maximum(t_mm, t_exp)
         core_b = core_b + np.maximum(ATTENTION_BWD_FLOPS_RATIO * t_mm, t_exp)
 
     # ---- Mamba-2 SSD scan (compute.mamba_scan_time)
-    scan_f = mamba_scan_time(w["mamba_scan_flops"], w["mamba_chunk"], peak_bf16 * rate,
+    scan_f = mamba_scan_time(w.hybrid.scan_flops, w.hybrid.chunk, peak_bf16 * rate,
                              c["attention_efficiency"], hh)
 
     # ---- element-wise
-    ew_attn, ew_mlp, ew_moe = w["ew_attn"] / hbm, w["ew_mlp"] / hbm, w["ew_moe"] / hbm
-    ew_mamba = w["ew_mamba"] / hbm
-    ew_out_f, ew_out_b = w["ew_out_fwd"] / hbm, w["ew_out_bwd"] / hbm
-    ew_emb_f, ew_emb_b = w["ew_emb_fwd"] / hbm, w["ew_emb_bwd"] / hbm
+    ew_mamba = w.hybrid.ew_mamba / hbm
+    ew_attn, ew_mlp, ew_moe = w.elementwise.attn / hbm, w.elementwise.mlp / hbm, w.elementwise.moe / hbm
+    ew_out_f, ew_out_b = w.elementwise.out_fwd / hbm, w.elementwise.out_bwd / hbm
+    ew_emb_f, ew_emb_b = w.elementwise.emb_fwd / hbm, w.elementwise.emb_bwd / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
-    host_dense = layer_host_time(False, 0.0, kern, w["cp_steps"])
-    host_moe = layer_host_time(True, w["local_experts"], kern, w["cp_steps"])
+    sch = w.schedule
+    graphs = {f"graph_{part}": getattr(sch, f"graph_{part}") for part in GRAPH_BITS}
+    host_dense = layer_host_time(False, 0.0, kern, w.cp.steps, graphs)
+    host_moe = layer_host_time(True, sch.local_experts, kern, w.cp.steps, graphs)
     # a hybrid layer is one block: its dense / MoE layers issue no attention operations
-    host_attn = 3.0 * (KERNELS_PER_LAYER["attention"] + CP_OPS_PER_RING_STEP * w["cp_steps"]) \
-        * np.asarray(kern, dtype=np.float64)
+    host_attn = attention_host_time(kern, w.cp.steps, graphs)
     host_dense = host_dense - hyb * host_attn
     host_moe = host_moe - hyb * host_attn
-    host_mamba = 3.0 * KERNELS_PER_LAYER["mamba"] * np.asarray(kern, dtype=np.float64)
+    host_mamba = mamba_host_time(kern, graphs)
 
     # ---- TP
-    t_tp = collective_time(w["tp_bytes"], w["tp_n"], ring(w["tp_intra"], w["tp_local"]), alpha)
-    ov_tp = c["tp_comm_overlap"] * w["tp_overlap"]
-    tp_attn_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_attn)
-    tp_attn_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_attn)
-    tp_mlp_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mlp)
-    tp_mlp_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_mlp)
-    tp_sh_f = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_fwd_per_block"] * t_tp
+    t_tp = collective_time(w.tp.tensor_bytes, w.tp.n, ring(w.tp.intra, w.tp.local), alpha)
+    ov_tp = c["tp_comm_overlap"] * w.tp.overlap
+    tp_attn_f = np.maximum(0.0, w.tp.fwd_per_block * t_tp - ov_tp * g_attn)
+    tp_attn_b = np.maximum(0.0, w.tp.bwd_per_block * t_tp - ov_tp * 2 * g_attn)
+    tp_mlp_f = np.maximum(0.0, w.tp.fwd_per_block * t_tp - ov_tp * g_mlp)
+    tp_mlp_b = np.maximum(0.0, w.tp.bwd_per_block * t_tp - ov_tp * 2 * g_mlp)
+    tp_sh_f = np.maximum(0.0, w.tp.shared_blocks * w.tp.fwd_per_block * t_tp
                          - ov_tp * g_sh)
-    tp_sh_b = np.maximum(0.0, w["tp_shared_blocks"] * w["tp_bwd_per_block"] * t_tp
+    tp_sh_b = np.maximum(0.0, w.tp.shared_blocks * w.tp.bwd_per_block * t_tp
                          - ov_tp * 2 * g_sh)
     # one bf16 collective of T h each way before the logits (SP gather) / after the embedding
     # (the output layer and the embedding stay bf16 under FP8 recipes)
-    tp_out_f = w["tp_has"] * t_tp
-    tp_out_b = w["tp_has"] * t_tp
-    tp_mamba_f = np.maximum(0.0, w["tp_fwd_per_block"] * t_tp - ov_tp * g_mamba)
-    tp_mamba_b = np.maximum(0.0, w["tp_bwd_per_block"] * t_tp - ov_tp * 2 * g_mamba)
+    tp_out_f = w.tp.has * t_tp
+    tp_out_b = w.tp.has * t_tp
+    tp_mamba_f = np.maximum(0.0, w.tp.fwd_per_block * t_tp - ov_tp * g_mamba)
+    tp_mamba_b = np.maximum(0.0, w.tp.bwd_per_block * t_tp - ov_tp * 2 * g_mamba)
 
     # ---- CP
-    cp_bw = link(w["cp_intra"])
-    cp_step_f = np.where(w["cp_steps"] > 0, alpha + w["cp_bytes"] / cp_bw, 0.0)
-    cp_step_b = np.where(w["cp_steps"] > 0, alpha + 2 * w["cp_bytes"] / cp_bw, 0.0)
-    cp_f = cp_ring_exposed(w["cp_steps"], cp_step_f, core_f, alpha)
-    cp_b = cp_ring_exposed(w["cp_steps"], cp_step_b, core_b, alpha)
+    cp_bw = link(w.cp.intra)
+    cp_step_f = np.where(w.cp.steps > 0, alpha + w.cp.block_bytes / cp_bw, 0.0)
+    cp_step_b = np.where(w.cp.steps > 0, alpha + 2 * w.cp.block_bytes / cp_bw, 0.0)
+    cp_f = cp_ring_exposed(w.cp.steps, cp_step_f, core_f, alpha)
+    cp_b = cp_ring_exposed(w.cp.steps, cp_step_b, core_b, alpha)
     # Mamba's two all-to-alls per direction (before and after the conv + scan), not overlapped
-    cp_mamba = np.where(w["cp_steps"] > 0, 2 * alpha + w["cp_mamba_bytes"] / cp_bw, 0.0)
+    cp_mamba = np.where(w.cp.steps > 0, 2 * alpha + w.hybrid.cp_bytes / cp_bw, 0.0)
 
     # ---- EP (per direction: dispatch + combine)
-    lat = alpha * (1 + np.log2(np.maximum(w["ep_n"], 1)))
-    a2a = w["ep_active"] * (lat + np.maximum(w["ep_intra_bytes"] / up_bw,
-                                             w["ep_inter_bytes"] / nic_bw))
-    agd = collective_time(w["ep_ag_bytes"], w["ep_n"], ring(w["ep_ag_intra"], w["ep_ag_local"]),
+    lat = alpha * (1 + np.log2(np.maximum(w.ep.n, 1)))
+    a2a = w.ep.active * (lat + np.maximum(w.ep.intra_bytes / up_bw,
+                                             w.ep.inter_bytes / nic_bw))
+    agd = collective_time(w.ep.gather_bytes, w.ep.n, ring(w.ep.gather_intra, w.ep.gather_local),
                       alpha)
-    etp = collective_time(w["etp_bytes"], w["etp_n"], ring(w["etp_intra"], w["etp_local"]), alpha)
-    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - c["ep_comm_overlap"])
-    ep_f = ep_dir * w["has_moe"]
-    ep_b = ep_dir * w["has_moe"]
+    etp = collective_time(w.ep.etp_bytes, w.ep.etp_n, ring(w.ep.etp_intra, w.ep.etp_local), alpha)
+    # --overlap-moe-expert-parallel-comm hides the all-to-all behind another micro-batch
+    ep_hidden = np.where(w.schedule.a2a_overlap > 0, c["ep_a2a_overlap"], c["ep_comm_overlap"])
+    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - ep_hidden)
+    ep_f = ep_dir * w.schedule.has_moe
+    ep_b = ep_dir * w.schedule.has_moe
 
     # ---- per-layer forward / backward (compute | comm), and selective recompute
     attn_f = g_attn + core_f + ew_attn + cf_attn
@@ -255,22 +266,22 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     comm_mamba_f, comm_mamba_b = tp_mamba_f + cp_mamba, tp_mamba_b + cp_mamba
     mamba_fwd = mamba_f + comm_mamba_f
     rc_attn_only = (
-        w["rc_core_attn"] * core_f
-        + w["rc_layernorm"] * w["ew_attn_norm"] / hbm
-        + w["rc_mla_up_proj"] * g_mla_up
+        w.recompute.core_attn * core_f
+        + w.recompute.layernorm * w.elementwise.attn_norm / hbm
+        + w.recompute.mla_up_proj * g_mla_up
     )
     rc_common = nh * (
-        w["rc_core_attn"] * core_f
-        + w["rc_layernorm"] * (w["ew_attn_norm"] + w["ew_mlp_norm"]) / hbm
-        + w["rc_mla_up_proj"] * g_mla_up
-    ) + hyb * w["rc_layernorm"] * w["ew_mlp_norm"] / hbm
-    rc_dense = rc_common + w["rc_mlp"] * (mlp_f + comm_mlp_f)
+        w.recompute.core_attn * core_f
+        + w.recompute.layernorm * (w.elementwise.attn_norm + w.elementwise.mlp_norm) / hbm
+        + w.recompute.mla_up_proj * g_mla_up
+    ) + hyb * w.recompute.layernorm * w.elementwise.mlp_norm / hbm
+    rc_dense = rc_common + w.recompute.mlp * (mlp_f + comm_mlp_f)
     rc_moe = (
         rc_common
-        + w["rc_moe"] * (moe_f + comm_moe_f)
-        + (1 - w["rc_moe"]) * (
-            w["rc_moe_act"] * w["ew_moe_act"] / hbm
-            + w["rc_shared_experts"] * (g_sh + tp_sh_f)
+        + w.recompute.moe * (moe_f + comm_moe_f)
+        + (1 - w.recompute.moe) * (
+            w.recompute.moe_act * w.elementwise.moe_act / hbm
+            + w.recompute.shared_experts * (g_sh + tp_sh_f)
         )
     )
 
@@ -281,15 +292,15 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     mtp_fb = 3 * g_mtp
 
     # ---- pipeline p2p: one activation transfer per chunk boundary and direction
-    t_send = np.where(w["pp_bytes"] > 0, alpha + w["pp_bytes"] / link(w["pp_intra"]), 0.0)
+    t_send = np.where(w.pp.activation_bytes > 0, alpha + w.pp.activation_bytes / link(w.pp.intra), 0.0)
 
     # ---- per-stage buckets for one micro-batch: (n, P)
-    nd, nm = w["st_dense"], w["st_moe"]
-    rd, rm = w["st_rc_dense"], w["st_rc_moe"]
-    ne, no, nmtp = w["st_emb"], w["st_out"], w["st_mtp"]
-    valid = w["st_valid"]
-    na, nmb = w["st_attn_only"], w["st_mamba"]
-    ra, rmb = w["st_rc_attn_only"], w["st_rc_mamba"]
+    nd, nm = w.stages.dense_like, w.stages.moe_like
+    rd, rm = w.stages.rc_dense, w.stages.rc_moe
+    ne, no, nmtp = w.stages.embedding, w.stages.output_heads, w.stages.mtp
+    valid = w.stages.valid
+    na, nmb = w.stages.attn_only, w.stages.mamba
+    ra, rmb = w.stages.rc_attn_only, w.stages.rc_mamba
 
     def col(x: Any) -> np.ndarray:
         return np.asarray(x)[:, None] if np.ndim(x) else np.asarray(x)
@@ -324,16 +335,18 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
         + nh * comm_attn_b + comm_moe_f + comm_moe_b + rc_moe
     gpu_attn_only = attn_f + attn_b + comm_attn_f + comm_attn_b + rc_attn_only
     gpu_mamba = mamba_f + mamba_b + comm_mamba_f + comm_mamba_b
-    p_host = c["host_gpu_overlap_exponent"]
-    drop = w["moe_sync"]
+    # dropless MoE inside the combined 1F1B schedule: host and GPU add (a2a_sync_exponent)
+    p_host = a2a_sync_exponent(c["host_gpu_overlap_exponent"], w.schedule.a2a_overlap,
+                               w.schedule.moe_sync)
+    drop = w.schedule.moe_sync
     moe_host_exp = np.where(drop > 0, host_exposed(host_moe, gpu_moe, p_host),
                             np.maximum(0.0, host_moe - gpu_moe))
     bucket["kernel_overhead"] = (
         nd * col(np.maximum(0.0, host_dense - gpu_dense))
-        + nm * col(moe_host_exp * w["has_moe"])
+        + nm * col(moe_host_exp * w.schedule.has_moe)
         # pipeline chunk boundaries of a dropless MoE stage (chunk_boundary_host)
-        + (nm > 0) * col(w["pp_on"] * w["has_moe"] * chunk_boundary_host(
-            w["vpp"], c["pipeline_chunk_host_s"], host_moe, gpu_moe, p_host, drop,
+        + (nm > 0) * col(w.schedule.pp_on * w.schedule.has_moe * chunk_boundary_host(
+            w.schedule.vpp, c["pipeline_chunk_host_s"], host_moe, gpu_moe, p_host, drop,
             c["chunk_start_serial_fraction"]))
         + na * col(np.maximum(0.0, host_attn - gpu_attn_only))
         + nmb * col(np.maximum(0.0, host_mamba - gpu_mamba))
@@ -354,30 +367,30 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
 
     # ---- link time of the layer traffic (hidden or not) per micro-batch and stage, forward
     # and backward, on the scale-up links [0] and the NICs [1]: the DP collectives share them
-    tp_raw_f = (2.0 + w["tp_shared_blocks"]) * w["tp_fwd_per_block"] * t_tp
-    tp_raw_b = (2.0 + w["tp_shared_blocks"]) * w["tp_bwd_per_block"] * t_tp
-    cp_raw_f = w["cp_steps"] * cp_step_f
-    cp_raw_b = w["cp_steps"] * cp_step_b
-    ep_up = w["ep_active"] * 2 * w["ep_intra_bytes"] / up_bw
-    ep_nic = w["ep_active"] * 2 * w["ep_inter_bytes"] / nic_bw
-    tpi, cpi = w["tp_intra"], w["cp_intra"]
+    tp_raw_f = (2.0 + w.tp.shared_blocks) * w.tp.fwd_per_block * t_tp
+    tp_raw_b = (2.0 + w.tp.shared_blocks) * w.tp.bwd_per_block * t_tp
+    cp_raw_f = w.cp.steps * cp_step_f
+    cp_raw_b = w.cp.steps * cp_step_b
+    ep_up = w.ep.active * 2 * w.ep.intra_bytes / up_bw
+    ep_nic = w.ep.active * 2 * w.ep.inter_bytes / nic_bw
+    tpi, cpi = w.tp.intra, w.cp.intra
     link_busy = tuple(
         tuple(nl * col(tp_raw * (tpi if k == 0 else 1 - tpi) + cp_raw * (cpi if k == 0 else 1 - cpi))
               + nm * col(ep_up if k == 0 else ep_nic)
               # hybrid MLP-only and Mamba layers: one TP block each, Mamba's CP all-to-alls
               + (nd * col(hyb) + nmb) * col(blk * (tpi if k == 0 else 1 - tpi))
               + nmb * col(cp_mamba * (cpi if k == 0 else 1 - cpi)) for k in (0, 1))
-        for tp_raw, cp_raw, blk in ((tp_raw_f, cp_raw_f, w["tp_fwd_per_block"] * t_tp),
-                                    (tp_raw_b, cp_raw_b, w["tp_bwd_per_block"] * t_tp))
+        for tp_raw, cp_raw, blk in ((tp_raw_f, cp_raw_f, w.tp.fwd_per_block * t_tp),
+                                    (tp_raw_b, cp_raw_b, w.tp.bwd_per_block * t_tp))
     )
 
     # ---- data parallel and FSDP
-    pd, pe = w["st_params_dense"], w["st_params_expert"]
-    bw_dd = col(ring(w["dp_dense_intra"], w["dp_dense_local"]))
-    bw_de = col(ring(w["dp_expert_intra"], w["dp_expert_local"]))
-    nd_n, ne_n = col(w["dp_dense_n"]), col(w["dp_expert_n"])
+    pd, pe = w.stages.params_dense, w.stages.params_expert
+    bw_dd = col(ring(w.dp.dense_intra, w.dp.dense_local))
+    bw_de = col(ring(w.dp.expert_intra, w.dp.expert_local))
+    nd_n, ne_n = col(w.dp.dense_n), col(w.dp.expert_n)
     alpha_c = col(alpha)
-    gbytes = col(w["grad_bytes"])  # the gradient buffer's dtype (fp32 or bf16)
+    gbytes = col(w.dp.grad_bytes)  # the gradient buffer's dtype (fp32 or bf16)
     rs = collective_time(gbytes * pd, nd_n, bw_dd, alpha_c) + collective_time(gbytes * pe, ne_n, bw_de,
                                                                        alpha_c)
     ag = collective_time(BF16 * pd, nd_n, bw_dd, alpha_c) + collective_time(BF16 * pe, ne_n, bw_de,
@@ -387,13 +400,13 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     bwd_s = stage_mb - fwd_s
     # interleaved: every chunk's receive is a synchronisation the overlap cannot hide (the
     # next chunk's kernels wait on it): one latency per chunk and direction
-    pp_sync = np.where(w["vpp"] > 1, w["pp_sends"] * alpha, 0.0)
-    bucket["pp_p2p"] = valid * (pipeline_p2p(col(t_send), col(w["pp_sends"]), col(w["vpp"]),
+    pp_sync = np.where(w.schedule.vpp > 1, w.pp.sends * alpha, 0.0)
+    bucket["pp_p2p"] = valid * (pipeline_p2p(col(t_send), col(w.pp.sends), col(w.schedule.vpp),
                                              fwd_s, bwd_s, col(c["pp_comm_overlap"]))
                                 + col(pp_sync))
     stage_mb = stage_mb + bucket["pp_p2p"]
-    fsdp = col(w["fsdp"])
-    dist = col(w["dist_opt"])
+    fsdp = col(w.dp.fsdp)
+    dist = col(w.dp.dist_opt)
     fsdp_mb = fsdp * (
         np.maximum(0.0, ag - ov_dp * fwd_s) + np.maximum(0.0, ag + rs - ov_dp * bwd_s)
     )
@@ -401,8 +414,8 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     stage_mb = stage_mb + bucket["dp_comm"]
     # the last gradient bucket and the next step's first parameter bucket are exposed
     # (dp_exposed); chunk 0 is bucketed, later chunks are one bucket each but finish earlier
-    bucket_p = col(w["dp_bucket_params"])
-    vv = col(w["vpp"])
+    bucket_p = col(w.dp.bucket_params)
+    vv = col(w.schedule.vpp)
     bd = np.minimum(bucket_p, pd / vv)
     be = np.minimum(bucket_p, pe / vv)
     rs_last = collective_time(gbytes * bd, nd_n, bw_dd, alpha_c) + collective_time(gbytes * be, ne_n,
@@ -411,7 +424,7 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
                                                                            bw_de, alpha_c)
     # the window is shared with the layer traffic on the same links (dp_window)
     busy_f, busy_b = link_busy
-    dp_on_nic = col(1.0 - w["dp_dense_intra"])
+    dp_on_nic = col(1.0 - w.dp.dense_intra)
     win_b = np.maximum(0.0, bwd_s - np.where(dp_on_nic > 0, busy_b[1], busy_b[0]))
     win_f = np.maximum(0.0, fwd_s - np.where(dp_on_nic > 0, busy_f[1], busy_f[0]))
     dp_step = (1 - fsdp) * np.where(
@@ -425,9 +438,9 @@ def timing(w: dict[str, np.ndarray], c: dict[str, Any]) -> dict[str, np.ndarray]
     tail = (dp_step + opt) * valid
 
     # ---- pipeline schedule
-    m = w["m"]
+    m = w.schedule.m
     stage_mb = stage_mb * valid
-    crit, bubble = pipeline_bubble(stage_mb, m, w["vpp"], w["bubble_factor"])
+    crit, bubble = pipeline_bubble(stage_mb, m, w.schedule.vpp, w.schedule.bubble_factor)
     rows = np.arange(stage_mb.shape[0])
     last = np.argmax(tail, axis=1)
     out: dict[str, np.ndarray] = {}

@@ -5,9 +5,14 @@ integer arrays (with :class:`RunTraits`, the framework settings that change the 
 :func:`build_work` turns them into the work of one rank: the shape ``(M, N, K)`` of every GEMM
 (:data:`SLOTS`), core-attention FLOPs, bytes of memory-bound element-wise work, bytes of every
 collective with its group size and link, how many layers of each kind every pipeline stage holds
-and recomputes, parameters per stage (for data-parallel traffic and the optimizer). numpy
-arrays, one entry per configuration; :func:`concat_work` stacks the work of several batches
-(calibration over many published runs). :func:`oracle.timing.timing` turns the work into time.
+and recomputes, parameters per stage (for data-parallel traffic and the optimizer). The result
+is a :class:`Work`: typed records of numpy arrays, one entry per configuration, one record per
+concern (:class:`GemmWork`, :class:`DeviceWork`, :class:`AttentionWork`,
+:class:`ElementwiseWork`, :class:`TpWork`, :class:`CpWork`, :class:`EpWork`, :class:`PpWork`,
+:class:`DpWork`, :class:`StageWork`, :class:`RecomputeWork`, :class:`ScheduleWork`), so a
+misspelt quantity is an ``AttributeError``, never a silent zero. :func:`concat_work` stacks the
+work of several batches (calibration over many published runs). :func:`oracle.timing.timing`
+turns the work into time.
 
 Symbols (one micro-batch on one rank): T = mbs s / cp tokens, T_sp = T / tp under sequence
 parallelism, h hidden, f FFN width, V vocabulary.
@@ -25,9 +30,8 @@ parallelism, h hidden, f FFN width, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from functools import lru_cache
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -43,6 +47,7 @@ from oracle.collectives import (
     group_local,
 )
 from oracle.compute import OPERAND_BYTES, power_ratios
+from oracle.host import GRAPH_BITS
 from oracle.inventory import (
     KINDS,
     block_gemms,
@@ -52,7 +57,7 @@ from oracle.inventory import (
     mamba_scan_flops_per_token,
     mtp_kind,
 )
-from oracle.memory import _stage_counts_cached, param_units, stage_params
+from oracle.memory import ParamUnits, _stage_counts_cached, param_units, stage_params
 from oracle.schedule import ZERO_BUBBLE_FACTOR
 from oracle.specs import (
     ClusterSpec,
@@ -146,11 +151,39 @@ class RunTraits:
     chunk boundary :func:`chunk_boundary_host`). False: token-drop (``--moe-expert-capacity-factor
     1.0 --moe-pad-expert-input-to-capacity``): fixed shapes, no synchronisation, the host runs
     ahead as for a dense layer. Ignored for dense models.
+    ``cuda_graph_scope``: the layer parts captured in CUDA graphs (Megatron-Core
+    ``--cuda-graph-impl transformer_engine|local --cuda-graph-scope attn mlp moe_router
+    moe_preprocess``; Megatron-Bridge ``cuda_graph_impl`` / ``cuda_graph_scope``): each captured
+    part costs the host one graph launch instead of its operations
+    (:data:`oracle.host.GRAPH_SCOPE_OPS`). ``("full_iteration",)`` (``--cuda-graph-impl
+    full_iteration``): the whole forward-backward pass of the step replays as one graph: no
+    per-operation host time, and MoE routing runs without a host synchronisation (the recipes
+    pair it with padded expert buffers and paged stashing), so nothing of
+    :func:`oracle.host.host_exposed` or :func:`oracle.schedule.chunk_boundary_host` remains.
+    ``()``: no CUDA graphs (Megatron-LM's default).
+    ``moe_a2a_overlap``: the MoE dispatch / combine all-to-all of one micro-batch runs beside
+    another micro-batch's computation (Megatron-Core ``--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute``; Megatron-Bridge ``moe_a2a_overlap``): the hidden fraction is
+    ``ep_a2a_overlap`` instead of ``ep_comm_overlap``, and a dropless layer's host and GPU
+    times add (:func:`oracle.host.a2a_sync_exponent`).
     """
 
     tp_comm_overlap: bool = True
     fp8_rowwise: bool = False
     moe_dropless: bool = True
+    cuda_graph_scope: tuple[str, ...] = ()
+    moe_a2a_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.cuda_graph_scope) - set(GRAPH_BITS))
+        if bad:
+            raise ConfigError(f"cuda_graph_scope {bad} is not known; choose from "
+                              f"{', '.join(GRAPH_BITS)}")
+
+    @property
+    def graph_mask(self) -> int:
+        """:data:`oracle.host.GRAPH_BITS` of :attr:`cuda_graph_scope`."""
+        return sum(GRAPH_BITS[x] for x in set(self.cuda_graph_scope))
 
 
 DEFAULT_TRAITS = RunTraits()
@@ -194,6 +227,10 @@ class ConfigBatch:
     fp8_rowwise: np.ndarray | None = None
     #: dropless MoE routing (None: all True, the default; RunTraits.moe_dropless)
     dropless: np.ndarray | None = None
+    #: RunTraits.cuda_graph_scope as GRAPH_BITS masks (None: all 0, no CUDA graphs)
+    graph_mask: np.ndarray | None = None
+    #: RunTraits.moe_a2a_overlap (None: all False)
+    a2a_overlap: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -237,6 +274,8 @@ class ConfigBatch:
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
             dropless=np.array([t.moe_dropless for t in traits], dtype=bool),
+            graph_mask=np.array([t.graph_mask for t in traits], dtype=np.int64),
+            a2a_overlap=np.array([t.moe_a2a_overlap for t in traits], dtype=bool),
             grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
         )
 
@@ -268,6 +307,8 @@ class ConfigBatch:
         fp8_rowwise: Any = False,
         grad_reduce_in_fp32: Any = True,
         moe_dropless: Any = True,
+        cuda_graph_mask: Any = 0,
+        moe_a2a_overlap: Any = False,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
@@ -306,6 +347,7 @@ class ConfigBatch:
             schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
             tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
+            graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -314,6 +356,9 @@ class ConfigBatch:
             tp_comm_overlap=True if self.tp_overlap is None else bool(self.tp_overlap[i]),
             fp8_rowwise=False if self.fp8_rowwise is None else bool(self.fp8_rowwise[i]),
             moe_dropless=True if self.dropless is None else bool(self.dropless[i]),
+            cuda_graph_scope=() if self.graph_mask is None else tuple(
+                k for k, bit in GRAPH_BITS.items() if int(self.graph_mask[i]) & bit),
+            moe_a2a_overlap=False if self.a2a_overlap is None else bool(self.a2a_overlap[i]),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -338,6 +383,295 @@ class ConfigBatch:
         )
 
 
+# ========================================================================= work records
+#
+# The work of a batch of n configurations, as typed records of numpy arrays: one record per
+# concern, one named field per quantity (a misspelt field is an AttributeError, never a silent
+# zero). Per-configuration fields are (n,); GEMM fields (n, len(SLOTS)) indexed by :data:`S`;
+# stage fields (n, stages), padded with empty stages up to the batch's largest pp.
+
+
+@dataclass(frozen=True, slots=True)
+class GemmWork:
+    """Every GEMM of one micro-batch on one rank, per slot of :data:`SLOTS` ((n, slots)): its
+    shape ``M x N x K`` (forward; backward runs dgrad + wgrad of the same shapes), how many
+    times it runs (``count``: local experts for the grouped slots, 1 for the others, 0 where the
+    model has no such GEMM) and the bytes its FP8/FP4 quantisation moves forward and backward
+    (0 in BF16)."""
+
+    M: np.ndarray
+    N: np.ndarray
+    K: np.ndarray
+    count: np.ndarray
+    cast_fwd_bytes: np.ndarray
+    cast_bwd_bytes: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWork:
+    """The GPU of each configuration and the precision its GEMMs run in ((n,) each).
+
+    ``prec``: 0 bf16, 1 fp8, 2 fp4 (the transformer-layer linears, :data:`LOW_PREC_SLOTS`);
+    ``block_scaled``: 1 for block-scaled recipes (blockwise, MXFP8, torchao row-wise);
+    ``peak_low``: the dense peak of ``prec``; ``operand_bytes``: bytes per low-precision GEMM
+    operand (:data:`oracle.compute.OPERAND_BYTES`); ``pw_*``: :func:`oracle.compute.power_ratios`
+    (peak, units, TDP against the architecture's reference part)."""
+
+    prec: np.ndarray
+    block_scaled: np.ndarray
+    peak_bf16: np.ndarray
+    peak_low: np.ndarray
+    operand_bytes: np.ndarray
+    hbm_bw: np.ndarray
+    scale_up_bw: np.ndarray
+    nic_bw: np.ndarray
+    sfu_exp_per_s: np.ndarray
+    pw_peak: np.ndarray
+    pw_units: np.ndarray
+    pw_tdp: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionWork:
+    """Core attention of one layer and micro-batch on one rank ((n,) each), averaged over the
+    model's full and sliding-window layers: forward FLOPs of each kind (``flops_*``), the key
+    length one flash-attention call sees (``ctx_*``: the context, or one CP ring step's block),
+    the head dimension its efficiency follows and the softmax exponentials per FLOP."""
+
+    flops_full: np.ndarray
+    flops_slide: np.ndarray
+    ctx_full: np.ndarray
+    ctx_slide: np.ndarray
+    head_dim: np.ndarray
+    exp_per_flop: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseWork:
+    """Bytes of memory-bound element-wise work of one micro-batch on one rank, forward, per
+    layer part ((n,) each): ``attn`` (norm, rope, qk-norm, residual, CP output correction),
+    ``mlp`` (norm, activation, residual), ``moe`` (norm, activations, router softmax, permute
+    and unpermute); the ``*_norm`` / ``*_act`` / ``cp_correction`` parts of those totals
+    separately (selective recompute of norms and activations); the output layer (final norm,
+    cross-entropy) and the embedding forward and backward."""
+
+    attn_norm: np.ndarray
+    cp_correction: np.ndarray
+    attn: np.ndarray
+    mlp_norm: np.ndarray
+    mlp_act: np.ndarray
+    mlp: np.ndarray
+    moe_norm: np.ndarray
+    moe_act: np.ndarray
+    moe: np.ndarray
+    out_fwd: np.ndarray
+    out_bwd: np.ndarray
+    emb_fwd: np.ndarray
+    emb_bwd: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class TpWork:
+    """Tensor-parallel collectives of one layer ((n,) each): one all-gather / reduce-scatter
+    of ``tensor_bytes`` (``T h`` bf16) over ``n`` ranks, ``fwd_per_block`` / ``bwd_per_block``
+    of them per attention or MLP block (SP: AG + RS forward, + the input re-gather backward;
+    without SP one all-reduce = 2), ``shared_blocks`` = 1 where shared experts add a block;
+    ``has`` = 1 when tp > 1; ``intra`` / ``local``: :func:`oracle.collectives.group_intra`,
+    :func:`oracle.collectives.group_local`; ``overlap``: 1 where the run overlaps TP
+    communication (:class:`RunTraits`)."""
+
+    tensor_bytes: np.ndarray
+    n: np.ndarray
+    has: np.ndarray
+    intra: np.ndarray
+    local: np.ndarray
+    fwd_per_block: np.ndarray
+    bwd_per_block: np.ndarray
+    shared_blocks: np.ndarray
+    overlap: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class CpWork:
+    """Context-parallel ring of one layer ((n,) each): ``steps`` = cp - 1 exchanges of
+    ``block_bytes`` (the local K and V, bf16) each forward; ``intra``: on the scale-up links."""
+
+    block_bytes: np.ndarray
+    steps: np.ndarray
+    intra: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class EpWork:
+    """Expert-parallel traffic of one MoE layer and direction ((n,) each; zeros for dense
+    models): the all-to-all bytes one rank sends inside its scale-up domain and over the NIC
+    (``intra_bytes``, ``inter_bytes``; ``active`` = 1 for an all-to-all dispatcher at ep > 1),
+    the group size ``n`` (its latency), the ``allgather`` dispatcher's gathered bytes
+    (``gather_bytes`` with ``gather_intra`` / ``gather_local``), and the expert-tensor-parallel
+    all-gather / reduce-scatter (``etp_bytes`` over ``etp_n`` ranks)."""
+
+    intra_bytes: np.ndarray
+    inter_bytes: np.ndarray
+    n: np.ndarray
+    gather_bytes: np.ndarray
+    gather_intra: np.ndarray
+    gather_local: np.ndarray
+    active: np.ndarray
+    etp_bytes: np.ndarray
+    etp_n: np.ndarray
+    etp_intra: np.ndarray
+    etp_local: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class PpWork:
+    """Pipeline send / receive per micro-batch and stage ((n,) each): ``activation_bytes``
+    (``T_sp h`` bf16) per transfer, ``sends`` transfers (2 vpp; 0 without pipeline
+    parallelism), ``intra``: on the scale-up links."""
+
+    activation_bytes: np.ndarray
+    sends: np.ndarray
+    intra: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class DpWork:
+    """Data-parallel groups of the dense parameters (dp x cp) and of the experts (expert dp)
+    ((n,) each): size, link (``*_intra``, ``*_local``), the optimizer's sharding
+    (``dist_opt``, ``fsdp``), the gradient buffer's bytes per parameter and Megatron-Core's
+    bucket size in parameters (:func:`oracle.collectives.ddp_bucket_params`)."""
+
+    dense_n: np.ndarray
+    dense_intra: np.ndarray
+    dense_local: np.ndarray
+    expert_n: np.ndarray
+    expert_intra: np.ndarray
+    expert_local: np.ndarray
+    dist_opt: np.ndarray
+    fsdp: np.ndarray
+    grad_bytes: np.ndarray
+    bucket_params: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class StageLayers:
+    """Layers of each pipeline stage (one array entry per stage): dense and MoE decoder
+    layers, MTP layers, whether it holds the embedding and the output layer, and the dense and
+    MoE layers it recomputes in full. The field names are those :func:`oracle.memory.stage_params`
+    reads."""
+
+    dense_layers: np.ndarray
+    moe_layers: np.ndarray
+    mtp_layers: np.ndarray
+    has_embedding: np.ndarray
+    has_output: np.ndarray
+    rc_dense_layers: np.ndarray
+    rc_moe_layers: np.ndarray
+    attention_layers: np.ndarray  # hybrid models: attention-only layers (``*``)
+    mamba_layers: np.ndarray  # hybrid models: Mamba-2 mixer layers (``M``)
+    rc_attention_layers: np.ndarray
+    rc_mamba_layers: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class StageWork:
+    """Per pipeline stage ((n, stages) each; ``valid`` 0 for the padding beyond a
+    configuration's pp): layers that run as dense and as MoE layers (MTP layers count as the
+    model's last layer kind), MTP layers, embedding and output heads (each MTP module has its
+    own logits and loss), fully recomputed dense and MoE layers, and the stage's parameters per
+    rank (:func:`oracle.memory.stage_params`: dense and expert)."""
+
+    dense_like: np.ndarray
+    moe_like: np.ndarray
+    mtp: np.ndarray
+    embedding: np.ndarray
+    output_heads: np.ndarray
+    rc_dense: np.ndarray
+    rc_moe: np.ndarray
+    valid: np.ndarray
+    params_dense: np.ndarray
+    params_expert: np.ndarray
+    attn_only: np.ndarray  # hybrid: attention-only layers (an MTP depth runs one too)
+    mamba: np.ndarray  # hybrid: Mamba layers
+    rc_attn_only: np.ndarray
+    rc_mamba: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class HybridWork:
+    """What hybrid Mamba models add ((n,) each; zeros for a transformer): ``is_hybrid`` (1:
+    each layer is one block, ``oracle/inventory.py``), the SSD scan's FLOPs per Mamba layer and
+    micro-batch and its chunk length, the Mamba layer's element-wise bytes, and the bytes of its
+    context-parallel all-to-alls per direction (:func:`mamba_work`)."""
+
+    is_hybrid: np.ndarray
+    scan_flops: np.ndarray
+    chunk: np.ndarray
+    ew_mamba: np.ndarray
+    cp_bytes: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeWork:
+    """Selective recompute: 1 where the configuration recomputes the module ((n,) each; the
+    names of :data:`MODULE_BITS`), 0 otherwise and under no or full recompute."""
+
+    core_attn: np.ndarray
+    layernorm: np.ndarray
+    mlp: np.ndarray
+    moe: np.ndarray
+    moe_act: np.ndarray
+    shared_experts: np.ndarray
+    mla_up_proj: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleWork:
+    """The step's schedule ((n,) each): ``m`` micro-batches, ``vpp`` virtual stages, the
+    bubble factor (1, or :data:`oracle.schedule.ZERO_BUBBLE_FACTOR`), ``pp_on`` = 1 when pp > 1;
+    and the MoE facts the host terms need: ``has_moe``, ``moe_sync`` (:func:`moe_host_sync`;
+    0 under a full-iteration CUDA graph), ``local_experts`` per rank; the run settings:
+    ``graph_<part>`` = 1 when :attr:`RunTraits.cuda_graph_scope` captures the part
+    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`)."""
+
+    m: np.ndarray
+    vpp: np.ndarray
+    bubble_factor: np.ndarray
+    pp_on: np.ndarray
+    has_moe: np.ndarray
+    moe_sync: np.ndarray
+    local_experts: np.ndarray
+    graph_attn: np.ndarray
+    graph_mlp: np.ndarray
+    graph_moe_router: np.ndarray
+    graph_moe_preprocess: np.ndarray
+    graph_full_iteration: np.ndarray
+    a2a_overlap: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What every configuration of a batch does per micro-batch on one rank
+    (:func:`build_work`); :func:`oracle.timing.timing` reads it."""
+
+    gemm: GemmWork
+    device: DeviceWork
+    attention: AttentionWork
+    elementwise: ElementwiseWork
+    tp: TpWork
+    cp: CpWork
+    ep: EpWork
+    pp: PpWork
+    dp: DpWork
+    stages: StageWork
+    recompute: RecomputeWork
+    schedule: ScheduleWork
+    hybrid: HybridWork
+
+    def __len__(self) -> int:
+        return len(self.schedule.m)
+
+
 # ================================================================================ work
 
 
@@ -345,21 +679,59 @@ class ConfigBatch:
 def _stage_layers(
     kinds: tuple[int, ...], mtp_kind: int, num_mtp: int, pp: int, vpp: int,
     split: int, recompute: int, method: int, k: int,
-) -> np.ndarray:
-    """Per stage (rows): dense layers, MoE layers, MTP layers, has embedding, has output, fully
-    recomputed dense layers, fully recomputed MoE layers, then attention-only and Mamba layers
-    and their fully recomputed counts (hybrid models). Read from the memory model's own
-    :class:`oracle.memory.StageCounts` (``_stage_counts_cached``), the one per-stage
-    composition; ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
-    out = np.zeros((pp, 11), dtype=np.int64)
+) -> StageLayers:
+    """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
+    model's own :class:`oracle.memory.StageCounts` (``_stage_counts_cached``: the one per-stage
+    composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
     counts = _stage_counts_cached(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
                                   _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
                                   None if k < 0 else k)
-    for s, c in enumerate(counts):
-        redo = c.recomputed
-        out[s] = (c.dense_layers, c.moe_layers, c.mtp_layers, c.has_embedding, c.has_output,
-                  redo[0], redo[1], c.attention_layers, c.mamba_layers, redo[2], redo[3])
-    return out
+
+    def arr(get: Any) -> np.ndarray:
+        return np.array([get(c) for c in counts], dtype=np.int64)
+
+    return StageLayers(
+        dense_layers=arr(lambda c: c.dense_layers), moe_layers=arr(lambda c: c.moe_layers),
+        mtp_layers=arr(lambda c: c.mtp_layers), has_embedding=arr(lambda c: c.has_embedding),
+        has_output=arr(lambda c: c.has_output),
+        rc_dense_layers=arr(lambda c: c.recomputed[0]), rc_moe_layers=arr(lambda c: c.recomputed[1]),
+        attention_layers=arr(lambda c: c.attention_layers),
+        mamba_layers=arr(lambda c: c.mamba_layers),
+        rc_attention_layers=arr(lambda c: c.recomputed[2]),
+        rc_mamba_layers=arr(lambda c: c.recomputed[3]),
+    )
+
+
+def _per_tp(fn: Any, tp: np.ndarray) -> np.ndarray:
+    """``fn(tp)`` for every configuration, evaluated once per distinct tp."""
+    uq, inv = np.unique(tp, return_inverse=True)
+    return np.array([float(fn(int(t))) for t in uq], dtype=np.float64)[inv.reshape(-1)]
+
+
+def mamba_work(model: ModelSpec, b: ConfigBatch, T: np.ndarray, Tsp: np.ndarray) -> HybridWork:
+    """What one Mamba-2 mixer layer does per micro-batch on one rank beside its GEMMs
+    (``oracle/inventory.py``): the chunked SSD scan's FLOPs (under CP each rank scans the whole
+    sequence for ``H / (tp cp)`` heads: ``T cp x flops(tp) / cp``), its chunk length (the scan's
+    matmul dimension), the element-wise bytes (pre-norm, conv + scan + gated norm, residual, as
+    the other blocks count them) and the bytes of Mamba's two context-parallel all-to-alls per
+    direction (``(cp - 1) / cp`` of ``zxBCdt`` and ``y`` leave the rank). Zeros without Mamba."""
+    n = len(b)
+    flag = np.full(n, 1.0 if model.is_hybrid else 0.0)
+    if model.mamba is None:
+        zero = np.zeros(n)
+        return HybridWork(is_hybrid=flag, scan_flops=zero, chunk=np.ones(n), ew_mamba=zero,
+                          cp_bytes=zero)
+    h = model.hidden_size
+    cp = b.cp.astype(np.float64)
+    return HybridWork(
+        is_hybrid=flag,
+        scan_flops=T * _per_tp(lambda t: mamba_scan_flops_per_token(model, t), b.tp),
+        chunk=np.full(n, float(model.mamba.chunk_size)),
+        ew_mamba=(Tsp * h * 4 + T * _per_tp(lambda t: mamba_scan_bytes_per_token(model, t),
+                                            b.tp) + Tsp * h * 6),
+        cp_bytes=np.where(b.cp > 1, T * BF16 * (cp - 1) / cp * _per_tp(
+            lambda t: mamba_cp_all_to_all_elements(model, t), b.tp), 0.0),
+    )
 
 
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -416,40 +788,11 @@ def moe_host_sync(dropless: Any, dispatcher: Any) -> np.ndarray:
         Dispatcher.FLEX])
 
 
-def _per_tp(fn: Any, tp: np.ndarray) -> np.ndarray:
-    """``fn(tp)`` for every configuration, evaluated once per distinct tp."""
-    uq, inv = np.unique(tp, return_inverse=True)
-    return np.array([float(fn(int(t))) for t in uq], dtype=np.float64)[inv.reshape(-1)]
-
-
-def mamba_work(model: ModelSpec, b: ConfigBatch, T: np.ndarray, Tsp: np.ndarray
-               ) -> dict[str, np.ndarray]:
-    """What one Mamba-2 mixer layer does per micro-batch on one rank beside its GEMMs
-    (``oracle/inventory.py``): the chunked SSD scan's FLOPs (under CP each rank scans the whole
-    sequence for ``H / (tp cp)`` heads: ``T cp x flops(tp) / cp``), its chunk length (the scan's
-    matmul dimension), the element-wise bytes (pre-norm, conv + scan + gated norm, residual, as
-    the other blocks count them) and the bytes of Mamba's two context-parallel all-to-alls per
-    direction (``(cp - 1) / cp`` of ``zxBCdt`` and ``y`` leave the rank). Zeros without Mamba."""
-    n = len(b)
-    if model.mamba is None:
-        return {key: np.zeros(n) for key in ("mamba_scan_flops", "ew_mamba", "cp_mamba_bytes")
-                } | {"mamba_chunk": np.ones(n)}
-    h = model.hidden_size
-    cp = b.cp.astype(np.float64)
-    return {
-        "mamba_scan_flops": T * _per_tp(lambda t: mamba_scan_flops_per_token(model, t), b.tp),
-        "mamba_chunk": np.full(n, float(model.mamba.chunk_size)),
-        "ew_mamba": (Tsp * h * 4 + T * _per_tp(lambda t: mamba_scan_bytes_per_token(model, t),
-                                              b.tp) + Tsp * h * 6),
-        "cp_mamba_bytes": np.where(b.cp > 1, T * BF16 * (cp - 1) / cp * _per_tp(
-            lambda t: mamba_cp_all_to_all_elements(model, t), b.tp), 0.0),
-    }
-
-
 def build_work(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, b: ConfigBatch
-) -> dict[str, np.ndarray]:
-    """Everything :func:`timing` needs, per configuration (see the module docstring)."""
+) -> Work:
+    """Everything :func:`oracle.timing.timing` needs, per configuration (see the module
+    docstring and the record classes above)."""
     n = len(b)
     gpu = cluster.gpu
     f64 = np.float64
@@ -463,7 +806,6 @@ def build_work(
     g_loc = np.maximum(1.0, np.ceil(g / tp))
     vloc = padded_vocab(model.vocab_size, b.tp).astype(f64) / tp
     up = 2.0 if model.gated_mlp else 1.0
-    w: dict[str, np.ndarray] = {}
 
     # --- GEMM shapes (n, slots): M, N, K, count
     M = np.zeros((n, len(SLOTS)))
@@ -510,7 +852,6 @@ def build_work(
     gemm("logits", T, vloc, h)
     if model.num_mtp_layers:
         gemm("mtp_proj", T, h / tp, 2 * h)
-    w["gemm_M"], w["gemm_N"], w["gemm_K"], w["gemm_count"] = M, N, K, C
 
     # --- precision: 0 bf16, 1 fp8, 2 fp4
     rowwise = (b.fp8 >= 0) & (False if b.fp8_rowwise is None else b.fp8_rowwise)
@@ -533,94 +874,111 @@ def build_work(
                 f"precision fp8 needs a GPU with FP8 tensor cores; {gpu.name} has none; "
                 f"choose precision bf16"
             )
-    w["prec"] = prec
-    # blockwise, MXFP8 and torchao row-wise scaling: finer than per-tensor scales
-    w["block_scaled"] = ((b.fp8 == 2) | (b.fp8 == 3) | rowwise).astype(f64)
-    w["peak_bf16"] = np.full(n, gpu.peak_bf16_flops)
-    w["peak_low"] = np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
-                                     gpu.peak_fp4_flops or 1.0]).astype(f64)
-    w["operand_bytes"] = np.choose(prec, [OPERAND_BYTES[0], OPERAND_BYTES[1], OPERAND_BYTES[2]])
     # quantisation bytes per micro-batch: inputs (M K) forward, output grads (M N) backward,
     # weights (K N): once per step where the quantised copy is cached across micro-batches,
     # forward and backward of every micro-batch under FSDP (weight_casts_per_microbatch)
     low = LOW_PREC_SLOTS[None, :] & (prec[:, None] > 0)
     wc_f, wc_b = weight_casts_per_microbatch(b.fsdp, b.ga)
-    w["cast_fwd_bytes"] = np.where(low, (M * K * C + wc_f[:, None] * K * N * C)
-                                   * cast[:, None], 0.0)
-    w["cast_bwd_bytes"] = np.where(low, (M * N * C + wc_b[:, None] * K * N * C)
-                                   * cast[:, None], 0.0)
-    w["hbm_bw"] = np.full(n, gpu.hbm_bytes_per_s)
+    gemms = GemmWork(
+        M=M, N=N, K=K, count=C,
+        cast_fwd_bytes=np.where(low, (M * K * C + wc_f[:, None] * K * N * C) * cast[:, None],
+                                0.0),
+        cast_bwd_bytes=np.where(low, (M * N * C + wc_b[:, None] * K * N * C) * cast[:, None],
+                                0.0),
+    )
+    # sustained tensor rate relative to the architecture's reference part (power-limited clock)
+    pw = power_ratios(gpu)
+    device = DeviceWork(
+        prec=prec,
+        # blockwise, MXFP8 and torchao row-wise scaling: finer than per-tensor scales
+        block_scaled=((b.fp8 == 2) | (b.fp8 == 3) | rowwise).astype(f64),
+        peak_bf16=np.full(n, gpu.peak_bf16_flops),
+        peak_low=np.choose(prec, [gpu.peak_bf16_flops, gpu.peak_fp8_flops or 1.0,
+                                  gpu.peak_fp4_flops or 1.0]).astype(f64),
+        operand_bytes=np.choose(prec, [OPERAND_BYTES[0], OPERAND_BYTES[1], OPERAND_BYTES[2]]),
+        hbm_bw=np.full(n, gpu.hbm_bytes_per_s),
+        scale_up_bw=np.full(n, gpu.scale_up_bytes_per_s),
+        nic_bw=np.full(n, gpu.nic_bytes_per_s),
+        sfu_exp_per_s=np.full(n, gpu.sfu_exp_per_s or 0.0),
+        pw_peak=np.full(n, pw[0]), pw_units=np.full(n, pw[1]), pw_tdp=np.full(n, pw[2]),
+    )
 
     # --- core attention (per layer, averaged over sliding and full layers)
     n_slide = sum(F.layer_is_sliding(model, i) for i in range(model.num_layers))
     frac_slide = n_slide / model.num_layers
     per_tok_full = F.core_attention_flops(model, training.seq_len, False)
     per_tok_slide = F.core_attention_flops(model, training.seq_len, True)
-    w["attn_flops_full"] = (1 - frac_slide) * mbs * s * per_tok_full / (tp * cp)
-    w["attn_flops_slide"] = frac_slide * mbs * s * per_tok_slide / (tp * cp)
     # under context parallelism every attention kernel sees one ring step's key block
     # (cp_attention_block): its efficiency follows that length, not the whole context
     kv_block = cp_attention_block(training.seq_len, cp)
-    w["attn_ctx_full"] = np.minimum(F.attention_context(model, training.seq_len, False), kv_block)
-    w["attn_ctx_slide"] = np.minimum(F.attention_context(model, training.seq_len, True), kv_block)
-    w["attn_head_dim"] = np.full(n, d_attn)
-    # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
-    w["attn_exp_per_flop"] = np.full(n, 1.0 / (2.0 * 2.0 * d_attn))
-    w["sfu_exp_per_s"] = np.full(n, gpu.sfu_exp_per_s or 0.0)
-    # sustained tensor rate relative to the architecture's reference part (power-limited clock)
-    pw = power_ratios(gpu)
-    w["pw_peak"], w["pw_units"], w["pw_tdp"] = (np.full(n, x) for x in pw)
+    attention = AttentionWork(
+        flops_full=(1 - frac_slide) * mbs * s * per_tok_full / (tp * cp),
+        flops_slide=frac_slide * mbs * s * per_tok_slide / (tp * cp),
+        ctx_full=np.minimum(F.attention_context(model, training.seq_len, False), kv_block),
+        ctx_slide=np.minimum(F.attention_context(model, training.seq_len, True), kv_block),
+        head_dim=np.full(n, d_attn),
+        # one exponential per score (query, key, head): FLOPs / (2 (d_qk + d_v))
+        exp_per_flop=np.full(n, 1.0 / (2.0 * 2.0 * d_attn)),
+    )
 
     # --- element-wise bytes per micro-batch (forward; backward moves twice as much)
     qk_norm = T * rope_width * 4 if model.qk_norm else 0.0
-    w["ew_attn_norm"] = Tsp * h * 4 + T * mla_norm_width * 4
+    ew_attn_norm = Tsp * h * 4 + T * mla_norm_width * 4
     v_width = a_loc * (model.mla.v_head_dim if model.mla is not None else model.head_dim)
-    w["ew_cp_correction"] = cp_correction_bytes(T, v_width, cp)
-    w["ew_attn"] = (w["ew_attn_norm"] + T * rope_width * 4 + Tsp * h * 6 + qk_norm
-                    + w["ew_cp_correction"])
+    ew_cp_correction = cp_correction_bytes(T, v_width, cp)
     act_bytes = (up + 1) * BF16
-    w["ew_mlp_norm"] = Tsp * h * 4
-    w["ew_mlp_act"] = T * f_loc * act_bytes
-    w["ew_mlp"] = w["ew_mlp_norm"] + w["ew_mlp_act"] + Tsp * h * 6
+    ew_mlp_norm = Tsp * h * 4
+    ew_mlp_act = T * f_loc * act_bytes
     if model.is_moe:
-        w["ew_moe_norm"] = Tsp * h * 4
-        w["ew_moe_act"] = rows * fe_loc * act_bytes + T * fs_loc * act_bytes
-        w["ew_moe"] = (
-            w["ew_moe_norm"] + w["ew_moe_act"] + Tsp * h * 6
+        ew_moe_norm = Tsp * h * 4
+        ew_moe_act = rows * fe_loc * act_bytes + T * fs_loc * act_bytes
+        ew_moe = (
+            ew_moe_norm + ew_moe_act + Tsp * h * 6
             + Tsp * E * 12  # fp32 router logits: write, softmax read/write
             + 2 * Tsp * width * BF16 * (1 + k)  # permute and unpermute
         )
     else:
-        w["ew_moe_norm"] = w["ew_moe_act"] = w["ew_moe"] = np.zeros(n)
-    w.update(mamba_work(model, b, T, Tsp))
-    w["ew_out_fwd"] = Tsp * h * 4 + T * vloc * 10.0  # final norm; CE: read bf16, fp32 passes
-    w["ew_out_bwd"] = Tsp * h * 8 + T * vloc * 6.0
-    w["ew_emb_fwd"] = T * h * BF16
-    w["ew_emb_bwd"] = T * h * (BF16 + FP32)
+        ew_moe_norm = ew_moe_act = ew_moe = np.zeros(n)
+    elementwise = ElementwiseWork(
+        attn_norm=ew_attn_norm,
+        cp_correction=ew_cp_correction,
+        attn=(ew_attn_norm + T * rope_width * 4 + Tsp * h * 6 + qk_norm + ew_cp_correction),
+        mlp_norm=ew_mlp_norm,
+        mlp_act=ew_mlp_act,
+        mlp=ew_mlp_norm + ew_mlp_act + Tsp * h * 6,
+        moe_norm=ew_moe_norm,
+        moe_act=ew_moe_act,
+        moe=ew_moe,
+        out_fwd=Tsp * h * 4 + T * vloc * 10.0,  # final norm; CE: read bf16, fp32 passes
+        out_bwd=Tsp * h * 8 + T * vloc * 6.0,
+        emb_fwd=T * h * BF16,
+        emb_bwd=T * h * (BF16 + FP32),
+    )
 
     # --- tensor parallel (S = T h bf16; counts in all-gather/reduce-scatter equivalents)
     has_tp = (b.tp > 1).astype(f64)
     sp = b.sp.astype(f64)
-    w["tp_bytes"] = T * h * BF16
-    w["tp_n"] = tp
-    w["tp_has"] = has_tp
-    w["tp_intra"] = group_intra(cluster, b.tp)
-    w["tp_local"] = group_local(cluster, np.ones(n, dtype=np.int64), b.tp)
     # with sequence parallelism an FP8 recipe quantises the layer input before gathering it
     # (Transformer Engine: current scaling reduces the amax over the TP group first, MXFP8 /
     # blockwise gather the scaled data; torchtitan's float8 tensor-parallel styles): the forward
     # all-gather and the backward re-gather move 1 byte per element instead of 2; reduce-scatters
     # and the gradient all-gather stay bf16. torchao row-wise scaling and NVFP4 gather bf16.
     ag = np.where((prec == 1) & ~rowwise, TP_FP8_ALLGATHER_FRACTION, 1.0)
-    w["tp_fwd_per_block"] = has_tp * (sp * (ag + 1.0) + (1 - sp) * 2.0)  # AG + RS, or one AR (= 2)
-    w["tp_bwd_per_block"] = has_tp * (sp * (2.0 + ag) + (1 - sp) * 2.0)  # + input re-gather (SP)
-    w["tp_shared_blocks"] = np.full(n, 1.0 if fs else 0.0)
-    w["tp_overlap"] = np.ones(n) if b.tp_overlap is None else b.tp_overlap.astype(f64)
+    tp_work = TpWork(
+        tensor_bytes=T * h * BF16,
+        n=tp,
+        has=has_tp,
+        intra=group_intra(cluster, b.tp),
+        local=group_local(cluster, np.ones(n, dtype=np.int64), b.tp),
+        fwd_per_block=has_tp * (sp * (ag + 1.0) + (1 - sp) * 2.0),  # AG + RS, or one AR (= 2)
+        bwd_per_block=has_tp * (sp * (2.0 + ag) + (1 - sp) * 2.0),  # + input re-gather (SP)
+        shared_blocks=np.full(n, 1.0 if fs else 0.0),
+        overlap=np.ones(n) if b.tp_overlap is None else b.tp_overlap.astype(f64),
+    )
 
     # --- context parallel ring (p2p, K and V of the local chunk per step)
-    w["cp_bytes"] = T * kv_width * BF16
-    w["cp_steps"] = cp - 1
-    w["cp_intra"] = group_intra(cluster, b.tp * b.cp)
+    cp_work = CpWork(block_bytes=T * kv_width * BF16, steps=cp - 1,
+                     intra=group_intra(cluster, b.tp * b.cp))
 
     # --- expert parallel
     if model.is_moe:
@@ -637,131 +995,148 @@ def build_work(
         ag_bytes = Tsp * width * BF16 * ag_n  # gathered tensor over tp x ep
         is_ag = b.dispatcher == 1
         is_flex = b.dispatcher == 2
-        w["ep_intra_bytes"] = np.where(is_ag, 0.0, a2a_intra)
-        w["ep_inter_bytes"] = np.where(is_ag, 0.0, np.where(is_flex, flex_inter, a2a_inter))
-        w["ep_n"] = np.where(is_ag, ag_n, ep)
-        w["ep_ag_bytes"] = np.where(is_ag & (ag_n > 1), ag_bytes, 0.0)
-        w["ep_ag_intra"] = group_intra(cluster, ag_span)
-        w["ep_ag_local"] = group_local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep)
-        w["ep_active"] = ((b.ep > 1) & ~is_ag).astype(f64)
-        w["etp_bytes"] = np.where(b.etp > 1, rows * width * BF16, 0.0)
-        w["etp_n"] = etp
-        w["etp_intra"] = group_intra(cluster, b.etp)
-        w["etp_local"] = group_local(cluster, np.ones(n, dtype=np.int64), b.etp)
+        ep_work = EpWork(
+            intra_bytes=np.where(is_ag, 0.0, a2a_intra),
+            inter_bytes=np.where(is_ag, 0.0, np.where(is_flex, flex_inter, a2a_inter)),
+            n=np.where(is_ag, ag_n, ep),
+            gather_bytes=np.where(is_ag & (ag_n > 1), ag_bytes, 0.0),
+            gather_intra=group_intra(cluster, ag_span),
+            gather_local=group_local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep),
+            active=((b.ep > 1) & ~is_ag).astype(f64),
+            etp_bytes=np.where(b.etp > 1, rows * width * BF16, 0.0),
+            etp_n=etp,
+            etp_intra=group_intra(cluster, b.etp),
+            etp_local=group_local(cluster, np.ones(n, dtype=np.int64), b.etp),
+        )
     else:
-        for key in ("ep_intra_bytes", "ep_inter_bytes", "ep_ag_bytes", "ep_active",
-                    "etp_bytes"):
-            w[key] = np.zeros(n)
-        w["ep_n"] = w["etp_n"] = np.ones(n)
-        w["ep_ag_intra"] = w["etp_intra"] = np.ones(n)
-        w["ep_ag_local"] = w["etp_local"] = np.ones(n)
+        zero, one = np.zeros(n), np.ones(n)
+        ep_work = EpWork(intra_bytes=zero, inter_bytes=zero, n=one, gather_bytes=zero,
+                         gather_intra=one, gather_local=one, active=zero, etp_bytes=zero,
+                         etp_n=one, etp_intra=one, etp_local=one)
 
     # --- pipeline p2p
-    w["pp_bytes"] = np.where(b.pp > 1, Tsp * h * BF16, 0.0)
-    w["pp_sends"] = np.where(b.pp > 1, 2.0 * b.vpp, 0.0)  # forward + backward per chunk
-    w["pp_intra"] = group_intra(cluster, b.tp * b.cp * b.dp * b.pp)
-
-    # --- links and GPU
-    w["scale_up_bw"] = np.full(n, gpu.scale_up_bytes_per_s)
-    w["nic_bw"] = np.full(n, gpu.nic_bytes_per_s)
+    pp_work = PpWork(
+        activation_bytes=np.where(b.pp > 1, Tsp * h * BF16, 0.0),
+        sends=np.where(b.pp > 1, 2.0 * b.vpp, 0.0),  # forward + backward per chunk
+        intra=group_intra(cluster, b.tp * b.cp * b.dp * b.pp),
+    )
 
     # --- per-stage layer counts and parameters
     Pmax = int(b.pp.max())
     uniq, inv = _unique_rows(b.pp, b.vpp, b.split, b.recompute, b.recompute_method,
                              b.recompute_layers)
-    tables = np.zeros((len(uniq), Pmax, 11), dtype=np.int64)
+    kinds, mkind = kind_index(model), KINDS.index(mtp_kind(model))
+    tables = [_stage_layers(kinds, mkind, model.num_mtp_layers, int(pp_), int(vpp_),
+                            int(split_), int(rc_), int(meth_), int(k_))
+              for pp_, vpp_, split_, rc_, meth_, k_ in uniq]
+
+    def per_stage(name: str) -> np.ndarray:
+        """One :class:`StageLayers` field as (n, Pmax) float64, padded with empty stages."""
+        t = np.zeros((len(uniq), Pmax), dtype=np.int64)
+        for j, table in enumerate(tables):
+            col = getattr(table, name)
+            t[j, : len(col)] = col
+        return t[inv].astype(f64)
+
+    layers = StageLayers(**{f.name: per_stage(f.name) for f in fields(StageLayers)})
     valid_u = np.zeros((len(uniq), Pmax), dtype=bool)
-    for j, (pp_, vpp_, split_, rc_, meth_, k_) in enumerate(uniq):
-        t = _stage_layers(kind_index(model), KINDS.index(mtp_kind(model)),
-                          model.num_mtp_layers, int(pp_), int(vpp_), int(split_), int(rc_),
-                          int(meth_), int(k_))
-        tables[j, : int(pp_)] = t
+    for j, (pp_, *_rest) in enumerate(uniq):
         valid_u[j, : int(pp_)] = True
-    st = tables[inv].astype(f64)  # (n, Pmax, 11)
     valid = valid_u[inv]
-    mtp_moe = model.is_moe  # MTP layers copy the last layer's kind (MoE for MoE models)
-    w["st_dense"] = st[:, :, 0] + (0 if mtp_moe else st[:, :, 2])
-    w["st_moe"] = st[:, :, 1] + (st[:, :, 2] if mtp_moe else 0)
-    # hybrid models: attention-only layers (an MTP depth runs one too: inventory.mtp_extra_blocks)
-    # and Mamba layers; 0 for a transformer, whose attention sits in its dense/MoE layers
-    w["st_attn_only"] = st[:, :, 7] + (st[:, :, 2] if model.is_hybrid else 0)
-    w["st_mamba"] = st[:, :, 8]
-    w["st_rc_attn_only"] = st[:, :, 9]
-    w["st_rc_mamba"] = st[:, :, 10]
-    w["is_hybrid"] = np.full(n, 1.0 if model.is_hybrid else 0.0)
-    w["st_mtp"] = st[:, :, 2]
-    w["st_emb"] = st[:, :, 3]
-    w["st_out"] = st[:, :, 4] + st[:, :, 2]  # each MTP module has its own logits and loss
-    w["st_rc_dense"] = st[:, :, 5]
-    w["st_rc_moe"] = st[:, :, 6]
-    w["st_valid"] = valid.astype(f64)
 
     uq, inv2 = _unique_rows(b.tp, b.pp, b.ep, b.etp)
-    units = np.array([_param_units_cached(model, *map(int, row)) for row in uq], dtype=f64)
-    pu = units[inv2]  # (n, len(PARAM_UNIT_FIELDS))
-    # the memory model's own per-stage count (oracle.memory.stage_params), on arrays
-    counts = SimpleNamespace(dense_layers=st[:, :, 0], moe_layers=st[:, :, 1],
-                             mtp_layers=st[:, :, 2], has_embedding=st[:, :, 3],
-                             has_output=st[:, :, 4], attention_layers=st[:, :, 7],
-                             mamba_layers=st[:, :, 8])
-    units_ns = SimpleNamespace(**{f: pu[:, None, i] for i, f in enumerate(PARAM_UNIT_FIELDS)})
-    w["st_params_dense"], w["st_params_expert"] = stage_params(counts, units_ns, model.is_moe)
+    units_u = [_param_units_cached(model, *map(int, row)) for row in uq]
+    # the memory model's own per-stage count (oracle.memory.stage_params), on arrays: every
+    # ParamUnits field as (n, 1), broadcast over the stages
+    units = ParamUnits(**{f.name: np.array([getattr(u, f.name) for u in units_u],
+                                           dtype=f64)[inv2][:, None]
+                          for f in fields(ParamUnits)})
+    params_dense, params_expert = stage_params(layers, units, model.is_moe)
+    mtp_moe = model.is_moe  # MTP layers copy the last layer's kind (MoE for MoE models)
+    stages = StageWork(
+        dense_like=layers.dense_layers + (0 if mtp_moe else layers.mtp_layers),
+        moe_like=layers.moe_layers + (layers.mtp_layers if mtp_moe else 0),
+        mtp=layers.mtp_layers,
+        embedding=layers.has_embedding,
+        output_heads=layers.has_output + layers.mtp_layers,  # each MTP module: logits and loss
+        rc_dense=layers.rc_dense_layers,
+        rc_moe=layers.rc_moe_layers,
+        valid=valid.astype(f64),
+        params_dense=params_dense,
+        params_expert=params_expert,
+        # hybrid models: attention-only layers (an MTP depth runs one too:
+        # inventory.mtp_extra_blocks) and Mamba layers; 0 for a transformer
+        attn_only=layers.attention_layers + (layers.mtp_layers if model.is_hybrid else 0),
+        mamba=layers.mamba_layers,
+        rc_attn_only=layers.rc_attention_layers,
+        rc_mamba=layers.rc_mamba_layers,
+    )
 
     # --- data parallel
     dense_group = b.dp * b.cp
     expert_group = np.maximum(1, cluster.world_size // (b.pp * b.ep * b.etp))
-    w["dp_dense_n"] = dense_group.astype(f64)
-    w["dp_dense_intra"] = group_intra(cluster, b.tp * dense_group)
-    w["dp_dense_local"] = group_local(cluster, b.tp, dense_group)
-    w["dp_expert_n"] = expert_group.astype(f64)
-    w["dp_expert_intra"] = group_intra(cluster, b.ep * b.etp * expert_group)
-    w["dp_expert_local"] = group_local(cluster, b.ep * b.etp, expert_group)
-    w["dist_opt"] = b.distributed_optimizer.astype(f64)
-    w["fsdp"] = b.fsdp.astype(f64)
-    w["grad_bytes"] = (np.full(n, FP32) if b.grad_fp32 is None
-                       else np.where(b.grad_fp32, FP32, BF16))
-    w["dp_bucket_params"] = ddp_bucket_params(dense_group).astype(f64)
+    dp_work = DpWork(
+        dense_n=dense_group.astype(f64),
+        dense_intra=group_intra(cluster, b.tp * dense_group),
+        dense_local=group_local(cluster, b.tp, dense_group),
+        expert_n=expert_group.astype(f64),
+        expert_intra=group_intra(cluster, b.ep * b.etp * expert_group),
+        expert_local=group_local(cluster, b.ep * b.etp, expert_group),
+        dist_opt=b.distributed_optimizer.astype(f64),
+        fsdp=b.fsdp.astype(f64),
+        grad_bytes=(np.full(n, FP32) if b.grad_fp32 is None
+                    else np.where(b.grad_fp32, FP32, BF16)),
+        bucket_params=ddp_bucket_params(dense_group).astype(f64),
+    )
 
     # --- schedule and recompute
-    w["m"] = b.ga.astype(f64)
-    w["vpp"] = b.vpp.astype(f64)
-    w["bubble_factor"] = np.where(b.schedule == 2, ZERO_BUBBLE_FACTOR, 1.0)
     sel = b.recompute == 1
-    for mod, bit in MODULE_BITS.items():
-        w[f"rc_{mod}"] = (sel & ((b.recompute_modules & bit) > 0)).astype(f64)
-    w["has_moe"] = np.full(n, 1.0 if model.is_moe else 0.0)
+    recompute = RecomputeWork(**{mod: (sel & ((b.recompute_modules & bit) > 0)).astype(f64)
+                                 for mod, bit in MODULE_BITS.items()})
     # the host synchronises with the GPU once per MoE layer unless routing is token-drop with a
     # dispatcher of fixed shapes: the flex dispatcher (DeepEP / HybridEP) returns its receive
     # counts to the host even when the experts are padded to capacity (moe_host_sync)
     dropless = np.ones(n, dtype=bool) if b.dropless is None else b.dropless
-    w["moe_sync"] = moe_host_sync(dropless, b.dispatcher).astype(f64)
-    w["pp_on"] = (b.pp > 1).astype(f64)
-    w["local_experts"] = np.ceil(E / ep) if model.is_moe else np.zeros(n)
-    return w
-
-
-#: The :class:`oracle.memory.ParamUnits` fields :func:`oracle.memory.stage_params` reads.
-PARAM_UNIT_FIELDS = ("attention", "dense_mlp", "moe_nonexpert", "experts", "embedding", "output",
-                     "mtp_extra", "layer_attention", "mamba")
+    gmask = np.zeros(n, dtype=np.int64) if b.graph_mask is None else b.graph_mask
+    full_graph = (gmask & GRAPH_BITS["full_iteration"]) > 0
+    schedule = ScheduleWork(
+        m=b.ga.astype(f64),
+        vpp=b.vpp.astype(f64),
+        bubble_factor=np.where(b.schedule == 2, ZERO_BUBBLE_FACTOR, 1.0),
+        pp_on=(b.pp > 1).astype(f64),
+        has_moe=np.full(n, 1.0 if model.is_moe else 0.0),
+        moe_sync=(moe_host_sync(dropless, b.dispatcher) & ~full_graph).astype(f64),
+        local_experts=np.ceil(E / ep) if model.is_moe else np.zeros(n),
+        **{f"graph_{part}": ((gmask & bit) > 0).astype(f64) for part, bit in GRAPH_BITS.items()},
+        a2a_overlap=np.zeros(n) if b.a2a_overlap is None else b.a2a_overlap.astype(f64),
+    )
+    return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
+                tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,
+                recompute=recompute, schedule=schedule, hybrid=mamba_work(model, b, T, Tsp))
 
 
 @lru_cache(maxsize=4096)
-def _param_units_cached(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple:
-    pu = param_units(model, tp, pp, ep, etp)
-    return tuple(getattr(pu, f) for f in PARAM_UNIT_FIELDS)
+def _param_units_cached(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamUnits:
+    return param_units(model, tp, pp, ep, etp)
 
 
-def concat_work(works: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def concat_work(works: Sequence[Work]) -> Work:
     """Stack the work of several (model, cluster, training) batches into one (stage axis padded
-    with empty stages), so :func:`timing` evaluates them all at once."""
-    pmax = max(w["st_valid"].shape[1] for w in works)
-    out: dict[str, np.ndarray] = {}
-    for key in works[0]:
-        parts = []
-        for w in works:
-            x = w[key]
-            if key.startswith("st_") and x.shape[1] < pmax:
-                x = np.pad(x, ((0, 0), (0, pmax - x.shape[1])))
-            parts.append(x)
-        out[key] = np.concatenate(parts, axis=0)
-    return out
+    with empty stages), so :func:`oracle.timing.timing` evaluates them all at once."""
+    pmax = max(w.stages.valid.shape[1] for w in works)
+
+    def stack(records: Sequence[Any]) -> Any:
+        cls = type(records[0])
+        out = {}
+        for f in fields(cls):
+            parts = [getattr(r, f.name) for r in records]
+            if is_dataclass(parts[0]):
+                out[f.name] = stack(parts)
+                continue
+            if cls is StageWork:
+                parts = [np.pad(x, ((0, 0), (0, pmax - x.shape[1]))) if x.shape[1] < pmax
+                         else x for x in parts]
+            out[f.name] = np.concatenate(parts, axis=0)
+        return cls(**out)
+
+    return stack(works)

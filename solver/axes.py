@@ -12,7 +12,7 @@ Two tables, and every list of axis names in tune-cp is derived from them:
   the order the solver branches on them: the ``ParallelConfig`` fields it sets and how the
   default space enumerates its domain. ``optimizer`` sets two fields (distributed optimizer,
   FSDP) and ``recompute`` four (one recompute option); ``sequence_parallel`` (derived from tp)
-  and ``grad_reduce_in_fp32`` (fixed per search) are knobs but not axes.
+  and ``grad_reduce_in_fp32`` / ``fp8_param_gather`` (fixed per search) are knobs but not axes.
 
 Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`,
 :data:`BASELINE_KEYS`, :data:`COMBINATION_AXES` (the planner's schema), :data:`ATTRIBUTION_FIELDS`
@@ -153,6 +153,11 @@ KNOBS: tuple[Knob, ...] = (
          bridge="ddp.use_megatron_fsdp"),
     Knob("grad_reduce_in_fp32", None, "grad-reduce-in-bf16", GRAD_BF16_HELP, kind=FlagKind.FLAG,
          negated=True, baseline=False, megatron="grad_reduce_in_bf16"),
+    Knob("fp8_param_gather", None, "fp8-param-gather",
+         "FP8 runs keep the linear weights in FP8 only (no bf16 copy; Megatron-LM "
+         "--fp8-param-gather, Megatron-Bridge mixed_precision.fp8_param_gather)  [default: off]",
+         kind=FlagKind.FLAG, baseline=False, megatron="fp8_param_gather",
+         bridge="mixed_precision.fp8_param_gather"),
     Knob("pipeline_split", "pipeline_split", "pipeline-split",
          "Layer split  [default: even when layers divide, else embedding_loss]",
          kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),
@@ -195,6 +200,9 @@ AXIS_TABLE: tuple[Axis, ...] = (
 
 #: Axis names of a search space (``SearchSpace`` fields), in branching order.
 AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE)
+#: The integer axes (their domains are sizes; the solver's value is the value itself, the other
+#: axes' values are indices into their domains).
+INT_AXES: tuple[str, ...] = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
 #: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
 RECOMPUTE_FIELDS: tuple[str, ...] = AXIS_TABLE[AXES.index("recompute")].fields
 #: ``--baseline KEY=VALUE`` keys.

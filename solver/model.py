@@ -47,6 +47,7 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
+from solver.axes import INT_AXES
 from solver.constraints import compile_expr
 from solver.cpsat import cp_model
 from solver.problem import Problem
@@ -295,7 +296,7 @@ class LegalityModel:
         out: dict[str, Any] = {}
         for name, v in self.axis.items():
             raw = values[name] if isinstance(v, Sym) else v
-            if name in ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs"):
+            if name in INT_AXES:
                 out[name] = raw
             else:
                 out[name] = getattr(sp, name)[raw]
@@ -669,7 +670,7 @@ class MemoryEncoding:
                                   distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
                                   fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp,
                                   grad_reduce_in_fp32=grad_fp32)
-                sh = M.sharding(model, cluster, cfg)
+                sh = M.sharding(model, cluster, cfg, p.training.precision is Precision.FP4)
                 out = memo.shard[key] = (
                     *(getattr(sh, n) for n in numeric),
                     (sh.distributed_optimizer, sh.fsdp, sh.grad_reduce_in_fp32,

@@ -50,10 +50,8 @@ from oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
-from solver.axes import AXES
+from solver.axes import AXES, INT_AXES
 from solver.rules import divisors, split_slots
-
-__all__ = ["AXES"]  # the registry's axis names (solver/axes.py), in branching order
 
 #: Micro-batch sizes a default search tries (capped by the global batch).
 DEFAULT_MBS: tuple[int, ...] = (1, 2, 4, 8)
@@ -159,7 +157,7 @@ class SearchSpace(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
-        for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+        for name in INT_AXES:
             values = getattr(self, name)
             if tuple(values) != _positive_sorted(name, values):
                 raise ValueError(f"{name}: list distinct values in increasing order, got "

@@ -1,6 +1,8 @@
 """The axis registry (solver/axes.py) against what it describes: ParallelConfig, SearchSpace, the
 command line and the framework readers."""
 
+import re
+
 from click.testing import CliRunner
 
 import cli
@@ -11,6 +13,7 @@ from solver.axes import (
     AXES,
     BASELINE_KEYS,
     COMBINATION_AXES,
+    INT_AXES,
     KNOBS,
     RECOMPUTE_FIELDS,
 )
@@ -27,6 +30,7 @@ def test_every_knob_is_a_config_field_and_every_axis_a_space_field() -> None:
 def test_derived_lists_pinned() -> None:
     assert AXES == ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs", "pipeline_split", "schedule",
                     "fp8_recipe", "dispatcher", "optimizer", "recompute")
+    assert INT_AXES == ("tp", "pp", "cp", "vpp", "ep", "etp", "mbs")
     assert RECOMPUTE_FIELDS == ("recompute", "recompute_method", "recompute_layers",
                                 "recompute_modules")
     assert "grad_reduce_in_fp32" not in BASELINE_KEYS and "sequence_parallel" in BASELINE_KEYS
@@ -111,3 +115,20 @@ def test_bridge_model_spellings_are_provider_fields() -> None:
     fields = bridge_model_fields()
     paths = [k.bridge for k in KNOBS if k.bridge and k.bridge.startswith("model.")]
     assert paths and all(p.removeprefix("model.") in fields for p in paths), paths
+
+
+def test_the_planner_is_told_every_axis_it_may_combine() -> None:
+    """The planner's axis list is generated from the registry: every axis a combination may set
+    (and no other) is named, the integer ones with the search's domain."""
+    from agent.search import planner_axes
+    from solver.space import default_space
+    from tests.conftest import setting
+
+    m, cl, tr = setting("mixtral-8x7b", "h100", 2, 4096, 256)
+    text = planner_axes(default_space(m, cl, tr))
+    listed = text.split(";")[0]
+    for k in KNOBS:
+        named = re.search(rf"(^|, ){k.field}( |,|$)", listed) is not None
+        assert named == k.combinable, k.field
+    assert text.startswith("tp [1, 2, 4, 8], ") and "dispatcher (alltoall/allgather/flex)" in text
+    assert text.endswith("names usable in expressions: tp pp vpp cp ep etp dp mbs ga")

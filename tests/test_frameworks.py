@@ -622,12 +622,11 @@ def test_unmodeled_flags_are_noted_not_dropped_silently():
         "modeled (tune-cp splits evenly or with the embedding and loss as layer slots)",
         "--no-overlap-p2p-communication: without p2p overlap Megatron-LM needs pp > 2 for "
         "virtual stages; tune-cp assumes the overlap",
-        "--fp8-param-gather: FP8 parameter all-gather (1-byte parameter buffer) is not "
-        "modeled; the bf16 buffer is counted",
         "--moe-expert-capacity-factor 1.25: token dropping at an expert capacity is not modeled "
         "(dropless assumed)",
     ]
     assert run.unknown == []
+    assert run.config.fp8_param_gather is False  # a bf16 run has no FP8 parameters to gather
 
 
 def test_deprecated_spellings():
@@ -1189,3 +1188,17 @@ def test_primus_mxfp4_recipe_is_read_and_stated(tmp_path):
     assert any(n.startswith("fp4_recipe mxfp4: MXFP4 GEMMs are not modeled") for n in run.notes)
     assert parse_megatron_args("--fp4-format e2m1", model=load_model("llama3-8b")).precision \
         is Precision.FP4
+
+
+def test_fp8_param_gather_is_read_and_exported():
+    """``--fp8-param-gather`` under an FP8 recipe keeps the linear weights in FP8 only
+    (memory.py drops their bf16 copy); the Megatron-LM export writes it back."""
+    m = load_model("llama3-8b")
+    run = parse_megatron_args("--bf16 --fp8-format hybrid --fp8-recipe tensorwise "
+                              "--fp8-param-gather", model=m)
+    assert run.config.fp8_param_gather is True
+    from formats.export import to_megatron_args
+
+    cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=8)
+    text = to_megatron_args(m, cl, run.training_spec(m, cl), run.config)
+    assert "--fp8-param-gather" in text

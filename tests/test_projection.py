@@ -1,5 +1,6 @@
-"""Time projection: definitions, hand-worked pipeline numbers, vectorised = scalar, physical
-properties, and the AMD MI355X Mixtral 8x22B published run."""
+"""Time projection: definitions, hand-worked pipeline numbers, a batch = one configuration at a
+time, physical properties, and the AMD MI355X Mixtral 8x22B published run (the independent
+scalar check of the work: tests/test_work_scalar.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import itertools
 import numpy as np
 import pytest
 
-from oracle import flops as F
 from oracle.catalog import load_gpu, load_model
 from oracle.constants import load_calibration
 from oracle.projection import project, score_configs
@@ -41,20 +41,38 @@ def run(m, c, t, **kw):
 # ------------------------------------------------------------------ definitions
 
 
-def test_throughput_mfu_and_breakdown_definitions() -> None:
+def test_throughput_mfu_and_breakdown_definitions_hand_worked() -> None:
     m, c, t = setup("llama3-70b", "h100", 8, 8192, 128, "fp8")
     p = run(m, c, t, tp=4, pp=4, vpp=5, mbs=1)
-    tokens = t.global_batch_size * t.seq_len
-    assert p.tokens_per_s_per_gpu == pytest.approx(tokens / p.step_time_s / c.world_size)
-    per_token = F.model_flops_per_token(m, t.seq_len, tp=4)
-    assert p.model_flops_per_token == pytest.approx(per_token)
-    assert p.model_tflops_per_gpu == pytest.approx(p.tokens_per_s_per_gpu * per_token / 1e12)
-    # MFU: model FLOPs (recompute excluded) over the peak of the GEMM precision (FP8 here)
-    assert p.mfu == pytest.approx(p.model_tflops_per_gpu * 1e12 / c.gpu.peak_fp8_flops)
+    # a step trains 128 x 8192 = 1,048,576 tokens on 64 GPUs: 16,384 per GPU
+    assert p.tokens_per_s_per_gpu * p.step_time_s == pytest.approx(16_384, rel=1e-12)
+    # model FLOPs per token (Megatron convention, vocabulary padded to 128,512 at tp 4):
+    # 6 x [80 x (8192 x 80 x 128 + 8192 x 8192 + 3 x 8192 x 28672) + 8192 x 128,512]
+    # = 6 x 69,503,811,584 = 417,022,869,504, plus causal attention 3 x 80 x 2 x 64 x 256 x
+    # 4096 = 32,212,254,720: 449,235,124,224
+    assert p.model_flops_per_token == 449_235_124_224
+    assert p.model_tflops_per_gpu == pytest.approx(16_384 * 449_235_124_224 / p.step_time_s
+                                                   / 1e12, rel=1e-12)
+    # MFU: model FLOPs (recompute excluded) over the H100's dense FP8 peak, 1979 TFLOP/s
+    assert p.mfu == pytest.approx(p.model_tflops_per_gpu / 1979, rel=1e-12)
     assert 0 < p.mfu < 1
     assert set(p.breakdown) == set(BREAKDOWN)
-    assert sum(p.breakdown.values()) == pytest.approx(p.step_time_s, rel=1e-12)
     assert all(v >= 0 for v in p.breakdown.values())
+
+
+def test_optimizer_step_hand_worked() -> None:
+    # Llama 3 8B, tp 8 on one H100 node (dp 1, pp 1): the rank holds 32 layers of attention
+    # 4096 + 4096 x (4 + 2) x 128 + 512 x 4096 = 5,246,976 and MLP 4096 + 4096 x 3584 +
+    # 1792 x 4096 = 22,024,192, embedding and output 129,024 / 8 x 4096 = 66,060,288 each
+    # (vocabulary padded to a multiple of 1024) and the final norm: 1,004,802,048 parameters;
+    # Adam reads and writes 34 bytes per parameter at HBM speed (3.35 TB/s x hbm_efficiency)
+    m, c, t = setup("llama3-8b", "h100", 1, 8192, 64)
+    p = run(m, c, t, tp=8, mbs=1)
+    hbm_eff = load_calibration().constants("hopper")["hbm_efficiency"]
+    assert 32 * (5_246_976 + 22_024_192) + 2 * 66_060_288 + 4096 == 1_004_802_048
+    assert p.breakdown["optimizer"] == pytest.approx(34 * 1_004_802_048 / (3.35e12 * hbm_eff),
+                                                     rel=1e-12)
+    assert p.breakdown["pipeline_bubble"] == 0.0  # one stage: nothing to fill or drain
 
 
 def test_recompute_is_time_not_model_flops() -> None:
@@ -93,7 +111,9 @@ def test_bubble_in_projection_follows_the_formula() -> None:
         assert frac == pytest.approx((4 - 1) / (vpp * 64), rel=0.15)
 
 
-# ------------------------------------------------------------ vectorised = scalar
+# ------------------------------------------------ a batch = one configuration at a time
+# (consistency of the batched arrays with project(); the independent scalar check of the work
+# itself is tests/test_work_scalar.py)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +122,7 @@ def test_bubble_in_projection_follows_the_formula() -> None:
      ("deepseek-v3", "gb200", 32, 4096, 1024, "fp8"), ("gpt-oss-120b", "b200", 2, 4096, 256,
                                                          "bf16")],
 )
-def test_vectorised_scorer_equals_scalar(case) -> None:
+def test_batch_scores_equal_one_at_a_time(case) -> None:
     m, c, t = setup(*case)
     eps = (1, 8) if m.is_moe else (1,)
     grid = list(itertools.product((1, 2, 8), (1, 2, 4), (1, 2), (1, 2), eps, (1, 2), (0, 1, 2)))
@@ -121,7 +141,7 @@ def test_vectorised_scorer_equals_scalar(case) -> None:
             assert p.breakdown[k] == pytest.approx(res[k][i], rel=1e-9, abs=1e-15)
 
 
-def test_vectorised_scorer_equals_scalar_on_every_knob() -> None:
+def test_batch_scores_equal_one_at_a_time_on_every_knob() -> None:
     m, c, t = setup("deepseek-v3", "h100", 16, 4096, 1024, "fp8")
     rng = np.random.default_rng(1)
     n = 40
@@ -141,7 +161,7 @@ def test_vectorised_scorer_equals_scalar_on_every_knob() -> None:
         assert p.step_time_s == pytest.approx(res["step_time_s"][i], rel=1e-9, abs=0)
 
 
-def test_vectorised_scorer_equals_scalar_with_run_traits() -> None:
+def test_batch_scores_equal_one_at_a_time_with_run_traits() -> None:
     # the traits travel per configuration through the batch exactly as through project()
     for model, gpu, prec in (("llama3-8b", "h100", "fp8"), ("qwen3-30b-a3b", "b200", "fp8"),
                              ("llama3-70b", "gb300", "bf16")):
@@ -184,7 +204,7 @@ def test_fp8_all_gathers_move_half_the_bytes_under_sequence_parallelism() -> Non
         m, c, t = setup("llama3-70b", "gb200", 4, 8192, 128, prec, gpn=4)
         b = ConfigBatch.from_arrays(m, c, t, tp=4, pp=2, fp8=fp8, fp8_rowwise=rowwise)
         w = build_work(m, c, t, b)
-        units[(prec, fp8, rowwise)] = (w["tp_fwd_per_block"][0], w["tp_bwd_per_block"][0])
+        units[(prec, fp8, rowwise)] = (w.tp.fwd_per_block[0], w.tp.bwd_per_block[0])
     assert units[("bf16", -1, False)] == (2.0, 3.0)
     assert units[("fp8", 1, False)] == (1.5, 2.5)  # current scaling (amax reduced over TP)
     assert units[("fp8", 3, False)] == (1.5, 2.5)  # MXFP8
@@ -192,7 +212,7 @@ def test_fp8_all_gathers_move_half_the_bytes_under_sequence_parallelism() -> Non
     # without sequence parallelism: one all-reduce (2 units) each way, whatever the precision
     m, c, t = setup("llama3-70b", "h100", 2, 8192, 128, "fp8")
     w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=4, pp=2, sp=False))
-    assert (w["tp_fwd_per_block"][0], w["tp_bwd_per_block"][0]) == (2.0, 2.0)
+    assert (w.tp.fwd_per_block[0], w.tp.bwd_per_block[0]) == (2.0, 2.0)
 
 
 def test_tp_comm_without_overlap_is_every_collective_hand_worked() -> None:
@@ -222,10 +242,10 @@ def test_flex_dispatcher_sends_one_copy_per_node_hand_worked() -> None:
     T, h = 4096.0, 7168.0
     w = {d: build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, ep=64, pp=2, dispatcher=d))
          for d in (0, 2)}
-    assert w[0]["ep_inter_bytes"][0] == pytest.approx(T * 8 * h * 2 * 56 / 64)
-    assert w[2]["ep_inter_bytes"][0] == pytest.approx(T * h * 2 * 7 * (1 - (7 / 8) ** 8))
+    assert w[0].ep.inter_bytes[0] == pytest.approx(T * 8 * h * 2 * 56 / 64)
+    assert w[2].ep.inter_bytes[0] == pytest.approx(T * h * 2 * 7 * (1 - (7 / 8) ** 8))
     assert 7 * (1 - (7 / 8) ** 8) == pytest.approx(4.5947, abs=1e-4)
-    assert w[2]["ep_intra_bytes"][0] == w[0]["ep_intra_bytes"][0]
+    assert w[2].ep.intra_bytes[0] == w[0].ep.intra_bytes[0]
 
 
 def test_rowwise_fp8_casts_hand_worked() -> None:
@@ -237,9 +257,9 @@ def test_rowwise_fp8_casts_hand_worked() -> None:
         b = ConfigBatch.from_arrays(m, c, t, mbs=1, fp8=1, fp8_rowwise=rowwise)
         w = build_work(m, c, t, b)
         M, K, N = 8192, 4096, 2 * 14336
-        assert w["cast_fwd_bytes"][0, S["mlp_fc1"]] == pytest.approx((M * K + K * N / 8) * per)
-        assert w["cast_bwd_bytes"][0, S["mlp_fc1"]] == pytest.approx(M * N * per)
-        assert w["block_scaled"][0] == (1.0 if rowwise else 0.0)
+        assert w.gemm.cast_fwd_bytes[0, S["mlp_fc1"]] == pytest.approx((M * K + K * N / 8) * per)
+        assert w.gemm.cast_bwd_bytes[0, S["mlp_fc1"]] == pytest.approx(M * N * per)
+        assert w.device.block_scaled[0] == (1.0 if rowwise else 0.0)
     assert CAST_BYTES_PER_ELEMENT["rowwise"] == 10.0
     # row-wise FP8 on TP8 (torchtitan rows 384/385) is slower than per-tensor FP8
     cfg = resolve_config(ParallelConfig(tp=8, mbs=12), *setup("llama3-8b", "h100", 8, 8192,
@@ -272,12 +292,25 @@ def test_fp8_never_slower_when_gemm_bound() -> None:
         assert run(m, c, t8, **kw).step_time_s < run(m, c, t16, **kw).step_time_s
 
 
-def test_gemm_efficiency_falls_for_skinny_gemms() -> None:
-    # same total work, tp 8 makes every GEMM 8x skinnier: per-GPU GEMM time x tp grows
+def test_gemm_efficiency_falls_for_skinny_gemms_hand_worked() -> None:
+    # same total work, tp 8 makes every MLP GEMM 8x skinnier. A GEMM of M x N x K takes
+    # 2 M N K / (peak x eff x g(M) g(N) g(K)), g(x) = x / (x + gemm_half_dim): with tp 1 (dp 8,
+    # 8 micro-batches) fc1 is 8192 x 28672 x 4096 and fc2 8192 x 4096 x 14336; with tp 8 (dp 1,
+    # 64 micro-batches) 8192 x 3584 x 4096 and 8192 x 4096 x 1792. Peak and efficiency cancel:
+    # tp x (time per micro-batch at tp 8) / (time at tp 1) = the ratio of the shape factors
     m, c, t = setup("llama3-8b", "h100", 1, 8192, 64)
     a = run(m, c, t, tp=1, mbs=1)
     b = run(m, c, t, tp=8, mbs=1)
-    assert b.breakdown["mlp_gemm"] * 8 > a.breakdown["mlp_gemm"] / 8 * 8
+    half = load_calibration().constants("hopper")["gemm_half_dim"]
+
+    def work(M: int, N: int, K: int) -> float:
+        return M * N * K * (M + half) * (N + half) * (K + half) / (M * N * K)
+
+    want = 8 * (work(8192, 3584, 4096) + work(8192, 4096, 1792)) / (
+        work(8192, 28672, 4096) + work(8192, 4096, 14336))
+    got = 8 * (b.breakdown["mlp_gemm"] / 64) / (a.breakdown["mlp_gemm"] / 8)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got > 1.0  # skinnier GEMMs run less efficiently
 
 
 def test_recompute_and_communication_only_add_time() -> None:
@@ -439,7 +472,7 @@ def test_bf16_gradients_halve_the_dp_gradient_bytes_hand_worked() -> None:
         b = ConfigBatch.from_arrays(m, c, t, distributed_optimizer=False,
                                     grad_reduce_in_fp32=fp32)
         w = build_work(m, c, t, b)
-        assert w["grad_bytes"][0] == (4.0 if fp32 else 2.0)
+        assert w.dp.grad_bytes[0] == (4.0 if fp32 else 2.0)
         const = constants_arrays(load_calibration(), "hopper", 1)
         const["dp_comm_overlap"] = np.zeros(1)
         out[fp32] = timing(w, const)["dp_comm"][0]
@@ -464,7 +497,7 @@ def test_time_side_counts_the_mtp_layer_parameters_like_the_memory_side() -> Non
 
     m, c, t = setup("deepseek-v3", "h100", 128, 4096, 1024, "fp8")
     w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=16, ep=64))
-    dense, expert = w["st_params_dense"][0, -1], w["st_params_expert"][0, -1]
+    dense, expert = w.stages.params_dense[0, -1], w.stages.params_expert[0, -1]
     assert int(dense + expert) == 1_153_970_944
     assert int(expert) == 264_241_152
     cfg = resolve_config(ParallelConfig(tp=2, pp=16, ep=64), m, c, t)
@@ -547,3 +580,48 @@ def test_gpu_without_architecture_gets_generic_constants() -> None:
     with pytest.raises(ConfigError, match="unknown GPU architecture 'cdna2'; choose one of "
                                           "ampere, hopper, blackwell, cdna3, cdna4, generic"):
         table.constants("cdna2")
+
+
+def test_work_records_are_typed_a_misspelt_field_is_an_error() -> None:
+    # issue 10: the work was a dict of ~100 string keys read by position; a typo was a silent
+    # zero. Each record is a frozen dataclass with slots: reading or writing a name it does not
+    # declare raises, and concat_work keeps the types (stages padded to the longest pipeline)
+    import dataclasses
+
+    from oracle.work import StageWork, TpWork, concat_work
+
+    m, c, t = setup("llama3-8b", "h100", 2, 4096, 64)
+    w1 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=1))
+    w2 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=[1, 4], pp=[2, 4]))
+    assert isinstance(w1.tp, TpWork)
+    with pytest.raises(AttributeError):
+        _ = w1.tp.fwd_per_blok  # noqa: B018 (the misspelling is the point)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w1.tp.n = np.ones(1)  # type: ignore[misc]
+    both = concat_work([w1, w2])
+    assert isinstance(both.stages, StageWork)
+    assert both.stages.valid.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    # llama3-8b has 32 layers: pp 1 holds all of them, pp 2 16 per stage, pp 4 8 per stage
+    assert both.stages.dense_like.tolist() == [[32, 0, 0, 0], [16, 16, 0, 0], [8, 8, 8, 8]]
+    assert len(both) == 3
+
+
+def test_time_names_are_imported_from_their_home_not_from_projection() -> None:
+    # issue 10: projection.py was split by concern (work, compute, host, collectives, schedule,
+    # timing); it exports only the public API in its __all__. An import of anything else from
+    # it (it would still resolve, since projection.py itself uses those names) is a stale one.
+    import ast
+    from pathlib import Path
+
+    import oracle.projection as proj
+
+    root = Path(__file__).resolve().parents[1]
+    stale = []
+    for path in root.rglob("*.py"):
+        if any(part.startswith(".") or part in ("build", "venv") for part in path.parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "oracle.projection":
+                stale += [f"{path.relative_to(root)}: {a.name}" for a in node.names
+                          if a.name not in proj.__all__]
+    assert stale == []

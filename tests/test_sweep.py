@@ -197,6 +197,8 @@ BAD_GRIDS = [
      "grid key 'models': 'llama3-8b' and 'llama3-8b' both name llama3-8b"),
     ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\noverheads: {fragmentation: x}\n",
      "grid key 'overheads'"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nallow_cross_scale_up: yes please\n",
+     "grid key 'allow_cross_scale_up': 'yes please' must be true or false"),
     ("- just\n- a list\n", "expected a mapping of keys"),
     ("models: [llama3-8b\n", "not valid YAML"),
 ]
@@ -281,3 +283,20 @@ def test_shared_tables_give_the_rows_of_fresh_tables(small):
         fresh.append(run_scenario(s, c))
     assert rows == fresh
     assert rows == read_rows(out)
+
+
+def test_grid_settings_are_the_run_settings_search_takes(tmp_path):
+    """The grid's settings become the same RunSettings ``search`` builds from its flags; a
+    changed setting changes the scenario's digest (a resumed sweep recomputes it)."""
+    from agent.sweep import scenario_inputs
+
+    base = "models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\n"
+    plain = load_grid(grid_file(tmp_path, base, "a.yaml")).scenarios[0]
+    cross = load_grid(grid_file(tmp_path, base + "allow_cross_scale_up: true\nmemory_margin: 0.1\n"
+                                "constraints: ['cp == 1']\n", "b.yaml")).scenarios[0]
+    _, _, opts = scenario_inputs(cross)
+    assert opts.settings.allow_cross_scale_up is True and opts.settings.memory_margin == 0.1
+    assert [c.expr for c in opts.settings.constraints] == ["cp == 1"]
+    _, _, opts = scenario_inputs(plain)
+    assert opts.settings.allow_cross_scale_up is False and opts.settings.memory_margin == 0.05
+    assert plain.digest != cross.digest
