@@ -30,7 +30,7 @@ import numpy as np
 from oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
 from oracle.compute import ATTENTION_BWD_FLOPS_RATIO, gemm_half_dims, shape_factor, sustained_rate
 from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
-from oracle.host import a2a_sync_exponent, host_exposed, layer_host_time
+from oracle.host import GRAPH_BITS, a2a_sync_exponent, host_exposed, layer_host_time
 from oracle.schedule import chunk_boundary_host, pipeline_bubble
 from oracle.work import (
     ATTN_SLOTS,
