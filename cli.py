@@ -539,9 +539,8 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
 def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
     """One line when plan rows project an MFU above the best published MFU of their class
     (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
-    from oracle.calibrate import mfu_class
     from oracle.catalog import load_gpu
-    from oracle.constants import load_calibration
+    from oracle.constants import load_calibration, mfu_class
 
     arch = load_gpu(p.gpu).architecture
     key = mfu_class(model.is_moe, arch, precision)

@@ -80,8 +80,15 @@ def limit(memory_bytes: int):
     return apply
 
 
+def _children_cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
 def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict:
-    t0 = time.monotonic()
+    """One case in its own process; ``cpu_s``: the process's CPU time (a niced campaign on a
+    loaded machine waits far longer than it computes)."""
+    t0, c0 = time.monotonic(), _children_cpu_s()
     try:
         p = subprocess.run([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
                            capture_output=True, text=True, timeout=timeout_s,
@@ -89,12 +96,12 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
                            env=os.environ | {"PYTHONPATH": str(ROOT)})
     except subprocess.TimeoutExpired:
         return {"case": case, "code": "timeout", "wall_s": time.monotonic() - t0,
-                "defects": ["ran past the time limit"], "err": ""}
+                "cpu_s": None, "defects": ["ran past the time limit"], "err": ""}
     found = defects(p.returncode, p.stdout, p.stderr, case.args)
     if "MemoryError" in p.stderr or p.returncode in (-9, 137):
         found.append("out of memory")
     return {"case": case, "code": p.returncode, "wall_s": time.monotonic() - t0,
-            "defects": found, "err": p.stderr.strip()[:160]}
+            "cpu_s": _children_cpu_s() - c0, "defects": found, "err": p.stderr.strip()[:160]}
 
 
 #: Runs the cases of a JSON list (argv[1]) with ``cli.run`` in this process, one JSON line of
@@ -104,6 +111,7 @@ import contextlib, io, json, signal, sys, time
 sys.setrecursionlimit(10000)
 import cli
 from click.testing import CliRunner
+from tests.fuzzing import defects
 cases, limit = json.load(open(sys.argv[1])), float(sys.argv[2])
 class Late(BaseException):
     pass
@@ -124,7 +132,8 @@ for args in cases:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
-    print(json.dumps({"code": code, "out": stdout[-20000:], "err": stderr[-4000:],
+    found = [] if code in ("timeout", "memory") else defects(code, stdout, stderr, tuple(args))
+    print(json.dumps({"code": code, "defects": found, "err": stderr[:160],
                       "wall_s": time.monotonic() - t0}), flush=True)
 """
 
@@ -152,14 +161,10 @@ def run_batch(batch: list[Case], cwd: Path, timeout_s: float, memory_bytes: int)
                         "err": p.stderr.strip()[-160:]})
             continue
         code = got["code"]
-        if code == "timeout":
-            found = ["ran past the time limit"]
-        elif code == "memory":
-            found = ["out of memory"]
-        else:
-            found = defects(code, got["out"], got["err"], case.args)
-        out.append({"case": case, "code": code, "wall_s": got["wall_s"], "defects": found,
-                    "err": got["err"].strip()[:160]})
+        found = {"timeout": ["ran past the time limit"], "memory": ["out of memory"]}.get(
+            code, got["defects"])
+        out.append({"case": case, "code": code, "wall_s": got["wall_s"], "cpu_s": None,
+                    "defects": found, "err": got["err"].strip()[:160]})
     return out
 
 
@@ -213,9 +218,10 @@ def main() -> None:
     print(f"\ndefects: {len(bad)}")
     for r in bad[:30]:
         print(f"  {', '.join(r['defects'])}: {r['case'].line()[:110]} -> {r['err'][:100]}")
-    print("\nslowest cases (wall s, exit, command line):")
+    print("\nslowest cases (wall s, CPU s of a case run in its own process, exit, command line):")
     for r in sorted(results, key=lambda r: -r["wall_s"])[:10]:
-        print(f"  {r['wall_s']:6.1f} {str(r['code']):>7}  {r['case'].line()[:110]}")
+        cpu = "-" if r.get("cpu_s") is None else f"{r['cpu_s']:.1f}"
+        print(f"  {r['wall_s']:6.1f} {cpu:>6} {str(r['code']):>7}  {r['case'].line()[:110]}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from oracle.constants import (
     CalibrationTable,
     architecture_key,
     load_calibration,
+    mfu_class,
     prior_table,
     table_from_json,
     utc_now,
@@ -303,11 +304,6 @@ def table_from_fit(
         about=about,
         fitted_on=header,
     )
-
-
-def mfu_class(is_moe: bool, architecture: str, precision: str) -> str:
-    """The class a published MFU ceiling is kept for: ``dense|moe / architecture / precision``."""
-    return f"{'moe' if is_moe else 'dense'}/{architecture_key(architecture)}/{precision}"
 
 
 def mfu_ceilings(prep: PreparedRows) -> dict[str, dict[str, Any]]:

@@ -50,6 +50,13 @@ def architecture_key(architecture: str) -> str:
     return a
 
 
+def mfu_class(is_moe: bool, architecture: str, precision: str) -> str:
+    """The class a published MFU ceiling is kept for: ``dense|moe / architecture / precision``
+    (:func:`oracle.calibrate.mfu_ceilings` writes the ceilings; here so that reading one does
+    not import the calibration and the framework readers)."""
+    return f"{'moe' if is_moe else 'dense'}/{architecture_key(architecture)}/{precision}"
+
+
 @dataclass(frozen=True)
 class ConstantDef:
     """One constant: ``kind`` is ``fraction`` (0..1, fitted in logit space) or ``positive``

@@ -197,7 +197,7 @@ def mfu_note(mfu: float, breakdown: dict[str, float], step_s: float, is_moe: boo
     :func:`oracle.calibrate.mfu_ceilings`): the ceiling, the row that set it, and what the
     projection's step consists of (GEMM share, bubble, exposed communication), so a user sees
     what makes it higher; "" otherwise or when the calibration has no ceilings."""
-    from oracle.calibrate import mfu_class
+    from oracle.constants import mfu_class
 
     ceil = ((table.fitted_on or {}).get("mfu_ceilings") or {}).get(
         mfu_class(is_moe, architecture, precision))

@@ -16,6 +16,10 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from oracle._plugins import skip_plugin_scan
+
+skip_plugin_scan()  # before the first model is built: tune-cp uses no pydantic plugins
+
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20

@@ -192,11 +192,32 @@ class SliceResult:
     solve_s: float
 
 
+#: Wall-clock seconds the enumeration of one search may take (all its slices together; each
+#: slice in its own process with ``workers`` > 1). The largest default spaces of the catalog take
+#: a few seconds (``benchmarks/solver.py``); a space that needs more is refused with what would
+#: narrow it, instead of running for minutes.
+ENUMERATION_TIME_LIMIT_S = 60.0
+
+
+class EnumerationTooLong(ConfigError):
+    """The enumeration did not finish within :data:`ENUMERATION_TIME_LIMIT_S`."""
+
+
+def _too_long(problem: Problem, found: int) -> EnumerationTooLong:
+    sp, c = problem.space, problem.cluster
+    return EnumerationTooLong(
+        f"enumerating the {sp.size():,} candidate configurations of {problem.model.name} on "
+        f"{c.num_nodes} x {c.gpus_per_node} {c.gpu.name} did not finish within "
+        f"{ENUMERATION_TIME_LIMIT_S:g} s ({found:,} feasible so far); narrow the space with "
+        f"--constraint (e.g. 'tp<=8', 'pp<=16', 'ep<=64') or fewer nodes")
+
+
 def solve_slice(problem: Problem, families: Sequence[str],
-                fixed: Mapping[str, Any]) -> SliceResult:
+                fixed: Mapping[str, Any], time_limit_s: float | None = None) -> SliceResult:
     """Enumerate the slice of ``problem``'s space where the axes of ``fixed`` take those values:
     a :class:`LegalityModel` of the sub-space (every family, the same memory tables restricted
-    to the slice, constants folded), every literal true."""
+    to the slice, constants folded), every literal true. ``time_limit_s``: CP-SAT's wall-clock
+    limit; raises :class:`EnumerationTooLong` when the enumeration does not finish within it."""
     t0 = time.perf_counter()
     sub = problem.replace(space=problem.space.fix(**fixed)) if fixed else problem
     lm = LegalityModel(sub, families, enforced=True)
@@ -206,6 +227,10 @@ def solve_slice(problem: Problem, families: Sequence[str],
     t1 = time.perf_counter()
     solver = cp_model.CpSolver()
     enumeration_parameters(solver)
+    if time_limit_s is not None:
+        if time_limit_s <= 0:
+            raise _too_long(problem, 0)
+        solver.parameters.max_time_in_seconds = time_limit_s
     col = _Collector(lm)
     status = solver.Solve(lm.cp, col)
     if status == cp_model.MODEL_INVALID:  # numbers beyond 64 bits: an input error, one line
@@ -213,8 +238,9 @@ def solve_slice(problem: Problem, families: Sequence[str],
         raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, vocab "
                           f"{m.vocab_size}) is too large for the solver's 64-bit arithmetic "
                           f"({' '.join(lm.cp.Validate().split())[:200]})")
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
-        raise RuntimeError(f"CP-SAT enumeration ended with {solver.StatusName(status)}")
+    if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+        # FEASIBLE / UNKNOWN while enumerating: stopped by the time limit before the end
+        raise _too_long(problem, len(col.rows))
     return SliceResult(dict(fixed), col.rows, t1 - t0, time.perf_counter() - t1)
 
 
@@ -231,7 +257,7 @@ def _init_worker(job: tuple[Problem, tuple[str, ...]]) -> None:
 
 def _solve_in_worker(fixed: dict[str, Any]) -> SliceResult:
     assert _JOB is not None
-    return solve_slice(_JOB[0], _JOB[1], fixed)
+    return solve_slice(_JOB[0], _JOB[1], fixed, ENUMERATION_TIME_LIMIT_S)
 
 
 def decode(space: SearchSpace, raw: Sequence[int]) -> dict[str, Any]:
@@ -293,8 +319,12 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
             skipped = len(parts) - len(run)
         else:
             run = parts
+        deadline = t0 + ENUMERATION_TIME_LIMIT_S
         for f in run:
-            results.append(solve_slice(problem, fams, f))
+            try:
+                results.append(solve_slice(problem, fams, f, deadline - time.perf_counter()))
+            except EnumerationTooLong:
+                raise _too_long(problem, sum(len(r.rows) for r in results)) from None
     t1 = time.perf_counter()
     rows = sorted(row for r in results for row in r.rows)
     space = problem.space

@@ -108,3 +108,15 @@ def test_plan_reports_progress_that_ends_exact(run_cli):
     code, out, err = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes",
                              "2", "--points", "2")
     assert code == 0 and err == "" and "fits from 1 node" in out
+
+
+def test_specs_build_without_the_pydantic_plugin_scan():
+    """Building specs does not import importlib.metadata (pydantic's plugin scan,
+    ``oracle/_plugins.py``), and the validators still refuse bad values."""
+    probe = ("import sys\nfrom oracle.catalog import load_model\nfrom oracle.specs import "
+             "ParallelConfig\nload_model('llama3-8b')\n"
+             "try:\n    ParallelConfig(tp=0)\nexcept ValueError:\n    print('refused')\n"
+             "print('importlib.metadata' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.split() == ["refused", "False"]

@@ -35,3 +35,25 @@ def test_fuzz_campaign(tmp_path, monkeypatch):
     assert not found, "\n".join(found[:20])
     assert codes.get(2, 0) > CASES // 2  # mostly bad input, as generated
     assert time.monotonic() - t0 < 60
+
+
+# ------------------------------------------------------------------ regression cases (issue 14)
+
+
+def one_line_error(code: int, err: str, *names: str) -> None:
+    """Exit 2 with one ``tune-cp: error:`` line that names each of ``names``."""
+    assert code == 2, err
+    assert err.startswith("tune-cp: error: ") and err.count("\n") == 1, err
+    for n in names:
+        assert n in err, (n, err)
+
+
+def test_enumeration_past_its_time_limit_is_one_line(run_cli, monkeypatch):
+    """An enumeration that does not end within its wall-clock limit (a search that used to run
+    for minutes) is refused with what would narrow the space, not left running; and CP-SAT's
+    time limit is the one set (a FEASIBLE status without the end of the enumeration)."""
+    import solver.feasible as F
+
+    monkeypatch.setattr(F, "ENUMERATION_TIME_LIMIT_S", 1e-6)
+    code, _, err = run_cli("--model", "mixtral-8x22b", "--nodes", "4")
+    one_line_error(code, err, "did not finish within", "--constraint", "mixtral-8x22b")
