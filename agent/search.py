@@ -49,8 +49,6 @@ from oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
     ConfigError,
-    Dispatcher,
-    Fp8Recipe,
     ModelSpec,
     ParallelConfig,
     Recompute,
@@ -705,13 +703,12 @@ def pin_settings(space: SearchSpace, settings: dict[str, Any]) -> tuple[SearchSp
     axis_fix = {k: v for k, v in settings.items() if k in INT_AXES}
     out = space.fix(**axis_fix) if axis_fix else space
     domains: dict[str, Any] = {}
-    if "dispatcher" in settings:
-        domains["dispatcher"] = (Dispatcher(settings["dispatcher"]),)
-    if "schedule" in settings:
-        domains["schedule"] = (Schedule(settings["schedule"]),)
-    if "fp8_recipe" in settings:
-        v = settings["fp8_recipe"]
-        domains["fp8_recipe"] = (None if v in (None, "none", "") else Fp8Recipe(v),)
+    for name, v in settings.items():  # the choice axes (dispatcher, schedule, fp8_recipe)
+        knob = KNOB.get(name)
+        if knob is not None and knob.kind is FlagKind.CHOICE and knob.axis == name:
+            assert knob.choices is not None
+            derived = knob.default is None and v in (None, "none", "")  # e.g. BF16: no recipe
+            domains[name] = (None if derived else knob.choices(v),)
     if "distributed_optimizer" in settings:
         domains["optimizer"] = (OptimizerChoice.DISTRIBUTED if settings["distributed_optimizer"]
                                 else OptimizerChoice.REPLICATED,)

@@ -46,6 +46,16 @@ Rules (each documented where it is applied):
   DualPipe (DeepSeek-V3's own run: node-limited routing, tokens sent once per node over IB and
   forwarded over NVLink) uses the flex dispatcher; other frameworks the all-to-all dispatcher
   (Megatron's default).
+* **Recipe settings by release** (:data:`BRIDGE_RECIPE_SETTINGS`): a Megatron-Bridge row whose
+  performance recipe set CUDA graphs, the MoE all-to-all overlap or the dispatcher differently
+  in the row's release (``NeMo container YY.MM``) gets those settings
+  (:class:`oracle.work.RunTraits` ``cuda_graph_scope`` / ``moe_a2a_overlap``, the
+  dispatcher), each entry with the Megatron-Bridge commit that set it. Settings stated in
+  ``other_settings`` (``--cuda-graph-impl full_iteration``, ``--cuda-graph-scope ...``,
+  ``--overlap-moe-expert-parallel-comm``, ``moe_a2a_overlap``; ``DualPipe``: the all-to-all
+  overlap) apply to any row. Other rows:
+  no CUDA graphs, no all-to-all overlap (the recipes' partial CUDA-graph scopes of other
+  releases are not transcribed: their saving is inside the fitted per-operation host time).
 * **Recompute**: ``full`` -> full (``recompute_num_layers N`` and ``method block|uniform`` when
   given, else every layer); ``selective modules [..]`` -> those modules; torchtitan's per-op
   selective AC (recomputes every second matmul) -> selective ``mlp`` (the module closest to half
@@ -105,6 +115,47 @@ REQUIRED_COLUMNS = (
 BRIDGE_ALLTOALL_MOE: dict[str, tuple[str, ...]] = {
     "qwen3-235b-a22b": ("b200", "b300", "h100"),
 }
+#: Megatron-Bridge performance-recipe settings that change the time of a published
+#: configuration, by (catalog model, GPUs, FP8 recipe or None for any, first release, last
+#: release or None, settings, source). Releases are ``(yy, mm)`` of ``NeMo container YY.MM``.
+#: Settings: ``cuda_graph_scope``, ``moe_a2a_overlap``, ``dispatcher``.
+BRIDGE_RECIPE_SETTINGS: tuple[tuple[str, tuple[str, ...], str | None, tuple[int, int],
+                                    tuple[int, int] | None, dict[str, Any], str], ...] = (
+    # full-iteration CUDA graphs (dropless MoE padded to a capacity, paged stash) with the
+    # all-to-all overlap, in the MXFP8 recipes from 26.06
+    ("qwen3-30b-a3b", ("gb200", "gb300"), "mxfp8", (26, 6), None,
+     {"cuda_graph_scope": ("full_iteration",), "moe_a2a_overlap": True},
+     "Megatron-Bridge 55443cbfb (2026-06-10) qwen3_workload_base_configs.py: "
+     "cuda_graph_impl='full_iteration', moe_a2a_overlap=True for GB200/GB300 FP8_MX"),
+    ("qwen3-235b-a22b", ("gb200", "gb300"), "mxfp8", (26, 6), None,
+     {"cuda_graph_scope": ("full_iteration",), "moe_a2a_overlap": True},
+     "Megatron-Bridge 55443cbfb (2026-06-10): the same for the 235B GB200/GB300 FP8_MX V2"),
+    ("deepseek-v3", ("gb200",), "mxfp8", (26, 6), None,
+     {"cuda_graph_scope": ("full_iteration",), "moe_a2a_overlap": True},
+     "Megatron-Bridge afb5dd47c (2026-06-10) deepseek_workload_base_configs.py GB200 FP8_MX"),
+    ("deepseek-v3", ("gb300",), "mxfp8", (26, 6), None,
+     {"cuda_graph_scope": ("full_iteration",), "moe_a2a_overlap": True},
+     "Megatron-Bridge 8af195c0a (2026-06-06) deepseek_workload_base_configs.py GB300 FP8_MX"),
+    # before NVL8 HybridEP (7c06ec0c0, 2026-01-23) the flex backend ran only on GB200/GB300
+    # (flex_dispatcher_backend.py at cb62f8620); the Qwen3-30B H100/B200 recipes asked for none,
+    # so the provider's moe_token_dispatcher_type='alltoall' ran
+    ("qwen3-30b-a3b", ("h100", "b200"), None, (25, 1), (25, 12),
+     {"dispatcher": "alltoall"},
+     "Megatron-Bridge cb62f8620 (2025-11-21) configs/qwen3/workload_base_configs.py (no flex "
+     "backend for H100/B200), qwen_provider.py Qwen3MoEModelProvider"),
+    ("qwen3-30b-a3b", ("h100",), None, (25, 11), (25, 12),
+     {"moe_a2a_overlap": True},
+     "Megatron-Bridge cb62f8620 (2025-11-21) QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG "
+     "moe_a2a_overlap=True"),
+    ("qwen3-235b-a22b", ("b300",), None, (26, 1), (26, 2),
+     {"moe_a2a_overlap": True},
+     "Megatron-Bridge 8a109954b (2026-02-03) QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_*_V1 "
+     "moe_a2a_overlap=True (set to the B200 configs, no overlap, by 592711afc, 2026-03-10)"),
+    ("deepseek-v3", ("b200",), None, (25, 11), (25, 12),
+     {"moe_a2a_overlap": True},
+     "Megatron-Bridge cb62f8620 (2025-11-21) DEEPSEEK_V3_B200_BASE_CONFIG moe_a2a_overlap=True"),
+)
+
 GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "deepseek", "gptoss", "kimi")
 NON_GATED_FAMILIES = ("gpt", "mpt", "nemotron")
 
@@ -393,9 +444,10 @@ def recipe_settings(row: dict[str, str], model: ModelSpec,
     return out, notes
 
 
-def row_traits(row: dict[str, str], software: str) -> RunTraits:
+def row_traits(row: dict[str, str], software: str,
+               recipe: dict[str, Any] | None = None) -> RunTraits:
     """The :class:`~oracle.work.RunTraits` a row states or its framework implies (see the
-    module docstring)."""
+    module docstring); ``recipe``: its :func:`recipe_run_settings`."""
     framework = row.get("framework", "").lower()
     settings = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
     if software == "torchtitan":
@@ -413,13 +465,66 @@ def row_traits(row: dict[str, str], software: str) -> RunTraits:
     # moe_expert_capacity_factor 1.0, moe_pad_expert_input_to_capacity); dropless otherwise
     named = (row.get("model", "") + " " + row.get("workload", "") + " " + settings).lower()
     dropless = not re.search(r"token\s*-?\s*drop", named)
-    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise, moe_dropless=dropless)
+    extra = {**(recipe or {}), **stated_settings(row)}
+    return RunTraits(tp_comm_overlap=overlap, fp8_rowwise=rowwise, moe_dropless=dropless,
+                     cuda_graph_scope=tuple(extra.get("cuda_graph_scope", ())),
+                     moe_a2a_overlap=bool(extra.get("moe_a2a_overlap", False)))
 
 
-def row_dispatcher(row: dict[str, str], model: ModelSpec, gpu_name: str) -> Dispatcher:
+def row_release(row: dict[str, str]) -> tuple[int, int] | None:
+    """``(yy, mm)`` of a Megatron-Bridge / NeMo row's ``NeMo container YY.MM[.x]`` release."""
+    m = re.search(r"container\s+(\d{2})\.(\d{2})", row.get("release_or_date", ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def recipe_run_settings(row: dict[str, str], model_name: str, gpu_name: str,
+                    fp8_recipe: str | None) -> dict[str, Any]:
+    """The :data:`BRIDGE_RECIPE_SETTINGS` of a Megatron-Bridge row's release (later entries
+    override earlier ones)."""
+    if "megatron-bridge" not in row.get("framework", "").lower():
+        return {}
+    rel = row_release(row)
+    if rel is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name, gpus, recipe, first, last, settings, _src in BRIDGE_RECIPE_SETTINGS:
+        if (name == model_name and gpu_name in gpus and (recipe is None or recipe == fp8_recipe)
+                and first <= rel and (last is None or rel <= last)):
+            out.update(settings)
+    return out
+
+
+def stated_settings(row: dict[str, str]) -> dict[str, Any]:
+    """CUDA-graph and MoE-overlap settings a row states in ``other_settings`` / ``notes``
+    (Megatron-LM flags or Megatron-Bridge field names)."""
+    text = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
+    out: dict[str, Any] = {}
+    if re.search(r"cuda[-_ ]graph[-_ ]impl[= ]+full[-_]iteration|full[- ]iter(ation)? cuda graph",
+                 text):
+        out["cuda_graph_scope"] = ("full_iteration",)
+    else:
+        m = re.search(r"cuda[-_]graph[-_]scope[= \[]+([a-z_, '\"]+)", text)
+        if m:
+            parts = tuple(p for p in re.split(r"[\s,'\"]+", m.group(1))
+                          if p in ("attn", "mlp", "moe_router", "moe_preprocess"))
+            if parts:
+                out["cuda_graph_scope"] = parts
+    # DualPipe (DeepSeek-V3 report, section 3.2.1) overlaps the forward of one micro-batch with
+    # the backward of another so that the expert-parallel all-to-all hides behind computation:
+    # the same mechanism as Megatron-Core's combined 1F1B schedule
+    if re.search(r"overlap[-_]moe[-_]expert[-_]parallel[-_]comm|moe_a2a_overlap\s*=?\s*true"
+                 r"|dualpipe", text):
+        out["moe_a2a_overlap"] = True
+    return out
+
+
+def row_dispatcher(row: dict[str, str], model: ModelSpec, gpu_name: str,
+                   recipe: dict[str, Any] | None = None) -> Dispatcher:
     """MoE token dispatcher of a row (see the module docstring)."""
     if not model.is_moe:
         return Dispatcher.ALLTOALL
+    if recipe and "dispatcher" in recipe:
+        return Dispatcher(recipe["dispatcher"])
     settings = (row.get("other_settings", "") + " " + row.get("notes", "")).lower()
     if any(k in settings for k in ("deepep", "hybridep", "flex dispatcher", "dualpipe")):
         return Dispatcher.FLEX
@@ -564,10 +669,12 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     opt = row.get("optimizer_sharding", "").lower()
     fsdp = fsdp_col > 0 or (opt.startswith("fsdp") and fsdp_col != 0)
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision)
+    recipe_set = recipe_run_settings(row, model.name, gname,
+                                     recipe.value if recipe is not None else None)
     cfg = ParallelConfig(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs,
         fsdp=fsdp, distributed_optimizer=not opt.startswith("none"),
-        dispatcher=row_dispatcher(row, model, gname),
+        dispatcher=row_dispatcher(row, model, gname, recipe_set),
         schedule=_schedule(row, vpp),
         fp8_recipe=recipe,
         **row_recompute(row.get("recompute", "")),
@@ -579,7 +686,7 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     try:  # a row the time model cannot evaluate is unrepresentable, not a crash
         from oracle.work import ConfigBatch, build_work
 
-        traits = row_traits(row, out.software)
+        traits = row_traits(row, out.software, recipe_set)
         build_work(model, cluster, training, ConfigBatch.from_configs([resolved], traits))
     except (ConfigError, ValueError, ZeroDivisionError, FloatingPointError) as e:
         out.reason = f"projection failed: {str(e).splitlines()[0]}"

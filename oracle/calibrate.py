@@ -60,6 +60,16 @@ ROW_NOISE = 0.15
 ROBUST_SCALE = 0.25
 #: minimum number of representable rows to fit anything.
 MIN_ROWS = 3
+#: Key of the software factors shared by every stack other than the reference: PyTorch-native
+#: training stacks (torchtitan, llm-foundry) run the same kind of kernels (cuBLAS GEMMs from
+#: PyTorch, FlashAttention / SDPA attention, no Transformer Engine fused norms, casts and
+#: cross-entropy), so a stack's factor is this shared factor times its own deviation
+#: (prior 1, width :data:`STACK_DEVIATION_SIGMA`); a stack with no rows gets the shared factor.
+SHARED_STACK_KEY = "sw:*"
+#: Log-space prior width of one stack's deviation from the shared non-reference factor: the
+#: stacks differ by their compile and attention paths (torch.compile, Triton flash attention)
+#: by up to ~15% (order of magnitude).
+STACK_DEVIATION_SIGMA = 0.15
 
 
 @dataclass
@@ -131,7 +141,9 @@ class Layout:
         return np.array([_to_theta(c, _prior(c, a)) for c, a in self.entries])
 
     def sigma(self) -> np.ndarray:
-        return np.array([_def(c).prior_sigma for c, _ in self.entries])
+        return np.array([
+            STACK_DEVIATION_SIGMA if k and k.startswith("sw:") and k != SHARED_STACK_KEY
+            else _def(c).prior_sigma for c, k in self.entries])
 
 
 def _def(name: str):
@@ -168,6 +180,8 @@ def make_layout(archs: Iterable[str], software: Iterable[str] = ()) -> Layout:
         else:
             entries.append((c.name, None))
     for f in SOFTWARE_FACTORS:
+        if stacks:
+            entries.append((f.name, SHARED_STACK_KEY))
         entries += [(f.name, f"sw:{s}") for s in stacks]
     return Layout(entries, present, stacks)
 
@@ -178,14 +192,26 @@ def table_for_theta(layout: Layout, theta: np.ndarray) -> CalibrationTable:
     defaults = dict(base["defaults"])
     archs: dict[str, dict[str, float]] = {a: dict(v) for a, v in base["architectures"].items()}
     software: dict[str, dict[str, float]] = {}
+    shared: dict[str, float] = {}
+    for (name, key), th in zip(layout.entries, theta, strict=True):
+        if key == SHARED_STACK_KEY:
+            shared[name] = float(_from_theta(name, th))
     for (name, key), th in zip(layout.entries, theta, strict=True):
         value = float(_from_theta(name, th))
         if key is None:
             defaults[name] = value
+        elif key == SHARED_STACK_KEY:
+            continue
         elif key.startswith("sw:"):
-            software.setdefault(key[3:], {})[name] = value
+            d = _def(name)
+            software.setdefault(key[3:], {})[name] = float(
+                np.clip(shared.get(name, 1.0) * value, d.lower, d.upper))
         else:
             archs.setdefault(key, {})[name] = value
+    # a non-reference stack without rows: the shared factor
+    for stack in SOFTWARE_STACKS:
+        if stack != REFERENCE_SOFTWARE and stack not in software and shared:
+            software[stack] = dict(shared)
     return CalibrationTable(defaults=defaults, architectures=archs, software=software)
 
 

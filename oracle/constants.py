@@ -265,6 +265,16 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "comm or shared-expert overlap; most published runs expose most of it",
     ),
     ConstantDef(
+        "ep_a2a_overlap", "fraction", 0.7, 0.6, False,
+        "fraction of the MoE dispatch/combine all-to-all hidden in runs with Megatron-Core's "
+        "expert-parallel overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; "
+        "Megatron-Bridge moe_a2a_overlap): the forward of one micro-batch and the backward of "
+        "another run as one schedule, each all-to-all beside the other's computation "
+        "(oracle.projection.RunTraits.moe_a2a_overlap)",
+        "prior: most of it (0.7); the overlap needs compute of the other micro-batch of at "
+        "least the all-to-all's length, which fine-grained MoE at small micro-batches may lack",
+    ),
+    ConstantDef(
         "pp_comm_overlap", "fraction", 0.5, 0.6, False,
         "fraction of one virtual-stage chunk's compute (forward or backward) that can hide that "
         "chunk's activation send/receive in the interleaved schedule; the 1F1B schedule exposes "

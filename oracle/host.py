@@ -29,6 +29,19 @@ import numpy as np
 #: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
 #: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
 KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
+#: Host operations of the MoE parts that Megatron-Core's per-layer CUDA graphs can capture
+#: (``--cuda-graph-scope moe_router`` / ``moe_preprocess``; part of the ``moe`` count above):
+#: router: gating GEMM, (fused) top-k / softmax, aux-loss and z-loss ops, ~10; preprocess: the
+#: token-count histogram, the count exchange's inputs, the permutation indices, ~6
+#: (Megatron-Core ``moe/router.py`` ``TopKRouter.forward``, ``token_dispatcher.py``
+#: ``dispatch_preprocess``; order-of-magnitude counts). ``attn`` and ``mlp`` capture the
+#: attention and dense-MLP parts of :data:`KERNELS_PER_LAYER`.
+GRAPH_SCOPE_OPS = {"attn": KERNELS_PER_LAYER["attention"], "mlp": KERNELS_PER_LAYER["mlp"],
+                   "moe_router": 10.0, "moe_preprocess": 6.0}
+#: Bits of :attr:`oracle.work.RunTraits.cuda_graph_scope` in the work arrays
+#: (``full_iteration``: the step's whole forward-backward pass is one graph,
+#: ``--cuda-graph-impl full_iteration``).
+GRAPH_BITS = {"attn": 1, "mlp": 2, "moe_router": 4, "moe_preprocess": 8, "full_iteration": 16}
 
 
 #: Host operations of one context-parallel ring step and direction (Transformer Engine
@@ -39,17 +52,27 @@ CP_OPS_PER_RING_STEP = 6.0
 
 
 def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any,
-                    cp_steps: Any = 0.0) -> np.ndarray:
+                    cp_steps: Any = 0.0, graphs: dict[str, Any] | None = None) -> np.ndarray:
     """Host time to issue one layer's forward and backward (backward: twice the forward's
     operations): ``3 x (attention + mlp [+ moe + moe_per_local_expert x local experts] +
     CP_OPS_PER_RING_STEP x cp_steps) x kernel_overhead_s`` with the counts of
     :data:`KERNELS_PER_LAYER` (``cp_steps``: the ``cp - 1`` ring steps of context
-    parallelism)."""
+    parallelism). ``graphs``: 0/1 per :data:`GRAPH_BITS` part (``graph_attn`` ...; None: no
+    CUDA graphs): a captured part (``attn``; ``mlp`` of a dense layer; ``moe_router``,
+    ``moe_preprocess`` of a MoE layer) issues one graph launch instead of its
+    :data:`GRAPH_SCOPE_OPS`; ``full_iteration`` issues nothing per layer. Worked example: a MoE
+    layer with 16 local experts, 10 us: 3 x 116 x 10 us = 3.48 ms; with attn, moe_router and
+    moe_preprocess captured 3 x (116 - 6 - 9 - 5) x 10 us = 2.88 ms."""
     ops = (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
            + CP_OPS_PER_RING_STEP * np.asarray(cp_steps, dtype=np.float64))
     if moe:
         ops = ops + KERNELS_PER_LAYER["moe"] + KERNELS_PER_LAYER["moe_per_local_expert"] * \
             np.asarray(local_experts, dtype=np.float64)
+    if graphs is not None:
+        parts = ("attn", "moe_router", "moe_preprocess") if moe else ("attn", "mlp")
+        for part in parts:
+            ops = ops - np.asarray(graphs[f"graph_{part}"]) * (GRAPH_SCOPE_OPS[part] - 1.0)
+        ops = ops * (1.0 - np.asarray(graphs["graph_full_iteration"]))
     return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
 
 
@@ -60,3 +83,17 @@ def host_exposed(host: Any, gpu: Any, p: Any) -> np.ndarray:
     h, g = np.asarray(host, dtype=np.float64), np.asarray(gpu, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
     return (h**p + g**p) ** (1.0 / p) - g
+
+
+def a2a_sync_exponent(p: Any, a2a_overlap: Any, moe_sync: Any) -> np.ndarray:
+    """Smooth-maximum exponent of a MoE layer's host and GPU times (:func:`host_exposed`):
+    ``host_gpu_overlap_exponent`` normally; 1 (host and GPU times add) when the layer
+    synchronises the host (dropless routing, :func:`oracle.work.moe_host_sync`) inside
+    Megatron-Core's combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``,
+    ``pipeline_parallel/combined_1f1b.py``): that schedule issues the attention, dispatch, MLP
+    and combine parts of one micro-batch's forward and another's backward from one host
+    sequence, and the dispatch's device-to-host copy of the token counts blocks it until both
+    streams have drained, so nothing is queued ahead of the GPU when the host resumes.
+    Worked example: p 2, overlap on, dropless -> 1; overlap off -> 2."""
+    on = (np.asarray(a2a_overlap) > 0) & (np.asarray(moe_sync) > 0)
+    return np.where(on, 1.0, np.asarray(p, dtype=np.float64))

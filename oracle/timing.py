@@ -30,7 +30,7 @@ import numpy as np
 from oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
 from oracle.compute import ATTENTION_BWD_FLOPS_RATIO, gemm_half_dims, shape_factor, sustained_rate
 from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
-from oracle.host import host_exposed, layer_host_time
+from oracle.host import GRAPH_BITS, a2a_sync_exponent, host_exposed, layer_host_time
 from oracle.schedule import chunk_boundary_host, pipeline_bubble
 from oracle.work import (
     ATTN_SLOTS,
@@ -168,8 +168,10 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     ew_emb_f, ew_emb_b = w.elementwise.emb_fwd / hbm, w.elementwise.emb_bwd / hbm
 
     # ---- host time per layer (forward + backward launches twice as many kernels)
-    host_dense = layer_host_time(False, 0.0, kern, w.cp.steps)
-    host_moe = layer_host_time(True, w.schedule.local_experts, kern, w.cp.steps)
+    sch = w.schedule
+    graphs = {f"graph_{part}": getattr(sch, f"graph_{part}") for part in GRAPH_BITS}
+    host_dense = layer_host_time(False, 0.0, kern, w.cp.steps, graphs)
+    host_moe = layer_host_time(True, sch.local_experts, kern, w.cp.steps, graphs)
 
     # ---- TP
     t_tp = collective_time(w.tp.tensor_bytes, w.tp.n, ring(w.tp.intra, w.tp.local), alpha)
@@ -201,7 +203,9 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     agd = collective_time(w.ep.gather_bytes, w.ep.n, ring(w.ep.gather_intra, w.ep.gather_local),
                       alpha)
     etp = collective_time(w.ep.etp_bytes, w.ep.etp_n, ring(w.ep.etp_intra, w.ep.etp_local), alpha)
-    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - c["ep_comm_overlap"])
+    # --overlap-moe-expert-parallel-comm hides the all-to-all behind another micro-batch
+    ep_hidden = np.where(w.schedule.a2a_overlap > 0, c["ep_a2a_overlap"], c["ep_comm_overlap"])
+    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - ep_hidden)
     ep_f = ep_dir * w.schedule.has_moe
     ep_b = ep_dir * w.schedule.has_moe
 
@@ -274,7 +278,9 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
         + comm_mlp_b + rc_dense
     gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
         + comm_moe_b + rc_moe
-    p_host = c["host_gpu_overlap_exponent"]
+    # dropless MoE inside the combined 1F1B schedule: host and GPU add (a2a_sync_exponent)
+    p_host = a2a_sync_exponent(c["host_gpu_overlap_exponent"], w.schedule.a2a_overlap,
+                               w.schedule.moe_sync)
     drop = w.schedule.moe_sync
     moe_host_exp = np.where(drop > 0, host_exposed(host_moe, gpu_moe, p_host),
                             np.maximum(0.0, host_moe - gpu_moe))

@@ -47,6 +47,7 @@ from oracle.collectives import (
     group_local,
 )
 from oracle.compute import OPERAND_BYTES, power_ratios
+from oracle.host import GRAPH_BITS
 from oracle.memory import ParamUnits, param_units, pipeline_chunks, recompute_groups, stage_params
 from oracle.schedule import ZERO_BUBBLE_FACTOR
 from oracle.specs import (
@@ -138,11 +139,39 @@ class RunTraits:
     chunk boundary :func:`chunk_boundary_host`). False: token-drop (``--moe-expert-capacity-factor
     1.0 --moe-pad-expert-input-to-capacity``): fixed shapes, no synchronisation, the host runs
     ahead as for a dense layer. Ignored for dense models.
+    ``cuda_graph_scope``: the layer parts captured in CUDA graphs (Megatron-Core
+    ``--cuda-graph-impl transformer_engine|local --cuda-graph-scope attn mlp moe_router
+    moe_preprocess``; Megatron-Bridge ``cuda_graph_impl`` / ``cuda_graph_scope``): each captured
+    part costs the host one graph launch instead of its operations
+    (:data:`oracle.host.GRAPH_SCOPE_OPS`). ``("full_iteration",)`` (``--cuda-graph-impl
+    full_iteration``): the whole forward-backward pass of the step replays as one graph: no
+    per-operation host time, and MoE routing runs without a host synchronisation (the recipes
+    pair it with padded expert buffers and paged stashing), so nothing of
+    :func:`oracle.host.host_exposed` or :func:`oracle.schedule.chunk_boundary_host` remains.
+    ``()``: no CUDA graphs (Megatron-LM's default).
+    ``moe_a2a_overlap``: the MoE dispatch / combine all-to-all of one micro-batch runs beside
+    another micro-batch's computation (Megatron-Core ``--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute``; Megatron-Bridge ``moe_a2a_overlap``): the hidden fraction is
+    ``ep_a2a_overlap`` instead of ``ep_comm_overlap``, and a dropless layer's host and GPU
+    times add (:func:`oracle.host.a2a_sync_exponent`).
     """
 
     tp_comm_overlap: bool = True
     fp8_rowwise: bool = False
     moe_dropless: bool = True
+    cuda_graph_scope: tuple[str, ...] = ()
+    moe_a2a_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.cuda_graph_scope) - set(GRAPH_BITS))
+        if bad:
+            raise ConfigError(f"cuda_graph_scope {bad} is not known; choose from "
+                              f"{', '.join(GRAPH_BITS)}")
+
+    @property
+    def graph_mask(self) -> int:
+        """:data:`oracle.host.GRAPH_BITS` of :attr:`cuda_graph_scope`."""
+        return sum(GRAPH_BITS[x] for x in set(self.cuda_graph_scope))
 
 
 DEFAULT_TRAITS = RunTraits()
@@ -186,6 +215,10 @@ class ConfigBatch:
     fp8_rowwise: np.ndarray | None = None
     #: dropless MoE routing (None: all True, the default; RunTraits.moe_dropless)
     dropless: np.ndarray | None = None
+    #: RunTraits.cuda_graph_scope as GRAPH_BITS masks (None: all 0, no CUDA graphs)
+    graph_mask: np.ndarray | None = None
+    #: RunTraits.moe_a2a_overlap (None: all False)
+    a2a_overlap: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -229,6 +262,8 @@ class ConfigBatch:
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
             dropless=np.array([t.moe_dropless for t in traits], dtype=bool),
+            graph_mask=np.array([t.graph_mask for t in traits], dtype=np.int64),
+            a2a_overlap=np.array([t.moe_a2a_overlap for t in traits], dtype=bool),
             grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
         )
 
@@ -260,6 +295,8 @@ class ConfigBatch:
         fp8_rowwise: Any = False,
         grad_reduce_in_fp32: Any = True,
         moe_dropless: Any = True,
+        cuda_graph_mask: Any = 0,
+        moe_a2a_overlap: Any = False,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
@@ -298,6 +335,7 @@ class ConfigBatch:
             schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
             tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
+            graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -306,6 +344,9 @@ class ConfigBatch:
             tp_comm_overlap=True if self.tp_overlap is None else bool(self.tp_overlap[i]),
             fp8_rowwise=False if self.fp8_rowwise is None else bool(self.fp8_rowwise[i]),
             moe_dropless=True if self.dropless is None else bool(self.dropless[i]),
+            cuda_graph_scope=() if self.graph_mask is None else tuple(
+                k for k, bit in GRAPH_BITS.items() if int(self.graph_mask[i]) & bit),
+            moe_a2a_overlap=False if self.a2a_overlap is None else bool(self.a2a_overlap[i]),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -554,8 +595,10 @@ class RecomputeWork:
 class ScheduleWork:
     """The step's schedule ((n,) each): ``m`` micro-batches, ``vpp`` virtual stages, the
     bubble factor (1, or :data:`oracle.schedule.ZERO_BUBBLE_FACTOR`), ``pp_on`` = 1 when pp > 1;
-    and the MoE facts the host terms need: ``has_moe``, ``moe_sync`` (:func:`moe_host_sync`),
-    ``local_experts`` per rank."""
+    and the MoE facts the host terms need: ``has_moe``, ``moe_sync`` (:func:`moe_host_sync`;
+    0 under a full-iteration CUDA graph), ``local_experts`` per rank; the run settings:
+    ``graph_<part>`` = 1 when :attr:`RunTraits.cuda_graph_scope` captures the part
+    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`)."""
 
     m: np.ndarray
     vpp: np.ndarray
@@ -564,6 +607,12 @@ class ScheduleWork:
     has_moe: np.ndarray
     moe_sync: np.ndarray
     local_experts: np.ndarray
+    graph_attn: np.ndarray
+    graph_mlp: np.ndarray
+    graph_moe_router: np.ndarray
+    graph_moe_preprocess: np.ndarray
+    graph_full_iteration: np.ndarray
+    a2a_overlap: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -989,14 +1038,18 @@ def build_work(
     # dispatcher of fixed shapes: the flex dispatcher (DeepEP / HybridEP) returns its receive
     # counts to the host even when the experts are padded to capacity (moe_host_sync)
     dropless = np.ones(n, dtype=bool) if b.dropless is None else b.dropless
+    gmask = np.zeros(n, dtype=np.int64) if b.graph_mask is None else b.graph_mask
+    full_graph = (gmask & GRAPH_BITS["full_iteration"]) > 0
     schedule = ScheduleWork(
         m=b.ga.astype(f64),
         vpp=b.vpp.astype(f64),
         bubble_factor=np.where(b.schedule == 2, ZERO_BUBBLE_FACTOR, 1.0),
         pp_on=(b.pp > 1).astype(f64),
         has_moe=np.full(n, 1.0 if model.is_moe else 0.0),
-        moe_sync=moe_host_sync(dropless, b.dispatcher).astype(f64),
+        moe_sync=(moe_host_sync(dropless, b.dispatcher) & ~full_graph).astype(f64),
         local_experts=np.ceil(E / ep) if model.is_moe else np.zeros(n),
+        **{f"graph_{part}": ((gmask & bit) > 0).astype(f64) for part, bit in GRAPH_BITS.items()},
+        a2a_overlap=np.zeros(n) if b.a2a_overlap is None else b.a2a_overlap.astype(f64),
     )
     return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
                 tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,

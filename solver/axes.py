@@ -12,7 +12,7 @@ Two tables, and every list of axis names in tune-cp is derived from them:
   the order the solver branches on them: the ``ParallelConfig`` fields it sets and how the
   default space enumerates its domain. ``optimizer`` sets two fields (distributed optimizer,
   FSDP) and ``recompute`` four (one recompute option); ``sequence_parallel`` (derived from tp)
-  and ``grad_reduce_in_fp32`` (fixed per search) are knobs but not axes.
+  and ``grad_reduce_in_fp32`` / ``fp8_param_gather`` (fixed per search) are knobs but not axes.
 
 Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`,
 :data:`BASELINE_KEYS`, :data:`COMBINATION_AXES` (the planner's schema), :data:`ATTRIBUTION_FIELDS`

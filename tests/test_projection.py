@@ -604,3 +604,24 @@ def test_work_records_are_typed_a_misspelt_field_is_an_error() -> None:
     # llama3-8b has 32 layers: pp 1 holds all of them, pp 2 16 per stage, pp 4 8 per stage
     assert both.stages.dense_like.tolist() == [[32, 0, 0, 0], [16, 16, 0, 0], [8, 8, 8, 8]]
     assert len(both) == 3
+
+
+def test_time_names_are_imported_from_their_home_not_from_projection() -> None:
+    # issue 10: projection.py was split by concern (work, compute, host, collectives, schedule,
+    # timing); it exports only the public API in its __all__. An import of anything else from
+    # it (it would still resolve, since projection.py itself uses those names) is a stale one.
+    import ast
+    from pathlib import Path
+
+    import oracle.projection as proj
+
+    root = Path(__file__).resolve().parents[1]
+    stale = []
+    for path in root.rglob("*.py"):
+        if any(part.startswith(".") or part in ("build", "venv") for part in path.parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "oracle.projection":
+                stale += [f"{path.relative_to(root)}: {a.name}" for a in node.names
+                          if a.name not in proj.__all__]
+    assert stale == []
