@@ -316,13 +316,15 @@ ANSWER_RULE = ("the answer is the configuration with the highest lower bound of 
                "FP8, zero-bubble, FSDP, then the shallowest interleaving and smallest CP)")
 
 
-def default_baseline(ranked: Ranked) -> ParallelConfig:
+def default_baseline(ranked: Ranked, full_recompute: bool = True) -> ParallelConfig:
     """The stated default when no baseline is given or known: the conservative configuration a
     practitioner launches first — the feasible layout with micro-batch 1, no context parallelism
     and no virtual stages that uses the fewest model-parallel GPUs (tp x pp, smaller pp first, the
     largest expert parallelism), with full recomputation of every layer (the least memory that
     layout can use, so it stays legal); without such a layout, the feasible configuration with the
-    least recomputation and the fewest model-parallel GPUs."""
+    least recomputation and the fewest model-parallel GPUs. ``full_recompute=False`` (hybrid
+    Mamba models have no full recomputation, ``solver/rules.py::recompute``): that layout with
+    the recomputation it has in the feasible set."""
     def key(i: int) -> tuple:
         c = ranked.configs[i]
         return (c.tp * c.pp * c.cp, c.pp, c.tp, -c.ep, c.etp_, c.mbs, c.vpp, i)
@@ -330,6 +332,8 @@ def default_baseline(ranked: Ranked) -> ParallelConfig:
     plain = [i for i, c in enumerate(ranked.configs) if c.mbs == 1 and c.cp == 1 and c.vpp == 1]
     if plain:
         c = ranked.configs[min(plain, key=key)]
+        if not full_recompute:
+            return c
         return c.model_copy(update={"recompute": Recompute.FULL, "recompute_layers": None,
                                     "recompute_method": RecomputeMethod.BLOCK,
                                     "recompute_modules": DEFAULT_SELECTIVE_MODULES})
@@ -482,10 +486,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         if ref is not None and reference_training_matches(ref, training):
             baseline_cfg, source = ref.parallel_config(), f"published reference: {ref.name} ({ref.source})"
         else:
-            baseline_cfg = default_baseline(ranked)
+            baseline_cfg = default_baseline(ranked, full_recompute=not model.is_hybrid)
             source = ("stated default: the feasible layout with the fewest model-parallel GPUs "
-                      "(mbs 1, no cp, no virtual stages, the largest ep), full recompute of every "
-                      "layer")
+                      "(mbs 1, no cp, no virtual stages, the largest ep), "
+                      + ("its feasible recomputation (a hybrid Mamba model has no full "
+                         "recomputation)" if model.is_hybrid else
+                         "full recompute of every layer"))
             if ref is not None:
                 source += (f" (the published reference {ref.name} is for seq {ref.seq_len}, "
                            f"gbs {ref.global_batch_size}, {ref.precision.value})")

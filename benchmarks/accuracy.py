@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
+from formats.runs import NOT_FITTED, RunRow, read_runs, scored_rows  # noqa: E402
 from oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
 from oracle.constants import load_calibration  # noqa: E402
 from oracle.timing import BREAKDOWN, timing  # noqa: E402
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     all_rows = read_runs(args.runs)
     measured_rows = scored_rows(all_rows)
-    rep = [r for r in measured_rows if r.representable]
+    rep = [r for r in measured_rows if r.fitted]
+    apart = [r for r in measured_rows if r.representable and not r.fitted]
     unrep = [r for r in measured_rows if not r.representable]
     calib = load_calibration(args.calibration)
     pred, res = project_rows(rep, calib)
@@ -186,6 +187,19 @@ def main(argv: list[str] | None = None) -> int:
         print(cvm.report(cvm.grouped_cv(all_rows)))
         print()
 
+    if apart:
+        pa, ra = project_rows(apart, calib)
+        ma = np.array([r.measured_tokens_per_s_per_gpu for r in apart])
+        ea = pa / ma - 1
+        print(f"== Representable, projected, not fitted ({NOT_FITTED}): {len(apart)} rows, "
+              f"MAPE {pct(float(np.abs(ea).mean()))}, median {pct(float(np.median(np.abs(ea))))}"
+              f", bias {100 * float(np.mean(np.log1p(ea))):+.1f}% ==")
+        print(table(["row", "model", "gpu", "layout", "prec", "measured", "projected", "error"],
+                    [[r.row_id, r.model.name if r.model else r.model_name, r.gpu_name,
+                      r.cfg.label() if r.cfg else "", r.training.precision.value
+                      if r.training else "", f"{r.measured_tokens_per_s_per_gpu:.0f}",
+                      f"{pa[i]:.0f}", f"{100 * ea[i]:+.1f}%"] for i, r in enumerate(apart)]))
+        print()
     print(f"== Unrepresentable rows with a measurement: {len(unrep)} of "
           f"{len(measured_rows)} ==")
     print(table(["row", "source", "model", "reason"],

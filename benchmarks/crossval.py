@@ -92,7 +92,7 @@ def assign_folds(rows: list[RunRow], folds: int = 5, seed: int = 0) -> np.ndarra
 def grouped_cv(rows: list[RunRow], folds: int = 5, seed: int = 0) -> CrossValidation:
     """Out-of-fold projections of every representable measured row (see module docstring).
     Configurations are shuffled with ``random.Random(seed)`` and dealt round-robin to folds."""
-    rows = [r for r in scored_rows(rows) if r.representable]
+    rows = [r for r in scored_rows(rows) if r.fitted]  # hybrid rows: scored apart (accuracy.py)
     fold = assign_folds(rows, folds, seed)
     projected = np.zeros(len(rows))
     for f in range(folds):

@@ -257,10 +257,11 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
     if model.qk_norm:
         out.append(("qk_layernorm", True))
     learned = model.position_embedding is PositionEmbedding.LEARNED
+    no_position = model.position_embedding is PositionEmbedding.NONE
     yarn = model.rope_scaling is RopeScaling.YARN
-    out.append(("position_embedding_type", "learned_absolute" if learned else
-                "yarn" if yarn else "rope"))
-    if not learned:
+    out.append(("position_embedding_type", "learned_absolute" if learned else "none"
+                if no_position else "yarn" if yarn else "rope"))
+    if not (learned or no_position):
         out.append(("rotary_base", _number(model.rotary_base)))
     if yarn:
         out.append(("rotary_scaling_factor", model.rope_scaling_factor))
@@ -298,6 +299,9 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
             out.append(("moe_router_topk_scaling_factor", model.router_topk_scaling_factor))
     if model.num_mtp_layers:
         out.append(("mtp_num_layers", model.num_mtp_layers))
+    if model.moe_latent_size:
+        out.append(("moe_latent_size", model.moe_latent_size))
+    out += hybrid_model_args(model)
     if model.sliding_window and model.num_sliding_window_layers:
         # --window-size LEFT,0 attends LEFT earlier tokens and the token itself
         out.append(("window_size", f"{model.sliding_window - 1},0"))
@@ -312,6 +316,38 @@ def megatron_model_args(model: ModelSpec) -> tuple[list[tuple[str, Any]], list[s
     if model.attention_sinks:
         out.append(("softmax_type", "learnable"))  # a learnable sink logit per head
     return out, missing
+
+
+#: Megatron-LM's hybrid-model entry point and layer spec at d98e8a64dd (examples/mamba/train.sh:
+#: ``pretrain_hybrid.py ... --spec megatron.core.models.hybrid.hybrid_layer_specs
+#: hybrid_stack_spec``; ``pretrain_mamba.py`` is its deprecated wrapper).
+HYBRID_ENTRY = "pretrain_hybrid.py"
+HYBRID_SPEC = ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]
+
+
+def hybrid_model_args(model: ModelSpec) -> list[tuple[str, Any]]:
+    """A hybrid Mamba model's flags: the layer pattern (``--hybrid-layer-pattern``, with its MTP
+    depths after ``/``; the older ``--hybrid-override-pattern`` is its deprecated alias), the
+    Mamba-2 mixer's dimensions and the hybrid stack spec. Empty for a transformer."""
+    if not model.is_hybrid:
+        return []
+    # an MTP depth of a hybrid model runs attention + the last layer's block (inventory:
+    # mtp_extra_blocks): Megatron-LM's unified pattern appends "/" + its pattern per depth
+    # (megatron/core/models/hybrid/hybrid_layer_allocation.py: "M*M*/MM/MM")
+    mtp = "/" + "*" + model.hybrid_pattern[-1] if model.num_mtp_layers else ""
+    out: list[tuple[str, Any]] = [("hybrid_layer_pattern",
+                                   model.hybrid_pattern + mtp * model.num_mtp_layers)]
+    if model.mamba is not None:
+        m = model.mamba
+        out += [("mamba_state_dim", m.state_dim), ("mamba_head_dim", m.head_dim),
+                ("mamba_num_groups", m.num_groups), ("mamba_num_heads", m.num_heads)]
+    return out + [("spec", HYBRID_SPEC)]
+
+
+def entry_point(model: ModelSpec) -> str:
+    """The Megatron-LM training script of the model: ``pretrain_hybrid.py`` for hybrid Mamba
+    models, ``pretrain_gpt.py`` otherwise."""
+    return HYBRID_ENTRY if model.is_hybrid else "pretrain_gpt.py"
 
 
 def _number(value: float) -> int | float:
@@ -350,13 +386,13 @@ def to_megatron_args(
     lines = _header(model, cluster, training, c)
     lines.append("# Megatron-LM flags (megatron/training/arguments.py); launch on every node with "
                  f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node}"
-                 " pretrain_gpt.py")
+                 f" {entry_point(model)}")
     if missing:
         lines.append(f"# not expressible as Megatron-LM flags: {'; '.join(missing)}")
     body = [_render_flag(d, v) for d, v in pairs]
     if launcher:
         body.insert(0, f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node "
-                       f"{cluster.gpus_per_node} pretrain_gpt.py")
+                       f"{cluster.gpus_per_node} {entry_point(model)}")
     lines += [line + " \\" for line in body[:-1]] + body[-1:]
     return "\n".join(lines) + "\n"
 
@@ -469,6 +505,10 @@ def to_primus_overrides(
     """A Primus experiment fragment: ``modules.pre_trainer.overrides`` for ``cfg``. Merge the
     keys into an experiment's overrides (its ``modules.pre_trainer.model`` names the model's
     Primus YAML); the keys are indented as in Primus's examples, ready to paste."""
+    if model.is_hybrid:
+        raise ConfigError(f"{model.name} is a hybrid Mamba model; Primus's Megatron backend has "
+                          f"no hybrid-model keys (no hybrid pattern or mamba_* in its YAML "
+                          f"defaults): export to Megatron-LM or Megatron-Bridge instead")
     c = canonical_config(model, cluster, training, cfg)
     lines = _header(model, cluster, training, c)
     lines += [
@@ -584,7 +624,8 @@ BRIDGE_FIELD = {
 BRIDGE_SKIP = frozenset({"group_query_attention", "swiglu", "quick_geglu", "squared_relu",
                          "untie_embeddings_and_output_weights", "disable_bias_linear",
                          "use_rope_scaling", "rotary_scaling_factor",
-                         "yarn_original_max_position_embeddings", "window_size"})
+                         "yarn_original_max_position_embeddings", "window_size",
+                         "spec"})  # the recipe's provider has its layer spec
 ACTIVATION_IMPORT = {  # Megatron-Core modules of the activation functions
     "F.silu": "import torch.nn.functional as F",
     "F.gelu": "import torch.nn.functional as F",
@@ -668,5 +709,8 @@ def to_nemo_overrides(
     lines.append("")
     lines += [f"cfg.{path} = {expr}" for path, expr in nemo_assignments(model, training, c)]
     lines += ["", f"# the model tune-cp checked ({model.name}), on the recipe's model provider"]
+    if model.is_hybrid:
+        lines.append("# (a hybrid Mamba model: start from a recipe whose provider is a "
+                     "HybridModelProvider, e.g. megatron.bridge.recipes.nemotronh)")
     lines += [f"cfg.{path} = {expr}" for path, expr in model_lines]
     return "\n".join(lines) + "\n"

@@ -224,6 +224,17 @@ MODEL_KEYS: dict[str, Key] = {
     "window_size": Key(Kind.STR),  # "left,right" (TE window); sliding-window attention
     "window_attn_skip_freq": Key(Kind.STR),  # every N-th layer full attention (or a pattern)
     "softmax_type": Key(Kind.CHOICE, choices=("vanilla", "off-by-one", "learnable")),
+    # hybrid Mamba models (pretrain_hybrid.py / pretrain_mamba.py; arguments.py at d98e8a64dd:
+    # --hybrid-layer-pattern, its deprecated spelling --hybrid-override-pattern, the Mamba-2
+    # mixer's --mamba-* dimensions) and the latent MoE of Nemotron 3 Super / Ultra
+    "hybrid_layer_pattern": Key(Kind.STR),
+    "hybrid_override_pattern": Key(Kind.STR),
+    "is_hybrid_model": BOOL,
+    "mamba_state_dim": _int(),
+    "mamba_head_dim": _int(),
+    "mamba_num_groups": _int(),
+    "mamba_num_heads": _int(),
+    "moe_latent_size": _int(),
     "moe_shared_expert_gate": BOOL,
     "moe_router_score_function": Key(Kind.CHOICE, choices=("softmax", "sigmoid")),
     "moe_router_num_groups": _int(),
@@ -301,10 +312,6 @@ def _on(value: Any) -> bool:
 ARCH_REFUSED: dict[str, tuple[Any, str]] = {
     "model_type": (lambda v: str(v).lower() == "mamba",
                    "Mamba layers (model_type mamba; Megatron-LM pretrain_mamba.py)"),
-    "is_hybrid_model": (_on, "hybrid Mamba / attention layer stacks (is_hybrid_model)"),
-    "hybrid_override_pattern": (_on, "hybrid Mamba / attention layer stacks "
-                                     "(hybrid_override_pattern)"),
-    "hybrid_layer_pattern": (_on, "hybrid Mamba / attention layer stacks (hybrid_layer_pattern)"),
     "experimental_attention_variant": (_on, "linear-attention layers "
                                             "(experimental_attention_variant)"),
     "linear_attention_freq": (_on, "linear-attention layers (linear_attention_freq: gated "

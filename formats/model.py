@@ -48,6 +48,9 @@ MODEL_DEFAULTS: dict[Flavor, dict[str, Any]] = {
         "moe_layer_freq": 1, "multi_latent_attention": False, "kv_lora_rank": 32,
         "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
         "moe_router_enable_expert_bias": False,
+        # TransformerConfig defaults of the Mamba-2 mixer (mamba_state_dim, mamba_head_dim,
+        # mamba_num_groups; mamba_num_heads None: d_inner / head_dim with d_inner = 2 h)
+        "mamba_state_dim": 128, "mamba_head_dim": 64, "mamba_num_groups": 8,
     },
     Flavor.PRIMUS: {
         "swiglu": True, "normalization": "LayerNorm", "untie_embeddings_and_output_weights": True,
@@ -127,6 +130,14 @@ class ImportedArchitecture(Spec):
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
     moe_router_topk_scaling_factor: float | None = None
+    hybrid_layer_pattern: str | None = None
+    hybrid_override_pattern: str | None = None
+    is_hybrid_model: bool | None = None
+    mamba_state_dim: int | None = None
+    mamba_head_dim: int | None = None
+    mamba_num_groups: int | None = None
+    mamba_num_heads: int | None = None
+    moe_latent_size: int | None = None
 
 
 def _spell(raw: RawArgs, dest: str) -> str:
@@ -240,6 +251,9 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         head_dim = arch.kv_channels or h // a
     bias = get("add_bias_linear")
     position = get("position_embedding_type")
+    hybrid, refused = hybrid_fields(raw, arch, h, get)
+    if refused:
+        return None, refused, []
     spec: dict[str, Any] = {
         "name": name,
         "num_layers": layers, "hidden_size": h, "ffn_hidden_size": ffn,
@@ -251,6 +265,7 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         "qkv_bias": bool(bias or get("add_qkv_bias")), "attn_out_bias": bool(bias),
         "mlp_bias": bool(bias), "qk_norm": bool(get("qk_layernorm")),
         "position_embedding": (PositionEmbedding.LEARNED if position == "learned_absolute"
+                               else PositionEmbedding.NONE if position == "none"
                                else PositionEmbedding.ROPE),
         # only a learned table has positions to count; rope models keep 0 (as the catalog)
         "max_position_embeddings": (arch.max_position_embeddings or 0)
@@ -259,16 +274,21 @@ def build_model(raw: RawArgs, arch: ImportedArchitecture, name: str,
         "num_mtp_layers": arch.mtp_num_layers or 0,
         "source": source,
         **features,
+        **hybrid,
     }
     for field_name, dest in (("default_seq_len", "seq_length"),
                              ("default_global_batch_size", "global_batch_size")):
         if raw.has(dest):
             spec[field_name] = raw.read(dest)
-    if position not in ROPE_KINDS | {"learned_absolute"}:
+    if position not in ROPE_KINDS | {"learned_absolute", "none"}:
         raw.note(f"position_embedding_type {position} is modeled like rope (no position "
                    "parameters)")
+    if hybrid:
+        spec["num_layers"] = len(hybrid["hybrid_pattern"])
+        if "-" not in hybrid["hybrid_pattern"] and arch.ffn_hidden_size is None:
+            spec["ffn_hidden_size"] = 0  # no MLP layer: the dense width is unused
     if arch.num_experts:
-        freq = get("moe_layer_freq")
+        freq = get("moe_layer_freq") if not hybrid else 1
         dense = leading_dense_layers(freq, layers)
         if dense is None:
             return None, (f"{_spell(raw, 'moe_layer_freq')} {freq} interleaves dense and MoE "
@@ -338,6 +358,48 @@ def sliding_layers(raw: RawArgs, arch: ImportedArchitecture, layers: int) -> tup
             return left + 1, layers - layers // 2, ""
     return 0, 0, (f"{_spell(raw, 'window_attn_skip_freq')} {freq}: tune-cp models sliding "
                   "windows on every layer or on every other layer (2)")
+
+
+def hybrid_fields(raw: RawArgs, arch: ImportedArchitecture, hidden: int,
+                  get: Any) -> tuple[dict[str, Any], str]:
+    """ModelSpec fields of a hybrid Mamba model (``hybrid_pattern``, ``mamba``, the latent MoE
+    width) from ``--hybrid-layer-pattern`` / ``--hybrid-override-pattern`` and the
+    ``--mamba-*`` flags (Megatron-Core defaults for the ones not given; ``mamba_num_heads``:
+    ``2 h / mamba_head_dim``, ``MambaMixer``'s ``d_inner = expand x d_model``), and a refusal
+    reason (empty when none). Empty fields for a transformer."""
+    out: dict[str, Any] = {}
+    if arch.moe_latent_size:
+        out["moe_latent_size"] = arch.moe_latent_size
+    pattern = arch.hybrid_layer_pattern or arch.hybrid_override_pattern
+    if not pattern:
+        if arch.is_hybrid_model:
+            return {}, (f"{_spell(raw, 'is_hybrid_model')} without a layer pattern (the "
+                        "attention / MLP ratios of Megatron-LM's allocation) is not modelled; "
+                        f"give {_spell(raw, 'hybrid_layer_pattern')}")
+        return out, ""
+    main, *mtp = pattern.split("/")
+    if "|" in main:
+        return {}, (f"hybrid layer pattern {pattern!r} has pipeline-stage separators ('|'), "
+                    "which tune-cp does not model (it splits the pattern evenly)")
+    if mtp:
+        want = "*" + main[-1:]
+        if any(p != want for p in mtp) or (arch.mtp_num_layers or len(mtp)) != len(mtp):
+            return {}, (f"hybrid MTP pattern {'/'.join(mtp)!r}: tune-cp models MTP depths of "
+                        f"attention + the last layer's block ({want!r} each, as many as "
+                        f"{_spell(raw, 'mtp_num_layers')})")
+        out["num_mtp_layers"] = len(mtp)
+    pattern = main
+    head_dim = get("mamba_head_dim")
+    from oracle.specs import MambaSpec
+
+    try:
+        mamba = MambaSpec(state_dim=get("mamba_state_dim"), head_dim=head_dim,
+                          num_heads=arch.mamba_num_heads or 2 * hidden // head_dim,
+                          num_groups=get("mamba_num_groups")) if "M" in pattern else None
+    except ValidationError as e:
+        return {}, f"the Mamba mixer is not valid: {validation_message(e)}"
+    out |= {"hybrid_pattern": pattern, "mamba": mamba}
+    return out, ""
 
 
 def model_features(raw: RawArgs, arch: ImportedArchitecture,

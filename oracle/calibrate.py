@@ -357,7 +357,7 @@ def calibrate_rows(
     """Fit on already-parsed rows (``exclude_sources``: source ids left out, for
     leave-one-source-out validation)."""
     excl = set(exclude_sources)
-    usable = [r for r in scored_rows(rows) if r.representable and r.source_id not in excl]
+    usable = [r for r in scored_rows(rows) if r.fitted and r.source_id not in excl]
     skipped = [(r.row_id, r.reason or "no measured tokens/s/GPU")
                for r in rows if r not in usable and r.source_id not in excl]
     if len(usable) < MIN_ROWS:

@@ -40,6 +40,17 @@ def shape_factor(x: np.ndarray, half: Any) -> np.ndarray:
     return x / (x + half)
 
 
+def mamba_scan_time(flops: Any, chunk: Any, peak: Any, efficiency: Any, half_dim: Any
+                    ) -> np.ndarray:
+    """Forward time of the chunked SSD scan (``oracle/inventory.py::mamba_scan_flops_per_token``
+    FLOPs): matmuls of chunk-length dimension on the BF16 tensor cores at the fitted
+    flash-attention kernel efficiency (``attention_efficiency``: the scan is a fused
+    chunked-matmul kernel like flash attention; no Mamba row was fitted), scaled by the GEMM-size
+    saturation of the chunk length (``shape_factor(chunk, gemm_half_dim)``). Backward: twice
+    the forward (``oracle/timing.py``)."""
+    return np.where(flops > 0, flops / (peak * efficiency * shape_factor(chunk, half_dim)), 0.0)
+
+
 def gemm_half_dims(half_dim: Any, low: np.ndarray, peak_low: Any, peak_bf16: Any) -> np.ndarray:
     """The GEMM dimension at which each slot runs at half its large-GEMM efficiency
     (``g(x) = x / (x + half)``).

@@ -15,7 +15,12 @@ Megatron-Bridge ``src/megatron/bridge/training/utils/flop_utils.py`` (067f987df)
   lookup is not a GEMM and is not counted; norms, activations and softmax are not counted;
 * multi-token-prediction modules count as one more layer of the last layer's kind plus their
   ``2h x h`` projection and another logits GEMM (Megatron counts them when ``mtp_num_layers`` is set);
-* recomputation is excluded (that is hardware FLOPs, not model FLOPs).
+* recomputation is excluded (that is hardware FLOPs, not model FLOPs);
+* a layer is the sum of its blocks (``oracle/inventory.py::kind_blocks``: a hybrid model's
+  layers are one block each); a Mamba-2 mixer counts ``in_proj``, ``out_proj`` and Megatron's
+  ``7 d_inner N`` per token for the scan (``hybrid_flops`` / ``mamba_layer_flops``, with the
+  model's own ``d_inner = H P`` where Megatron assumes ``2 h``); a latent MoE's routed experts
+  run on the latent width and add the ``h x L`` up and down projections (``moe_layer_flops``).
 
 Known convention differences in published numbers (documented, not corrected for):
 MosaicML llm-foundry counts attention non-causally (``6N + 12 L h s`` per token) and the SC21
@@ -93,12 +98,42 @@ def dense_mlp_flops(model: ModelSpec) -> float:
 
 def moe_flops(model: ModelSpec) -> float:
     """Forward FLOPs per token of one MoE block: ``k`` routed experts plus the shared experts
-    (``n_s f_s`` wide); the router is not counted (Megatron convention)."""
-    routed = model.moe_top_k * mlp_matmul_params(model, model.expert_ffn_hidden_size)
+    (``n_s f_s`` wide); the router is not counted (Megatron convention). A latent MoE's experts
+    run ``L x f_e`` and it adds the ``h x L`` and ``L x h`` projections."""
+    latent = model.moe_latent_size
+    per_expert = mlp_matmul_params(model, model.expert_ffn_hidden_size)
+    if latent:
+        per_expert = per_expert * latent // model.hidden_size
+    routed = model.moe_top_k * per_expert + 2 * model.hidden_size * latent
     shared = mlp_matmul_params(
         model, model.num_shared_experts * model.shared_expert_ffn_hidden_size
     )
     return FMA * (routed + shared)
+
+
+#: Megatron-LM ``training.py::mamba_layer_flops``: the SSM scan counts ``7 d_inner N`` FLOPs per
+#: token ("flops estimate for scan should be updated based on new SSD kernels, but small
+#: percent of overall layer flops").
+MAMBA_SCAN_FLOPS_PER_STATE = 7
+
+
+#: Megatron-LM ``mamba_layer_flops`` takes ``d_in = 2 h`` (Mamba's default expand of 2) whatever
+#: the mixer's heads: the model TFLOP/s Megatron-Bridge publishes for Nemotron 3 Nano
+#: (``d_inner = 64 x 64 = 4096 = 1.52 h``) are counted so (published_runs.csv rows 28, 57, ...).
+MEGATRON_MAMBA_EXPAND = 2
+
+
+def mamba_flops(model: ModelSpec) -> float:
+    """Forward model FLOPs per token of one Mamba-2 mixer as Megatron counts them: ``in_proj``
+    ``h x (2 d_in + 2 G N + H)``, ``out_proj`` ``d_in x h`` and the scan estimate
+    (:data:`MAMBA_SCAN_FLOPS_PER_STATE` ``x d_in x N``), with Megatron's ``d_in = 2 h``
+    (:data:`MEGATRON_MAMBA_EXPAND`; the time model uses the real ``d_inner = H P``)."""
+    m = model.mamba
+    assert m is not None
+    h, n = model.hidden_size, m.state_dim
+    di = MEGATRON_MAMBA_EXPAND * h
+    proj = h * (2 * di + 2 * m.num_groups * n + m.num_heads) + di * h
+    return FMA * proj + MAMBA_SCAN_FLOPS_PER_STATE * di * n
 
 
 def logits_flops(model: ModelSpec, tp: int = 1) -> float:
@@ -124,12 +159,22 @@ def layer_is_sliding(model: ModelSpec, layer: int) -> bool:
 
 
 def layer_forward_flops(model: ModelSpec, layer: int, seq_len: int) -> float:
-    """Forward model FLOPs per token of decoder layer ``layer`` (0-based)."""
-    attn = attention_projection_flops(model) + core_attention_flops(
-        model, seq_len, layer_is_sliding(model, layer)
-    )
-    is_moe = model.is_moe and layer >= model.num_dense_layers
-    return attn + (moe_flops(model) if is_moe else dense_mlp_flops(model))
+    """Forward model FLOPs per token of decoder layer ``layer`` (0-based): the sum of its blocks
+    (``oracle/inventory.py``)."""
+    from oracle.inventory import Block, kind_blocks, layer_kinds
+
+    total = 0.0
+    for block in kind_blocks(model, layer_kinds(model)[layer]):
+        if block is Block.ATTENTION:
+            total += attention_projection_flops(model) + core_attention_flops(
+                model, seq_len, layer_is_sliding(model, layer))
+        elif block is Block.MLP:
+            total += dense_mlp_flops(model)
+        elif block is Block.MOE:
+            total += moe_flops(model)
+        else:
+            total += mamba_flops(model)
+    return total
 
 
 def forward_flops_per_token(model: ModelSpec, seq_len: int, tp: int = 1) -> float:
@@ -137,6 +182,8 @@ def forward_flops_per_token(model: ModelSpec, seq_len: int, tp: int = 1) -> floa
     total = sum(layer_forward_flops(model, i, seq_len) for i in range(model.num_layers))
     if model.num_mtp_layers:
         last = layer_forward_flops(model, model.num_layers - 1, seq_len)
+        if model.is_hybrid:  # an MTP depth is attention + the last layer's MoE/MLP block
+            last += attention_projection_flops(model) + core_attention_flops(model, seq_len)
         total += model.num_mtp_layers * (last + mtp_extra_flops(model))
     total += (1 + model.num_mtp_layers) * logits_flops(model, tp)
     return total

@@ -28,7 +28,12 @@ import numpy as np
 #: all-to-alls, unpermute, probability scaling, ~40; moe_per_local_expert: the grouped expert
 #: MLP is a loop over the rank's experts (Transformer Engine GroupedLinear: per expert an
 #: input quantisation and a GEMM for fc1 and for fc2 forward), 4 per local expert.
-KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0}
+#: mamba (one Mamba-2 mixer layer, Megatron-Core 0.16.1 training path): fused norm + in_proj,
+#: two layout copies (rearrange), the fused conv1d + SSD scan (causal_conv1d and the five
+#: mamba_ssm chunk kernels: cumsum, chunk state, state passing, C B^T, chunk scan), the gated
+#: RMSNorm, out_proj and the residual add, ~11.
+KERNELS_PER_LAYER = {"attention": 7.0, "mlp": 5.0, "moe": 40.0, "moe_per_local_expert": 4.0,
+                     "mamba": 11.0}
 #: Host operations of the MoE parts that Megatron-Core's per-layer CUDA graphs can capture
 #: (``--cuda-graph-scope moe_router`` / ``moe_preprocess``; part of the ``moe`` count above):
 #: router: gating GEMM, (fused) top-k / softmax, aux-loss and z-loss ops, ~10; preprocess: the
@@ -72,6 +77,30 @@ def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any,
         parts = ("attn", "moe_router", "moe_preprocess") if moe else ("attn", "mlp")
         for part in parts:
             ops = ops - np.asarray(graphs[f"graph_{part}"]) * (GRAPH_SCOPE_OPS[part] - 1.0)
+        ops = ops * (1.0 - np.asarray(graphs["graph_full_iteration"]))
+    return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
+
+
+def attention_host_time(kernel_overhead_s: Any, cp_steps: Any = 0.0,
+                        graphs: dict[str, Any] | None = None) -> np.ndarray:
+    """The attention part of :func:`layer_host_time` (its operations, the CP ring steps', one
+    launch when ``attn`` is graph-captured): what a hybrid model's MLP-only and MoE-only layers
+    do not issue, and what its attention-only layers do."""
+    ops = KERNELS_PER_LAYER["attention"] + CP_OPS_PER_RING_STEP * np.asarray(cp_steps,
+                                                                            dtype=np.float64)
+    if graphs is not None:
+        ops = ops - np.asarray(graphs["graph_attn"]) * (GRAPH_SCOPE_OPS["attn"] - 1.0)
+        ops = ops * (1.0 - np.asarray(graphs["graph_full_iteration"]))
+    return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
+
+
+def mamba_host_time(kernel_overhead_s: Any, graphs: dict[str, Any] | None = None
+                    ) -> np.ndarray:
+    """Host time to issue one Mamba layer's forward and backward:
+    ``3 x KERNELS_PER_LAYER["mamba"] x kernel_overhead_s`` (nothing under a full-iteration
+    CUDA graph; tune-cp has no per-layer ``mamba`` graph scope)."""
+    ops = np.asarray(KERNELS_PER_LAYER["mamba"], dtype=np.float64)
+    if graphs is not None:
         ops = ops * (1.0 - np.asarray(graphs["graph_full_iteration"]))
     return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
 

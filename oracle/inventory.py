@@ -114,8 +114,17 @@ def kind_index(model: ModelSpec) -> tuple[int, ...]:
 
 
 def mtp_kind(model: ModelSpec) -> LayerKind:
-    """An MTP module's transformer layer copies the last layer's kind (DeepSeek-V3)."""
+    """An MTP module's transformer layer copies the last layer's kind (DeepSeek-V3). In a hybrid
+    model an MTP depth runs attention and then that MoE or MLP block (Nemotron 3's MTP pattern
+    ``*E``, Megatron-Bridge ``mtp_hybrid_override_pattern``): the kind is the MoE/MLP layer and
+    the attention block is counted with the MTP extras (:func:`mtp_extra_blocks`)."""
     return LayerKind.MOE if model.is_moe else LayerKind.DENSE
+
+
+def mtp_extra_blocks(model: ModelSpec) -> tuple[Block, ...]:
+    """Blocks an MTP depth runs beside its :func:`mtp_kind` layer: the attention of a hybrid
+    model's ``*E`` MTP pattern; none for a transformer (its MoE/dense layer has attention)."""
+    return (Block.ATTENTION,) if model.is_hybrid else ()
 
 
 def block_counts(model: ModelSpec, kinds: dict[LayerKind, int]) -> dict[Block, int]:
@@ -158,6 +167,7 @@ class ActShape:
     etp: int
     fp8_num: int
     fp8_den: int
+    cp: int = 1
 
     def gemm_input(self, elements: int) -> int:
         """Bytes of a saved GEMM input: bf16, or FP8 (+ MXFP8 block scales) under FP8."""
@@ -170,7 +180,7 @@ def act_shape(model: ModelSpec, training: TrainingSpec, cfg: ParallelConfig) -> 
     t = P.cdiv(cfg.mbs * training.seq_len, cfg.cp)
     t_sp = P.cdiv(t, cfg.tp) if cfg.sp else t
     num, den = fp8_saved_input_bytes(cfg.fp8_recipe, training.precision is Precision.FP4)
-    return ActShape(t, t_sp, P.cdiv(training.seq_len, cfg.cp), cfg.tp, cfg.etp_, num, den)
+    return ActShape(t, t_sp, P.cdiv(training.seq_len, cfg.cp), cfg.tp, cfg.etp_, num, den, cfg.cp)
 
 
 def fp8_saved_input_bytes(recipe: Fp8Recipe | None, fp4: bool = False) -> tuple[int, int]:
@@ -327,3 +337,242 @@ def kept_bytes(tensors: list[Tensor], modules: frozenset[str]) -> int:
     """Bytes of the tensors that the selective-recompute ``modules`` do not drop."""
     return sum(t.bytes for t in tensors if not (t.dropped_by & modules))
 
+
+
+# ============================================================ Mamba-2 mixer
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """Per-rank widths of one Mamba-2 mixer (Megatron-Core ``mamba_mixer.py`` and
+    ``mamba_context_parallel.py``): heads and groups split over tp, then over cp by the
+    all-to-all around the conv and scan (groups replicated when ``G / tp < cp``)."""
+
+    d_inner: int  # d_inner / tp
+    heads: int  # H / tp
+    groups: int  # G / tp
+    proj: int  # in_proj output width on one tp rank: 2 d_inner + 2 G N + H, over tp
+    conv: int  # conv1d channels on one tp rank: d_inner + 2 G N, over tp
+    heads_cp: int  # H / (tp cp)
+    groups_cp: int  # G / (tp cp), at least 1
+    proj_cp: int  # the zxBCdt width one rank scans after the CP all-to-all
+
+
+def mamba_shape(model: ModelSpec, tp: int, cp: int = 1) -> MambaShape:
+    m = model.mamba
+    assert m is not None, "a Mamba layer needs ModelSpec.mamba"
+    n = m.state_dim
+    heads, groups = P.cdiv(m.num_heads, tp), P.cdiv(m.num_groups, tp)
+    d_inner = heads * m.head_dim
+    heads_cp = P.cdiv(heads, cp)
+    groups_cp = max(1, groups // cp)
+    return MambaShape(
+        d_inner=d_inner, heads=heads, groups=groups,
+        proj=2 * d_inner + 2 * groups * n + heads,
+        conv=d_inner + 2 * groups * n,
+        heads_cp=heads_cp, groups_cp=groups_cp,
+        proj_cp=2 * heads_cp * m.head_dim + 2 * groups_cp * n + heads_cp,
+    )
+
+
+def mamba_tensors(model: ModelSpec, x: ActShape) -> list[Tensor]:
+    """Tensors a Mamba-2 mixer layer keeps for backward, per micro-batch and rank (Megatron-Core
+    0.16.1 training path, ``use_mamba_mem_eff_path=True``: ``MambaMixer._ssm_training`` calls
+    mamba_ssm's ``mamba_split_conv1d_scan_combined``):
+
+    * the fused pre-norm of ``in_proj`` (``TELayerNormColumnParallelLinear``): its input
+      (bf16 ``t_sp x h``), fp32 rstd, and the GEMM input (the norm output);
+    * ``MambaSplitConv1dScanCombinedFn`` saves ``zxbcdt`` (the whole ``in_proj`` output, bf16,
+      after the CP all-to-all: the full sequence ``t cp`` for ``H / (tp cp)`` heads) and
+      ``out_x`` (the scan output before the ``silu(z)`` gate, ``t x d_inner / tp``); the conv
+      output and the chunk states are recomputed in its backward;
+    * the gated RMSNorm (``ExtendedRMSNorm``, mamba_ssm ``layernorm_gated``) keeps its input y
+      (bf16 ``t x d_inner / tp``) and an fp32 rstd per token and group;
+    * ``out_proj`` (row-parallel) keeps its input, the norm output.
+
+    No selective-recompute module drops them (Megatron-Core's ``recompute_modules`` name
+    attention, MLP and MoE parts only). Not measured: the mamba_ssm kernels are not installed
+    beside ``benchmarks/memory_truth.py``.
+    """
+    h = model.hidden_size
+    ms = mamba_shape(model, x.tp, x.cp)
+    out = [
+        Tensor("mamba_norm_input", BF16_BYTES * x.t_sp * h),
+        Tensor("mamba_norm_stats", norm_stats_bytes(model, x.t_sp)),
+        Tensor("in_proj_input", x.gemm_input(x.t_sp * h)),
+        Tensor("zxbcdt", BF16_BYTES * x.t * x.cp * ms.proj_cp),
+        Tensor("scan_out_x", BF16_BYTES * x.t * ms.d_inner),
+        Tensor("gated_norm_input", BF16_BYTES * x.t * ms.d_inner),
+        Tensor("gated_norm_stats", FP32_BYTES * x.t * ms.groups),
+        Tensor("out_proj_input", x.gemm_input(x.t * ms.d_inner)),
+    ]
+    if model.hidden_dropout:
+        out.append(Tensor("mamba_dropout_mask", x.t_sp * h))
+    return out
+
+
+def mamba_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Working set of a Mamba layer's backward beside the incoming ``t_sp x h`` gradient: the
+    gradient of ``zxbcdt`` (bf16, as saved), the recomputed conv output (``x, B, C``, bf16) and
+    the fp32 chunk states with their gradient (``t / chunk`` chunks of ``H / tp x P x N``), as
+    mamba_ssm's ``MambaSplitConv1dScanCombinedFn.backward`` allocates them. Not measured."""
+    m = model.mamba
+    assert m is not None
+    ms = mamba_shape(model, x.tp, x.cp)
+    seq = x.t * x.cp
+    chunks = P.cdiv(seq, m.chunk_size)
+    states = FP32_BYTES * chunks * ms.heads_cp * m.head_dim * m.state_dim
+    return (BF16_BYTES * seq * ms.proj_cp
+            + BF16_BYTES * seq * (ms.conv // max(1, x.cp))
+            + 2 * states
+            + BF16_BYTES * x.t_sp * model.hidden_size)
+
+
+def attention_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+    """Working set of an attention-only layer's backward (hybrid ``*``) beside the incoming
+    ``t_sp x h`` gradient: the gradients of Q, K and V (bf16, the QKV output's width). A
+    transformer layer's backward peak is its MLP's (``oracle/memory.py::dense_backward_bytes``);
+    this one is not measured."""
+    if model.mla is not None:
+        ml = model.mla
+        width = P.cdiv(model.num_attention_heads, x.tp) * (
+            2 * (ml.qk_nope_head_dim + ml.qk_rope_head_dim) + ml.v_head_dim)
+    else:
+        width = (P.cdiv(model.num_attention_heads, x.tp)
+                 + 2 * P.kv_heads_per_rank(model, x.tp)) * model.head_dim
+    return BF16_BYTES * x.t * width + BF16_BYTES * x.t_sp * model.hidden_size
+
+
+def mamba_scan_flops_per_token(model: ModelSpec, tp: int) -> float:
+    """Forward FLOPs of the chunked SSD scan per token on one tensor-parallel rank.
+
+    Mamba-2's SSD algorithm (Dao and Gu 2024, "Transformers are SSMs", section 6) with chunk
+    length Q (``MambaSpec.chunk_size``, Megatron's ``chunk_size=128``), state N, head dim P runs
+    four matmuls: ``C B^T`` within each chunk (``2 Q N`` per token, per group), its masked
+    product with x (``2 Q P`` per token, per head), the chunk states ``B^T x`` (``2 N P``, per
+    head) and the state output ``C h`` (``2 N P``, per head); the state passing between chunks
+    is ``O(N P / Q)`` and left out. Backward is twice the forward."""
+    m = model.mamba
+    assert m is not None
+    q, n, p_ = m.chunk_size, m.state_dim, m.head_dim
+    heads, groups = m.num_heads / tp, max(1.0, m.num_groups / tp)
+    return 2.0 * heads * (q * p_ + 2 * n * p_) + 2.0 * groups * q * n
+
+
+def mamba_scan_bytes_per_token(model: ModelSpec, tp: int) -> float:
+    """HBM bytes of the fused conv + scan kernels per token on one tp rank, forward: read
+    ``zxbcdt`` (bf16), write the conv output and read it back (bf16, ``d_inner + 2 G N``), write
+    ``out_x`` and the gated output (bf16, ``2 d_inner``); the gated RMSNorm reads y and writes
+    its output (``2 d_inner`` bf16). Chunk states stay on chip per chunk (mamba_ssm
+    ``ssd_combined.py`` kernels)."""
+    ms = mamba_shape(model, tp)
+    return float(BF16_BYTES * (ms.proj + 2 * ms.conv + 2 * ms.d_inner + 2 * ms.d_inner))
+
+
+def mamba_gemms(model: ModelSpec, tp: float) -> dict[str, tuple[float, float]]:
+    """The mixer's GEMMs as ``{slot: (N, K)}`` per token (M = tokens on the rank): ``in_proj``
+    ``h -> (2 d_inner + 2 G N + H) / tp`` (column-parallel) and ``out_proj``
+    ``d_inner / tp -> h`` (row-parallel). ``tp`` may be a numpy array."""
+    m = model.mamba
+    assert m is not None
+    import numpy as np
+
+    h, n = model.hidden_size, m.state_dim
+    heads = np.ceil(m.num_heads / tp)
+    groups = np.ceil(m.num_groups / tp)
+    d_inner = heads * m.head_dim
+    return {
+        "mamba_in": (2 * d_inner + 2 * groups * n + heads, float(h)),
+        "mamba_out": (float(h), d_inner),
+    }
+
+
+def mamba_cp_all_to_all_elements(model: ModelSpec, tp: int) -> int:
+    """Elements one rank sends per token in Mamba's context-parallel all-to-alls, forward:
+    ``zxBCdt`` before the conv and scan (sequence-sharded -> head-sharded) and the scan output
+    ``y`` after it (head-sharded -> sequence-sharded), Megatron-Core
+    ``mamba_context_parallel.py::pre_conv_ssm`` / ``post_conv_ssm``. The z and dt parts ride
+    along with x, B, C."""
+    ms = mamba_shape(model, tp)
+    return ms.proj + ms.d_inner
+
+
+# ============================================================ GEMMs per block (vectorised)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM of a block on one rank, per micro-batch: ``m`` rows (tokens), ``n`` x ``k``
+    weight (per rank, after tp / etp sharding), run ``count`` times (local experts). Fields may
+    be numpy arrays over configurations. Its weight has ``n k count`` parameters."""
+
+    slot: str
+    m: object
+    n: object
+    k: object
+    count: object = 1.0
+
+
+def block_gemms(model: ModelSpec, tokens: object, tokens_sp: object, tp: object, ep: object,
+                etp: object) -> dict[Block, list[Gemm]]:
+    """The GEMMs of every block the model has, per rank and micro-batch (``tokens``: T = mbs
+    seq / cp; ``tokens_sp``: T / tp under sequence parallelism; ``tp``, ``ep``, ``etp`` may be
+    numpy arrays). Attention: fused QKV (GQA: ``h -> (a + 2 g) d / tp``, KV heads replicated
+    when tp > g) or MLA's down- (replicated) and up-projections, and the output projection;
+    MLP: fc1 (``2 f`` gated) and fc2; MoE: the grouped expert fc1/fc2 on the ``T_sp k etp``
+    routed token copies of the ``E / ep`` local experts (a latent MoE's experts and its
+    replicated ``h -> L -> h`` projections on the latent width), the shared experts and the
+    router; Mamba: :func:`mamba_gemms`. ``oracle/work.py::build_work`` lays them into its GEMM
+    slots; ``tests/test_hybrid.py`` checks their weights against ``oracle/params.py``."""
+    import numpy as np
+
+    h, a, g = model.hidden_size, model.num_attention_heads, model.num_kv_heads
+    T, Tsp = tokens, tokens_sp
+    a_loc = np.ceil(a / tp)
+    g_loc = np.maximum(1.0, np.ceil(g / tp))
+    up = 2.0 if model.gated_mlp else 1.0
+    out: dict[Block, list[Gemm]] = {}
+    blocks = {b for kind in set(layer_kinds(model)) for b in kind_blocks(model, kind)}
+    if Block.ATTENTION in blocks or model.num_mtp_layers:
+        att: list[Gemm] = []
+        if model.mla is not None:
+            m = model.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            if m.q_lora_rank:
+                att.append(Gemm("q_down", T, m.q_lora_rank, h))  # duplicated over tp
+                att.append(Gemm("q_up", T, a_loc * qk, m.q_lora_rank))
+            else:
+                att.append(Gemm("qkv", T, a_loc * qk, h))
+            att.append(Gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h))
+            att.append(Gemm("kv_up", T, a_loc * (m.qk_nope_head_dim + m.v_head_dim),
+                            m.kv_lora_rank))
+            att.append(Gemm("attn_out", T, h, a_loc * m.v_head_dim))
+        else:
+            d = model.head_dim
+            att.append(Gemm("qkv", T, (a_loc + 2 * g_loc) * d, h))
+            att.append(Gemm("attn_out", T, h, a_loc * d))
+        out[Block.ATTENTION] = att
+    if model.num_dense_layers_effective:
+        f_loc = np.ceil(model.ffn_hidden_size / tp)
+        out[Block.MLP] = [Gemm("mlp_fc1", T, up * f_loc, h), Gemm("mlp_fc2", T, h, f_loc)]
+    if model.is_moe:
+        E, k = model.num_experts, model.moe_top_k
+        width = model.moe_latent_size or h
+        fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
+        rows = Tsp * k * etp  # token copies this rank's experts process
+        local_experts = np.ceil(E / ep)
+        m_e = rows / local_experts
+        moe = [Gemm("exp_fc1", m_e, up * fe_loc, width, local_experts),
+               Gemm("exp_fc2", m_e, width, fe_loc, local_experts)]
+        if model.moe_latent_size:  # duplicated (replicated) over tp, on the local tokens
+            moe += [Gemm("lat_down", Tsp, width, h), Gemm("lat_up", Tsp, h, width)]
+        fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
+        if fs:
+            fs_loc = np.ceil(fs / tp)
+            moe += [Gemm("sh_fc1", T, up * fs_loc, h), Gemm("sh_fc2", T, h, fs_loc)]
+        moe.append(Gemm("router", Tsp, E, h))
+        out[Block.MOE] = moe
+    if model.mamba is not None:
+        out[Block.MAMBA] = [Gemm(slot, T, n_, k_) for slot, (n_, k_)
+                            in mamba_gemms(model, tp).items()]
+    return out

@@ -67,14 +67,25 @@ from oracle.inventory import (  # the per-layer tensor lists live in the workloa
     BOOL_BYTES,
     FP32_BYTES,
     INT64_BYTES,
+    KINDS,
     MXFP8_BLOCK,
     NVFP4_BLOCK,
     ActShape,
+    Block,
+    LayerKind,
     act_shape,
+    attention_backward_bytes,
     attention_tensors,
     dense_mlp_tensors,
     kept_bytes,
+    kind_blocks,
+    kind_index,
+    layer_kinds,
+    mamba_backward_bytes,
+    mamba_tensors,
     moe_tensors,
+    mtp_extra_blocks,
+    mtp_kind,
     norm_stats_bytes,
 )
 from oracle.specs import (
@@ -311,8 +322,12 @@ def recompute_groups(
 class StageCounts:
     """Integer coefficients of one pipeline stage (see module docstring, layer 1).
 
-    ``recompute_groups`` lists the distinct ``(dense, moe)`` layer compositions of the groups
-    recomputed on the stage; the recompute working set is the largest of them.
+    Layers are counted per :class:`oracle.inventory.LayerKind` (what each kind is made of is
+    the inventory's ``kind_blocks``): ``dense``/``moe`` and, in hybrid models only,
+    ``attention``/``mamba``. ``recompute_groups`` lists the distinct layer compositions (layers
+    per kind, in :data:`oracle.inventory.KINDS` order) of the groups recomputed on the stage;
+    the recompute working set is the largest of them. The hybrid kinds' fields come last with a
+    default of 0, so a transformer's counts read as before.
     """
 
     stage: int
@@ -331,34 +346,44 @@ class StageCounts:
     has_dense: int
     has_moe: int
     has_layers: int
-    recompute_groups: tuple[tuple[int, int], ...]
+    recompute_groups: tuple[tuple[int, ...], ...]
+    attention_layers: int = 0
+    mamba_layers: int = 0
+    inflight_attention: int = 0
+    inflight_mamba: int = 0
+    has_attention: int = 0
+    has_mamba: int = 0
+    #: layers of each kind (KINDS order) fully recomputed on the stage per micro-batch (the time
+    #: model's recompute term; not tabulated by the solver)
+    recomputed: tuple[int, ...] = ()
 
     def as_vector(self) -> tuple[int, ...]:
-        """The coefficients the solver tabulates (everything but the stage index)."""
-        return (
-            self.dense_layers,
-            self.moe_layers,
-            self.mtp_layers,
-            self.has_embedding,
-            self.has_output,
-            self.inflight_dense,
-            self.inflight_moe,
-            self.inflight_ckpt,
-            self.inflight_embedding,
-            self.inflight_output,
-            self.inflight_mtp,
-            self.inflight_microbatches,
-            self.has_dense,
-            self.has_moe,
-            self.has_layers,
-        )
+        """The coefficients the solver tabulates (everything but the stage index and the
+        groups), in :data:`VECTOR_FIELDS` order."""
+        return tuple(getattr(self, f) for f in VECTOR_FIELDS)
+
+
+#: :meth:`StageCounts.as_vector`'s fields, in order (the solver rebuilds counts from them)
+VECTOR_FIELDS: tuple[str, ...] = (
+    "dense_layers", "moe_layers", "mtp_layers", "has_embedding", "has_output",
+    "inflight_dense", "inflight_moe", "inflight_ckpt", "inflight_embedding", "inflight_output",
+    "inflight_mtp", "inflight_microbatches", "has_dense", "has_moe", "has_layers",
+    "attention_layers", "mamba_layers", "inflight_attention", "inflight_mamba",
+    "has_attention", "has_mamba",
+)
+#: per-kind fields of :class:`StageCounts`: (layers, in-flight layer activations, present)
+KIND_FIELDS: dict[LayerKind, tuple[str, str, str]] = {
+    LayerKind.DENSE: ("dense_layers", "inflight_dense", "has_dense"),
+    LayerKind.MOE: ("moe_layers", "inflight_moe", "has_moe"),
+    LayerKind.ATTENTION: ("attention_layers", "inflight_attention", "has_attention"),
+    LayerKind.MAMBA: ("mamba_layers", "inflight_mamba", "has_mamba"),
+}
 
 
 @lru_cache(maxsize=65536)
 def _stage_counts_cached(
-    num_layers: int,
-    num_dense_layers: int,
-    is_moe: bool,
+    kinds: tuple[int, ...],
+    mtp_kind: int,
     num_mtp: int,
     pp: int,
     vpp: int,
@@ -368,57 +393,67 @@ def _stage_counts_cached(
     method: RecomputeMethod,
     k: int | None,
 ) -> tuple[StageCounts, ...]:
-    def moe(i: int) -> bool:
-        return is_moe and i >= num_dense_layers
-
+    """``kinds``: each decoder layer's kind as an index into :data:`KINDS`
+    (:func:`oracle.inventory.kind_index`); ``mtp_kind``: the kind an MTP layer copies."""
+    nk = len(KINDS)
     result = []
-    for s, chunks in enumerate(pipeline_chunks(num_layers, num_mtp, pp, vpp, split)):
+    for s, chunks in enumerate(pipeline_chunks(len(kinds), num_mtp, pp, vpp, split)):
         inflight = inflight_per_chunk(pp, vpp, num_microbatches, s)
-        c = dict(dense=0, moe=0, ckpt=0, emb=0, out=0, mtp=0)
-        groups: set[tuple[int, int]] = set()
+        live = [0] * nk
+        ckpt = emb = out = mtp_in = 0
+        groups: set[tuple[int, ...]] = set()
+        redo = [0] * nk
         for chunk, n_in in zip(chunks, inflight, strict=True):
             plan = recompute_groups(len(chunk.layers), recompute, method, k)
             recomputed = {i for lo, hi in plan for i in range(lo, hi)}
+            for i in recomputed:
+                redo[kinds[chunk.layers[i]]] += 1
             for lo, hi in plan:
-                n_moe = sum(1 for i in range(lo, hi) if moe(chunk.layers[i]))
-                groups.add((hi - lo - n_moe, n_moe))
+                comp = [0] * nk
+                for i in range(lo, hi):
+                    comp[kinds[chunk.layers[i]]] += 1
+                groups.add(tuple(comp))
             for idx, layer in enumerate(chunk.layers):
                 if idx not in recomputed:
-                    c["moe" if moe(layer) else "dense"] += n_in
-            c["ckpt"] += n_in * len(plan)
-            c["emb"] += n_in if chunk.has_embedding else 0
-            c["out"] += n_in if chunk.has_output else 0
-            c["mtp"] += n_in * chunk.mtp_layers
-        layers = [i for ch in chunks for i in ch.layers]
-        n_moe = sum(1 for i in layers if moe(i))
+                    live[kinds[layer]] += n_in
+            ckpt += n_in * len(plan)
+            emb += n_in if chunk.has_embedding else 0
+            out += n_in if chunk.has_output else 0
+            mtp_in += n_in * chunk.mtp_layers
+        per_kind = [0] * nk
+        for ch in chunks:
+            for i in ch.layers:
+                per_kind[kinds[i]] += 1
         mtp = sum(ch.mtp_layers for ch in chunks)
+        present = [int(per_kind[j] > 0 or (mtp > 0 and j == mtp_kind)) for j in range(nk)]
+        fields: dict[str, int] = {}
+        for j, kind in enumerate(KINDS):
+            n_f, in_f, has_f = KIND_FIELDS[kind]
+            fields[n_f], fields[in_f], fields[has_f] = per_kind[j], live[j], present[j]
         result.append(
             StageCounts(
                 stage=s,
-                dense_layers=len(layers) - n_moe,
-                moe_layers=n_moe,
                 mtp_layers=mtp,
                 has_embedding=int(any(ch.has_embedding for ch in chunks)),
                 has_output=int(any(ch.has_output for ch in chunks)),
-                inflight_dense=c["dense"],
-                inflight_moe=c["moe"],
-                inflight_ckpt=c["ckpt"],
-                inflight_embedding=c["emb"],
-                inflight_output=c["out"],
-                inflight_mtp=c["mtp"],
+                inflight_ckpt=ckpt,
+                inflight_embedding=emb,
+                inflight_output=out,
+                inflight_mtp=mtp_in,
                 inflight_microbatches=max(inflight) if inflight else 0,
-                has_dense=int(len(layers) > n_moe or (mtp > 0 and not is_moe)),
-                has_moe=int(n_moe > 0 or (mtp > 0 and is_moe)),
-                has_layers=int(len(layers) + mtp > 0),
+                has_layers=int(sum(per_kind) + mtp > 0),
                 recompute_groups=_pareto_groups(groups),
+                recomputed=tuple(redo),
+                **fields,
             )
         )
     return tuple(result)
 
 
-def _pareto_groups(groups: set[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Drop compositions dominated in both coordinates (they can never be the largest)."""
-    keep = [g for g in groups if not any(o != g and o[0] >= g[0] and o[1] >= g[1] for o in groups)]
+def _pareto_groups(groups: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """Drop compositions dominated in every coordinate (they can never be the largest)."""
+    keep = [g for g in groups
+            if not any(o != g and all(x >= y for x, y in zip(o, g, strict=True)) for o in groups)]
     return tuple(sorted(keep))
 
 
@@ -426,9 +461,8 @@ def stage_counts(model: ModelSpec, cfg: ParallelConfig) -> tuple[StageCounts, ..
     """Layer 1 for a resolved configuration: one :class:`StageCounts` per pipeline stage."""
     assert cfg.ga is not None and cfg.pipeline_split is not None, "resolve_config() first"
     return _stage_counts_cached(
-        model.num_layers,
-        model.num_dense_layers,
-        model.is_moe,
+        kind_index(model),
+        KINDS.index(mtp_kind(model)),
         model.num_mtp_layers,
         cfg.pp,
         cfg.vpp,
@@ -456,13 +490,25 @@ class ParamUnits:
     mtp_extra: int
     largest_layer: int  # for FSDP's gathered-layer buffers
     mtp_embedding: int  # the last stage's copy of the word embeddings for MTP (pp > 1)
+    #: the attention block inside a ``dense``/``moe`` layer: ``attention`` for a transformer,
+    #: 0 in a hybrid model (its attention is a layer of its own, counted by
+    #: ``StageCounts.attention_layers``)
+    layer_attention: int = 0
+    mamba: int = 0  # one Mamba-2 mixer layer
 
 
 def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamUnits:
+    """Layer 2 for parameters: each block's count per rank (``oracle/params.py``), composed into
+    layer kinds as the inventory says (``oracle/inventory.py::kind_blocks``)."""
     attn = P.attention_params(model, tp)
     dense = P.dense_mlp_params(model, tp) if model.num_dense_layers_effective else 0
     moe_ne = P.moe_nonexpert_params(model, tp) if model.is_moe else 0
     experts = P.expert_params_per_rank(model, ep, etp) if model.is_moe else 0
+    mamba = P.mamba_params(model, tp) if model.mamba is not None else 0
+    in_layer = 0 if model.is_hybrid else attn
+    per_block = {Block.ATTENTION: attn, Block.MLP: dense, Block.MOE: moe_ne + experts,
+                 Block.MAMBA: mamba}
+    largest = max(sum(per_block[b] for b in kind_blocks(model, k)) for k in set(layer_kinds(model)))
     return ParamUnits(
         attention=attn,
         dense_mlp=dense,
@@ -470,8 +516,12 @@ def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamU
         experts=experts,
         embedding=P.embedding_params(model, tp),
         output=P.output_params(model, tp, pp),
-        mtp_extra=P.mtp_extra_params(model, tp) if model.num_mtp_layers else 0,
-        largest_layer=attn + max(dense, moe_ne + experts),
+        # a hybrid model's MTP depth also runs an attention block (inventory.mtp_extra_blocks)
+        mtp_extra=(P.mtp_extra_params(model, tp) + (attn if model.is_hybrid else 0)
+                   if model.num_mtp_layers else 0),
+        largest_layer=largest,
+        layer_attention=in_layer,
+        mamba=mamba,
         mtp_embedding=mtp_embedding_params(model, tp, pp),
     )
 
@@ -567,6 +617,11 @@ class ActivationUnits:
     cp_buffers: int
     pipeline_buffers: int
     rope_table: int
+    # hybrid models only (0 otherwise): an attention-only and a Mamba layer, their backward
+    attention_layer: int = 0
+    mamba_layer: int = 0
+    attention_backward: int = 0
+    mamba_backward: int = 0
 
 
 def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
@@ -592,13 +647,26 @@ def activation_units(
     x = act_shape(model, training, cfg)
     mods = frozenset(cfg.recompute_modules) if cfg.recompute is Recompute.SELECTIVE else frozenset()
     h = model.hidden_size
-    attn = kept_bytes(attention_tensors(model, training, x), mods)
-    dense = attn + kept_bytes(dense_mlp_tensors(model, x), mods) if model.ffn_hidden_size else 0
-    moe = moe_extra = 0
+    # one layer of each kind: the kept tensors of its blocks (``oracle/inventory.py``)
+    present = set(layer_kinds(model)) | ({mtp_kind(model)} if model.num_mtp_layers else set())
+    block = {
+        Block.ATTENTION: kept_bytes(attention_tensors(model, training, x), mods),
+        Block.MLP: kept_bytes(dense_mlp_tensors(model, x), mods) if model.ffn_hidden_size else 0,
+        Block.MOE: kept_bytes(moe_tensors(model, x), mods) if model.is_moe else 0,
+        Block.MAMBA: kept_bytes(mamba_tensors(model, x), mods) if model.mamba is not None else 0,
+    }
+
+    def layer(kind: LayerKind) -> int:
+        if kind not in present and not (kind is LayerKind.DENSE and model.ffn_hidden_size
+                                         and not model.is_hybrid):
+            return 0
+        return sum(block[b] for b in kind_blocks(model, kind))
+
+    dense, moe = layer(LayerKind.DENSE), layer(LayerKind.MOE)
+    moe_extra = 0
     if model.is_moe:
-        moe = attn + kept_bytes(moe_tensors(model, x), mods)
-        skewed = attn + kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
-        moe_extra = skewed - moe
+        skew = kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
+        moe_extra = skew - block[Block.MOE]
     vocab_loc = P.cdiv(P.padded_vocab_size(model.vocab_size, cfg.tp), cfg.tp)
     # the cross entropy keeps the int64 local target and a bool out-of-shard mask
     # (Megatron-Core ``tensor_parallel/cross_entropy.py``)
@@ -614,6 +682,7 @@ def activation_units(
     if model.num_mtp_layers:
         # enorm and hnorm inputs, the [2h] eh_proj input, its own final norm and fp32 logits
         mtp = 4 * BF16_BYTES * x.t_sp * h + final_norm + output_input + logits_fp32
+        mtp += sum(block[b] for b in mtp_extra_blocks(model))
     kv_w = (
         P.cdiv(model.num_attention_heads, cfg.tp)
         * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim)
@@ -621,9 +690,10 @@ def activation_units(
         else P.kv_heads_per_rank(model, cfg.tp) * model.head_dim
     )
     cp_buffers = 2 * 2 * BF16_BYTES * x.t * kv_w if cfg.cp > 1 else 0
-    first_kind = moe if model.is_moe and not model.num_dense_layers else dense
+    first_kind = layer(layer_kinds(model)[0])
     # independent of the recompute kind (the solver tabulates these units without it)
     emb_bwd = max(0, embedding_backward_bytes(model, x, vocab_loc) - first_kind)
+    hybrid_kinds = set(layer_kinds(model)) if model.is_hybrid else set()
     return ActivationUnits(
         dense_layer=dense,
         embedding_backward=emb_bwd,
@@ -640,6 +710,11 @@ def activation_units(
         cp_buffers=cp_buffers,
         pipeline_buffers=2 * BF16_BYTES * x.t_sp * h if cfg.pp > 1 else 0,
         rope_table=rope_table_bytes(model, training, cfg.cp),
+        attention_layer=layer(LayerKind.ATTENTION),
+        mamba_layer=layer(LayerKind.MAMBA),
+        attention_backward=(attention_backward_bytes(model, x)
+                            if LayerKind.ATTENTION in hybrid_kinds else 0),
+        mamba_backward=mamba_backward_bytes(model, x) if model.mamba is not None else 0,
     )
 
 
@@ -778,16 +853,20 @@ def stage_params(c: Any, pu: Any, is_moe: bool) -> tuple[Any, Any]:
     """Parameters of one pipeline stage on one rank: ``(dense, expert)`` (dense: everything
     replicated over the dense data-parallel group, experts: over the expert data-parallel group).
     MTP layers copy the last layer's kind (MoE for MoE models) and add their own projection and
-    norms (``mtp_extra``). ``c`` needs ``dense_layers, moe_layers, mtp_layers, has_embedding,
-    has_output`` and ``pu`` the :class:`ParamUnits` fields; only ``+`` and ``*``, so ints, CP-SAT
+    norms (``mtp_extra``). Layers count per kind (``StageCounts``); a ``dense``/``moe`` layer's
+    attention is ``pu.layer_attention`` (0 in a hybrid model, whose attention layers count
+    apart). ``c`` needs ``dense_layers, moe_layers, attention_layers, mamba_layers, mtp_layers,
+    has_embedding, has_output`` and ``pu`` the :class:`ParamUnits` fields; only ``+`` and ``*``, so ints, CP-SAT
     expressions and numpy arrays all work (the time model calls it on arrays:
     ``oracle.work.build_work``)."""
     moe_like = c.moe_layers + (c.mtp_layers if is_moe else 0)
     dense_like = c.dense_layers + (0 if is_moe else c.mtp_layers)
     dense_params = (
-        (dense_like + moe_like) * pu.attention
+        (dense_like + moe_like) * pu.layer_attention
+        + c.attention_layers * pu.attention
         + dense_like * pu.dense_mlp
         + moe_like * pu.moe_nonexpert
+        + c.mamba_layers * pu.mamba
         + c.mtp_layers * pu.mtp_extra
         + c.has_embedding * pu.embedding
         + c.has_output * pu.output
@@ -841,6 +920,8 @@ def combine(
     t["activations"] = (
         c.inflight_dense * au.dense_layer
         + c.inflight_moe * au.moe_layer
+        + c.inflight_attention * au.attention_layer
+        + c.inflight_mamba * au.mamba_layer
         + c.inflight_ckpt * au.ckpt_input
         + c.inflight_embedding * au.embedding
         + c.inflight_mtp * (mtp_layer + au.mtp_extra)
@@ -848,9 +929,12 @@ def combine(
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance
     logits = c.inflight_output * au.output + c.has_output * au.logits_transient
-    recompute_ws = vmax([d * au.dense_layer + m * au.moe_layer for d, m in c.recompute_groups])
+    per_kind = (au.dense_layer, au.moe_layer, au.attention_layer, au.mamba_layer)  # KINDS order
+    recompute_ws = vmax([sum(n * u for n, u in zip(g, per_kind, strict=False))
+                         for g in c.recompute_groups])
     backward_ws = (
         vmax([c.has_dense * au.dense_backward, c.has_moe * au.moe_backward,
+              c.has_attention * au.attention_backward, c.has_mamba * au.mamba_backward,
               c.has_embedding * au.embedding_backward])
         if ov.backward_working_set
         else 0
@@ -942,7 +1026,7 @@ def memory_report(
         stages.append(
             StageMemory(
                 stage=c.stage,
-                decoder_layers=c.dense_layers + c.moe_layers,
+                decoder_layers=c.dense_layers + c.moe_layers + c.attention_layers + c.mamba_layers,
                 terms=terms,
                 total_bytes=sum(terms.values()),
             )

@@ -7,7 +7,12 @@ a parallel size uses ceiling division: legality (``solver/rules.py``) guarantees
 and the ceiling keeps an illegal layout's estimate on the safe side rather than crashing.
 
 Symbols: h hidden, f dense FFN, a heads, g KV heads, d head dim, V vocabulary, E experts,
-f_e expert FFN, f_s shared-expert FFN (per shared expert), n_s shared experts.
+f_e expert FFN, f_s shared-expert FFN (per shared expert), n_s shared experts, L the latent
+width of a latent MoE; Mamba-2: H heads, P head dim, d_inner = H P, G groups, N state dim,
+K conv kernel.
+
+Which blocks a layer has is the workload inventory's (``oracle/inventory.py::kind_blocks``);
+:func:`layer_params` sums them.
 """
 
 from __future__ import annotations
@@ -78,10 +83,11 @@ def attention_params(model: ModelSpec, tp: int = 1) -> int:
     return total
 
 
-def mlp_params(model: ModelSpec, ffn: int, tp: int = 1) -> int:
+def mlp_params(model: ModelSpec, ffn: int, tp: int = 1, width: int = 0) -> int:
     """One MLP of width ``ffn`` on one rank: fc1 (``2 ffn`` when gated) column-parallel, fc2
-    row-parallel; biases when ``mlp_bias`` (fc2's replicated). No norm: callers add it."""
-    h = model.hidden_size
+    row-parallel; biases when ``mlp_bias`` (fc2's replicated). No norm: callers add it.
+    ``width``: its input/output width when not the hidden size (a latent MoE's experts)."""
+    h = width or model.hidden_size
     up = (2 if model.gated_mlp else 1) * ffn
     total = cdiv(h * up, tp) + cdiv(ffn * h, tp)
     if model.mlp_bias:
@@ -96,10 +102,12 @@ def dense_mlp_params(model: ModelSpec, tp: int = 1) -> int:
 
 def moe_nonexpert_params(model: ModelSpec, tp: int = 1) -> int:
     """The parts of an MoE block that are not routed experts, on one rank: pre-MLP norm, router
-    ``h x E`` (replicated, with optional bias and DeepSeek's score-correction bias) and the shared
-    experts (sharded over tp like a dense MLP of width ``n_s * f_s``)."""
+    ``h x E`` (replicated, with optional bias and DeepSeek's score-correction bias), the shared
+    experts (sharded over tp like a dense MLP of width ``n_s * f_s``) and, for a latent MoE,
+    the ``h x L`` and ``L x h`` latent projections (Megatron-Core ``moe_layer.py``
+    ``fc1_latent_proj`` / ``fc2_latent_proj``, ``parallel_mode="duplicated"``: replicated)."""
     h, e = model.hidden_size, model.num_experts
-    total = norm_params(model, h) + h * e
+    total = norm_params(model, h) + h * e + 2 * h * model.moe_latent_size
     total += e if model.router_bias else 0
     total += e if model.router_expert_bias else 0
     if model.num_shared_experts:
@@ -108,7 +116,11 @@ def moe_nonexpert_params(model: ModelSpec, tp: int = 1) -> int:
 
 
 def one_expert_params(model: ModelSpec, etp: int = 1) -> int:
-    """One routed expert on one expert-tensor-parallel rank."""
+    """One routed expert on one expert-tensor-parallel rank: an MLP of width ``f_e`` from and to
+    the hidden size, or from and to the latent width ``L`` of a latent MoE (Megatron-Core
+    ``experts.py``: ``input_size = moe_latent_size``)."""
+    if model.moe_latent_size:
+        return mlp_params(model, model.expert_ffn_hidden_size, etp, width=model.moe_latent_size)
     return mlp_params(model, model.expert_ffn_hidden_size, etp)
 
 
@@ -147,15 +159,58 @@ def mtp_extra_params(model: ModelSpec, tp: int = 1) -> int:
     return 3 * norm_params(model, h) + cdiv(2 * h * h, tp)
 
 
+def mamba_params(model: ModelSpec, tp: int = 1) -> int:
+    """One Mamba-2 mixer layer on one tensor-parallel rank, its pre-norm included (Megatron-Core
+    ``ssm/mamba_mixer.py``; the layer norm is fused into ``in_proj``, a
+    ``TELayerNormColumnParallelLinear``).
+
+    ``in_proj``: ``h x (2 d_inner + 2 G N + H)`` (z, x, B, C, dt) column-parallel; ``conv1d``:
+    depthwise over x, B, C (``d_inner + 2 G N`` channels, kernel K, with bias), split over tp;
+    ``A_log``, ``dt_bias`` and ``D`` (``D_has_hdim=False``: one per head): H each, split; the
+    gated RMSNorm over ``d_inner``, split; ``out_proj``: ``d_inner x h`` row-parallel. No linear
+    biases (Megatron asserts ``not bias``). tp must divide H and G (``solver/rules.py``).
+    """
+    m = model.mamba
+    assert m is not None, "mamba_params needs a MambaSpec"
+    h, di = model.hidden_size, m.d_inner
+    conv_ch = di + 2 * m.num_groups * m.state_dim
+    proj_out = 2 * di + 2 * m.num_groups * m.state_dim + m.num_heads
+    total = norm_params(model, h)
+    total += cdiv(h * proj_out, tp)
+    total += cdiv(conv_ch * (m.conv_kernel + 1), tp)
+    total += 3 * cdiv(m.num_heads, tp)
+    total += cdiv(di, tp)  # gated RMSNorm scale
+    total += cdiv(di * h, tp)
+    return total
+
+
+def standalone_attention_params(model: ModelSpec, tp: int = 1) -> int:
+    """An attention-only layer (hybrid ``*``): the attention block and its pre-norm."""
+    return attention_params(model, tp)
+
+
+def standalone_mlp_params(model: ModelSpec, tp: int = 1) -> int:
+    """An MLP-only layer (hybrid ``-``): the dense MLP and its pre-norm."""
+    return dense_mlp_params(model, tp)
+
+
+def moe_block_params(model: ModelSpec) -> int:
+    """An MoE block with all its routed experts, unsharded."""
+    return moe_nonexpert_params(model) + model.num_experts * one_expert_params(model)
+
+
 def layer_params(model: ModelSpec, layer: int) -> int:
-    """Parameters of decoder layer ``layer`` (0-based), unsharded."""
-    if model.is_moe and layer >= model.num_dense_layers:
-        return (
-            attention_params(model)
-            + moe_nonexpert_params(model)
-            + model.num_experts * one_expert_params(model)
-        )
-    return attention_params(model) + dense_mlp_params(model)
+    """Parameters of decoder layer ``layer`` (0-based), unsharded: the sum of its blocks
+    (``oracle/inventory.py::kind_blocks``)."""
+    from oracle.inventory import Block, kind_blocks, layer_kinds
+
+    per_block = {
+        Block.ATTENTION: attention_params,
+        Block.MLP: dense_mlp_params,
+        Block.MOE: lambda m: moe_block_params(m),
+        Block.MAMBA: mamba_params,
+    }
+    return sum(per_block[b](model) for b in kind_blocks(model, layer_kinds(model)[layer]))
 
 
 def total_params(model: ModelSpec, *, include_mtp: bool = False) -> int:
@@ -166,6 +221,8 @@ def total_params(model: ModelSpec, *, include_mtp: bool = False) -> int:
     total += embedding_params(model, pad=False) + output_params(model, pad=False)
     if include_mtp and model.num_mtp_layers:
         per_mtp = mtp_extra_params(model) + layer_params(model, model.num_layers - 1)
+        if model.is_hybrid:  # its MTP depth is attention + the last layer's block
+            per_mtp += attention_params(model)
         total += model.num_mtp_layers * per_mtp
     return total
 

@@ -44,8 +44,12 @@ class NormKind(StrEnum):
 
 
 class PositionEmbedding(StrEnum):
+    """``none``: no position embedding at all (Megatron-LM ``--position-embedding-type none``;
+    Nemotron-H 47B/56B and Nemotron 3, whose Mamba layers carry the position)."""
+
     ROPE = "rope"
     LEARNED = "learned"
+    NONE = "none"
 
 
 class Precision(StrEnum):
@@ -322,9 +326,12 @@ class ModelSpec(Spec):
             raise ValueError(f"{self.name}: num_experts > 0 but the pattern has no MoE layer (E)")
         if "-" in pat and self.ffn_hidden_size < 1:
             raise ValueError(f"{self.name}: the pattern has MLP layers (-) but ffn_hidden_size 0")
-        if self.num_dense_layers or self.num_mtp_layers:
-            raise ValueError(f"{self.name}: num_dense_layers and num_mtp_layers are not "
-                             f"supported with a hybrid_pattern (the pattern says each layer)")
+        if self.num_dense_layers:
+            raise ValueError(f"{self.name}: num_dense_layers is not used with a hybrid_pattern "
+                             f"(the pattern says each layer)")
+        if self.num_mtp_layers and pat[-1] not in "E-":
+            raise ValueError(f"{self.name}: MTP in a hybrid model is attention + the last "
+                             f"layer's MoE or MLP block; the pattern ends in {pat[-1]!r}")
 
     @property
     def is_moe(self) -> bool:
@@ -533,8 +540,9 @@ def default_fp8_recipe(gpu: GpuSpec) -> Fp8Recipe:
 def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
     """``even`` when the decoder layers divide over ``pp * vpp`` virtual stages, else
     ``embedding_loss`` (embedding, loss and MTP layers as slots). Whether the choice is legal is
-    the solver's business (rule ``pipeline_split``)."""
-    if model.num_layers % (pp * vpp) == 0:
+    the solver's business (rule ``pipeline_split``). A hybrid Mamba model always splits evenly
+    (Megatron-Core's ``MambaStack`` has no embedding/loss slots)."""
+    if model.is_hybrid or model.num_layers % (pp * vpp) == 0:
         return PipelineSplit.EVEN
     return PipelineSplit.EMBEDDING_LOSS
 

@@ -28,16 +28,31 @@ from typing import Any
 import numpy as np
 
 from oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
-from oracle.compute import ATTENTION_BWD_FLOPS_RATIO, gemm_half_dims, shape_factor, sustained_rate
+from oracle.compute import (
+    ATTENTION_BWD_FLOPS_RATIO,
+    gemm_half_dims,
+    mamba_scan_time,
+    shape_factor,
+    sustained_rate,
+)
 from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
-from oracle.host import GRAPH_BITS, a2a_sync_exponent, host_exposed, layer_host_time
+from oracle.host import (
+    GRAPH_BITS,
+    a2a_sync_exponent,
+    attention_host_time,
+    host_exposed,
+    layer_host_time,
+    mamba_host_time,
+)
 from oracle.schedule import chunk_boundary_host, pipeline_bubble
 from oracle.work import (
     ATTN_SLOTS,
     BF16,
     EXP_SLOTS,
     GROUPED_SLOTS,
+    LAT_SLOTS,
     LOW_PREC_SLOTS,
+    MAMBA_SLOTS,
     MLA_UP_SLOTS,
     MLP_SLOTS,
     SH_SLOTS,
@@ -56,6 +71,7 @@ BREAKDOWN: tuple[str, ...] = (
     "mlp_gemm",  # dense MLP GEMMs
     "expert_gemm",  # routed (grouped) and shared expert GEMMs
     "router",  # router GEMM
+    "mamba_mixer",  # Mamba-2 in/out projections and the chunked SSD scan, fwd + bwd (hybrid)
     "elementwise",  # norms, rope, activations, residuals, permutes, FP8/FP4 casts
     "embedding_logits_loss",  # embedding, final norm, logits GEMM, cross-entropy, MTP heads
     "recompute",  # recomputed forward work (selective modules or full layers)
@@ -144,6 +160,14 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     cf_mlp, cb_mlp = slots(cast_f, MLP_SLOTS), slots(cast_b, MLP_SLOTS)
     cf_moe = slots(cast_f, EXP_SLOTS + SH_SLOTS)
     cb_moe = slots(cast_b, EXP_SLOTS + SH_SLOTS)
+    # hybrid models (oracle/inventory.py): Mamba mixers, a latent MoE's projections; a
+    # transformer has none of these (zeros), and ``nh`` = 1 keeps attention inside its
+    # dense/MoE layers (``hyb`` = 1: each hybrid layer is one block)
+    hyb = w.hybrid.is_hybrid
+    nh = 1.0 - hyb
+    g_mamba, g_lat = slots(gf, MAMBA_SLOTS), slots(gf, LAT_SLOTS)
+    cf_mamba, cb_mamba = slots(cast_f, MAMBA_SLOTS), slots(cast_b, MAMBA_SLOTS)
+    cf_lat, cb_lat = slots(cast_f, LAT_SLOTS), slots(cast_b, LAT_SLOTS)
 
     # ---- core attention
     hd = c["attention_head_dim_half"]
@@ -162,7 +186,12 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
         core_f = core_f + np.maximum(t_mm, t_exp)
         core_b = core_b + np.maximum(ATTENTION_BWD_FLOPS_RATIO * t_mm, t_exp)
 
+    # ---- Mamba-2 SSD scan (compute.mamba_scan_time)
+    scan_f = mamba_scan_time(w.hybrid.scan_flops, w.hybrid.chunk, peak_bf16 * rate,
+                             c["attention_efficiency"], hh)
+
     # ---- element-wise
+    ew_mamba = w.hybrid.ew_mamba / hbm
     ew_attn, ew_mlp, ew_moe = w.elementwise.attn / hbm, w.elementwise.mlp / hbm, w.elementwise.moe / hbm
     ew_out_f, ew_out_b = w.elementwise.out_fwd / hbm, w.elementwise.out_bwd / hbm
     ew_emb_f, ew_emb_b = w.elementwise.emb_fwd / hbm, w.elementwise.emb_bwd / hbm
@@ -172,6 +201,11 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     graphs = {f"graph_{part}": getattr(sch, f"graph_{part}") for part in GRAPH_BITS}
     host_dense = layer_host_time(False, 0.0, kern, w.cp.steps, graphs)
     host_moe = layer_host_time(True, sch.local_experts, kern, w.cp.steps, graphs)
+    # a hybrid layer is one block: its dense / MoE layers issue no attention operations
+    host_attn = attention_host_time(kern, w.cp.steps, graphs)
+    host_dense = host_dense - hyb * host_attn
+    host_moe = host_moe - hyb * host_attn
+    host_mamba = mamba_host_time(kern, graphs)
 
     # ---- TP
     t_tp = collective_time(w.tp.tensor_bytes, w.tp.n, ring(w.tp.intra, w.tp.local), alpha)
@@ -188,6 +222,8 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     # (the output layer and the embedding stay bf16 under FP8 recipes)
     tp_out_f = w.tp.has * t_tp
     tp_out_b = w.tp.has * t_tp
+    tp_mamba_f = np.maximum(0.0, w.tp.fwd_per_block * t_tp - ov_tp * g_mamba)
+    tp_mamba_b = np.maximum(0.0, w.tp.bwd_per_block * t_tp - ov_tp * 2 * g_mamba)
 
     # ---- CP
     cp_bw = link(w.cp.intra)
@@ -195,6 +231,8 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     cp_step_b = np.where(w.cp.steps > 0, alpha + 2 * w.cp.block_bytes / cp_bw, 0.0)
     cp_f = cp_ring_exposed(w.cp.steps, cp_step_f, core_f, alpha)
     cp_b = cp_ring_exposed(w.cp.steps, cp_step_b, core_b, alpha)
+    # Mamba's two all-to-alls per direction (before and after the conv + scan), not overlapped
+    cp_mamba = np.where(w.cp.steps > 0, 2 * alpha + w.hybrid.cp_bytes / cp_bw, 0.0)
 
     # ---- EP (per direction: dispatch + combine)
     lat = alpha * (1 + np.log2(np.maximum(w.ep.n, 1)))
@@ -214,18 +252,29 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn
     mlp_f = g_mlp + ew_mlp + cf_mlp
     mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp
-    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe
-    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe
+    moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe + g_lat + cf_lat
+    moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe + 2 * g_lat + cb_lat
     comm_attn_f, comm_attn_b = tp_attn_f + cp_f, tp_attn_b + cp_b
     comm_mlp_f, comm_mlp_b = tp_mlp_f, tp_mlp_b
     comm_moe_f, comm_moe_b = tp_sh_f + ep_f, tp_sh_b + ep_b
-    dense_fwd = attn_f + mlp_f + comm_attn_f + comm_mlp_f
-    moe_fwd = attn_f + moe_f + comm_attn_f + comm_moe_f
-    rc_common = (
+    dense_fwd = nh * attn_f + mlp_f + nh * comm_attn_f + comm_mlp_f
+    moe_fwd = nh * attn_f + moe_f + nh * comm_attn_f + comm_moe_f
+    # hybrid layer kinds: attention only, Mamba mixer (backward: twice the forward)
+    attn_only_fwd = attn_f + comm_attn_f
+    mamba_f = g_mamba + scan_f + ew_mamba + cf_mamba
+    mamba_b = 2 * g_mamba + 2 * scan_f + 2 * ew_mamba + cb_mamba
+    comm_mamba_f, comm_mamba_b = tp_mamba_f + cp_mamba, tp_mamba_b + cp_mamba
+    mamba_fwd = mamba_f + comm_mamba_f
+    rc_attn_only = (
+        w.recompute.core_attn * core_f
+        + w.recompute.layernorm * w.elementwise.attn_norm / hbm
+        + w.recompute.mla_up_proj * g_mla_up
+    )
+    rc_common = nh * (
         w.recompute.core_attn * core_f
         + w.recompute.layernorm * (w.elementwise.attn_norm + w.elementwise.mlp_norm) / hbm
         + w.recompute.mla_up_proj * g_mla_up
-    )
+    ) + hyb * w.recompute.layernorm * w.elementwise.mlp_norm / hbm
     rc_dense = rc_common + w.recompute.mlp * (mlp_f + comm_mlp_f)
     rc_moe = (
         rc_common
@@ -250,34 +299,42 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     rd, rm = w.stages.rc_dense, w.stages.rc_moe
     ne, no, nmtp = w.stages.embedding, w.stages.output_heads, w.stages.mtp
     valid = w.stages.valid
-    nl = nd + nm
+    na, nmb = w.stages.attn_only, w.stages.mamba
+    ra, rmb = w.stages.rc_attn_only, w.stages.rc_mamba
 
     def col(x: Any) -> np.ndarray:
         return np.asarray(x)[:, None] if np.ndim(x) else np.asarray(x)
+
+    nl = (nd + nm) * col(nh) + na  # attention blocks
 
     bucket: dict[str, np.ndarray] = {}
     bucket["attention_gemm"] = nl * col(3 * g_attn)
     bucket["core_attention"] = nl * col(core_f + core_b)
     bucket["mlp_gemm"] = nd * col(3 * g_mlp)
-    bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh))
+    bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh)) + nm * col(3 * g_lat)
     bucket["router"] = nm * col(3 * g_router)
+    bucket["mamba_mixer"] = nmb * col(3 * g_mamba + 3 * scan_f)
     bucket["elementwise"] = (
         nl * col(3 * ew_attn + cf_attn + cb_attn) + nd * col(3 * ew_mlp + cf_mlp + cb_mlp)
         + nm * col(3 * ew_moe + cf_moe + cb_moe)
+        + nmb * col(3 * ew_mamba + cf_mamba + cb_mamba) + nm * col(cf_lat + cb_lat)
     )
     bucket["embedding_logits_loss"] = (
         ne * col(emb_f + emb_b) + no * col(out_f + out_b) + nmtp * col(mtp_fb)
     )
     bucket["recompute"] = (
         nd * col(rc_dense) + nm * col(rc_moe) + rd * col(dense_fwd) + rm * col(moe_fwd)
+        + na * col(rc_attn_only) + ra * col(attn_only_fwd) + rmb * col(mamba_fwd)
     )
     # the host runs ahead of the GPU: a dense layer exposes only host time beyond its GPU time;
     # a dropless MoE layer synchronises host and device once (token counts), so the host cannot
     # run ahead across it: smooth maximum of its host and GPU time, the excess is exposed
-    gpu_dense = attn_f + attn_b + mlp_f + mlp_b + comm_attn_f + comm_attn_b + comm_mlp_f \
-        + comm_mlp_b + rc_dense
-    gpu_moe = attn_f + attn_b + moe_f + moe_b + comm_attn_f + comm_attn_b + comm_moe_f \
-        + comm_moe_b + rc_moe
+    gpu_dense = nh * attn_f + nh * attn_b + mlp_f + mlp_b + nh * comm_attn_f \
+        + nh * comm_attn_b + comm_mlp_f + comm_mlp_b + rc_dense
+    gpu_moe = nh * attn_f + nh * attn_b + moe_f + moe_b + nh * comm_attn_f \
+        + nh * comm_attn_b + comm_moe_f + comm_moe_b + rc_moe
+    gpu_attn_only = attn_f + attn_b + comm_attn_f + comm_attn_b + rc_attn_only
+    gpu_mamba = mamba_f + mamba_b + comm_mamba_f + comm_mamba_b
     # dropless MoE inside the combined 1F1B schedule: host and GPU add (a2a_sync_exponent)
     p_host = a2a_sync_exponent(c["host_gpu_overlap_exponent"], w.schedule.a2a_overlap,
                                w.schedule.moe_sync)
@@ -291,19 +348,21 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
         + (nm > 0) * col(w.schedule.pp_on * w.schedule.has_moe * chunk_boundary_host(
             w.schedule.vpp, c["pipeline_chunk_host_s"], host_moe, gpu_moe, p_host, drop,
             c["chunk_start_serial_fraction"]))
+        + na * col(np.maximum(0.0, host_attn - gpu_attn_only))
+        + nmb * col(np.maximum(0.0, host_mamba - gpu_mamba))
     )
     bucket["tp_comm"] = (
         nl * col(tp_attn_f + tp_attn_b) + nd * col(tp_mlp_f + tp_mlp_b)
-        + nm * col(tp_sh_f + tp_sh_b)
+        + nm * col(tp_sh_f + tp_sh_b) + nmb * col(tp_mamba_f + tp_mamba_b)
     )
-    bucket["cp_comm"] = nl * col(cp_f + cp_b)
+    bucket["cp_comm"] = nl * col(cp_f + cp_b) + nmb * col(2 * cp_mamba)
     bucket["ep_comm"] = nm * col(ep_f + ep_b)
     bucket["pp_p2p"] = np.zeros_like(valid)  # below, once the chunk times are known
 
     # forward / backward split of a stage's micro-batch (DP overlap windows)
     fwd_s = (
         nd * col(dense_fwd) + nm * col(moe_fwd) + ne * col(emb_f) + no * col(out_f)
-        + nmtp * col(g_mtp)
+        + nmtp * col(g_mtp) + na * col(attn_only_fwd) + nmb * col(mamba_fwd)
     )
 
     # ---- link time of the layer traffic (hidden or not) per micro-batch and stage, forward
@@ -317,8 +376,12 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     tpi, cpi = w.tp.intra, w.cp.intra
     link_busy = tuple(
         tuple(nl * col(tp_raw * (tpi if k == 0 else 1 - tpi) + cp_raw * (cpi if k == 0 else 1 - cpi))
-              + nm * col(ep_up if k == 0 else ep_nic) for k in (0, 1))
-        for tp_raw, cp_raw in ((tp_raw_f, cp_raw_f), (tp_raw_b, cp_raw_b))
+              + nm * col(ep_up if k == 0 else ep_nic)
+              # hybrid MLP-only and Mamba layers: one TP block each, Mamba's CP all-to-alls
+              + (nd * col(hyb) + nmb) * col(blk * (tpi if k == 0 else 1 - tpi))
+              + nmb * col(cp_mamba * (cpi if k == 0 else 1 - cpi)) for k in (0, 1))
+        for tp_raw, cp_raw, blk in ((tp_raw_f, cp_raw_f, w.tp.fwd_per_block * t_tp),
+                                    (tp_raw_b, cp_raw_b, w.tp.bwd_per_block * t_tp))
     )
 
     # ---- data parallel and FSDP

@@ -48,7 +48,16 @@ from oracle.collectives import (
 )
 from oracle.compute import OPERAND_BYTES, power_ratios
 from oracle.host import GRAPH_BITS
-from oracle.memory import ParamUnits, param_units, pipeline_chunks, recompute_groups, stage_params
+from oracle.inventory import (
+    KINDS,
+    block_gemms,
+    kind_index,
+    mamba_cp_all_to_all_elements,
+    mamba_scan_bytes_per_token,
+    mamba_scan_flops_per_token,
+    mtp_kind,
+)
+from oracle.memory import ParamUnits, _stage_counts_cached, param_units, stage_params
 from oracle.schedule import ZERO_BUBBLE_FACTOR
 from oracle.specs import (
     ClusterSpec,
@@ -89,6 +98,7 @@ SLOTS: tuple[str, ...] = (
     "qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out",
     "mlp_fc1", "mlp_fc2", "exp_fc1", "exp_fc2", "sh_fc1", "sh_fc2",
     "router", "logits", "mtp_proj",
+    "mamba_in", "mamba_out", "lat_down", "lat_up",
 )
 S = {name: i for i, name in enumerate(SLOTS)}
 ATTN_SLOTS = [S[x] for x in ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out")]
@@ -96,6 +106,8 @@ MLA_UP_SLOTS = [S["q_up"], S["kv_up"]]
 MLP_SLOTS = [S["mlp_fc1"], S["mlp_fc2"]]
 EXP_SLOTS = [S["exp_fc1"], S["exp_fc2"]]
 SH_SLOTS = [S["sh_fc1"], S["sh_fc2"]]
+MAMBA_SLOTS = [S["mamba_in"], S["mamba_out"]]
+LAT_SLOTS = [S["lat_down"], S["lat_up"]]  # a latent MoE's h -> L -> h projections
 #: slots that run in the training's low precision (FP8/FP4); router, logits, MTP projection: BF16
 LOW_PREC_SLOTS = np.array(
     [name not in ("router", "logits", "mtp_proj") for name in SLOTS], dtype=bool
@@ -555,6 +567,10 @@ class StageLayers:
     has_output: np.ndarray
     rc_dense_layers: np.ndarray
     rc_moe_layers: np.ndarray
+    attention_layers: np.ndarray  # hybrid models: attention-only layers (``*``)
+    mamba_layers: np.ndarray  # hybrid models: Mamba-2 mixer layers (``M``)
+    rc_attention_layers: np.ndarray
+    rc_mamba_layers: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,6 +591,24 @@ class StageWork:
     valid: np.ndarray
     params_dense: np.ndarray
     params_expert: np.ndarray
+    attn_only: np.ndarray  # hybrid: attention-only layers (an MTP depth runs one too)
+    mamba: np.ndarray  # hybrid: Mamba layers
+    rc_attn_only: np.ndarray
+    rc_mamba: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class HybridWork:
+    """What hybrid Mamba models add ((n,) each; zeros for a transformer): ``is_hybrid`` (1:
+    each layer is one block, ``oracle/inventory.py``), the SSD scan's FLOPs per Mamba layer and
+    micro-batch and its chunk length, the Mamba layer's element-wise bytes, and the bytes of its
+    context-parallel all-to-alls per direction (:func:`mamba_work`)."""
+
+    is_hybrid: np.ndarray
+    scan_flops: np.ndarray
+    chunk: np.ndarray
+    ew_mamba: np.ndarray
+    cp_bytes: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -632,6 +666,7 @@ class Work:
     stages: StageWork
     recompute: RecomputeWork
     schedule: ScheduleWork
+    hybrid: HybridWork
 
     def __len__(self) -> int:
         return len(self.schedule.m)
@@ -642,29 +677,61 @@ class Work:
 
 @lru_cache(maxsize=65536)
 def _stage_layers(
-    num_layers: int, num_dense: int, is_moe: bool, num_mtp: int, pp: int, vpp: int,
+    kinds: tuple[int, ...], mtp_kind: int, num_mtp: int, pp: int, vpp: int,
     split: int, recompute: int, method: int, k: int,
 ) -> StageLayers:
-    """:class:`StageLayers` of one pipeline layout (arrays of pp entries). Pipeline layout and
-    recompute groups come from :mod:`oracle.memory` (``pipeline_chunks``,
-    ``recompute_groups``)."""
-    out = {f.name: np.zeros(pp, dtype=np.int64) for f in fields(StageLayers)}
-    chunks = pipeline_chunks(num_layers, num_mtp, pp, vpp, _CODE_SPLIT[split])
-    rc = _CODE_RECOMPUTE[recompute]
-    kk = None if k < 0 else k
-    for s, stage in enumerate(chunks):
-        for ch in stage:
-            moe = [is_moe and i >= num_dense for i in ch.layers]
-            out["dense_layers"][s] += len(moe) - sum(moe)
-            out["moe_layers"][s] += sum(moe)
-            out["mtp_layers"][s] += ch.mtp_layers
-            out["has_embedding"][s] |= int(ch.has_embedding)
-            out["has_output"][s] |= int(ch.has_output)
-            for lo, hi in recompute_groups(len(ch.layers), rc, _CODE_METHOD[method], kk):
-                n_moe = sum(moe[lo:hi])
-                out["rc_dense_layers"][s] += hi - lo - n_moe
-                out["rc_moe_layers"][s] += n_moe
-    return StageLayers(**out)
+    """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
+    model's own :class:`oracle.memory.StageCounts` (``_stage_counts_cached``: the one per-stage
+    composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
+    counts = _stage_counts_cached(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
+                                  _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
+                                  None if k < 0 else k)
+
+    def arr(get: Any) -> np.ndarray:
+        return np.array([get(c) for c in counts], dtype=np.int64)
+
+    return StageLayers(
+        dense_layers=arr(lambda c: c.dense_layers), moe_layers=arr(lambda c: c.moe_layers),
+        mtp_layers=arr(lambda c: c.mtp_layers), has_embedding=arr(lambda c: c.has_embedding),
+        has_output=arr(lambda c: c.has_output),
+        rc_dense_layers=arr(lambda c: c.recomputed[0]), rc_moe_layers=arr(lambda c: c.recomputed[1]),
+        attention_layers=arr(lambda c: c.attention_layers),
+        mamba_layers=arr(lambda c: c.mamba_layers),
+        rc_attention_layers=arr(lambda c: c.recomputed[2]),
+        rc_mamba_layers=arr(lambda c: c.recomputed[3]),
+    )
+
+
+def _per_tp(fn: Any, tp: np.ndarray) -> np.ndarray:
+    """``fn(tp)`` for every configuration, evaluated once per distinct tp."""
+    uq, inv = np.unique(tp, return_inverse=True)
+    return np.array([float(fn(int(t))) for t in uq], dtype=np.float64)[inv.reshape(-1)]
+
+
+def mamba_work(model: ModelSpec, b: ConfigBatch, T: np.ndarray, Tsp: np.ndarray) -> HybridWork:
+    """What one Mamba-2 mixer layer does per micro-batch on one rank beside its GEMMs
+    (``oracle/inventory.py``): the chunked SSD scan's FLOPs (under CP each rank scans the whole
+    sequence for ``H / (tp cp)`` heads: ``T cp x flops(tp) / cp``), its chunk length (the scan's
+    matmul dimension), the element-wise bytes (pre-norm, conv + scan + gated norm, residual, as
+    the other blocks count them) and the bytes of Mamba's two context-parallel all-to-alls per
+    direction (``(cp - 1) / cp`` of ``zxBCdt`` and ``y`` leave the rank). Zeros without Mamba."""
+    n = len(b)
+    flag = np.full(n, 1.0 if model.is_hybrid else 0.0)
+    if model.mamba is None:
+        zero = np.zeros(n)
+        return HybridWork(is_hybrid=flag, scan_flops=zero, chunk=np.ones(n), ew_mamba=zero,
+                          cp_bytes=zero)
+    h = model.hidden_size
+    cp = b.cp.astype(np.float64)
+    return HybridWork(
+        is_hybrid=flag,
+        scan_flops=T * _per_tp(lambda t: mamba_scan_flops_per_token(model, t), b.tp),
+        chunk=np.full(n, float(model.mamba.chunk_size)),
+        ew_mamba=(Tsp * h * 4 + T * _per_tp(lambda t: mamba_scan_bytes_per_token(model, t),
+                                            b.tp) + Tsp * h * 6),
+        cp_bytes=np.where(b.cp > 1, T * BF16 * (cp - 1) / cp * _per_tp(
+            lambda t: mamba_cp_all_to_all_elements(model, t), b.tp), 0.0),
+    )
 
 
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -750,49 +817,35 @@ def build_work(
         i = S[slot]
         M[:, i], N[:, i], K[:, i], C[:, i] = m, nn, kk, count
 
+    # every block's GEMMs come from the workload inventory (oracle/inventory.py::block_gemms)
+    for ops in block_gemms(model, T, Tsp, tp, ep, etp).values():
+        for op in ops:
+            gemm(op.slot, op.m, op.n, op.k, op.count)
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        if m.q_lora_rank:
-            gemm("q_down", T, m.q_lora_rank, h)  # duplicated over tp (Megatron-Core MLA)
-            gemm("q_up", T, a_loc * qk, m.q_lora_rank)
-        else:
-            gemm("qkv", T, a_loc * qk, h)
-        gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h)
-        gemm("kv_up", T, a_loc * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-        gemm("attn_out", T, h, a_loc * m.v_head_dim)
         kv_width = a_loc * (qk + m.v_head_dim)  # K and V per token the CP ring moves
         rope_width = (a_loc + 1) * m.qk_rope_head_dim
         d_attn = (qk + m.v_head_dim) / 2
         mla_norm_width = m.q_lora_rank + m.kv_lora_rank
     else:
         d = model.head_dim
-        gemm("qkv", T, (a_loc + 2 * g_loc) * d, h)
-        gemm("attn_out", T, h, a_loc * d)
         kv_width = 2 * g_loc * d
         rope_width = (a_loc + g_loc) * d
         d_attn = float(d)
         mla_norm_width = 0.0
     if model.num_dense_layers_effective:
         f_loc = np.ceil(model.ffn_hidden_size / tp)
-        gemm("mlp_fc1", T, up * f_loc, h)
-        gemm("mlp_fc2", T, h, f_loc)
     else:
         f_loc = np.zeros(n)
     E, k = model.num_experts, model.moe_top_k
+    # the width routed tokens travel and experts work in: h, or a latent MoE's latent size
+    width = model.moe_latent_size or h
     if model.is_moe:
         fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
         rows = Tsp * k * etp  # token copies this rank's experts process
-        local_experts = np.ceil(E / ep)
-        m_e = rows / local_experts
-        gemm("exp_fc1", m_e, up * fe_loc, h, local_experts)
-        gemm("exp_fc2", m_e, h, fe_loc, local_experts)
         fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
         fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
-        if fs:
-            gemm("sh_fc1", T, up * fs_loc, h)
-            gemm("sh_fc2", T, h, fs_loc)
-        gemm("router", Tsp, E, h)
     else:
         fe_loc = rows = fs_loc = np.zeros(n)
         fs = 0
@@ -882,7 +935,7 @@ def build_work(
         ew_moe = (
             ew_moe_norm + ew_moe_act + Tsp * h * 6
             + Tsp * E * 12  # fp32 router logits: write, softmax read/write
-            + 2 * Tsp * h * BF16 * (1 + k)  # permute and unpermute
+            + 2 * Tsp * width * BF16 * (1 + k)  # permute and unpermute
         )
     else:
         ew_moe_norm = ew_moe_act = ew_moe = np.zeros(n)
@@ -932,14 +985,14 @@ def build_work(
         span = b.etp * b.ep
         per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
         ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
-        disp = Tsp * k * h * BF16  # bytes one rank dispatches (bf16 token copies)
+        disp = Tsp * k * width * BF16  # bytes one rank dispatches (bf16 token copies)
         a2a_intra = disp * (ep_local - 1) / ep
         a2a_inter = disp * (ep - ep_local) / ep
         nodes = ep / ep_local
-        flex_inter = Tsp * h * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+        flex_inter = Tsp * width * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
         ag_n = tp * ep
         ag_span = b.tp * b.ep
-        ag_bytes = Tsp * h * BF16 * ag_n  # gathered tensor over tp x ep
+        ag_bytes = Tsp * width * BF16 * ag_n  # gathered tensor over tp x ep
         is_ag = b.dispatcher == 1
         is_flex = b.dispatcher == 2
         ep_work = EpWork(
@@ -950,7 +1003,7 @@ def build_work(
             gather_intra=group_intra(cluster, ag_span),
             gather_local=group_local(cluster, np.ones(n, dtype=np.int64), b.tp * b.ep),
             active=((b.ep > 1) & ~is_ag).astype(f64),
-            etp_bytes=np.where(b.etp > 1, rows * h * BF16, 0.0),
+            etp_bytes=np.where(b.etp > 1, rows * width * BF16, 0.0),
             etp_n=etp,
             etp_intra=group_intra(cluster, b.etp),
             etp_local=group_local(cluster, np.ones(n, dtype=np.int64), b.etp),
@@ -972,9 +1025,9 @@ def build_work(
     Pmax = int(b.pp.max())
     uniq, inv = _unique_rows(b.pp, b.vpp, b.split, b.recompute, b.recompute_method,
                              b.recompute_layers)
-    tables = [_stage_layers(model.num_layers, model.num_dense_layers, model.is_moe,
-                            model.num_mtp_layers, int(pp_), int(vpp_), int(split_), int(rc_),
-                            int(meth_), int(k_))
+    kinds, mkind = kind_index(model), KINDS.index(mtp_kind(model))
+    tables = [_stage_layers(kinds, mkind, model.num_mtp_layers, int(pp_), int(vpp_),
+                            int(split_), int(rc_), int(meth_), int(k_))
               for pp_, vpp_, split_, rc_, meth_, k_ in uniq]
 
     def per_stage(name: str) -> np.ndarray:
@@ -1011,6 +1064,12 @@ def build_work(
         valid=valid.astype(f64),
         params_dense=params_dense,
         params_expert=params_expert,
+        # hybrid models: attention-only layers (an MTP depth runs one too:
+        # inventory.mtp_extra_blocks) and Mamba layers; 0 for a transformer
+        attn_only=layers.attention_layers + (layers.mtp_layers if model.is_hybrid else 0),
+        mamba=layers.mamba_layers,
+        rc_attn_only=layers.rc_attention_layers,
+        rc_mamba=layers.rc_mamba_layers,
     )
 
     # --- data parallel
@@ -1053,7 +1112,7 @@ def build_work(
     )
     return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
                 tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,
-                recompute=recompute, schedule=schedule)
+                recompute=recompute, schedule=schedule, hybrid=mamba_work(model, b, T, Tsp))
 
 
 @lru_cache(maxsize=4096)

@@ -54,7 +54,9 @@ from solver.problem import Problem
 from solver.rules import (
     FP8_ARCHITECTURES_MX,
     RULES,
+    hybrid_split_ok,
     layers_per_chunk,
+    mamba_cp_ok,
     split_slots,
     tp_shape_ok,
     training_precision,
@@ -361,6 +363,8 @@ def enc_sequence_length(m: LegalityModel) -> Value:
     def ok(t: int, c: int, sp_: int) -> bool:
         if c > 1 and s % (2 * c):
             return False
+        if not mamba_cp_ok(model, t, c):
+            return False
         return not (sp_ and t > 1 and (s // c) % t)
 
     return m.family_predicate([m.tp, m.cp_, m.sp], ok, "seq_len")
@@ -369,7 +373,8 @@ def enc_sequence_length(m: LegalityModel) -> Value:
 def split_ok(m: LegalityModel, pp: int, vpp: int, split: int) -> bool:
     """pp x vpp divides the layer slots of the split and is at most the layer count."""
     slots = split_slots(m.p.model, SPLITS[split])
-    return slots % (pp * vpp) == 0 and pp * vpp <= m.p.model.num_layers
+    return (slots % (pp * vpp) == 0 and pp * vpp <= m.p.model.num_layers
+            and hybrid_split_ok(m.p.model, vpp, SPLITS[split]))
 
 
 def enc_pipeline_split(m: LegalityModel) -> Value:
@@ -417,6 +422,8 @@ def enc_recompute(m: LegalityModel) -> Value:
     lpc = m.layers_per_chunk
 
     def k_ok(r: int, per: int) -> bool:
+        if model.is_hybrid and opts[r].kind is Recompute.FULL:
+            return False  # rules.recompute: no full recomputation of hybrid Mamba models
         return recompute_k_ok(opts[r], per)
 
     needs = {"mla_up_proj": model.mla is not None, "moe": model.is_moe,
@@ -529,8 +536,7 @@ def _fields(obj: Any) -> tuple[int, ...]:
 def _dominated(a: M.StageCounts, b: M.StageCounts) -> bool:
     """Every coefficient of ``a`` is at most ``b``'s and each of ``a``'s recompute groups is
     covered by one of ``b``'s: ``combine`` is monotone, so ``a``'s total is at most ``b``'s."""
-    return all(x <= y for x, y in zip(a.as_vector(), b.as_vector(), strict=True)) and all(
-        any(g[0] <= h[0] and g[1] <= h[1] for h in b.recompute_groups) for g in a.recompute_groups)
+    return all(x <= y for x, y in zip(a.as_vector(), b.as_vector(), strict=True)) and _covered(a, b)
 
 
 def prune_stages(stages: Sequence[M.StageCounts]) -> list[M.StageCounts]:
@@ -552,7 +558,7 @@ def prune_stages(stages: Sequence[M.StageCounts]) -> list[M.StageCounts]:
 
 def _covered(a: M.StageCounts, b: M.StageCounts) -> bool:
     """Each of ``a``'s recompute groups is covered by one of ``b``'s."""
-    return all(any(g[0] <= h[0] and g[1] <= h[1] for h in b.recompute_groups)
+    return all(any(all(x <= y for x, y in zip(g, h, strict=True)) for h in b.recompute_groups)
                for g in a.recompute_groups)
 
 
@@ -775,8 +781,9 @@ class MemoryEncoding:
         self.n_slots = max(len(sl) for sl in stage_lists.values())
         self.n_groups = max((len(st.recompute_groups) for sl in stage_lists.values() for st in sl),
                             default=0)
-        width = len(dataclasses.fields(M.StageCounts)) - 2  # all but stage and recompute_groups
-        zero = M.StageCounts(0, *([0] * width), recompute_groups=())
+        width = len(M.VECTOR_FIELDS)  # all but stage and recompute_groups
+        gw = len(M.KINDS)  # a recompute group: layers per kind
+        zero = M.StageCounts(0, **dict.fromkeys(M.VECTOR_FIELDS, 0), recompute_groups=())
 
         def flat(*key: int) -> tuple[int, ...]:
             sl = stage_lists[key]
@@ -785,7 +792,7 @@ class MemoryEncoding:
                 st = sl[min(j, len(sl) - 1)] if sl else zero
                 out += st.as_vector()
                 for g in range(self.n_groups):
-                    out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0, 0)
+                    out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0,) * gw
             return tuple(out)
 
         codes_of = {"row": w_code, "prev": w_prev, "none": 0}
@@ -793,13 +800,14 @@ class MemoryEncoding:
         def geometry_slots(which: str) -> list[M.StageCounts]:
             cols = ar.lookup([m.pp, m.vpp, m.split, w_mcap, codes_of[which]], flat,
                              f"geo_{which}", tuples=list(stage_lists))
-            per = width + 2 * self.n_groups
+            per = width + gw * self.n_groups
             slots = []
             for j in range(self.n_slots):
                 c = cols[j * per:(j + 1) * per]
-                groups = tuple((c[width + 2 * g], c[width + 2 * g + 1])
+                groups = tuple(tuple(c[width + gw * g + i] for i in range(gw))
                                for g in range(self.n_groups))
-                slots.append(M.StageCounts(j, *c[:width], recompute_groups=groups))
+                slots.append(M.StageCounts(j, **dict(zip(M.VECTOR_FIELDS, c[:width], strict=True)),
+                                           recompute_groups=groups))
             return slots
 
         self._geometry_slots = geometry_slots

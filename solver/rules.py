@@ -11,19 +11,23 @@ Families, in the order they are checked:
 =======================  =====================================================================
 world_size               tp x pp x cp x dp = nodes x gpus_per_node
 tensor_parallel          tp divides the attention heads, the KV heads (or is a multiple of
-                         them: KV heads are then replicated), the dense and shared FFN widths
+                         them: KV heads are then replicated), the dense and shared FFN widths,
+                         and a Mamba-2 mixer's heads and groups
 scale_up                 tp and etp stay within one scale-up domain (NVLink / xGMI)
 expert_layout            ep divides the experts; pp x ep x etp divides the world (whole
                          expert-data-parallel size); ep = etp = 1 for dense models
 expert_tensor_parallel   etp divides the expert FFN; MoE with biases needs etp = 1
 sequence_parallel        MoE with tp > 1 needs sequence parallelism
-sequence_length          seq divisible by 2 cp (context parallel) and seq / cp by tp (SP)
-pipeline_split           layers split evenly over pp x vpp virtual stages
+sequence_length          seq divisible by 2 cp (context parallel) and seq / cp by tp (SP);
+                         Mamba heads over tp x cp, Mamba groups over tp x cp or cp over them
+pipeline_split           layers split evenly over pp x vpp virtual stages; a hybrid Mamba model:
+                         even split, no virtual stages
 virtual_pipeline         vpp > 1 needs pp > 1 and the interleaved schedule; the interleaved
                          schedule needs a micro-batch count that is a multiple of pp
 schedule                 zero-bubble: no recomputation, pp > 1, vpp in {1, 2}, untied
                          embeddings (Primus ``config_validation.py``)
-recompute                full: 1..layers-per-chunk layers; selective modules that exist
+recompute                full: 1..layers-per-chunk layers (not in hybrid Mamba models);
+                         selective modules that exist
 precision                FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4
 dispatcher               the DeepEP ``flex`` dispatcher needs an MoE model with ep > 1
 batch                    gbs = mbs x ga x dp
@@ -182,7 +186,33 @@ def _tp_shape_problems(model: ModelSpec, tp: int) -> list[str]:
     shared = m.num_shared_experts * m.shared_expert_ffn_hidden_size
     if shared and shared % tp:
         out.append(f"tp ({tp}) must divide the shared-expert FFN width ({shared}) of {m.name}")
+    if m.mamba is not None:
+        # Megatron-Core ssm/mamba_mixer.py: "nheads must be evenly divisble by tp_size",
+        # "ngroups must be evenly divisible by tp_size"
+        for what, n in (("heads (mamba num_heads)", m.mamba.num_heads),
+                        ("groups (mamba num_groups)", m.mamba.num_groups)):
+            if n % tp:
+                out.append(f"tp ({tp}) must divide the {n} Mamba {what} of {m.name}")
     return out
+
+
+def mamba_cp_ok(model: ModelSpec, tp: int, cp: int) -> bool:
+    """Megatron-Core ``ssm/mamba_context_parallel.py`` (0.16.1): the all-to-all context
+    parallelism of a Mamba mixer needs ``H / tp`` divisible by cp, and ``G / tp`` divisible by
+    cp or cp divisible by ``G / tp`` (the groups are then replicated over the CP ranks)."""
+    m = model.mamba
+    if m is None or cp == 1 or m.num_heads % tp or m.num_groups % tp:
+        return True
+    heads, groups = m.num_heads // tp, m.num_groups // tp
+    return heads % cp == 0 and (groups % cp == 0 or cp % groups == 0)
+
+
+def hybrid_split_ok(model: ModelSpec, vpp: int, split: PipelineSplit) -> bool:
+    """A hybrid Mamba model splits its layer pattern evenly over pp stages, without virtual
+    stages: Megatron-Core 0.16.1 ``ssm/mamba_block.py::_select_layers_for_pipeline_parallel``
+    asserts ``virtual_pipeline_model_parallel_size is None`` and takes ``num_layers // pp``
+    consecutive pattern characters per stage (the embedding and loss are not layer slots)."""
+    return not model.is_hybrid or (vpp == 1 and split is PipelineSplit.EVEN)
 
 
 def tensor_parallel(ctx: RuleContext) -> list[Violation]:
@@ -274,6 +304,15 @@ def sequence_length(ctx: RuleContext) -> list[Violation]:
         out.append(Violation("sequence_length", f"seq_len / cp ({s} / {c.cp} = {s // c.cp}) must "
                              f"be divisible by tp ({c.tp}) for sequence parallelism"))
     m = ctx.model
+    if not mamba_cp_ok(m, c.tp, c.cp):
+        legal = [x for x in divisors(ctx.world) if mamba_cp_ok(m, c.tp, x)]
+        assert m.mamba is not None
+        out.append(Violation("sequence_length", f"cp ({c.cp}) must divide the "
+                             f"{m.mamba.num_heads} / {c.tp} Mamba heads per tp rank and the "
+                             f"{m.mamba.num_groups} / {c.tp} groups (or be a multiple of them) "
+                             f"for Mamba context parallelism (Megatron-Core "
+                             f"mamba_context_parallel.py); with tp {c.tp} choose cp in "
+                             f"{fmt_set(legal)}", ("cp",)))
     if m.max_position_embeddings and m.position_embedding == "learned" and s > m.max_position_embeddings:
         out.append(Violation("sequence_length", f"seq_len ({s}) exceeds the learned position "
                              f"embeddings ({m.max_position_embeddings}) of {m.name}"))
@@ -293,6 +332,12 @@ def pipeline_split(ctx: RuleContext) -> list[Violation]:
     assert c.pipeline_split is not None
     virtual = c.pp * c.vpp
     slots = split_slots(m, c.pipeline_split)
+    if not hybrid_split_ok(m, c.vpp, c.pipeline_split):
+        legal_pp = [p for p in divisors(m.num_layers) if p <= m.num_layers]
+        return [Violation("pipeline_split", f"{m.name} is a hybrid Mamba model: Megatron-Core "
+                          f"splits its {m.num_layers}-layer pattern evenly over pp stages without "
+                          f"virtual stages (vpp {c.vpp}, {c.pipeline_split.value} split given); "
+                          f"use vpp 1, the even split and pp in {fmt_set(legal_pp)}")]
     if slots % virtual == 0 and virtual <= m.num_layers:
         return []
     what = ("num_layers" if c.pipeline_split is PipelineSplit.EVEN else
@@ -351,6 +396,10 @@ def layers_per_chunk(model: ModelSpec, cfg: ParallelConfig) -> int:
 
 def recompute(ctx: RuleContext) -> list[Violation]:
     c, m, out = ctx.cfg, ctx.model, []
+    if c.recompute is Recompute.FULL and m.is_hybrid:
+        out.append(Violation("recompute", f"full recomputation is not available for the hybrid "
+                             f"Mamba model {m.name} (Megatron-Core 0.16.1 MambaStack has no "
+                             f"checkpointed forward); use selective or no recomputation"))
     if c.recompute is Recompute.FULL and c.recompute_layers is not None:
         per = layers_per_chunk(m, c)
         if c.recompute_layers > per or (c.recompute_layers == 0 and c.recompute_method == "uniform"):

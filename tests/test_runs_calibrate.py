@@ -68,7 +68,7 @@ def test_amd_mixtral_row_becomes_specs() -> None:
 
 
 def test_unrepresentable_rows_say_why() -> None:
-    r = parse_row(row(row_id="1", model="Nemotron_3_Super", gpu_type="GB200", num_gpus="64",
+    r = parse_row(row(row_id="1", model="Nemotron_3_5_Lightning", gpu_type="GB200", num_gpus="64",
                       tp="1", pp="1", tokens_per_sec_per_gpu="7040",
                       completeness="partial (arch not transcribed)"))
     assert not r.representable and "not transcribed" in (r.reason or "")

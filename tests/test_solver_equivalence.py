@@ -87,6 +87,11 @@ CASES = {
     "mixtral-8x7b-bf16-grads": lambda: problem("mixtral-8x7b", "h100", 2, 4096, 64, mbs=(1, 2),
                                                full_recompute_layers=(1, 2, 4),
                                                grad_reduce_in_fp32=False),
+    # hybrid Mamba + MoE (Nemotron 3 Nano): Mamba heads and groups over tp (and tp x cp), an
+    # even split of the layer pattern only, no virtual stages, no full recomputation
+    "nemotron-3-nano": lambda: problem("nemotron-3-nano", "h100", 2, 4096, 64, mbs=(1, 2),
+                                       full_recompute_layers=(1, 2),
+                                       domains={"cp": (1, 2, 4), "vpp": (1, 2)}),
     "llama3-8b-fsdp-bf16-grads": lambda: problem(
         "llama3-8b", "h100", 1, 4096, 16, optimizers=tuple(OptimizerChoice),
         full_recompute_layers=(1, 4), fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)},

@@ -22,6 +22,7 @@ from oracle.specs import (
     GIB,
     ConfigError,
     GpuSpec,
+    MambaSpec,
     MlaSpec,
     ModelSpec,
     Spec,
@@ -193,6 +194,7 @@ HF_FAMILIES = {
     "deepseek_v2": "deepseek_v3",
     "deepseek_v3": "deepseek_v3",
     "gpt_oss": "gpt_oss",
+    "nemotron_h": "nemotron_h",
 }
 
 
@@ -301,6 +303,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
             "sliding_window": cfg.get("sliding_window") or 0,
             "num_sliding_window_layers": sum(1 for t in layer_types if t == "sliding_attention"),
         }
+    elif family == "nemotron_h":
+        spec |= _hf_nemotron_h(cfg, family)
     spec |= _hf_rope_and_norm(cfg, model_type)
     spec |= _hf_sliding_window(cfg, model_type, spec["num_layers"])
     if family == "gpt_oss":
@@ -328,6 +332,62 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
         raise ConfigError(validation_message(e)) from e
 
 
+def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
+    """ModelSpec fields of a Hugging Face ``NemotronHForCausalLM`` config (transformers
+    ``configuration_nemotron_h.py``; defaults: ``NemotronHConfig``'s): the hybrid pattern
+    (``hybrid_override_pattern``, one of ``M * - E`` per layer), the Mamba-2 mixer
+    (``ssm_state_size``, ``mamba_head_dim``, ``mamba_num_heads``, ``n_groups``, ``conv_kernel``,
+    ``chunk_size``), squared-ReLU MLPs (``mlp_hidden_act`` relu2), RMSNorm
+    (``layer_norm_epsilon``), no position embedding, and for ``E`` layers the sigmoid-routed
+    MoE (``n_routed_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``, the shared
+    expert ``moe_shared_expert_intermediate_size``, ``moe_latent_size``,
+    ``routed_scaling_factor``) and MTP (``num_nextn_predict_layers``)."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError("a nemotron_h config.json needs 'hybrid_override_pattern', which is "
+                          "missing")
+    layers = _need(cfg, "num_hidden_layers", family)
+    if len(pattern) != layers:
+        raise ConfigError(f"hybrid_override_pattern has {len(pattern)} layers, "
+                          f"num_hidden_layers is {layers}; they must agree")
+    if cfg.get("mlp_hidden_act", "relu2") != "relu2":
+        raise ConfigError(f"nemotron_h mlp_hidden_act {cfg['mlp_hidden_act']!r} is not modelled "
+                          "(relu2 is)")
+    heads = _need(cfg, "num_attention_heads", family)
+    out: dict[str, Any] = {
+        "hybrid_pattern": pattern,
+        "num_layers": len(pattern),
+        "head_dim": cfg.get("head_dim") or cfg.get("attention_head_dim")
+        or _need(cfg, "hidden_size", family) // heads,
+        "gated_mlp": False, "activation": "squared_relu", "position_embedding": "none",
+        "ffn_hidden_size": cfg.get("intermediate_size") or 0 if "-" in pattern else 0,
+        "mamba": None,
+    }
+    if "M" in pattern:
+        out["mamba"] = MambaSpec(
+            state_dim=_int(cfg, "ssm_state_size", 128),
+            head_dim=_int(cfg, "mamba_head_dim", 64),
+            num_heads=_int(cfg, "mamba_num_heads", 128),
+            num_groups=cfg.get("n_groups") or _int(cfg, "mamba_n_groups", 8),
+            conv_kernel=cfg.get("conv_kernel") or _int(cfg, "mamba_d_conv", 4),
+            chunk_size=cfg.get("chunk_size") or _int(cfg, "mamba_chunk_size", 128),
+        )
+    if "E" in pattern:
+        shared = cfg.get("moe_shared_expert_intermediate_size") or 0
+        out |= {
+            "num_experts": _need(cfg, "n_routed_experts", family),
+            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
+            "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
+            "num_shared_experts": (cfg.get("n_shared_experts") or 1) if shared else 0,
+            "shared_expert_ffn_hidden_size": shared,
+            "moe_latent_size": cfg.get("moe_latent_size") or 0,
+            "router_score": "sigmoid", "router_expert_bias": True,
+            "router_topk_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0),
+            "num_mtp_layers": cfg.get("num_nextn_predict_layers") or 0,
+        }
+    return out
+
+
 GPT_OSS_LINEAR_OFFSET = 1.0  # openai/gpt-oss: (up + 1)
 GPT_OSS_CLAMP = 7.0  # openai/gpt-oss config.json swiglu_limit
 HF_DEFAULT_ROPE_THETA = 10000.0  # transformers PretrainedConfig default rope_theta
@@ -339,7 +399,8 @@ def _hf_rope_and_norm(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """``rope_theta``, ``rope_scaling`` (llama3 / yarn; other kinds are refused) and the norm
     epsilon (``rms_norm_eps``)."""
     out: dict[str, Any] = {"rotary_base": float(cfg.get("rope_theta") or HF_DEFAULT_ROPE_THETA)}
-    eps = cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
+    eps = (cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
+           or cfg.get("layer_norm_epsilon"))
     if eps:
         out["norm_epsilon"] = float(eps)
     scaling = cfg.get("rope_scaling")
