@@ -6,12 +6,15 @@ line, or print invalid JSON under ``--json``. ``benchmarks/fuzz.py`` runs a larg
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import cli
 from tests.fuzzing import cases, defects
 
+ROOT = Path(__file__).resolve().parent.parent
 SEED = 16
 CASES = 300
 
@@ -57,3 +60,29 @@ def test_enumeration_past_its_time_limit_is_one_line(run_cli, monkeypatch):
     monkeypatch.setattr(F, "ENUMERATION_TIME_LIMIT_S", 1e-6)
     code, _, err = run_cli("--model", "mixtral-8x22b", "--nodes", "4")
     one_line_error(code, err, "did not finish within", "--constraint", "mixtral-8x22b")
+
+
+@pytest.mark.parametrize("flag,value", [("--gpus-per-node", "1048577"),
+                                        ("--gpus-per-node", "9" * 19), ("--nodes", "9" * 30)])
+def test_huge_cluster_sizes_are_one_line(run_cli, flag, value):
+    """The "cluster size" kind of the campaign: a size beyond 2^20 GPUs or int64 is refused
+    before any table is built."""
+    other = ("--nodes", "1") if flag == "--gpus-per-node" else ("--gpus-per-node", "8")
+    code, _, err = run_cli("check", "--model", "llama3-8b", "--gpu", "h100", flag, value, *other)
+    one_line_error(code, err, flag)
+
+
+@pytest.mark.parametrize("key,value", [("tensor_model_parallel_size", "9" * 400),
+                                       ("seq_length", "nan"), ("micro_batch_size", "'8k'"),
+                                       ("global_batch_size", "[" * 200 + "1" + "]" * 200)])
+def test_mutated_primus_experiment_is_one_line(run_cli, tmp_path, key, value):
+    """The "primus mutation" kind: a Primus experiment (tests/data) with one hostile value."""
+    src = ROOT / "tests/data/primus/examples/MI355X/mixtral_8x22B_v0.1-BF16-4node.yaml"
+    lines = [f"      {key}: {value}" if line.strip().startswith(f"{key}:") else line
+             for line in src.read_text().splitlines()]
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli("check", "--primus-config", exp, "--model", "mixtral-8x22b",
+                           "--gpu", "mi355x", "--nodes", "4")
+    one_line_error(code, err)
+    assert key in err or "exp.yaml" in err, err
