@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from pydantic import ValidationError
 
-from agent.serialize import check_json, cluster_json, model_json, plan_json, strict_json
-from oracle import params as P
-from oracle.inputs import check_output_path, one_line
-from oracle.specs import (
+from tune_cp.agent.serialize import check_json, cluster_json, model_json, plan_json, strict_json
+from tune_cp.oracle import params as P
+from tune_cp.oracle.inputs import check_output_path, one_line
+from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
     ConfigError,
@@ -36,14 +36,14 @@ from oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from solver.axes import BASELINE_KEYS, KNOB, KNOBS, FlagKind, Knob
-from solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
+from tune_cp.solver.axes import BASELINE_KEYS, KNOB, KNOBS, FlagKind, Knob
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
-    from oracle.memory import MemoryOverheads
-    from oracle.projection import Projection
-    from solver.check import CheckOutcome
-    from solver.settings import RunSettings
+    from tune_cp.oracle.memory import MemoryOverheads
+    from tune_cp.oracle.projection import Projection
+    from tune_cp.solver.check import CheckOutcome
+    from tune_cp.solver.settings import RunSettings
 
 # Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
 # specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
@@ -51,37 +51,37 @@ if TYPE_CHECKING:
 
 
 def load_model(name: str) -> ModelSpec:
-    from oracle.catalog import load_model as load
+    from tune_cp.oracle.catalog import load_model as load
 
     return load(name)
 
 
 def load_gpu(name: str) -> Any:
-    from oracle.catalog import load_gpu as load
+    from tune_cp.oracle.catalog import load_gpu as load
 
     return load(name)
 
 
 def model_entries() -> dict[str, Any]:
-    from oracle.catalog import model_entries as entries
+    from tune_cp.oracle.catalog import model_entries as entries
 
     return entries()
 
 
 def gpu_entries() -> dict[str, Any]:
-    from oracle.catalog import gpu_entries as entries
+    from tune_cp.oracle.catalog import gpu_entries as entries
 
     return entries()
 
 
 def project(*args: Any, **kwargs: Any) -> Projection:
-    from oracle.projection import project as run
+    from tune_cp.oracle.projection import project as run
 
     return run(*args, **kwargs)
 
 
 def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
-    from solver.check import check_configuration as run
+    from tune_cp.solver.check import check_configuration as run
 
     return run(*args, **kwargs)
 
@@ -107,7 +107,7 @@ class FiniteFloatRange(click.FloatRange):
     """A float option that also refuses NaN and infinities (which pass click's range check)."""
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        from oracle.inputs import NUMBER_SPELLING
+        from tune_cp.oracle.inputs import NUMBER_SPELLING
 
         if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf") and (
                 len(value) > MAX_NUMBER_CHARS or not NUMBER_SPELLING.fullmatch(value.strip())):
@@ -309,11 +309,11 @@ def settings_options(f: Callable) -> Callable:
 
 def run_settings(flags: dict[str, Any]) -> RunSettings:
     """The run settings from the parsed flags; their parameters are taken out of ``flags``."""
-    from solver.settings import RunSettings
+    from tune_cp.solver.settings import RunSettings
 
     values = {name: flags.pop(name) for name in SETTINGS_FLAGS}
     values["overheads"] = parse_overheads(values["overheads"])
-    from solver.constraints import as_constraints
+    from tune_cp.solver.constraints import as_constraints
 
     values["constraints"] = as_constraints(values["constraints"])
     return build("settings", RunSettings, **values)
@@ -357,7 +357,7 @@ class LmFlags:
                      f"OpenAI-compatible server: openai/<model> with --lm-base-url)")
 
     def options(self) -> dict[str, Any]:
-        from agent.llm import LlmBudget, make_lm
+        from tune_cp.agent.llm import LlmBudget, make_lm
 
         lm = make_lm(self.model, self.base_url, timeout_s=self.timeout_s) if self.model else None
         return {"lm": lm, "lm_name": self.model,
@@ -386,13 +386,13 @@ MAX_SIZE_BYTES = 2**60
 
 def finite_number(what: str, raw: str) -> float:
     """``raw`` as a finite float spelled in ASCII, else a one-line user error naming ``what``."""
-    from oracle.inputs import parse_number
+    from tune_cp.oracle.inputs import parse_number
 
     return parse_number(raw.strip(), what)
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
-    from oracle.memory import MemoryOverheads
+    from tune_cp.oracle.memory import MemoryOverheads
 
     fields = MemoryOverheads.model_fields
     values: dict[str, Any] = {}
@@ -510,7 +510,7 @@ def shown_stages(n: int, peak: int) -> list[int]:
 
 
 def render_memory(outcome: CheckOutcome) -> list[str]:
-    from oracle.memory import TERMS
+    from tune_cp.oracle.memory import TERMS
 
     mem = outcome.memory
     assert mem is not None
@@ -539,8 +539,8 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
 def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
     """One line when plan rows project an MFU above the best published MFU of their class
     (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
-    from oracle.catalog import load_gpu
-    from oracle.constants import load_calibration, mfu_class
+    from tune_cp.oracle.catalog import load_gpu
+    from tune_cp.oracle.constants import load_calibration, mfu_class
 
     arch = load_gpu(p.gpu).architecture
     key = mfu_class(model.is_moe, arch, precision)
@@ -619,7 +619,7 @@ def export_option(f: Callable) -> Callable:
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 cfg: ParallelConfig) -> str:
-    from formats import (
+    from tune_cp.formats import (
         to_megatron_args,
         to_nemo_overrides,
         to_primus_overrides,
@@ -652,8 +652,8 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
         parse_env(env_items)  # a malformed --env is refused all the same
         return None
 
-    from formats import parse_megatron_args, parse_primus_config
-    from oracle.inputs import is_file, read_text
+    from tune_cp.formats import parse_megatron_args, parse_primus_config
+    from tune_cp.oracle.inputs import is_file, read_text
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
@@ -700,7 +700,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    from oracle.specs import training_as_run
+    from tune_cp.oracle.specs import training_as_run
 
     settings = run_settings(flags)
     config = flags  # the configuration flags (solver/axes.py::KNOBS)
@@ -758,7 +758,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
         projection = project(model, cluster, training, outcome.ctx.cfg,
                              calib=settings.calibration)
-        from oracle.uncertainty import load_residuals
+        from tune_cp.oracle.uncertainty import load_residuals
 
         interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
                                              projection.tokens_per_s_per_gpu)
@@ -855,7 +855,7 @@ def gpus_cmd(as_json: bool) -> None:
 
 def write_trials(result: Any, path: str) -> None:
     """``--trials-out``: the judged trials, then the whole exhaustive ranking (see its help)."""
-    from agent.serialize import ranking_lines, trial_line
+    from tune_cp.agent.serialize import ranking_lines, trial_line
 
     with open(path, "w") as fh:
         for line in [*map(trial_line, result.trials), *ranking_lines(result)]:
@@ -943,7 +943,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     model, cluster, training = load_specs(
         *(flags.pop(k) for k in ("model_name", "gpu_name", "nodes", "gpus_per_node", "seq_len",
                                  "gbs", "precision")), defaults)
-    from agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
+    from tune_cp.agent.search import NoFeasibleConfiguration, Preference, SearchOptions, search
 
     # every flag and output path is checked before any work starts (issue 16)
     settings = run_settings(flags)
@@ -973,18 +973,18 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     result.defaults[:0] = defaults
     if trials_out:
         write_trials(result, trials_out)
-    from agent.report import render_search
-    from agent.serialize import search_json
+    from tune_cp.agent.report import render_search
+    from tune_cp.agent.serialize import search_json
 
     if pareto_path:
-        from agent.plots import pareto_plot
+        from tune_cp.agent.plots import pareto_plot
 
         pareto_plot(result, pareto_path, pareto_color)
     exported = (export_text(export_fmt, model, cluster, training, result.best.config)
                 if export_fmt else None)
     verified: list[str] = []
     if verify_n:
-        from agent.verify import write_verify
+        from tune_cp.agent.verify import write_verify
 
         try:
             verified = [str(p) for p in write_verify(result, verify_n, verify_dir)]
@@ -1063,7 +1063,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
     (FP8 falls back to BF16 on GPUs without FP8)."""
-    from agent.plan import plan, training_for_precision
+    from tune_cp.agent.plan import plan, training_for_precision
 
     settings = run_settings(flags)
 
@@ -1085,7 +1085,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
     bar.close()
     if plot_path:
-        from agent.plots import plan_plot
+        from tune_cp.agent.plots import plan_plot
 
         plan_plot(plans, plot_path, tokens)
     if as_json:
@@ -1170,16 +1170,16 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
                   gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
     """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
     cluster from its training logs (--log)."""
-    from oracle.calibrate import calibrate
-    from oracle.constants import format_constants
-    from oracle.inputs import check_regular_file, exists
+    from tune_cp.oracle.calibrate import calibrate
+    from tune_cp.oracle.constants import format_constants
+    from tune_cp.oracle.inputs import check_regular_file, exists
 
     if bool(runs_path) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
     if out_path is not None:
         check_output_path(out_path, "calibrate --out", (".json",))
     if log_paths:
-        from oracle.refit import calibrate_from_logs, read_log_runs
+        from tune_cp.oracle.refit import calibrate_from_logs, read_log_runs
 
         if gpu_name is None:
             fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")
@@ -1257,12 +1257,12 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
     tune-cp sweep grid.yaml --out results.parquet --workers 8 --resume
     tune-cp sweep grid.yaml --out results.csv --ray auto --plot plots/
     """
-    from agent.sweep import Progress, load_grid, make_engine, output_format, run_sweep
+    from tune_cp.agent.sweep import Progress, load_grid, make_engine, output_format, run_sweep
 
     output_format(out_path)
     grid = load_grid(grid_path)
     if plot_dir:
-        from agent.sweep_plots import check_plot_dir
+        from tune_cp.agent.sweep_plots import check_plot_dir
 
         check_plot_dir(plot_dir)
     engine = make_engine(workers, ray_address)
@@ -1275,7 +1275,7 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
         sys.exit(130)
     plots: list[str] = []
     if plot_dir:
-        from agent.sweep_plots import sweep_plots
+        from tune_cp.agent.sweep_plots import sweep_plots
 
         plots = sweep_plots(report.rows, plot_dir, grid.name)
     summary = {"grid": grid_path, "out": out_path, "scenarios": report.total,
@@ -1286,7 +1286,7 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
         emit_json(summary)
     else:
         if show_table:
-            from agent.sweep import render_table
+            from tune_cp.agent.sweep import render_table
 
             for line in render_table(report.rows):
                 click.echo(line)

@@ -10,7 +10,14 @@ from typing import Any
 
 from pydantic import Field
 
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, Precision, Spec, TrainingSpec
+from tune_cp.oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    Precision,
+    Spec,
+    TrainingSpec,
+)
 
 HERE = Path(__file__).parent
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from oracle.projection import Projection, project
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
-from solver.check import CheckOutcome, check_configuration
-from solver.settings import RunSettings, SettingsView
+from tune_cp.oracle.projection import Projection, project
+from tune_cp.oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
+from tune_cp.solver.check import CheckOutcome, check_configuration
+from tune_cp.solver.settings import RunSettings, SettingsView
 
 
 def config_key(cfg: ParallelConfig) -> tuple:

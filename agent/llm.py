@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from solver.axes import COMBINATION_AXES
+from tune_cp.solver.axes import COMBINATION_AXES
 
 MAX_ITEMS = 6  # per list, per round: keeps a round's enumeration bounded
 MAX_TEXT = 300  # characters kept of an expression or rationale

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.serialize import config_json
-from oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
-from solver.feasible import enumerate_feasible
-from solver.settings import RunSettings
-from solver.space import default_space
+from tune_cp.agent.serialize import config_json
+from tune_cp.oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
+from tune_cp.solver.feasible import enumerate_feasible
+from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import default_space
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -55,8 +55,8 @@ class GpuPlan:
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
                settings: RunSettings, grad_reduce_in_fp32: bool = True) -> PlanPoint:
-    from oracle.projection import score_configs
-    from oracle.work import ConfigBatch
+    from tune_cp.oracle.projection import score_configs
+    from tune_cp.oracle.work import ConfigBatch
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
@@ -73,7 +73,7 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     tok = scores["tokens_per_s_per_gpu"]
     i = max(range(len(configs)), key=lambda j: (tok[j], -j))
     per_gpu = float(tok[i])
-    from oracle.uncertainty import load_residuals
+    from tune_cp.oracle.uncertainty import load_residuals
 
     interval = load_residuals().interval(model, cluster, training, configs[i], per_gpu).to_json()
     cluster_tps = per_gpu * world

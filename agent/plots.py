@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from oracle.specs import GIB
+from tune_cp.oracle.specs import GIB
 
 if TYPE_CHECKING:
-    from agent.plan import GpuPlan
-    from agent.search import SearchResult
+    from tune_cp.agent.plan import GpuPlan
+    from tune_cp.agent.search import SearchResult
 
 
 def _pyplot():

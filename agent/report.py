@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from agent.evaluate import Trial
-from agent.search import SearchResult
-from oracle.memory import TERMS
-from oracle.specs import GIB, ParallelConfig, Recompute
+from tune_cp.agent.evaluate import Trial
+from tune_cp.agent.search import SearchResult
+from tune_cp.oracle.memory import TERMS
+from tune_cp.oracle.specs import GIB, ParallelConfig, Recompute
 
 # ------------------------------------------------------------------------------ text
 

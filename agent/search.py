@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.baseline import Reference, find_reference, reference_training_matches
-from agent.evaluate import Evaluator, Trial
-from agent.llm import (
+from tune_cp.agent.baseline import Reference, find_reference, reference_training_matches
+from tune_cp.agent.evaluate import Evaluator, Trial
+from tune_cp.agent.llm import (
     MAX_ITEMS,
     LlmBudget,
     LlmReport,
@@ -42,10 +42,10 @@ from agent.llm import (
     PlannerHints,
     run_llm_phase,
 )
-from agent.seed import SeedResult, Step, apply, seed_phase
-from oracle.inputs import finite, parse_number
-from oracle.projection import score_configs
-from oracle.specs import (
+from tune_cp.agent.seed import SeedResult, Step, apply, seed_phase
+from tune_cp.oracle.inputs import finite, parse_number
+from tune_cp.oracle.projection import score_configs
+from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
     ConfigError,
@@ -56,9 +56,9 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
-from oracle.uncertainty import Interval, load_residuals
-from oracle.work import ConfigBatch
-from solver.axes import (
+from tune_cp.oracle.uncertainty import Interval, load_residuals
+from tune_cp.oracle.work import ConfigBatch
+from tune_cp.solver.axes import (
     ATTRIBUTION_FIELDS,
     COMBINATION_AXES,
     INT_AXES,
@@ -66,12 +66,12 @@ from solver.axes import (
     RECOMPUTE_FIELDS,
     FlagKind,
 )
-from solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
-from solver.explain import Explanation, explain_infeasible
-from solver.feasible import Enumeration, enumerate_feasible
-from solver.rules import RULES, training_precision
-from solver.settings import RunSettings, SettingsView
-from solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
+from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
+from tune_cp.solver.explain import Explanation, explain_infeasible
+from tune_cp.solver.feasible import Enumeration, enumerate_feasible
+from tune_cp.solver.rules import RULES, training_precision
+from tune_cp.solver.settings import RunSettings, SettingsView
+from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
 #: projections closer than this (relative) are one distinct configuration: the oracle cannot tell
@@ -568,7 +568,7 @@ class NoFeasibleConfiguration(Exception):
 
 
 def _projector(calibration: str | None):
-    from oracle.projection import project
+    from tune_cp.oracle.projection import project
 
     def run(model, cluster, training, cfg):
         return project(model, cluster, training, cfg, calib=calibration)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent.evaluate import Evaluator, Trial
-from oracle.specs import (
+from tune_cp.agent.evaluate import Evaluator, Trial
+from tune_cp.oracle.specs import (
     Dispatcher,
     Fp8Recipe,
     ParallelConfig,
@@ -24,7 +24,7 @@ from oracle.specs import (
     Schedule,
     resolve_config,
 )
-from solver.rules import divisors, layers_per_chunk
+from tune_cp.solver.rules import divisors, layers_per_chunk
 
 MBS_CHOICES = (1, 2, 4, 8, 16)
 

@@ -15,18 +15,24 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from oracle import params as P
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec, compute_precision
+from tune_cp.oracle import params as P
+from tune_cp.oracle.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    TrainingSpec,
+    compute_precision,
+)
 
 if TYPE_CHECKING:
-    from agent.evaluate import Trial
-    from agent.llm import LlmReport, LlmRound
-    from agent.plan import GpuPlan, PlanPoint
-    from agent.search import SearchResult
-    from agent.seed import Step
-    from agent.sweep import Settings
-    from oracle.memory import MemoryReport
-    from solver.check import CheckOutcome
+    from tune_cp.agent.evaluate import Trial
+    from tune_cp.agent.llm import LlmReport, LlmRound
+    from tune_cp.agent.plan import GpuPlan, PlanPoint
+    from tune_cp.agent.search import SearchResult
+    from tune_cp.agent.seed import Step
+    from tune_cp.agent.sweep import Settings
+    from tune_cp.oracle.memory import MemoryReport
+    from tune_cp.solver.check import CheckOutcome
 
 
 def strict_json(data: Any) -> Any:
@@ -179,7 +185,7 @@ def llm_json(r: LlmReport) -> dict[str, Any]:
 
 
 def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
-    from oracle.timing import BREAKDOWN
+    from tune_cp.oracle.timing import BREAKDOWN
 
     return [k for k in BREAKDOWN if k in scores]
 

@@ -41,7 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
     ConfigError,
@@ -50,7 +50,7 @@ from oracle.specs import (
     Precision,
     TrainingSpec,
 )
-from solver.settings import MAX_MEMORY_MARGIN
+from tune_cp.solver.settings import MAX_MEMORY_MARGIN
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -212,8 +212,8 @@ def _per_gpu(key: str, value: Any, gpus: Sequence[tuple[str, GpuSpec]], check: C
 
 def load_grid(path: str) -> Grid:
     """Read and validate a grid file; every error is one line naming the key and the value."""
-    from oracle.catalog import load_gpu, load_model
-    from oracle.inputs import exists, parse_yaml, read_text
+    from tune_cp.oracle.catalog import load_gpu, load_model
+    from tune_cp.oracle.inputs import exists, parse_yaml, read_text
 
     p = Path(path)
 
@@ -303,8 +303,8 @@ def load_grid(path: str) -> Grid:
 
 
 def _settings(data: Mapping[str, Any]) -> Settings:
-    from agent.search import Preference
-    from solver.constraints import HardConstraint
+    from tune_cp.agent.search import Preference
+    from tune_cp.solver.constraints import HardConstraint
 
     def strings(key: str) -> tuple[str, ...]:
         v = data.get(key)
@@ -355,8 +355,8 @@ def _settings(data: Mapping[str, Any]) -> Settings:
 def _overheads(items: Iterable[tuple[str, Any]]):
     from pydantic import ValidationError
 
-    from oracle.memory import MemoryOverheads
-    from oracle.specs import validation_message
+    from tune_cp.oracle.memory import MemoryOverheads
+    from tune_cp.oracle.specs import validation_message
 
     values = dict(items)
     for k in values:
@@ -370,7 +370,7 @@ def _overheads(items: Iterable[tuple[str, Any]]):
 
 
 def _with_digest(sc: Scenario) -> Scenario:
-    from agent.serialize import sweep_settings_json
+    from tune_cp.agent.serialize import sweep_settings_json
 
     blob = json.dumps({
         "model": sc.model.model_dump(mode="json"), "gpu": sc.gpu.model_dump(mode="json"),
@@ -426,7 +426,7 @@ class WorkerCache:
         if not self.enabled:
             return
         try:
-            from solver import model as SM
+            from tune_cp.solver import model as SM
 
             if hasattr(SM, "_SHARED"):
                 return  # the solver shares its node-independent tables across clusters itself
@@ -467,7 +467,7 @@ WORKER = WorkerCache()
 
 def clear_solver_caches() -> None:
     """Forget every table the CP-SAT models memoise in this process (for measurements)."""
-    from solver import model as SM
+    from tune_cp.solver import model as SM
 
     SM._CACHES.clear()
     shared = getattr(SM, "_SHARED", None)
@@ -481,15 +481,15 @@ def _init_worker(share_tables: bool = True) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import agent.search  # noqa: F401  (imports the solver and oracle once per worker)
+    import tune_cp.agent.search  # noqa: F401  (imports the solver and oracle once per worker)
 
     WORKER.enabled = share_tables
 
 
 def scenario_inputs(sc: Scenario):
     """The specs and search options of a scenario."""
-    from agent.search import Preference, SearchOptions
-    from solver.settings import RunSettings
+    from tune_cp.agent.search import Preference, SearchOptions
+    from tune_cp.solver.settings import RunSettings
 
     st = sc.settings
     cluster = ClusterSpec(gpu=sc.gpu, num_nodes=sc.nodes, gpus_per_node=sc.gpus_per_node)
@@ -511,7 +511,7 @@ def run_scenario(sc: Scenario, cache: WorkerCache | None = None) -> dict[str, An
     cache = WORKER if cache is None else cache
     row = base_row(sc)
     try:
-        from agent.search import NoFeasibleConfiguration, search
+        from tune_cp.agent.search import NoFeasibleConfiguration, search
 
         cluster, training, opts = scenario_inputs(sc)
         row["gpus"] = cluster.world_size
@@ -571,7 +571,7 @@ def interval_of(result: Any) -> tuple[float | None, float | None]:
 
 def result_columns(r: Any, sc: Scenario) -> dict[str, Any]:
     """The row fields of a search result (``r``: :class:`agent.search.SearchResult`)."""
-    from agent.serialize import config_json
+    from tune_cp.agent.serialize import config_json
 
     best = r.best
     cfg = config_json(best.config, r.training)
@@ -735,10 +735,8 @@ class RayEngine:
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "logging_level": "ERROR"} | self.init_kwargs
         if self.address == "auto":
-            # workers on this machine import this checkout (it also runs uninstalled, from its
-            # root); a remote cluster needs tune-cp installed on its nodes
-            root = str(Path(__file__).resolve().parent.parent)
-            kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": _pythonpath(root)}})
+            # workers on this machine run this interpreter, which has tune-cp installed (it does
+            # not run uninstalled); a remote cluster needs tune-cp installed on its nodes
             if self.num_cpus is not None:
                 kwargs["num_cpus"] = self.num_cpus
             ray.init(**kwargs)
@@ -784,13 +782,6 @@ class RayEngine:
         if self.started:
             ray.shutdown()
             self.started = False
-
-
-def _pythonpath(root: str) -> str:
-    """PYTHONPATH for Ray workers of a local cluster: this checkout first (the package is run
-    from its root as well as installed)."""
-    old = os.environ.get("PYTHONPATH")
-    return root if not old else f"{root}{os.pathsep}{old}"
 
 
 # ------------------------------------------------------------------------ output files

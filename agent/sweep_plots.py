@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.specs import ConfigError
+from tune_cp.oracle.specs import ConfigError
 
 #: tokens assumed for the time axis when the grid names none (days per 10^12 tokens)
 REFERENCE_TOKENS = 1e12

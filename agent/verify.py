@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from oracle.specs import ConfigError
+from tune_cp.oracle.specs import ConfigError
 
 #: iterations of a verification run: the first WARMUP_ITERATIONS (formats.logs) are
 #: left out of the median, the rest give a stable step time within minutes.
@@ -43,8 +43,8 @@ def _slug(text: str) -> str:
 def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
     """Write the launches of the ``n`` best distinct candidates of ``result`` (a SearchResult)
     under ``out_dir``; returns the folders written."""
-    from agent.report import short_layout
-    from formats import (
+    from tune_cp.agent.report import short_layout
+    from tune_cp.formats import (
         to_megatron_args,
         to_nemo_overrides,
         to_primus_overrides,

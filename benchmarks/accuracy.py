@@ -8,7 +8,7 @@ table (calibrate without a source, score that source); the grouped 5-fold cross-
 ``benchmarks/crossval.py`` (the best estimate of the error on runs the constants were not
 fitted on); the unrepresentable rows with reasons.
 
-    PYTHONPATH=. python benchmarks/accuracy.py [--runs FILE.csv] [--calibration FILE.json]
+    python benchmarks/accuracy.py [--runs FILE.csv] [--calibration FILE.json]
                                                [--no-loso] [--no-cv]
 """
 
@@ -24,10 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from formats.runs import NOT_FITTED, RunRow, read_runs, scored_rows  # noqa: E402
-from oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
-from oracle.constants import load_calibration  # noqa: E402
-from oracle.timing import BREAKDOWN, timing  # noqa: E402
+from tune_cp.formats.runs import NOT_FITTED, RunRow, read_runs, scored_rows  # noqa: E402
+from tune_cp.oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
+from tune_cp.oracle.constants import load_calibration  # noqa: E402
+from tune_cp.oracle.timing import BREAKDOWN, timing  # noqa: E402
 
 
 def _crossval_module():

@@ -70,7 +70,7 @@ sys.exit(code)
 IMPORTER = """
 import importlib, sys
 names = open(sys.argv[1]).read().split()
-own = [n for n in names if n.split(".")[0] in ("cli", "oracle", "solver", "agent")]
+own = [n for n in names if n.split(".")[0] == "tune_cp"]
 for name in own + [n for n in names if n not in own]:
     try:
         importlib.import_module(name)

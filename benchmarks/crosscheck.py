@@ -1,6 +1,6 @@
 """Cross-check CP-SAT against the plain Python loop on random subspaces.
 
-    PYTHONPATH=. python benchmarks/crosscheck.py [--cases 40] [--seed 0] [--max-size 6000]
+    python benchmarks/crosscheck.py [--cases 40] [--seed 0] [--max-size 6000]
 
 Each case draws a catalog model, a GPU, a node count, a batch, options (FP8, zero-bubble, FSDP,
 uniform recompute, extra constraints, a family switched off) and fixes random axes until the
@@ -21,15 +21,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from oracle.catalog import load_gpu, load_model, model_entries
-from oracle.specs import ClusterSpec, Precision, TrainingSpec
-from solver.constraints import as_constraints
-from solver.feasible import enumerate_problem
-from solver.problem import Problem
-from solver.reference import reference_enumerate
-from solver.rules import RULES
-from solver.settings import RunSettings
-from solver.space import AXES, OptimizerChoice, default_space
+from tune_cp.oracle.catalog import load_gpu, load_model, model_entries
+from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
+from tune_cp.solver.constraints import as_constraints
+from tune_cp.solver.feasible import enumerate_problem
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.reference import reference_enumerate
+from tune_cp.solver.rules import RULES
+from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import AXES, OptimizerChoice, default_space
 
 GPUS = ("h100", "h200", "b200", "mi300x", "mi355x", "a100")
 SLICINGS: tuple[tuple[str, ...], ...] = ((), ("pp",), ("tp", "pp"), ("tp", "pp", "cp", "vpp"),

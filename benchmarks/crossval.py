@@ -10,7 +10,7 @@ Prints, as plain-text tables: every fold (rows, configurations, MAPE, median), t
 out-of-fold MAPE, median and within-10% / within-15% shares, per source and per GPU, and the
 within-group Spearman rank correlation of the out-of-fold projections.
 
-    PYTHONPATH=. python benchmarks/crossval.py [--runs FILE.csv] [--folds 5] [--seed 0]
+    python benchmarks/crossval.py [--runs FILE.csv] [--folds 5] [--seed 0]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the oracle package
 sys.path.insert(0, str(ROOT))
 
-from formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
-from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
+from tune_cp.formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
+from tune_cp.oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
 
 DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
 

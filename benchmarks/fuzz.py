@@ -109,7 +109,7 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
 BATCH = """
 import contextlib, io, json, signal, sys, time
 sys.setrecursionlimit(10000)
-import cli
+from tune_cp import cli
 from click.testing import CliRunner
 from tests.fuzzing import defects
 cases, limit = json.load(open(sys.argv[1])), float(sys.argv[2])

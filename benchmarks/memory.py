@@ -16,7 +16,7 @@ columns only, and with the memory settings the framework's recipe implies
 DeepSeek-V3's selective recompute). Each remaining one gets a reason: the least recomputation
 that fits, else how far over HBM it stays with full recompute and its largest term.
 
-    PYTHONPATH=. python benchmarks/memory.py [--runs FILE.csv]
+    python benchmarks/memory.py [--runs FILE.csv]
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from formats.runs import read_runs  # noqa: E402
-from oracle.memory import MemoryOverheads, memory_report  # noqa: E402
-from oracle.specs import GIB, Recompute, RecomputeMethod  # noqa: E402
+from tune_cp.formats.runs import read_runs  # noqa: E402
+from tune_cp.oracle.memory import MemoryOverheads, memory_report  # noqa: E402
+from tune_cp.oracle.specs import GIB, Recompute, RecomputeMethod  # noqa: E402
 
 GB = 10**9
 

@@ -65,9 +65,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from benchmarks.memory_truth_cases import Case, resolved_case, tunecp_figures
-from oracle import memory as M
-from oracle.params import padded_vocab_size
-from oracle.specs import (
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.params import padded_vocab_size
+from tune_cp.oracle.specs import (
     ModelSpec,
     ParallelConfig,
     PipelineSplit,

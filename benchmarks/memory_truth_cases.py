@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from oracle import memory as M
-from oracle.catalog import load_gpu, load_model
-from oracle.specs import (
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ParallelConfig,
     PipelineSplit,

@@ -79,7 +79,7 @@ def schedule_sweep() -> list[dict]:
         get_schedule_table,
     )
 
-    from oracle.memory import inflight_per_chunk
+    from tune_cp.oracle.memory import inflight_per_chunk
 
     class _Group:
         def __init__(self, size, rank):

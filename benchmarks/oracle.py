@@ -5,7 +5,7 @@ recompute over small domains (legality is not filtered here: the solver does tha
 costs the same either way), scores them with :func:`oracle.projection.score_configs`, and
 prints the rate. Also times the scalar :func:`oracle.projection.project` for comparison.
 
-    PYTHONPATH=. python benchmarks/oracle.py
+    python benchmarks/oracle.py
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from oracle.catalog import load_gpu, load_model  # noqa: E402
-from oracle.projection import project, score_configs  # noqa: E402
-from oracle.specs import ClusterSpec, TrainingSpec  # noqa: E402
-from oracle.work import ConfigBatch  # noqa: E402
+from tune_cp.oracle.catalog import load_gpu, load_model  # noqa: E402
+from tune_cp.oracle.projection import project, score_configs  # noqa: E402
+from tune_cp.oracle.specs import ClusterSpec, TrainingSpec  # noqa: E402
+from tune_cp.oracle.work import ConfigBatch  # noqa: E402
 
 CASES = [
     ("mixtral-8x22b", "mi355x", 4, 8192, 512, "bf16"),

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before benchmarks/oracle.py can shadow the oracle package
 
 from benchmarks.crossval import DEFAULT_RUNS, CrossValidation, grouped_cv, table
-from formats.runs import RunRow, read_runs
-from oracle.constants import load_calibration, utc_now
-from oracle.uncertainty import (
+from tune_cp.formats.runs import RunRow, read_runs
+from tune_cp.oracle.constants import load_calibration, utc_now
+from tune_cp.oracle.uncertainty import (
     FEATURES,
     MIN_CLASS_ROWS,
     Q_HI,

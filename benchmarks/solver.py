@@ -1,6 +1,6 @@
 """Feasible-set size and enumeration time: CP-SAT beside the plain Python loop.
 
-    PYTHONPATH=. python benchmarks/solver.py [--python-cap N] [--quick] [--workers N]
+    python benchmarks/solver.py [--python-cap N] [--quick] [--workers N]
 
 For each case (model defaults for sequence length and global batch from the catalog, the
 default search space, every family on): the raw space size, the feasible-set size, the CP-SAT
@@ -21,12 +21,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from oracle.catalog import load_gpu, load_model
-from oracle.specs import ClusterSpec, TrainingSpec
-from solver.feasible import enumerate_problem
-from solver.problem import Problem
-from solver.reference import reference_enumerate
-from solver.space import default_space
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.specs import ClusterSpec, TrainingSpec
+from tune_cp.solver.feasible import enumerate_problem
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.reference import reference_enumerate
+from tune_cp.solver.space import default_space
 
 CASES: tuple[tuple[str, str, int], ...] = (
     ("mixtral-8x22b", "mi355x", 4),
@@ -54,8 +54,8 @@ def problem_for(model_name: str, gpu_name: str, nodes: int) -> Problem:
 def cold() -> None:
     """Forget the memoised oracle tables (the solver's and the oracle's stage counts) so that each
     timed enumeration starts as the first one of a process would."""
-    from oracle.memory import _stage_counts_cached
-    from solver.model import _CACHES
+    from tune_cp.oracle.memory import _stage_counts_cached
+    from tune_cp.solver.model import _CACHES
 
     _CACHES.clear()
     _stage_counts_cached.cache_clear()

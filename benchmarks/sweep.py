@@ -57,7 +57,7 @@ def cache_gain(grid, n: int) -> tuple[float, float]:
     """CPU seconds of the first ``n`` scenarios in this process with the memoised memory tables
     kept from one scenario to the next (on) and forgotten before each (off); best of two,
     alternating."""
-    from agent.sweep import WorkerCache, clear_solver_caches, run_scenario
+    from tune_cp.agent.sweep import WorkerCache, clear_solver_caches, run_scenario
 
     sample = grid.scenarios[:n]
     times: dict[bool, list[float]] = {False: [], True: []}
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--cache-scenarios", type=int, default=36)
     args = ap.parse_args()
 
-    from agent.sweep import load_grid
+    from tune_cp.agent.sweep import load_grid
 
     grid = load_grid(args.grid)
     total = len(grid.scenarios)

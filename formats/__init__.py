@@ -25,15 +25,15 @@ Primus ``fd1eeabbad``); Megatron-Bridge field names: ``src/megatron/bridge/train
 NVIDIA-NeMo/Megatron-Bridge ``067f987df0`` (2026-08-22).
 """
 
-from formats.export import (
+from tune_cp.formats.export import (
     canonical_config,
     to_megatron_args,
     to_nemo_overrides,
     to_primus_overrides,
 )
-from formats.keys import Fp8Format
-from formats.model import ImportedArchitecture
-from formats.parse import (
+from tune_cp.formats.keys import Fp8Format
+from tune_cp.formats.model import ImportedArchitecture
+from tune_cp.formats.parse import (
     ImportedRun,
     parse_megatron_args,
     parse_primus_config,

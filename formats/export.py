@@ -28,10 +28,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
-from formats.model import LLAMA3_ORIGINAL_POSITIONS
-from oracle.memory import pipeline_chunks
-from oracle.specs import (
+from tune_cp.formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
+from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
+from tune_cp.oracle.memory import pipeline_chunks
+from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     Activation,
     ClusterSpec,

@@ -17,7 +17,7 @@ becomes ``--no-field-name`` / ``--disable-field-name``; ``argparse_meta`` overri
 The classification rules are the lists below (groups, then dest patterns), not a hand-typed
 list of hundreds of flags. Run::
 
-    python -m formats.gen_megatron_flags /path/to/Megatron-LM/.git [COMMIT]
+    python -m tune_cp.formats.gen_megatron_flags /path/to/Megatron-LM/.git [COMMIT]
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def main(argv: list[str]) -> None:
     commit = argv[1] if len(argv) > 1 else "HEAD"
     sha = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", commit], check=True,
                          capture_output=True, text=True).stdout.strip()
-    from formats.keys import READ_DESTS
+    from tune_cp.formats.keys import READ_DESTS
 
     flags = argument_flags(git_dir, sha)
     for info in flags.values():

@@ -32,10 +32,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from formats.shell import UNSET, describe_unset, unset_name
-from oracle.inputs import is_file, read_mapping
-from oracle.specs import ConfigError
-from solver.axes import KNOBS
+from tune_cp.formats.shell import UNSET, describe_unset, unset_name
+from tune_cp.oracle.inputs import is_file, read_mapping
+from tune_cp.oracle.specs import ConfigError
+from tune_cp.solver.axes import KNOBS
 
 
 class Flavor(StrEnum):
@@ -628,7 +628,7 @@ def scan_megatron(text: str, env: Mapping[str, str] | None = None) -> RawArgs:
     """Read a Megatron-LM launch (``torchrun ... pretrain_gpt.py --flag value ...``, or a whole
     launch script: :func:`formats.shell.expand_launch` with ``env``) into raw
     arguments. Known flags are checked for arity; unknown ones are listed, never fatal."""
-    from formats.shell import expand_launch
+    from tune_cp.formats.shell import expand_launch
 
     script = expand_launch(text, env)
     words = script.words

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle.specs import ConfigError
+from tune_cp.oracle.specs import ConfigError
 
 #: iteration lines at the start of a log left out of the median (warm-up steps).
 WARMUP_ITERATIONS = 2
@@ -104,7 +104,7 @@ def _median_after_warmup(values: list[tuple[int, float]]) -> tuple[float | None,
 def read_log(path: str | Path) -> LogMeasurement:
     """Read a Megatron-LM / Primus or torchtitan training log (see module docstring). Raises a
     one-line ConfigError when the file has no iteration line of either framework."""
-    from oracle.inputs import MAX_LOG_BYTES, check_regular_file
+    from tune_cp.oracle.inputs import MAX_LOG_BYTES, check_regular_file
 
     p = check_regular_file(path, "--log file", max_bytes=MAX_LOG_BYTES)
     try:
@@ -240,7 +240,7 @@ TITAN_KEYS = {
 def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
     """The settings of a torchtitan job TOML that tune-cp models (:data:`TITAN_KEYS`)."""
     try:
-        from oracle.inputs import read_text
+        from tune_cp.oracle.inputs import read_text
 
         data = tomllib.loads(read_text(path, "--config file"))
     except (OSError, tomllib.TOMLDecodeError) as e:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from formats.keys import (
+from tune_cp.formats.keys import (
     FRAMEWORK_NAME,
     Flavor,
     RawArgs,
@@ -27,8 +27,8 @@ from formats.keys import (
     layer_pattern,
     spell,
 )
-from oracle.catalog import model_entries
-from oracle.specs import (
+from tune_cp.oracle.catalog import model_entries
+from tune_cp.oracle.specs import (
     ConfigError,
     MlaSpec,
     ModelSpec,
@@ -390,7 +390,7 @@ def hybrid_fields(raw: RawArgs, arch: ImportedArchitecture, hidden: int,
         out["num_mtp_layers"] = len(mtp)
     pattern = main
     head_dim = get("mamba_head_dim")
-    from oracle.specs import MambaSpec
+    from tune_cp.oracle.specs import MambaSpec
 
     try:
         mamba = MambaSpec(state_dim=get("mamba_state_dim"), head_dim=head_dim,

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from formats.keys import (
+from tune_cp.formats.keys import (
     CONFIG_KEYS,
     FRAMEWORK_NAME,
     IGNORED,
@@ -30,12 +30,12 @@ from formats.keys import (
     scan_megatron,
     spell,
 )
-from formats.model import (
+from tune_cp.formats.model import (
     ImportedArchitecture,
     build_model,
     compare_model,
 )
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     SELECTIVE_MODULES,
     ClusterSpec,

@@ -88,9 +88,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.catalog import gpu_entries, load_gpu, model_entries
-from oracle.constants import software_stack
-from oracle.specs import (
+from tune_cp.oracle.catalog import gpu_entries, load_gpu, model_entries
+from tune_cp.oracle.constants import software_stack
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -105,7 +105,7 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
-from oracle.work import RunTraits
+from tune_cp.oracle.work import RunTraits
 
 REQUIRED_COLUMNS = (
     "row_id", "source", "model", "num_gpus", "tp", "pp", "tokens_per_sec_per_gpu",
@@ -714,7 +714,7 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         return
     resolved = resolve_config(cfg, model, cluster, training)
     try:  # a row the time model cannot evaluate is unrepresentable, not a crash
-        from oracle.work import ConfigBatch, build_work
+        from tune_cp.oracle.work import ConfigBatch, build_work
 
         traits = row_traits(row, out.software, recipe_set)
         build_work(model, cluster, training, ConfigBatch.from_configs([resolved], traits))
@@ -735,7 +735,7 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
 
 def read_runs(path: str | Path) -> list[RunRow]:
     """Every row of a runs CSV (see module docstring)."""
-    from oracle.inputs import read_text, show_name
+    from tune_cp.oracle.inputs import read_text, show_name
 
     text = read_text(path, "runs file")
     reader = csv.DictReader(io.StringIO(text, newline=""), restval="", strict=True)

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from formats.runs import RunRow, read_runs, scored_rows
-from oracle.constants import (
+from tune_cp.formats.runs import RunRow, read_runs, scored_rows
+from tune_cp.oracle.constants import (
     ARCHITECTURES,
     BY_NAME,
     CONSTANTS,
@@ -49,9 +49,9 @@ from oracle.constants import (
     table_from_json,
     utc_now,
 )
-from oracle.specs import ConfigError
-from oracle.timing import timing
-from oracle.work import ConfigBatch, Work, build_work, concat_work
+from tune_cp.oracle.specs import ConfigError
+from tune_cp.oracle.timing import timing
+from tune_cp.oracle.work import ConfigBatch, Work, build_work, concat_work
 
 #: log-scale scatter assumed for one published measurement (release-to-release differences of the
 #: same configuration on the Megatron-Bridge page are 5-15 %).
@@ -310,7 +310,7 @@ def mfu_ceilings(prep: PreparedRows) -> dict[str, dict[str, Any]]:
     """Best measured MFU of the prepared rows per :func:`mfu_class`, with the row that set it
     (measured MFU = model FLOPs per token x measured tokens/s/GPU / the dense peak of the
     precision the GEMMs run in, as :class:`oracle.projection.Projection` defines it)."""
-    from oracle.projection import mfu_peak_flops, model_flops_per_token_array
+    from tune_cp.oracle.projection import mfu_peak_flops, model_flops_per_token_array
 
     best: dict[str, dict[str, Any]] = {}
     for r, measured in zip(prep.rows, prep.measured, strict=True):

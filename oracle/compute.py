@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from oracle.constants import POWER_REFERENCE_GPU
-from oracle.specs import GpuSpec
+from tune_cp.oracle.constants import POWER_REFERENCE_GPU
+from tune_cp.oracle.specs import GpuSpec
 
 #: Bytes per element of a GEMM operand read from HBM (memory-bound floor of a GEMM).
 OPERAND_BYTES = {0: 2.0, 1: 1.0, 2: 0.5625}  # bf16, fp8, nvfp4 (4 bit + 1 scale byte per 16)
@@ -80,7 +80,7 @@ def power_ratios(gpu: GpuSpec) -> tuple[float, float, float]:
     ref_name = POWER_REFERENCE_GPU.get(gpu.architecture or "")
     if ref_name is None or gpu.tdp_w is None or gpu.compute_units is None:
         return (1.0, 1.0, 1.0)
-    from oracle.catalog import load_gpu
+    from tune_cp.oracle.catalog import load_gpu
 
     ref = load_gpu(ref_name)
     if ref.tdp_w is None or ref.compute_units is None:

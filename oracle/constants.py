@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from oracle.specs import ConfigError
+from tune_cp.oracle.specs import ConfigError
 
 HERE = Path(__file__).parent
 CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
@@ -427,7 +427,7 @@ def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
 def _constant_value(c: ConstantDef, raw: Any, where: str, key: str) -> float:
     """A calibration value: a finite number within the constant's range (an efficiency or
     factor also above 0: the time model divides by it)."""
-    from oracle.inputs import finite
+    from tune_cp.oracle.inputs import finite
 
     v = finite(raw, f"{where}: {key}")
     strict = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
@@ -483,7 +483,7 @@ def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTa
 
 def load_calibration(path: str | Path | None = None) -> CalibrationTable:
     """The calibration file at ``path``, or the one shipped in ``oracle/catalog``."""
-    from oracle.inputs import parse_json, read_text, show_name
+    from tune_cp.oracle.inputs import parse_json, read_text, show_name
 
     if path is None:
         return _default_table()

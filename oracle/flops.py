@@ -32,8 +32,8 @@ s sequence length, L layers.
 
 from __future__ import annotations
 
-from oracle import params as P
-from oracle.specs import ModelSpec
+from tune_cp.oracle import params as P
+from tune_cp.oracle.specs import ModelSpec
 
 #: forward (1) + backward dgrad (1) + backward wgrad (1) GEMMs per forward GEMM.
 FWD_BWD_FACTOR = 3
@@ -161,7 +161,7 @@ def layer_is_sliding(model: ModelSpec, layer: int) -> bool:
 def layer_forward_flops(model: ModelSpec, layer: int, seq_len: int) -> float:
     """Forward model FLOPs per token of decoder layer ``layer`` (0-based): the sum of its blocks
     (``oracle/inventory.py``)."""
-    from oracle.inventory import Block, kind_blocks, layer_kinds
+    from tune_cp.oracle.inventory import Block, kind_blocks, layer_kinds
 
     total = 0.0
     for block in kind_blocks(model, layer_kinds(model)[layer]):

@@ -35,7 +35,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from oracle.specs import ConfigError
+from tune_cp.oracle.specs import ConfigError
 
 #: Largest user file read (16 MiB): the largest Hugging Face config.json is a few KiB, the
 #: published runs CSV about 100 KiB; a bigger file is not a configuration.

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 
-from oracle import params as P
-from oracle.specs import (
+from tune_cp.oracle import params as P
+from tune_cp.oracle.specs import (
     Fp8Recipe,
     ModelSpec,
     NormKind,

@@ -61,8 +61,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from oracle import params as P
-from oracle.inventory import (  # the per-layer tensor lists live in the workload inventory
+from tune_cp.oracle import params as P
+from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the workload inventory
     BF16_BYTES,
     BOOL_BYTES,
     FP32_BYTES,
@@ -88,7 +88,7 @@ from oracle.inventory import (  # the per-layer tensor lists live in the workloa
     mtp_kind,
     norm_stats_bytes,
 )
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
     Dispatcher,

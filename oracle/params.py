@@ -17,7 +17,7 @@ Which blocks a layer has is the workload inventory's (``oracle/inventory.py::kin
 
 from __future__ import annotations
 
-from oracle.specs import ModelSpec, NormKind, PositionEmbedding
+from tune_cp.oracle.specs import ModelSpec, NormKind, PositionEmbedding
 
 #: Megatron-LM ``--make-vocab-size-divisible-by`` default (megatron/training/arguments.py).
 VOCAB_DIVISIBLE_BY = 128
@@ -202,7 +202,7 @@ def moe_block_params(model: ModelSpec) -> int:
 def layer_params(model: ModelSpec, layer: int) -> int:
     """Parameters of decoder layer ``layer`` (0-based), unsharded: the sum of its blocks
     (``oracle/inventory.py::kind_blocks``)."""
-    from oracle.inventory import Block, kind_blocks, layer_kinds
+    from tune_cp.oracle.inventory import Block, kind_blocks, layer_kinds
 
     per_block = {
         Block.ATTENTION: attention_params,

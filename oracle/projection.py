@@ -30,15 +30,15 @@ from functools import lru_cache
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from oracle import flops as F
-from oracle import params as P
-from oracle.constants import (
+from tune_cp.oracle import flops as F
+from tune_cp.oracle import params as P
+from tune_cp.oracle.constants import (
     REFERENCE_SOFTWARE,
     CalibrationTable,
     evidence_note,
     load_calibration,
 )
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     ModelSpec,
@@ -46,8 +46,8 @@ from oracle.specs import (
     Precision,
     TrainingSpec,
 )
-from oracle.timing import BREAKDOWN, constants_arrays, timing
-from oracle.work import ConfigBatch, RunTraits, build_work, padded_vocab
+from tune_cp.oracle.timing import BREAKDOWN, constants_arrays, timing
+from tune_cp.oracle.work import ConfigBatch, RunTraits, build_work, padded_vocab
 
 
 class Projection(BaseModel):
@@ -197,7 +197,7 @@ def mfu_note(mfu: float, breakdown: dict[str, float], step_s: float, is_moe: boo
     :func:`oracle.calibrate.mfu_ceilings`): the ceiling, the row that set it, and what the
     projection's step consists of (GEMM share, bubble, exposed communication), so a user sees
     what makes it higher; "" otherwise or when the calibration has no ceilings."""
-    from oracle.constants import mfu_class
+    from tune_cp.oracle.constants import mfu_class
 
     ceil = ((table.fitted_on or {}).get("mfu_ceilings") or {}).get(
         mfu_class(is_moe, architecture, precision))

@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from formats.logs import (
+from tune_cp.formats.logs import (
     LogMeasurement,
     dump_as_megatron_args,
     read_log,
     read_torchtitan_config,
 )
-from formats.runs import RunRow, read_runs, scored_rows
-from oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
-from oracle.constants import load_calibration, utc_now
-from oracle.specs import (
+from tune_cp.formats.runs import RunRow, read_runs, scored_rows
+from tune_cp.oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit
+from tune_cp.oracle.constants import load_calibration, utc_now
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     GpuSpec,
@@ -47,7 +47,7 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
-from oracle.work import RunTraits
+from tune_cp.oracle.work import RunTraits
 
 PUBLISHED_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 #: weight of one of the user's rows against one published row in the fit (its squared residual
@@ -71,7 +71,7 @@ class LogRun:
 
 def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, gpu: GpuSpec,
                   nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
-    from formats import parse_megatron_args
+    from tune_cp.formats import parse_megatron_args
 
     text = dump_as_megatron_args(m.args)
     # the start-up size line fills what a partial dump lacks
@@ -114,7 +114,7 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
     traits = RunTraits(tp_comm_overlap=m.args.get("tp_comm_overlap") == "True"
                        or "--tp-comm-overlap" in config_text)
     if m.tflops_per_gpu:
-        from oracle.projection import project
+        from tune_cp.oracle.projection import project
 
         p = project(mdl, cluster, training, cfg)
         flops_per_token = p.model_tflops_per_gpu * 1e12 / p.tokens_per_s_per_gpu
@@ -187,7 +187,7 @@ def read_log_runs(paths: list[str], *, gpu: GpuSpec, gpus_per_node: int,
     """Every log as a measured run; a log that cannot be represented says why."""
     config_text = ""
     if config is not None and not config.endswith(".toml"):
-        from oracle.inputs import read_text
+        from tune_cp.oracle.inputs import read_text
 
         config_text = read_text(config, "--config file")
     out = []
@@ -311,7 +311,7 @@ NOT_COUNTED = {
 def _modelled_peak(r: RunRow, kind: str) -> int | None:
     """tune-cp's peak bytes of the logged configuration (the most loaded stage), counted like the
     log's measured peak (:data:`NOT_COUNTED`)."""
-    from solver.check import check_configuration
+    from tune_cp.solver.check import check_configuration
 
     assert r.model and r.cluster and r.training and r.cfg
     out = check_configuration(r.model, r.cluster, r.training, r.cfg)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.host import host_exposed
+from tune_cp.oracle.host import host_exposed
 
 #: Zero-bubble (ZB-H1) keeps ~1/3 of the 1F1B bubble (Qi et al. 2023, "Zero Bubble Pipeline
 #: Parallelism"); DualPipe is represented by the same factor.

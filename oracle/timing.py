@@ -27,16 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
-from oracle.compute import (
+from tune_cp.oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
+from tune_cp.oracle.compute import (
     ATTENTION_BWD_FLOPS_RATIO,
     gemm_half_dims,
     mamba_scan_time,
     shape_factor,
     sustained_rate,
 )
-from oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
-from oracle.host import (
+from tune_cp.oracle.constants import CONSTANT_NAMES, REFERENCE_SOFTWARE, CalibrationTable
+from tune_cp.oracle.host import (
     GRAPH_BITS,
     a2a_sync_exponent,
     attention_host_time,
@@ -44,8 +44,8 @@ from oracle.host import (
     layer_host_time,
     mamba_host_time,
 )
-from oracle.schedule import chunk_boundary_host, pipeline_bubble
-from oracle.work import (
+from tune_cp.oracle.schedule import chunk_boundary_host, pipeline_bubble
+from tune_cp.oracle.work import (
     ATTN_SLOTS,
     BF16,
     EXP_SLOTS,

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, Precision, TrainingSpec
+from tune_cp.oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, Precision, TrainingSpec
 
 RESIDUALS_PATH = Path(__file__).parent / "catalog" / "residuals.json"
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from oracle import flops as F
-from oracle import params as P
-from oracle.collectives import (
+from tune_cp.oracle import flops as F
+from tune_cp.oracle import params as P
+from tune_cp.oracle.collectives import (
     TP_FP8_ALLGATHER_FRACTION,
     cp_attention_block,
     cp_correction_bytes,
@@ -46,9 +46,9 @@ from oracle.collectives import (
     group_intra,
     group_local,
 )
-from oracle.compute import OPERAND_BYTES, power_ratios
-from oracle.host import GRAPH_BITS
-from oracle.inventory import (
+from tune_cp.oracle.compute import OPERAND_BYTES, power_ratios
+from tune_cp.oracle.host import GRAPH_BITS
+from tune_cp.oracle.inventory import (
     KINDS,
     block_gemms,
     kind_index,
@@ -57,9 +57,9 @@ from oracle.inventory import (
     mamba_scan_flops_per_token,
     mtp_kind,
 )
-from oracle.memory import ParamUnits, _stage_counts_cached, param_units, stage_params
-from oracle.schedule import ZERO_BUBBLE_FACTOR
-from oracle.specs import (
+from tune_cp.oracle.memory import ParamUnits, _stage_counts_cached, param_units, stage_params
+from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -331,7 +331,7 @@ class ConfigBatch:
         if fp8 is None:
             code = -1
             if training.precision is Precision.FP8:
-                from oracle.specs import default_fp8_recipe
+                from tune_cp.oracle.specs import default_fp8_recipe
 
                 code = FP8_CODE[default_fp8_recipe(cluster.gpu)]
             fp8 = code

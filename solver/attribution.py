@@ -27,10 +27,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from oracle.specs import Recompute
-from solver.axes import AXES
-from solver.problem import Problem
-from solver.rules import FAMILY_AXES, RULES, RuleContext
+from tune_cp.oracle.specs import Recompute
+from tune_cp.solver.axes import AXES
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.rules import FAMILY_AXES, RULES, RuleContext
 
 #: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
 #: optimizer (read only by memory) last.

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     MAX_GPUS,
     Dispatcher,
     Fp8Recipe,

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oracle.memory import MemoryReport
-from oracle.specs import (
+from tune_cp.oracle.memory import MemoryReport
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
     resolve_config,
 )
-from solver.rules import (
+from tune_cp.solver.rules import (
     STRUCTURAL,
     RuleContext,
     Violation,
     check,
     hbm_limit_bytes,
 )
-from solver.settings import RunSettings
+from tune_cp.solver.settings import RunSettings
 
 
 @dataclass(frozen=True)

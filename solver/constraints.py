@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from oracle.specs import ConfigError, ParallelConfig, Spec
+from tune_cp.oracle.specs import ConfigError, ParallelConfig, Spec
 
 if TYPE_CHECKING:  # compile_expr works on the solver's values; a check needs no OR-Tools
-    from solver.symbolic import Arith, Value
+    from tune_cp.solver.symbolic import Arith, Value
 
 #: Names a constraint may use: the parallel sizes, mbs, and the derived dp and ga.
 NAMES: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga")

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from oracle.specs import GIB, ClusterSpec, ConfigError, Recompute
-from solver.cpsat import cp_model
-from solver.feasible import single_solve_solver, solved_axes
-from solver.model import LegalityModel
-from solver.problem import Problem
-from solver.rules import RULES, SEARCH_ONLY
-from solver.space import (
+from tune_cp.oracle.specs import GIB, ClusterSpec, ConfigError, Recompute
+from tune_cp.solver.cpsat import cp_model
+from tune_cp.solver.feasible import single_solve_solver, solved_axes
+from tune_cp.solver.model import LegalityModel
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.rules import RULES, SEARCH_ONLY
+from tune_cp.solver.space import (
     AXES,
     OptimizerChoice,
     RecomputeOption,

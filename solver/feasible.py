@@ -16,21 +16,21 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
-from solver.attribution import PROBE_AXES, attribute, attribution_walk
-from solver.axes import INT_AXES
-from solver.constraints import (
+from tune_cp.oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
+from tune_cp.solver.attribution import PROBE_AXES, attribute, attribution_walk
+from tune_cp.solver.axes import INT_AXES
+from tune_cp.solver.constraints import (
     Direction,
     SoftObjective,
     compile_expr,
 )
-from solver.cpsat import cp_model
-from solver.model import LegalityModel
-from solver.problem import Problem
-from solver.rules import RULES
-from solver.settings import RunSettings
-from solver.space import AXES, SearchSpace, default_space
-from solver.symbolic import Sym
+from tune_cp.solver.cpsat import cp_model
+from tune_cp.solver.model import LegalityModel
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.rules import RULES
+from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import AXES, SearchSpace, default_space
+from tune_cp.solver.symbolic import Sym
 
 #: Families a search applies unless told otherwise: all of them.
 DEFAULT_FAMILIES: tuple[str, ...] = tuple(RULES)

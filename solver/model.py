@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from oracle import memory as M
-from oracle.specs import (
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.specs import (
     Dispatcher,
     Fp8Recipe,
     ParallelConfig,
@@ -47,11 +47,11 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
-from solver.axes import INT_AXES
-from solver.constraints import compile_expr
-from solver.cpsat import cp_model
-from solver.problem import Problem
-from solver.rules import (
+from tune_cp.solver.axes import INT_AXES
+from tune_cp.solver.constraints import compile_expr
+from tune_cp.solver.cpsat import cp_model
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.rules import (
     FP8_ARCHITECTURES_MX,
     RULES,
     hybrid_split_ok,
@@ -61,8 +61,8 @@ from solver.rules import (
     tp_shape_ok,
     training_precision,
 )
-from solver.space import OptimizerChoice, RecomputeOption
-from solver.symbolic import Arith, Sym, Value
+from tune_cp.solver.space import OptimizerChoice, RecomputeOption
+from tune_cp.solver.symbolic import Arith, Sym, Value
 
 #: Geometry code of a recompute option: 0 without full recompute, else
 #: ``(method index + 1) * CODE_STRIDE + min(K, largest chunk)`` (K beyond the largest virtual
@@ -859,7 +859,7 @@ class MemoryEncoding:
 
 
 def _domain(x: Value) -> list[int]:
-    from solver.symbolic import domain_of
+    from tune_cp.solver.symbolic import domain_of
 
     return domain_of(x)
 

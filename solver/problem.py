@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,
@@ -19,10 +19,10 @@ from oracle.specs import (
     derived_ga,
     resolve_config,
 )
-from solver.axes import RECOMPUTE_FIELDS
-from solver.rules import RuleContext, hbm_limit_bytes
-from solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
-from solver.space import SearchSpace, candidate_config
+from tune_cp.solver.axes import RECOMPUTE_FIELDS
+from tune_cp.solver.rules import RuleContext, hbm_limit_bytes
+from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
+from tune_cp.solver.space import SearchSpace, candidate_config
 
 
 @dataclass(frozen=True)

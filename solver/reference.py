@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from solver.feasible import DEFAULT_FAMILIES, Enumeration, FeasibleConfig, sort_key
-from solver.problem import Problem
-from solver.rules import RULES
+from tune_cp.solver.feasible import DEFAULT_FAMILIES, Enumeration, FeasibleConfig, sort_key
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.rules import RULES
 
 
 def reference_enumerate(problem: Problem, families: Iterable[str] | None = None, *,

@@ -48,13 +48,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from oracle.memory import (
+from tune_cp.oracle.memory import (
     TERM_GROUPS,
     MemoryReport,
     max_chunk_layers,
     memory_report,
 )
-from oracle.specs import (
+from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
     Fp8Recipe,
@@ -67,9 +67,9 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
-from solver.axes import AXES
-from solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
-from solver.settings import RunSettings, SettingsView
+from tune_cp.solver.axes import AXES
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
+from tune_cp.solver.settings import RunSettings, SettingsView
 
 PPM = 1_000_000
 
@@ -481,7 +481,7 @@ def batch(ctx: RuleContext) -> list[Violation]:
 
 def extra(ctx: RuleContext) -> list[Violation]:
     """The extra hard constraints, each evaluated on the resolved configuration."""
-    from solver.constraints import axis_values
+    from tune_cp.solver.constraints import axis_values
 
     env = axis_values(ctx.cfg)
     out = []

@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from oracle.memory import MemoryOverheads
-from oracle.specs import Spec
-from solver.constraints import HardConstraint, as_constraints
-from solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
+from tune_cp.oracle.memory import MemoryOverheads
+from tune_cp.oracle.specs import Spec
+from tune_cp.solver.constraints import HardConstraint, as_constraints
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
 
 
 class RunSettings(Spec):

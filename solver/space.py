@@ -33,8 +33,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from oracle.memory import max_chunk_layers
-from oracle.specs import (
+from tune_cp.oracle.memory import max_chunk_layers
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -50,8 +50,8 @@ from oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
-from solver.axes import AXES, INT_AXES
-from solver.rules import divisors, split_slots
+from tune_cp.solver.axes import AXES, INT_AXES
+from tune_cp.solver.rules import divisors, split_slots
 
 #: Micro-batch sizes a default search tries (capped by the global batch).
 DEFAULT_MBS: tuple[int, ...] = (1, 2, 4, 8)

@@ -24,7 +24,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from solver.cpsat import cp_model, cp_model_helper
+from tune_cp.solver.cpsat import cp_model, cp_model_helper
 
 Value = Union[int, "Sym"]
 #: Value sets are tracked through + and * while their product stays this small.

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import cli
-from oracle.catalog import load_gpu, load_model
-from oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config
+from tune_cp import cli
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config
 
 
 @pytest.fixture
@@ -85,3 +85,46 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.name}::{item.name}"
         if name in SLOW_TESTS or name.split("[")[0] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+# --- tune_cp: which copy of the package the tests import (written by rename.py) ---
+
+
+def _tune_cp_home():
+    """The folder the imported tune_cp lives in (this checkout for an editable install)."""
+    from pathlib import Path
+
+    return Path(cli.__file__).resolve().parent
+
+
+def _differs_from_checkout():
+    """The first of this checkout's modules and data files that the imported tune_cp does not hold
+    byte for byte (None when it is this checkout, or an identical copy such as CI's
+    ``pip install '.[test]'``): the tests must run this checkout's code."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[1]
+    there = _tune_cp_home()
+    if there == here:
+        return None
+    files = [here / "cli.py"]
+    for d in "agent formats oracle solver".split():
+        files += [p for p in (here / d).rglob("*") if p.suffix in (".py", ".json")
+                  and "__pycache__" not in p.parts]
+    for src in sorted(files):
+        dst = there / src.relative_to(here)
+        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+            return str(src.relative_to(here))
+    return None
+
+
+def pytest_report_header(config):
+    return f"tune_cp: {_tune_cp_home()}"
+
+
+def pytest_sessionstart(session):
+    stale = _differs_from_checkout()
+    if stale:
+        pytest.exit(f"the tune_cp these tests import ({_tune_cp_home()}) is not this checkout: "
+                    f"its {stale} differs or is missing; install the checkout "
+                    f"(pip install -e '.[test]') and rerun", returncode=4)

@@ -5,10 +5,10 @@ import re
 
 from click.testing import CliRunner
 
-import cli
-from formats.keys import CONFIG_KEYS
-from oracle.specs import ParallelConfig
-from solver.axes import (
+from tune_cp import cli
+from tune_cp.formats.keys import CONFIG_KEYS
+from tune_cp.oracle.specs import ParallelConfig
+from tune_cp.solver.axes import (
     ATTRIBUTION_FIELDS,
     AXES,
     BASELINE_KEYS,
@@ -17,7 +17,7 @@ from solver.axes import (
     KNOBS,
     RECOMPUTE_FIELDS,
 )
-from solver.space import NO_RECOMPUTE, OptimizerChoice, SearchSpace, candidate_config
+from tune_cp.solver.space import NO_RECOMPUTE, OptimizerChoice, SearchSpace, candidate_config
 
 
 def test_every_knob_is_a_config_field_and_every_axis_a_space_field() -> None:
@@ -68,7 +68,7 @@ def test_every_knob_has_its_flag_on_check() -> None:
 
 
 def test_every_setting_has_one_flag_shared_by_search_check_and_plan() -> None:
-    from solver.settings import RunSettings
+    from tune_cp.solver.settings import RunSettings
 
     assert set(cli.SETTINGS_FLAGS) == set(RunSettings.model_fields)
     helps = {}
@@ -87,7 +87,7 @@ def test_run_settings_from_text_constraints_and_margin_bounds() -> None:
     import pytest
     from pydantic import ValidationError
 
-    from solver.settings import RunSettings
+    from tune_cp.solver.settings import RunSettings
 
     s = RunSettings(constraints=["ep * etp <= 8", "cp == 1"])
     assert [c.expr for c in s.constraints] == ["ep * etp <= 8", "cp == 1"]
@@ -110,7 +110,7 @@ def test_plan_takes_the_constraints_search_takes(run_cli) -> None:
 def test_bridge_model_spellings_are_provider_fields() -> None:
     """Every registry knob spelled on Megatron-Bridge's model provider (``model.X``) names a
     field of GPTModelProvider / TransformerConfig (formats/data/bridge_model_fields.json)."""
-    from formats.export import bridge_model_fields
+    from tune_cp.formats.export import bridge_model_fields
 
     fields = bridge_model_fields()
     paths = [k.bridge for k in KNOBS if k.bridge and k.bridge.startswith("model.")]
@@ -120,9 +120,9 @@ def test_bridge_model_spellings_are_provider_fields() -> None:
 def test_the_planner_is_told_every_axis_it_may_combine() -> None:
     """The planner's axis list is generated from the registry: every axis a combination may set
     (and no other) is named, the integer ones with the search's domain."""
-    from agent.search import planner_axes
-    from solver.space import default_space
     from tests.conftest import setting
+    from tune_cp.agent.search import planner_axes
+    from tune_cp.solver.space import default_space
 
     m, cl, tr = setting("mixtral-8x7b", "h100", 2, 4096, 256)
     text = planner_axes(default_space(m, cl, tr))

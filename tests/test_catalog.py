@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from oracle import params as P
-from oracle.catalog import load_gpu, load_model, model_from_hf_config
-from oracle.specs import GIB, ConfigError
+from tune_cp.oracle import params as P
+from tune_cp.oracle.catalog import load_gpu, load_model, model_from_hf_config
+from tune_cp.oracle.specs import GIB, ConfigError
 
 # Abridged Hugging Face config.json files (the keys tune-cp reads, values as published).
 LLAMA3_8B = {

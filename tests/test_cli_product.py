@@ -91,8 +91,8 @@ def test_plan_minimum_nodes_table_and_monotone(run_json, tmp_path):
     p = pts[0]
     assert abs(p["days"] * 86400 * p["cluster_tokens_per_s"] - 1e12) < 1e3
     assert abs(p["cost"] - p["gpu_hours"] * 2.5) < 1e-6 * p["cost"]
-    from solver.feasible import enumerate_feasible
     from tests.conftest import setting
+    from tune_cp.solver.feasible import enumerate_feasible
 
     assert enumerate_feasible(*setting("llama3-70b", "h100", 3, 8192, 128), count_removed=False).empty
 

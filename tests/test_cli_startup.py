@@ -15,7 +15,7 @@ HEAVY = ("ortools", "pandas", "numpy", "dspy", "matplotlib")
 
 PROBE = """
 import contextlib, io, json, sys
-import cli
+from tune_cp import cli
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     code = cli.run(json.loads(sys.argv[1]))
 heavy = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))
@@ -50,7 +50,7 @@ def test_check_loads_numpy_but_not_the_solver():
 
 
 def test_cp_model_without_pandas_still_has_its_pandas_helpers():
-    probe = ("import sys\nfrom solver.cpsat import cp_model\n"
+    probe = ("import sys\nfrom tune_cp.solver.cpsat import cp_model\n"
              "assert 'pandas' not in sys.modules\n"
              "import pandas as pd\n"
              "xs = cp_model.CpModel().new_int_var_series('x', pd.Index(range(3)), 0, 5)\n"
@@ -78,7 +78,7 @@ class _Terminal:
 
 
 def test_progress_bar_draws_only_on_a_terminal(monkeypatch):
-    import cli
+    from tune_cp import cli
 
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
@@ -90,9 +90,9 @@ def test_progress_bar_draws_only_on_a_terminal(monkeypatch):
 
 
 def test_plan_reports_progress_that_ends_exact(run_cli):
-    from agent.plan import plan, training_for_precision
-    from oracle.catalog import load_gpu, load_model
-    from oracle.specs import Precision
+    from tune_cp.agent.plan import plan, training_for_precision
+    from tune_cp.oracle.catalog import load_gpu, load_model
+    from tune_cp.oracle.specs import Precision
 
     calls: list[tuple[int, int, str]] = []
     model = load_model("llama3-8b")
@@ -113,7 +113,7 @@ def test_plan_reports_progress_that_ends_exact(run_cli):
 def test_specs_build_without_the_pydantic_plugin_scan():
     """Building specs does not import importlib.metadata (pydantic's plugin scan,
     ``oracle/_plugins.py``), and the validators still refuse bad values."""
-    probe = ("import sys\nfrom oracle.catalog import load_model\nfrom oracle.specs import "
+    probe = ("import sys\nfrom tune_cp.oracle.catalog import load_model\nfrom tune_cp.oracle.specs import "
              "ParallelConfig\nload_model('llama3-8b')\n"
              "try:\n    ParallelConfig(tp=0)\nexcept ValueError:\n    print('refused')\n"
              "print('importlib.metadata' in sys.modules)")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from formats.runs import parse_row
-from oracle import flops as F
-from oracle.catalog import load_model
+from tune_cp.formats.runs import parse_row
+from tune_cp.oracle import flops as F
+from tune_cp.oracle.catalog import load_model
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.serialize import check_json, config_json
-from formats import (
+from tune_cp.agent.serialize import check_json, config_json
+from tune_cp.formats import (
     Fp8Format,
     canonical_config,
     parse_megatron_args,
@@ -19,9 +19,9 @@ from formats import (
     to_nemo_overrides,
     to_primus_overrides,
 )
-from formats.keys import megatron_flags
-from oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
-from oracle.specs import (
+from tune_cp.formats.keys import megatron_flags
+from tune_cp.oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -35,7 +35,7 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
-from solver.check import check_configuration
+from tune_cp.solver.check import check_configuration
 
 DATA = Path(__file__).parent / "data"
 PRIMUS_EXPERIMENT = DATA / "primus" / "examples" / "MI355X" / "mixtral_8x22B_v0.1-BF16-4node.yaml"
@@ -966,7 +966,7 @@ HF_DIR = Path(__file__).parent / "data" / "hf"
 def test_mistral_sliding_window_changes_the_long_sequence_projection():
     """mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096 on every layer; at seq 32768
     attention sees at most 4097 keys, so the step is shorter than with full causal attention."""
-    from oracle.projection import project
+    from tune_cp.oracle.projection import project
 
     cfg_json = json.loads((HF_DIR / "mistral-7b-v0.1.json").read_text())
     windowed = model_from_hf_config(cfg_json, name="mistral")
@@ -1113,7 +1113,7 @@ def test_fp4_is_exported_and_read_back_as_fp4():
 
 
 def test_primus_export_keys_are_primus_defaults_or_explained():
-    from formats.export import primus_default_keys
+    from tune_cp.formats.export import primus_default_keys
 
     m, cl, tr, _ = amd_reference()
     text = to_primus_overrides(m, cl, tr, ParallelConfig(pp=4, ep=8, dispatcher=Dispatcher.FLEX,
@@ -1148,7 +1148,7 @@ def test_exported_bridge_fields_are_provider_fields(name):
     """Every cfg.model field the Megatron-Bridge export writes is a field of GPTModelProvider or
     the Megatron-Core config it extends (data/bridge_model_fields.json), and the model block
     sets the rope base, norm epsilon, activation and router of the checked model."""
-    from formats.export import bridge_model_fields
+    from tune_cp.formats.export import bridge_model_fields
 
     m = load_model(name)
     cluster = ClusterSpec(gpu=load_gpu("h200"), num_nodes=64, gpus_per_node=8)
@@ -1197,7 +1197,7 @@ def test_fp8_param_gather_is_read_and_exported():
     run = parse_megatron_args("--bf16 --fp8-format hybrid --fp8-recipe tensorwise "
                               "--fp8-param-gather", model=m)
     assert run.config.fp8_param_gather is True
-    from formats.export import to_megatron_args
+    from tune_cp.formats.export import to_megatron_args
 
     cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=8)
     text = to_megatron_args(m, cl, run.training_spec(m, cl), run.config)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import cli
 from tests.fuzzing import cases, defects
+from tune_cp import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 16
@@ -55,7 +55,7 @@ def test_enumeration_past_its_time_limit_is_one_line(run_cli, monkeypatch):
     """An enumeration that does not end within its wall-clock limit (a search that used to run
     for minutes) is refused with what would narrow the space, not left running; and CP-SAT's
     time limit is the one set (a FEASIBLE status without the end of the enumeration)."""
-    import solver.feasible as F
+    import tune_cp.solver.feasible as F
 
     monkeypatch.setattr(F, "ENUMERATION_TIME_LIMIT_S", 1e-6)
     code, _, err = run_cli("--model", "mixtral-8x22b", "--nodes", "4")

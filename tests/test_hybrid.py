@@ -9,16 +9,16 @@ import json
 
 import pytest
 
-from formats.export import to_megatron_args, to_primus_overrides
-from formats.parse import parse_megatron_args
-from formats.runs import read_runs, scored_rows
-from oracle import params as P
-from oracle.catalog import load_model
-from oracle.inventory import KINDS, Block, LayerKind, kind_blocks, layer_kinds
-from oracle.memory import activation_units, stage_counts
-from oracle.specs import ConfigError, ParallelConfig, Recompute, TrainingSpec
-from solver.rules import check, mamba_cp_ok
 from tests.conftest import resolved, setting
+from tune_cp.formats.export import to_megatron_args, to_primus_overrides
+from tune_cp.formats.parse import parse_megatron_args
+from tune_cp.formats.runs import read_runs, scored_rows
+from tune_cp.oracle import params as P
+from tune_cp.oracle.catalog import load_model
+from tune_cp.oracle.inventory import KINDS, Block, LayerKind, kind_blocks, layer_kinds
+from tune_cp.oracle.memory import activation_units, stage_counts
+from tune_cp.oracle.specs import ConfigError, ParallelConfig, Recompute, TrainingSpec
+from tune_cp.solver.rules import check, mamba_cp_ok
 
 H8 = "nemotron-h-8b"
 
@@ -124,7 +124,7 @@ def test_hybrid_pattern_splits_evenly_over_stages():
 
 
 def _ctx(m, cl, tr, cfg):
-    from solver.rules import RuleContext
+    from tune_cp.solver.rules import RuleContext
 
     return RuleContext(model=m, cluster=cl, training=tr, cfg=cfg)
 
@@ -201,8 +201,8 @@ def test_published_nemotron_3_rows_are_representable():
 def test_search_on_nemotron_h_56b_is_legal():
     """tune-cp --model nemotron-h-56b --gpu h100 --nodes 8: a legal answer (every rule holds,
     vpp 1, no full recomputation) that fits."""
-    from agent.search import SearchOptions, search
-    from solver.check import check_configuration
+    from tune_cp.agent.search import SearchOptions, search
+    from tune_cp.solver.check import check_configuration
 
     m, cl, tr = setting("nemotron-h-56b", "h100", 8, 8192, 768)
     r = search(m, cl, tr, SearchOptions())
@@ -223,7 +223,7 @@ def test_inventory_gemm_weights_are_the_block_parameters(name):
     bias, Mamba conv, A_log, dt_bias, D and gated-norm scale)."""
     import numpy as np
 
-    from oracle.inventory import block_gemms
+    from tune_cp.oracle.inventory import block_gemms
 
     m = load_model(name)
     one = np.ones(1)

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from oracle.constants import load_calibration
-from oracle.inputs import MAX_EXPANDED_NODES, check_tree, parse_json, parse_yaml, read_text
-from oracle.specs import ConfigError
+from tune_cp.oracle.constants import load_calibration
+from tune_cp.oracle.inputs import MAX_EXPANDED_NODES, check_tree, parse_json, parse_yaml, read_text
+from tune_cp.oracle.specs import ConfigError
 
 LLAMA = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
@@ -50,7 +50,7 @@ def test_devices_fifos_directories_refused_before_reading(run_cli, tmp_path, fla
 
 
 def test_size_limit_checked_before_reading(tmp_path, monkeypatch):
-    import oracle.inputs as inputs
+    import tune_cp.oracle.inputs as inputs
 
     big = tmp_path / "big.json"
     big.write_text("{}" + " " * 100)
@@ -156,7 +156,7 @@ def test_runs_csv(run_cli, tmp_path):
 
 
 def test_runs_csv_numbers(tmp_path):
-    from formats.runs import read_runs
+    from tune_cp.formats.runs import read_runs
 
     header = open("benchmarks/published_runs.csv").readline().strip().split(",")
     rows = open("benchmarks/published_runs.csv").read().splitlines()[1:3]
@@ -220,7 +220,7 @@ def test_lm_name_needs_provider_and_model(run_cli):
 
 
 def test_strict_json_helper():
-    import cli
+    from tune_cp import cli
 
     assert cli.strict_json({"a": [float("nan"), 1.5, float("inf")]}) == {"a": [None, 1.5, None]}
 

@@ -12,7 +12,7 @@ import dspy
 import pytest
 from dspy.utils import DummyLM
 
-from agent.llm import (
+from tune_cp.agent.llm import (
     CallTimeout,
     LlmBudget,
     LlmRound,
@@ -21,7 +21,7 @@ from agent.llm import (
     make_lm,
     run_llm_phase,
 )
-from agent.serialize import llm_json
+from tune_cp.agent.serialize import llm_json
 
 INPUTS = dict(model="m", cluster="c", baseline="b", best_so_far="b", bottleneck="x", goal="",
               axes="tp pp", history="")

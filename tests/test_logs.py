@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.search import GROUP_TOLERANCE, SearchOptions, search
-from formats.logs import read_log
-from oracle.catalog import load_gpu, load_model
-from oracle.projection import project
-from oracle.refit import read_log_runs
-from oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config
-from oracle.uncertainty import ResidualTable, class_features
-from oracle.work import RunTraits
 from tests.conftest import setting
+from tune_cp.agent.search import GROUP_TOLERANCE, SearchOptions, search
+from tune_cp.formats.logs import read_log
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.projection import project
+from tune_cp.oracle.refit import read_log_runs
+from tune_cp.oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec, resolve_config
+from tune_cp.oracle.uncertainty import ResidualTable, class_features
+from tune_cp.oracle.work import RunTraits
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -179,8 +179,8 @@ def test_search_rows_are_distinct_and_the_answer_follows_its_rule():
     assert low[r.answer_index] >= low.max() * (1 - 0.005)
     assert r.best.config == r.exhaustive_best.config or r.best_phase != "exhaustive"
     assert r.interval is not None and r.interval.low < r.best.throughput < r.interval.high
-    from agent.report import render_search
-    from agent.serialize import search_json
+    from tune_cp.agent.report import render_search
+    from tune_cp.agent.serialize import search_json
 
     text = "\n".join(render_search(r))
     assert "80% interval" in text and "  rule: the answer is the configuration with the highest " \

@@ -6,9 +6,10 @@ import itertools
 
 import pytest
 
-from oracle import memory as M
-from oracle.catalog import load_gpu, load_model
-from oracle.specs import (
+from tests.conftest import resolved, setting
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.specs import (
     ClusterSpec,
     Fp8Recipe,
     ModelSpec,
@@ -18,7 +19,6 @@ from oracle.specs import (
     RecomputeMethod,
     TrainingSpec,
 )
-from tests.conftest import resolved, setting
 
 TINY = ModelSpec(
     name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
@@ -213,7 +213,7 @@ def test_memory_never_rises_with_more_sharding(case):
     """Doubling tp, pp, ep or cp never raises the model-state + activation bytes of the most
     loaded stage (pipelines kept full: ga >= pp vpp). Runtime terms grow with the number of
     communicators, which is real and excluded here."""
-    from solver.rules import STRUCTURAL, RuleContext, check
+    from tune_cp.solver.rules import STRUCTURAL, RuleContext, check
 
     m, cl, tr = setting(*case)
     checked = 0
@@ -340,10 +340,10 @@ def test_layers_per_chunk_is_the_memory_models_chunk():
     """Issue 10: DeepSeek-V3 (61 layers + 1 MTP) at pp 2, embedding_loss split: 65 slots split
     32 + 33: embedding + 31 layers, then 30 layers + MTP + loss; ceil(65 / 2) = 33 slots had
     given 32. The recompute rule must accept K = 31 and reject 32."""
-    from oracle.specs import ParallelConfig
-    from solver.check import check_configuration
-    from solver.rules import layers_per_chunk
-    from solver.space import max_layers_per_chunk
+    from tune_cp.oracle.specs import ParallelConfig
+    from tune_cp.solver.check import check_configuration
+    from tune_cp.solver.rules import layers_per_chunk
+    from tune_cp.solver.space import max_layers_per_chunk
 
     m = load_model("deepseek-v3")
     cfg = ParallelConfig(pp=2, pipeline_split=PipelineSplit.EMBEDDING_LOSS)
@@ -395,7 +395,7 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
     import csv
     from pathlib import Path
 
-    from formats.runs import read_runs
+    from tune_cp.formats.runs import read_runs
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
     raw = {r["row_id"]: r for r in csv.DictReader(open(path, newline=""))}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from oracle import params as P
-from oracle.catalog import load_model
+from tune_cp.oracle import params as P
+from tune_cp.oracle.catalog import load_model
 
 # sum(p.numel() for p in model.parameters()) of the Hugging Face implementation
 # (transformers' modeling_*.py with each model's config.json), MTP excluded.

@@ -9,11 +9,11 @@ import itertools
 import numpy as np
 import pytest
 
-from oracle.catalog import load_gpu, load_model
-from oracle.constants import load_calibration
-from oracle.projection import project, score_configs
-from oracle.schedule import ZERO_BUBBLE_FACTOR, pipeline_time
-from oracle.specs import (
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.constants import load_calibration
+from tune_cp.oracle.projection import project, score_configs
+from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR, pipeline_time
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     ParallelConfig,
@@ -22,8 +22,8 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
-from oracle.timing import BREAKDOWN, constants_arrays, timing
-from oracle.work import CAST_BYTES_PER_ELEMENT, ConfigBatch, RunTraits, S, build_work
+from tune_cp.oracle.timing import BREAKDOWN, constants_arrays, timing
+from tune_cp.oracle.work import CAST_BYTES_PER_ELEMENT, ConfigBatch, RunTraits, S, build_work
 
 
 def setup(model: str, gpu: str, nodes: int, seq: int, gbs: int, precision: str = "bf16",
@@ -365,7 +365,7 @@ def test_shipped_calibration_names_its_rows() -> None:
 
 
 def test_layer_host_time_hand_worked() -> None:
-    from oracle.host import layer_host_time
+    from tune_cp.oracle.host import layer_host_time
 
     # dense layer: 3 x (7 attention + 5 MLP) operations x 10 us = 360 us
     assert layer_host_time(False, 0, 10e-6) == pytest.approx(360e-6)
@@ -374,7 +374,7 @@ def test_layer_host_time_hand_worked() -> None:
 
 
 def test_host_exposed_is_a_smooth_maximum() -> None:
-    from oracle.host import host_exposed
+    from tune_cp.oracle.host import host_exposed
 
     # p = 2: (3^2 + 4^2)^(1/2) - 4 = 5 - 4 = 1
     assert host_exposed(3.0, 4.0, 2.0) == pytest.approx(1.0, rel=1e-12)
@@ -390,7 +390,7 @@ def test_host_exposed_is_a_smooth_maximum() -> None:
 
 
 def test_pipeline_p2p_hand_worked() -> None:
-    from oracle.collectives import pipeline_p2p
+    from tune_cp.oracle.collectives import pipeline_p2p
 
     # interleaved, vpp 4: chunk forward 8/4 = 2 s hides 0.5 x 2 = 1 s of a 2 s transfer (1 s
     # exposed), chunk backward 16/4 = 4 s hides all of it: 4 x (1 + 0) = 4 s per micro-batch
@@ -402,7 +402,7 @@ def test_pipeline_p2p_hand_worked() -> None:
 
 
 def test_sustained_rate_hand_worked() -> None:
-    from oracle.compute import power_ratios, sustained_rate
+    from tune_cp.oracle.compute import power_ratios, sustained_rate
 
     gb300, b200 = load_gpu("gb300"), load_gpu("b200")
     assert power_ratios(b200) == (1.0, 1.0, 1.0)  # the Blackwell reference part
@@ -493,7 +493,7 @@ def test_time_side_counts_the_mtp_layer_parameters_like_the_memory_side() -> Non
     # layer (an MoE layer plus its projection and norms) and the output layer hold
     # 1,153,970,944 parameters per rank (264,241,152 of them expert weights); the time side once
     # left out the MTP layer (1,102,569,216). Both sides now use oracle.memory.stage_params.
-    from oracle.memory import param_units, stage_counts, stage_params
+    from tune_cp.oracle.memory import param_units, stage_counts, stage_params
 
     m, c, t = setup("deepseek-v3", "h100", 128, 4096, 1024, "fp8")
     w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=16, ep=64))
@@ -507,14 +507,14 @@ def test_time_side_counts_the_mtp_layer_parameters_like_the_memory_side() -> Non
 
 
 def test_interleaving_cp_and_dp_terms_hand_worked() -> None:
-    from oracle.collectives import (
+    from tune_cp.oracle.collectives import (
         cp_attention_block,
         cp_correction_bytes,
         cp_ring_exposed,
         ddp_bucket_params,
         dp_exposed,
     )
-    from oracle.schedule import chunk_boundary_host
+    from tune_cp.oracle.schedule import chunk_boundary_host
 
     # Megatron-Core's default bucket: max(40M, 1M x dp_cp) parameters
     assert list(ddp_bucket_params([8, 64])) == [40e6, 64e6]
@@ -542,7 +542,7 @@ def test_deeper_interleaving_has_a_price_for_dropless_moe() -> None:
     # run of the same layout with the alltoall dispatcher (fixed shapes, no synchronisation)
     # does not pay it; with the flex dispatcher (DeepEP returns its receive counts to the host)
     # token-drop synchronises as well
-    from oracle.specs import Dispatcher
+    from tune_cp.oracle.specs import Dispatcher
 
     m, c, t = setup("qwen3-30b-a3b", "h100", 2, 4096, 512, "fp8")
     ko = {v: run(m, c, t, pp=2, vpp=v, ep=8, mbs=2).breakdown["kernel_overhead"]
@@ -567,7 +567,7 @@ def test_context_parallel_variants_do_not_tie() -> None:
 
 
 def test_gpu_without_architecture_gets_generic_constants() -> None:
-    from oracle.constants import ARCHITECTURES, BY_NAME, evidence_note
+    from tune_cp.oracle.constants import ARCHITECTURES, BY_NAME, evidence_note
 
     table = load_calibration()
     generic = table.constants("")
@@ -588,7 +588,7 @@ def test_work_records_are_typed_a_misspelt_field_is_an_error() -> None:
     # declare raises, and concat_work keeps the types (stages padded to the longest pipeline)
     import dataclasses
 
-    from oracle.work import StageWork, TpWork, concat_work
+    from tune_cp.oracle.work import StageWork, TpWork, concat_work
 
     m, c, t = setup("llama3-8b", "h100", 2, 4096, 64)
     w1 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=1))
@@ -613,7 +613,7 @@ def test_time_names_are_imported_from_their_home_not_from_projection() -> None:
     import ast
     from pathlib import Path
 
-    import oracle.projection as proj
+    import tune_cp.oracle.projection as proj
 
     root = Path(__file__).resolve().parents[1]
     stale = []
@@ -621,7 +621,7 @@ def test_time_names_are_imported_from_their_home_not_from_projection() -> None:
         if any(part.startswith(".") or part in ("build", "venv") for part in path.parts):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == "oracle.projection":
+            if isinstance(node, ast.ImportFrom) and node.module == "tune_cp.oracle.projection":
                 stale += [f"{path.relative_to(root)}: {a.name}" for a in node.names
                           if a.name not in proj.__all__]
     assert stale == []

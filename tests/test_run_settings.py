@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from formats.runs import read_runs, recipe_run_settings, stated_settings
-from oracle.calibrate import SHARED_STACK_KEY, make_layout, table_for_theta
-from oracle.catalog import load_gpu, load_model
-from oracle.host import a2a_sync_exponent, layer_host_time
-from oracle.projection import project
-from oracle.specs import (
+from tune_cp.formats.runs import read_runs, recipe_run_settings, stated_settings
+from tune_cp.oracle.calibrate import SHARED_STACK_KEY, make_layout, table_for_theta
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.host import a2a_sync_exponent, layer_host_time
+from tune_cp.oracle.projection import project
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     ParallelConfig,
@@ -22,7 +22,7 @@ from oracle.specs import (
     TrainingSpec,
     resolve_config,
 )
-from oracle.work import ConfigBatch, RunTraits
+from tune_cp.oracle.work import ConfigBatch, RunTraits
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 
@@ -78,7 +78,7 @@ def test_full_iteration_graph_removes_host_overhead_and_overlap_hides_all_to_all
     batch = ConfigBatch.from_configs([cfg, cfg], [RunTraits(), both_traits := RunTraits(
         cuda_graph_scope=("full_iteration",), moe_a2a_overlap=True)])
     assert batch.traits(1) == both_traits
-    from oracle.projection import score_configs
+    from tune_cp.oracle.projection import score_configs
 
     res = score_configs(m, c, t, batch)
     assert res["step_time_s"][1] == pytest.approx(both.step_time_s, rel=1e-12)

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from formats.keys import MAX_PATTERN_LAYERS, layer_pattern
-from oracle.specs import ConfigError
-from solver.constraints import MAX_EXPR_CHARS, HardConstraint, SoftObjective
-from solver.explain import Budget, _OutOfTime, divisors_of, explain_infeasible
-from solver.problem import Problem
-from solver.space import RECOMPUTE_LAYERS_EXACT, default_space, recompute_layer_values
 from tests.conftest import setting
+from tune_cp.formats.keys import MAX_PATTERN_LAYERS, layer_pattern
+from tune_cp.oracle.specs import ConfigError
+from tune_cp.solver.constraints import MAX_EXPR_CHARS, HardConstraint, SoftObjective
+from tune_cp.solver.explain import Budget, _OutOfTime, divisors_of, explain_infeasible
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.space import RECOMPUTE_LAYERS_EXACT, default_space, recompute_layer_values
 
 
 def test_recompute_depths_bounded_beyond_published_models():
@@ -26,7 +26,7 @@ def test_recompute_depths_bounded_beyond_published_models():
 
 
 def test_seed_vpp_values_bounded():
-    from agent.seed import vpp_values
+    from tune_cp.agent.seed import vpp_values
 
     assert vpp_values(20) == list(range(1, 21))
     assert vpp_values(100_000)[-3:] == [32768, 65536, 100_000] and len(vpp_values(100_000)) < 50
@@ -139,7 +139,7 @@ def test_layer_count_bounded(run_cli, tmp_path):
     """100,000 layers ran for minutes in the pipeline-stage tables: at most MAX_LAYERS (512)."""
     import json
 
-    from oracle.specs import MAX_LAYERS
+    from tune_cp.oracle.specs import MAX_LAYERS
 
     cfg = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "num_hidden_layers": 100000, "vocab_size": 32000,

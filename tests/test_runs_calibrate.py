@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from formats.runs import (
+from tune_cp.formats.runs import (
     parse_row,
     read_runs,
     row_dispatcher,
@@ -16,10 +16,10 @@ from formats.runs import (
     row_recompute,
     row_traits,
 )
-from oracle.calibrate import calibrate
-from oracle.constants import load_calibration
-from oracle.projection import project
-from oracle.specs import (
+from tune_cp.oracle.calibrate import calibrate
+from tune_cp.oracle.constants import load_calibration
+from tune_cp.oracle.projection import project
+from tune_cp.oracle.specs import (
     ConfigError,
     Dispatcher,
     Fp8Recipe,
@@ -225,7 +225,7 @@ def test_run_traits_from_the_framework_and_settings() -> None:
 
 
 def test_megatron_bridge_moe_rows_use_the_recipes_dispatcher() -> None:
-    from oracle.catalog import load_model
+    from tune_cp.oracle.catalog import load_model
 
     mb = row(framework="Megatron-Bridge / Megatron-Core")
     assert row_dispatcher(mb, load_model("deepseek-v3"), "h100") is Dispatcher.FLEX
@@ -245,8 +245,8 @@ def test_shipped_calibration_keeps_published_mfu_ceilings() -> None:
     # the best measured MFU per class (dense/moe, architecture, precision) of the published
     # rows: Hopper BF16 dense is MPT-30B on H100 (row 393, 42.1%), below the 56% a 405B plan
     # projects at 32-64 nodes, which therefore carries a note
-    from oracle.constants import load_calibration
-    from oracle.projection import mfu_note
+    from tune_cp.oracle.constants import load_calibration
+    from tune_cp.oracle.projection import mfu_note
 
     table = load_calibration()
     ceil = table.fitted_on["mfu_ceilings"]["dense/hopper/bf16"]

@@ -10,14 +10,14 @@ import math
 import pytest
 from dspy.utils import DummyLM
 
-from agent.llm import LlmBudget
-from agent.search import Preference, SearchOptions, search
-from agent.serialize import search_json
-from solver.check import check_configuration
-from solver.constraints import as_constraints
-from solver.settings import RunSettings
 from tests.conftest import setting
 from tests.test_llm_phase import SlowLM
+from tune_cp.agent.llm import LlmBudget
+from tune_cp.agent.search import Preference, SearchOptions, search
+from tune_cp.agent.serialize import search_json
+from tune_cp.solver.check import check_configuration
+from tune_cp.solver.constraints import as_constraints
+from tune_cp.solver.settings import RunSettings
 
 LLAMA = ("llama3-8b", "h100", 1, 8192, 128)
 
@@ -90,7 +90,7 @@ def test_regret_and_speedup_hand_worked():
     """Regret and speedup on numbers worked by hand (lower bounds / projections in tokens/s/GPU):
     the agent at 27,000 against the exhaustive 30,000 falls 10% short; at or above it, 0; an
     answer at 30,000 over a baseline at 20,000 is 1.5x."""
-    from agent.search import regret, speedup
+    from tune_cp.agent.search import regret, speedup
 
     assert regret(27_000.0, 30_000.0) == pytest.approx(0.1)
     assert regret(30_000.0, 30_000.0) == 0.0 and regret(31_000.0, 30_000.0) == 0.0
@@ -218,10 +218,10 @@ def test_slow_lm_leaves_the_run_complete():
 def test_combination_outside_the_default_space_is_enumerated_with_every_rule():
     """etp 2 with tp 1 (outside the default etp in {1, tp}) and a pinned full recompute depth
     (which dominance would otherwise drop): CP-SAT enumerates the pinned set, every rule on."""
-    from agent.search import pin_settings
-    from solver.feasible import enumerate_feasible
-    from solver.rules import RULES
-    from solver.space import default_space
+    from tune_cp.agent.search import pin_settings
+    from tune_cp.solver.feasible import enumerate_feasible
+    from tune_cp.solver.rules import RULES
+    from tune_cp.solver.space import default_space
 
     m, cl, tr = setting("qwen3-30b-a3b", "h100", 2, 4096, 512)
     space = default_space(m, cl, tr)
@@ -238,8 +238,8 @@ def test_combination_outside_the_default_space_is_enumerated_with_every_rule():
 
 
 def test_bad_combination_values_are_rejected():
-    from agent.search import pin_settings
-    from solver.space import default_space
+    from tune_cp.agent.search import pin_settings
+    from tune_cp.solver.space import default_space
 
     m, cl, tr = setting(*LLAMA)
     with pytest.raises(ValueError):

@@ -8,8 +8,9 @@ import random
 import pytest
 from ortools.sat.python import cp_model
 
-from oracle.specs import ConfigError
-from solver.constraints import (
+from tests.test_solver_equivalence import CASES
+from tune_cp.oracle.specs import ConfigError
+from tune_cp.solver.constraints import (
     NAMES,
     HardConstraint,
     SoftObjective,
@@ -17,11 +18,10 @@ from solver.constraints import (
     compile_expr,
     score,
 )
-from solver.explain import explain_infeasible
-from solver.feasible import best_feasible, enumerate_problem
-from solver.model import LegalityModel
-from solver.symbolic import Sym
-from tests.test_solver_equivalence import CASES
+from tune_cp.solver.explain import explain_infeasible
+from tune_cp.solver.feasible import best_feasible, enumerate_problem
+from tune_cp.solver.model import LegalityModel
+from tune_cp.solver.symbolic import Sym
 
 GOOD = ["ep * etp <= 8", "cp == 1", "pp in {2, 4}", "tp <= 4", "pp not in {1}",
         "tp * pp * cp * dp == 16 or mbs > 1", "not (vpp > 1 and ga < 2 * pp)",

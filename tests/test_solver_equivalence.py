@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import pytest
 
-from oracle.catalog import load_gpu, load_model
-from oracle.memory import memory_report
-from oracle.specs import (
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.memory import memory_report
+from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
     PipelineSplit,
     Precision,
     TrainingSpec,
 )
-from solver.constraints import as_constraints
-from solver.feasible import enumerate_problem
-from solver.problem import Problem
-from solver.reference import reference_enumerate
-from solver.rules import RULES
-from solver.settings import RunSettings
-from solver.space import EtpPolicy, OptimizerChoice, default_space
+from tune_cp.solver.constraints import as_constraints
+from tune_cp.solver.feasible import enumerate_problem
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.reference import reference_enumerate
+from tune_cp.solver.rules import RULES
+from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import EtpPolicy, OptimizerChoice, default_space
 
 TINY_GPT = ModelSpec(
     name="tiny-gpt", family="gpt3", num_layers=6, hidden_size=512, ffn_hidden_size=2048,
@@ -199,7 +199,7 @@ def test_fp4_without_fp4_tensor_cores_is_a_precision_rule():
 def test_no_fp8_recipe_under_fp4_training_in_both():
     """The precision family's one-precision rule (an FP8 recipe under fp4 training is illegal)
     holds alike in CP-SAT and the Python loop: only the recipe-less candidates survive."""
-    from oracle.specs import Fp8Recipe
+    from tune_cp.oracle.specs import Fp8Recipe
 
     p = problem("llama3-8b", "b200", 1, 4096, 32, precision="fp4", fix={"mbs": 1, "cp": 1},
                 domains={"fp8_recipe": (None, Fp8Recipe.TENSORWISE)})

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from solver.attribution import walk
-from solver.constraints import as_constraints
-from solver.explain import explain_infeasible, feasible
-from solver.feasible import enumerate_feasible
-from solver.problem import Problem
-from solver.settings import RunSettings
-from solver.space import SearchSpace, default_space
 from tests.conftest import setting
+from tune_cp.solver.attribution import walk
+from tune_cp.solver.constraints import as_constraints
+from tune_cp.solver.explain import explain_infeasible, feasible
+from tune_cp.solver.feasible import enumerate_feasible
+from tune_cp.solver.problem import Problem
+from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import SearchSpace, default_space
 
 
 def test_llama_405b_on_one_h100_node_needs_more_nodes():

@@ -8,15 +8,15 @@ import random
 import pytest
 from ortools.sat.python import cp_model
 
-from oracle import memory as M
-from oracle.catalog import load_model
-from oracle.specs import ParallelConfig, PipelineSplit, Recompute, RecomputeMethod
-from solver.feasible import enumerate_problem
-from solver.model import ENCODERS, LegalityModel, prune_stages
-from solver.rules import FAMILY_AXES, LEGALITY, RULES, SEARCH_ONLY, STRUCTURAL
-from solver.space import AXES
-from solver.symbolic import Arith, Sym
 from tests.test_solver_equivalence import CASES
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.catalog import load_model
+from tune_cp.oracle.specs import ParallelConfig, PipelineSplit, Recompute, RecomputeMethod
+from tune_cp.solver.feasible import enumerate_problem
+from tune_cp.solver.model import ENCODERS, LegalityModel, prune_stages
+from tune_cp.solver.rules import FAMILY_AXES, LEGALITY, RULES, SEARCH_ONLY, STRUCTURAL
+from tune_cp.solver.space import AXES
+from tune_cp.solver.symbolic import Arith, Sym
 
 
 def test_one_encoder_per_rule_family():
@@ -224,9 +224,9 @@ def test_mixtral_reference_layout_is_feasible_with_its_bytes():
     the feasible set, with memory_report's peak bytes, once recompute dominance is off. Without
     recomputation the layout needs 278.9 GiB of the 273.6 GiB limit (issue 11's measured
     attention and working sets), so dominance keeps recomputing variants, not "none"."""
-    from solver.feasible import enumerate_feasible
-    from solver.settings import RunSettings
     from tests.conftest import resolved, setting
+    from tune_cp.solver.feasible import enumerate_feasible
+    from tune_cp.solver.settings import RunSettings
 
     m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
     fixed = ["tp == 1", "pp == 4", "vpp == 2", "ep == 8", "etp == 1", "mbs == 1"]

@@ -10,19 +10,19 @@ import random
 import pytest
 from ortools.sat.python import cp_model
 
-from oracle import memory as M
-from oracle.specs import ParallelConfig, PipelineSplit, Recompute
-from solver.constraints import as_constraints
-from solver.feasible import (
+from tests.test_solver_equivalence import CASES, problem
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.specs import ParallelConfig, PipelineSplit, Recompute
+from tune_cp.solver.constraints import as_constraints
+from tune_cp.solver.feasible import (
     SLICE_AXES,
     default_slice_axes,
     enumerate_problem,
     plan_slices,
 )
-from solver.model import LegalityModel, _covered, _dominated, oracle_cache, prune_stages
-from solver.rules import RULES
-from solver.symbolic import Arith, _Dependencies
-from tests.test_solver_equivalence import CASES, problem
+from tune_cp.solver.model import LegalityModel, _covered, _dominated, oracle_cache, prune_stages
+from tune_cp.solver.rules import RULES
+from tune_cp.solver.symbolic import Arith, _Dependencies
 
 
 def _same(a, b) -> None:
@@ -196,7 +196,7 @@ def test_walk_counts_what_passes_per_slice(name):
     """The removal counts' walk, asked for what passes per (tp, pp) or per pp, gives the same
     counts as without, and per slice what a walk of that slice alone gives; enumeration skips
     exactly the slices where nothing passes."""
-    from solver.attribution import MEMORY_FAMILIES, walk
+    from tune_cp.solver.attribution import MEMORY_FAMILIES, walk
 
     p = CASES[name]()
     fams = [f for f in RULES if f not in MEMORY_FAMILIES]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from oracle.specs import (
+from tests.conftest import setting
+from tune_cp.oracle.specs import (
     ConfigError,
     Dispatcher,
     Fp8Recipe,
@@ -13,7 +14,7 @@ from oracle.specs import (
     Schedule,
     TrainingSpec,
 )
-from solver.space import (
+from tune_cp.solver.space import (
     EtpPolicy,
     OptimizerChoice,
     RecomputeOption,
@@ -21,7 +22,6 @@ from solver.space import (
     default_space,
     max_layers_per_chunk,
 )
-from tests.conftest import setting
 
 
 def test_mixtral_4_nodes_default_space():

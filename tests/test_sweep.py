@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sweep import (
+from tune_cp.agent.sweep import (
     COLUMN_NAMES,
     GridError,
     LocalEngine,
@@ -256,8 +256,8 @@ def test_parquet_needs_the_extra_else_round_trips(tmp_path, small):
 def test_nothing_of_ray_is_imported_without_it(small):
     import subprocess
 
-    code = ("import sys, cli; cli.run(['sweep', '--help']); "
-            "import agent.sweep; print('ray' in sys.modules, 'matplotlib' in sys.modules)")
+    code = ("import sys; from tune_cp import cli; cli.run(['sweep', '--help']); "
+            "import tune_cp.agent.sweep; from tune_cp import agent; print('ray' in sys.modules, 'matplotlib' in sys.modules)")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, check=True)
     # (pyarrow is not checked: OR-Tools' cp_model imports pandas, which may import it)
@@ -268,7 +268,7 @@ def test_shared_tables_give_the_rows_of_fresh_tables(small):
     """Memory tables kept from one node count to the next (the worker cache, or the solver's
     own sharing across clusters) give the rows (best configuration, its peak bytes, the
     feasible count) of tables built afresh for every scenario."""
-    from agent.sweep import WorkerCache, clear_solver_caches, run_scenario
+    from tune_cp.agent.sweep import WorkerCache, clear_solver_caches, run_scenario
 
     g, out, _ = small
     scenarios = load_grid(g).scenarios
@@ -288,7 +288,7 @@ def test_shared_tables_give_the_rows_of_fresh_tables(small):
 def test_grid_settings_are_the_run_settings_search_takes(tmp_path):
     """The grid's settings become the same RunSettings ``search`` builds from its flags; a
     changed setting changes the scenario's digest (a resumed sweep recomputes it)."""
-    from agent.sweep import scenario_inputs
+    from tune_cp.agent.sweep import scenario_inputs
 
     base = "models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\n"
     plain = load_grid(grid_file(tmp_path, base, "a.yaml")).scenarios[0]

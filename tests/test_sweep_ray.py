@@ -11,7 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster starts in 5-20 s
 
-from agent.sweep import RayEngine, SerialEngine, load_grid, read_rows, run_sweep  # noqa: E402
+from tune_cp.agent.sweep import RayEngine, SerialEngine, load_grid, read_rows, run_sweep  # noqa: E402
 
 GRID = """\
 models: [llama3-8b]

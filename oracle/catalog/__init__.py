@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from oracle.inputs import exists, finite, is_dir, read_mapping, show_name
-from oracle.specs import (
+from tune_cp.oracle.inputs import exists, finite, is_dir, read_mapping, show_name
+from tune_cp.oracle.specs import (
     GIB,
     ConfigError,
     GpuSpec,
@@ -125,7 +125,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     data = _read_mapping(path, "GPU")
     try:
         spec = GpuEntry(**data).to_spec()
-        from oracle.constants import architecture_key
+        from tune_cp.oracle.constants import architecture_key
 
         try:
             architecture_key(spec.architecture)
