@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before benchmarks/oracle.py can shadow the oracle package
 
 from benchmarks.crossval import DEFAULT_RUNS, CrossValidation, grouped_cv, table
-from tune_cp.formats.runs import RunRow, read_runs
+from tune_cp.formats.runs import RunRow, read_runs, scored_rows
 from tune_cp.oracle.constants import load_calibration, utc_now
 from tune_cp.oracle.uncertainty import (
     FEATURES,
@@ -48,7 +48,25 @@ from tune_cp.oracle.uncertainty import (
 def row_features(r: RunRow) -> tuple[str, ...]:
     assert r.model and r.cluster and r.training and r.cfg
     return class_features(r.cluster.gpu.architecture or "hopper", r.model.is_moe, r.cfg.vpp,
-                          r.cfg.cp, precision_class(r.training.precision, r.cfg))
+                          r.cfg.cp, precision_class(r.training.precision, r.cfg),
+                          r.model.is_hybrid)
+
+
+def apart_residuals(rows: list[RunRow]) -> tuple[list[RunRow], np.ndarray]:
+    """The representable rows the constants are not fitted on (hybrid Mamba models,
+    ``formats/runs.py::NOT_FITTED``) and their log residuals against the shipped calibration:
+    out-of-sample without cross-validation, since no fold is fitted on them."""
+    from tune_cp.oracle.calibrate import prepare, table_constants
+    from tune_cp.oracle.timing import timing
+
+    apart = [r for r in scored_rows(rows) if r.representable and not r.fitted]
+    if not apart:
+        return [], np.zeros(0)
+    prep = prepare(apart)
+    res = timing(prep.work, table_constants(load_calibration(), prep.archs, prep.software))
+    projected = prep.tokens_per_step / res["step_time_s"] / prep.world
+    measured = np.array([r.measured_tokens_per_s_per_gpu for r in apart])
+    return apart, np.log(measured / projected)
 
 
 def pairwise(cv: CrossValidation, resid: np.ndarray) -> dict:
@@ -68,9 +86,12 @@ def pairwise(cv: CrossValidation, resid: np.ndarray) -> dict:
 
 
 def build(runs: str, folds: int, seed: int) -> dict:
-    cv = grouped_cv(read_runs(runs), folds, seed)
+    all_rows = read_runs(runs)
+    cv = grouped_cv(all_rows, folds, seed)
     resid = np.log(cv.measured / cv.projected)
-    feats = [row_features(r) for r in cv.rows]
+    apart, apart_resid = apart_residuals(all_rows)
+    feats = [row_features(r) for r in cv.rows] + [row_features(r) for r in apart]
+    classes = residual_classes(feats, np.concatenate([resid, apart_resid]))
     calib = load_calibration()
     try:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
@@ -96,12 +117,13 @@ def build(runs: str, folds: int, seed: int) -> dict:
             "git_commit": commit,
             "date": utc_now(),
             "rows": len(cv.rows),
+            "rows_not_fitted": len(apart),
             "quantiles": [Q_LO, 0.5, Q_HI],
             "features": list(FEATURES),
             "min_class_rows": MIN_CLASS_ROWS,
         },
         "pairwise": pairwise(cv, resid),
-        "classes": residual_classes(feats, resid),
+        "classes": classes,
     }
 
 

@@ -13,7 +13,10 @@ Classes: a configuration is described by five features, most general first:
 
 * ``arch``: the GPU's architecture (``hopper``, ``blackwell``, ``cdna3``, ...; ``unknown`` for a
   GPU file without one — no published row has it, so only the pooled class applies);
-* ``moe``: ``moe`` or ``dense``;
+* ``moe``: ``moe`` or ``dense``; ``hybrid`` for a hybrid Mamba model (dense or MoE): its rows are
+  not fitted on (``formats/runs.py::NOT_FITTED``), so their residuals against the shipped
+  constants are out-of-sample already, and they carry the Mamba terms' own error (projected
+  20-45% too fast today) that no transformer class shows;
 * ``vpp``: interleaving depth ``1``, ``2-4`` or ``5+`` virtual stages per pipeline rank;
 * ``cp``: ``1`` or ``2+`` context-parallel ranks;
 * ``prec``: ``bf16``, ``fp4`` or the FP8 recipe (``tensorwise``, ``blockwise``, ``mxfp8``,
@@ -23,7 +26,10 @@ The interval of a configuration is that of its most specific class (all five fea
 dropping ``prec``, ``cp``, ``vpp``, ``moe``, ``arch`` in that order) with at least
 :data:`MIN_CLASS_ROWS` out-of-fold rows; the class used is reported (a configuration whose own
 class has too few rows says which parent class it was widened to). The pooled class (every row)
-always exists.
+always exists. A hybrid configuration never borrows a transformer class: its parents stop at
+``arch=...|moe=hybrid`` and then the pooled hybrid class ``moe=hybrid`` (:data:`HYBRID_POOL`);
+hybrid rows are not in ``all`` or the architecture classes, so they do not widen the
+transformers' intervals.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ FEATURES = ("arch", "moe", "vpp", "cp", "prec")
 MIN_CLASS_ROWS = 8
 #: the quantiles of the interval (an 80 % interval) and its centre.
 Q_LO, Q_MID, Q_HI = 0.10, 0.50, 0.90
+#: the value of the ``moe`` feature for hybrid Mamba models, and their pooled class
+HYBRID = "hybrid"
+HYBRID_POOL = f"moe={HYBRID}"
 
 
 def vpp_bucket(vpp: int) -> str:
@@ -62,8 +71,9 @@ def precision_class(precision: Precision, cfg: ParallelConfig) -> str:
     return precision.value
 
 
-def class_features(arch: str, moe: bool, vpp: int, cp: int, prec: str) -> tuple[str, ...]:
-    return (arch or "unknown", "moe" if moe else "dense", vpp_bucket(vpp),
+def class_features(arch: str, moe: bool, vpp: int, cp: int, prec: str,
+                   hybrid: bool = False) -> tuple[str, ...]:
+    return (arch or "unknown", HYBRID if hybrid else "moe" if moe else "dense", vpp_bucket(vpp),
             "1" if cp <= 1 else "2+", prec)
 
 
@@ -74,7 +84,9 @@ def class_key(features: Sequence[str], depth: int | None = None) -> str:
 
 
 def parents(features: Sequence[str]) -> list[str]:
-    """The class keys from the most specific to ``all``."""
+    """The class keys from the most specific to ``all`` (hybrid: to :data:`HYBRID_POOL`)."""
+    if features[1] == HYBRID:
+        return [class_key(features, d) for d in range(len(FEATURES), 1, -1)] + [HYBRID_POOL]
     return [class_key(features, d) for d in range(len(FEATURES), -1, -1)]
 
 
@@ -147,7 +159,8 @@ class ResidualTable:
         cache: dict[tuple[str, ...], ClassInterval] = {}
         out = []
         for c, p in zip(configs, np.asarray(projected, dtype=float), strict=True):
-            f = class_features(arch, model.is_moe, c.vpp, c.cp, precision_class(training.precision, c))
+            f = class_features(arch, model.is_moe, c.vpp, c.cp,
+                               precision_class(training.precision, c), model.is_hybrid)
             ci = cache.get(f)
             if ci is None:
                 ci = cache[f] = self.lookup(f)

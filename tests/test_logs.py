@@ -163,6 +163,32 @@ def test_interval_widens_to_the_parent_class():
     assert iv2.used.key == "all" and iv2.low == pytest.approx(500.0)
 
 
+def test_a_hybrid_model_never_borrows_a_transformer_interval():
+    """A hybrid Mamba configuration takes its interval from hybrid rows only: with a Hopper
+    dense class of 20 rows and a hybrid pool of 10 (log 0.7 .. log 0.8), 1000 projected gives
+    700-800, and the pool is used although the Hopper class has more rows."""
+    data = {"classes": {
+        "all": {"rows": 100, "q_lo": np.log(0.5), "q_mid": 0.0, "q_hi": np.log(2.0)},
+        "arch=hopper": {"rows": 20, "q_lo": np.log(0.9), "q_mid": 0.0, "q_hi": np.log(1.2)},
+        "moe=hybrid": {"rows": 10, "q_lo": np.log(0.7), "q_mid": 0.0, "q_hi": np.log(0.8)}}}
+    m, cl, tr = setting("nemotron-h-8b", "h100", 1, 8192, 128)
+    iv = ResidualTable(data).interval(m, cl, tr, ParallelConfig(), 1000.0)
+    assert iv.own.startswith("arch=hopper|moe=hybrid|") and iv.used.key == "moe=hybrid"
+    assert (iv.low, iv.high) == (pytest.approx(700.0), pytest.approx(800.0))
+
+
+def test_shipped_residuals_keep_hybrid_rows_out_of_the_transformer_classes():
+    """oracle/catalog/residuals.json: the 22 published Nemotron 3 rows (not fitted on) form the
+    hybrid classes; the pooled ``all`` class holds only the 180 fitted rows' out-of-fold
+    residuals, and the hybrid pool sits below zero (the hybrid projections run fast)."""
+    from tune_cp.oracle.uncertainty import load_residuals
+
+    t = load_residuals()
+    assert t.provenance["rows_not_fitted"] == t.classes["moe=hybrid"].rows == 22
+    assert t.classes["all"].rows == t.provenance["rows"] == 180
+    assert t.classes["moe=hybrid"].q_hi < 0
+
+
 def test_search_rows_are_distinct_and_the_answer_follows_its_rule():
     """Mixtral 8x22B on 4 MI355X nodes: each row's variants project within 0.1 % of its first
     member, consecutive rows are further apart, every row has an interval, and the answer has
