@@ -6,7 +6,7 @@ from __future__ import annotations
 from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS
-from tune_cp.oracle.specs import GIB, Dispatcher, ParallelConfig, Recompute
+from tune_cp.oracle.specs import GIB, Dispatcher, ParallelConfig, Recompute, Schedule
 
 # ------------------------------------------------------------------------------ text
 
@@ -67,8 +67,14 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     peak = b.outcome.memory.peak_bytes if b.outcome.memory else 0
     # the non-layout settings a seed move can change, when not the default (else the printed
     # best could not be reproduced from this line)
-    extra = "" if b.config.dispatcher is Dispatcher.ALLTOALL else (
-        f", dispatcher {b.config.dispatcher.value}")
+    extra = "".join((
+        f", dispatcher {b.config.dispatcher.value}"
+        if b.config.dispatcher is not Dispatcher.ALLTOALL else "",
+        f", {b.config.schedule_.value} schedule"
+        if b.config.schedule_ is Schedule.ZERO_BUBBLE else "",
+        ", replicated optimizer" if not b.config.distributed_optimizer and not b.config.fsdp
+        else "",
+        f", fp8 {b.config.fp8_recipe.value}" if b.config.fp8_recipe is not None else ""))
     out.append(f"best: {short_layout(b.config)}, mbs {b.config.mbs}, ga {b.config.ga}, recompute "
                f"{recompute_label(b.config)}{extra}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
                f"{100 * b.projection.mfu:.1f}%, step {b.projection.step_time_s:.2f} s, peak "
