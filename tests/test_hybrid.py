@@ -282,6 +282,9 @@ SMALL_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h"
     ({"ssm_state_size": -64}, "'ssm_state_size' must be a positive integer, got -64"),
     ({"n_groups": -4}, "'n_groups' must be a positive integer, got -4"),
     ({"chunk_size": -1}, "'chunk_size' must be a positive integer, got -1"),
+    # before: "num_experts: Input should be greater than or equal to 0 (got -8)"
+    ({"hybrid_override_pattern": "MEM*MEME", "n_routed_experts": -8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 512}, "'n_routed_experts' must be a positive integer, got -8"),
 ])
 def test_malformed_nemotron_h_config_is_one_line_exit_2(tmp_path, run_cli, change, message):
     cfg = {k: v for k, v in (SMALL_H | change).items() if v is not None}

@@ -391,10 +391,17 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
         )
     if "E" in pattern:
         shared = cfg.get("moe_shared_expert_intermediate_size") or 0
+
+        def positive(key: str) -> int:
+            value = _need(cfg, key, family)
+            if value < 1:
+                raise ConfigError(f"{key!r} must be a positive integer, got {value!r}")
+            return value
+
         out |= {
-            "num_experts": _need(cfg, "n_routed_experts", family),
-            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
-            "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
+            "num_experts": positive("n_routed_experts"),
+            "moe_top_k": positive("num_experts_per_tok"),
+            "expert_ffn_hidden_size": positive("moe_intermediate_size"),
             "num_shared_experts": (cfg.get("n_shared_experts") or 1) if shared else 0,
             "shared_expert_ffn_hidden_size": shared,
             "moe_latent_size": cfg.get("moe_latent_size") or 0,
