@@ -1134,8 +1134,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the exhaustive search's best configuration.")
     click.echo("Left out: the seed phase's extra selective-recompute sets (mlp on dense models, "
-               "moe_act+layernorm on MoE), which `tune-cp search` also tries at one node count "
-               "and which can be a little faster.")
+               "moe_act+layernorm on MoE) and, on MoE models, the other token dispatchers, which "
+               "`tune-cp search` also tries at one node count and which can be a little faster.")
     classes = sorted({q.interval["class_used"] for p in plans for q in p.points
                       if q.feasible and q.interval})
     if classes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS
-from tune_cp.oracle.specs import GIB, ParallelConfig, Recompute
+from tune_cp.oracle.specs import GIB, Dispatcher, ParallelConfig, Recompute, Schedule
 
 # ------------------------------------------------------------------------------ text
 
@@ -65,8 +65,18 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         out.append(f"  ({r.baseline_source.split(' (')[0]}; --json has the source)")
     gain = f" ({pct(r.speedup - 1)} over the baseline)" if r.speedup else ""
     peak = b.outcome.memory.peak_bytes if b.outcome.memory else 0
+    # the non-layout settings a seed move can change, when not the default (else the printed
+    # best could not be reproduced from this line)
+    extra = "".join((
+        f", dispatcher {b.config.dispatcher.value}"
+        if b.config.dispatcher is not Dispatcher.ALLTOALL else "",
+        f", {b.config.schedule_.value} schedule"
+        if b.config.schedule_ is Schedule.ZERO_BUBBLE else "",
+        ", replicated optimizer" if not b.config.distributed_optimizer and not b.config.fsdp
+        else "",
+        f", fp8 {b.config.fp8_recipe.value}" if b.config.fp8_recipe is not None else ""))
     out.append(f"best: {short_layout(b.config)}, mbs {b.config.mbs}, ga {b.config.ga}, recompute "
-               f"{recompute_label(b.config)}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
+               f"{recompute_label(b.config)}{extra}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
                f"{100 * b.projection.mfu:.1f}%, step {b.projection.step_time_s:.2f} s, peak "
                f"{peak / GIB:.1f} of {b.outcome.limit_bytes / GIB:.1f} GiB")
     seed_best = r.seed.best if r.seed else None
@@ -109,10 +119,15 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
             out.append(f"  warning: {w}")
     out.append("")
     nconf = sum(len(g.members) for g in r.groups)
+    # a best from the seed or LLM phase lies outside the ranked space (e.g. the flex dispatcher):
+    # the starred row is then the ranking's answer, not the best printed above
+    star, near = ("answer", "answer") if r.best_phase == "exhaustive" else (
+        f"ranking's answer (the best above, from {found.split(' (')[0]}, is not among the "
+        f"ranked configurations)", "ranking's answer")
     out.append(f"top {len(r.groups)} distinct configurations of {len(enum.configs):,} "
                f"({nconf} configurations; projections within 0.1% are one row, variants below "
-               f"it; * the answer, ~ a near tie: within {100 * r.near_tie_band:.1f}% of the "
-               f"answer, the median error of the projected ratio of two published runs):")
+               f"it; * the {star}, ~ a near tie: within {100 * r.near_tie_band:.1f}% of the "
+               f"{near}, the median error of the projected ratio of two published runs):")
     head = (f"{'#':>4}  {'layout':32} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
             f"{'HBM':>5} {'tok/s/GPU':>10} {'80% interval':>15} {'MFU':>6} {'step s':>7}")
     out.append(head)

@@ -388,6 +388,15 @@ def hybrid_fields(raw: RawArgs, arch: ImportedArchitecture, hidden: int,
                         f"attention + the last layer's block ({want!r} each, as many as "
                         f"{_spell(raw, 'mtp_num_layers')})")
         out["num_mtp_layers"] = len(mtp)
+    flag = _spell(raw, "hybrid_layer_pattern" if arch.hybrid_layer_pattern
+                  else "hybrid_override_pattern")
+    if bad := sorted(set(main) - set("M*-E")):
+        return {}, (f"{flag} {main!r} has {', '.join(map(repr, bad))}; each character is one "
+                    f"of M (Mamba), * (attention), - (MLP), E (MoE)")
+    if arch.num_layers is not None and arch.num_layers != len(main):
+        # Megatron-Core hybrid_allocate.py: "The hybrid override pattern is the wrong length"
+        return {}, (f"{flag} has {len(main)} layers, {_spell(raw, 'num_layers')} is "
+                    f"{arch.num_layers}; they must agree")
     pattern = main
     head_dim = get("mamba_head_dim")
     from tune_cp.oracle.specs import MambaSpec

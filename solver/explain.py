@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -102,6 +103,8 @@ class Explanation:
     gpu: str = ""
     #: the time budget ran out: the fixes not reached are left out (said in the text)
     budget_spent: bool = False
+    #: why an extra constraint conflicts with the space alone (e.g. vpp > 1 on a hybrid model)
+    notes: tuple[str, ...] = ()
 
     def text(self) -> str:
         """The explanation as sentences."""
@@ -110,6 +113,7 @@ class Explanation:
         words = ", ".join(c if c.startswith("extra:") else f"{FAMILY_WORDS[c]} [{c}]"
                           for c in self.conflict) or "not isolated within the time budget"
         out = [f"no configuration of {self.setting} is legal and fits; conflicting rules: {words}"]
+        out += self.notes
         if self.min_peak_bytes is not None:
             out.append(f"memory: the least any legal layout needs is "
                        f"{self.min_peak_bytes / GIB:.1f} GiB per GPU ({self.min_peak_config}), "
@@ -352,7 +356,7 @@ def min_nodes(problem: Problem, families: Iterable[str] | None = None,
               deadline: Budget | None = None) -> tuple[int | None, tuple[int, int]]:
     """The smallest node count above the problem's with a feasible configuration (same GPU,
     model, batch, options), up to ``max_nodes``; and the range scanned. Bounded: every count up
-    to :data:`LINEAR_NODE_SCAN` more nodes, then doubling, then bisection between the last
+    to :data:`LINEAR_NODE_SCAN` more nodes, then the counts 2^k and 3 x 2^k above, then bisection between the last
     count that does not fit and the first that does (exact where feasibility grows with the node
     count, as memory does); at most about 40 solves, and none after ``deadline``."""
     cl = problem.cluster
@@ -375,7 +379,9 @@ def min_nodes(problem: Problem, families: Iterable[str] | None = None,
             last_bad = n
         n = last_bad
         while n < top:
-            n = min(2 * n, top)
+            # the next 2^k or 3 x 2^k above n: batches are usually powers of two, and a doubling
+            # from an odd count (17, 34, 68, ...) would step over every count that divides them
+            n = min(_next_smooth(n), top)
             if fits(n):
                 lo, hi = last_bad, n  # lo does not fit, hi does
                 while hi - lo > 1:
@@ -386,6 +392,12 @@ def min_nodes(problem: Problem, families: Iterable[str] | None = None,
     except _OutOfTime:
         return None, (cl.num_nodes + 1, last_bad)
     return None, (cl.num_nodes + 1, top)
+
+
+def _next_smooth(n: int) -> int:
+    """The smallest 2^k or 3 x 2^k above ``n`` (17 -> 24, 24 -> 32, 32 -> 48)."""
+    p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+    return 3 * p // 2 if n < 3 * p // 2 and p > 1 else 2 * p if n < 2 * p else 3 * p
 
 
 def divisors_of(n: int) -> list[int]:
@@ -475,12 +487,20 @@ def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, 
         relax.append(f"--gpus-per-node {gpn} (usual {cl.gpu.name} node)")
     budget_spent = deadline.spent
     t4 = time.perf_counter()
+    notes = []
+    if problem.model.is_hybrid and any(c.startswith("extra:") and re.search(r"\bvpp\b", c)
+                                       for c in core):
+        # solver/space.py::default_space offers vpp 1 only for hybrid models (the
+        # pipeline_split rule rejects every vpp > 1), so the constraint conflicts with the space
+        notes.append(f"{problem.model.name} is a hybrid Mamba model: Megatron-Core splits its "
+                     f"layer pattern over pp stages without virtual stages (rule "
+                     f"pipeline_split), so vpp is 1 in every legal configuration")
     return Explanation(
         feasible=False, conflict=core,
         min_peak_bytes=least[0] if least else None, min_peak_config=least[1] if least else None,
         limit_bytes=problem.limit_bytes, min_nodes=n, max_nodes=n_max, nodes_scanned=scanned,
         relaxations=tuple(relax), nearest_gbs=gbs, setting=setting, gpu=cl.gpu.name,
-        budget_spent=budget_spent,
+        budget_spent=budget_spent, notes=tuple(notes),
         timings={"conflict": t1 - t0, "least_memory": t2 - t1, "nodes": t3 - t2,
                  "relaxations": t4 - t3, "total": t4 - t0},
     )

@@ -351,14 +351,18 @@ def default_space(
     etp_all = tuple(e for e in divisors(model.expert_ffn_hidden_size or 1) if e <= limit)
     gbs = training.global_batch_size
     mbs_dom = tuple(b for b in mbs if b <= gbs) or (1,)
-    vpp = vpp_domain(model, pp)
+    # a hybrid Mamba model has neither virtual stages nor full recomputation (solver/rules.py
+    # pipeline_split and recompute reject every such candidate): the space does not offer them
+    # (full recomputation still when ``full_recompute_layers`` asks for it: the rule's tests)
+    vpp = (1,) if model.is_hybrid else vpp_domain(model, pp)
     k_max = max_layers_per_chunk(model, pp, vpp)
     ks = full_recompute_layers or recompute_layer_values(k_max)
     methods = [RecomputeMethod.BLOCK] + ([RecomputeMethod.UNIFORM] if uniform_recompute else [])
     recompute = (
         [NO_RECOMPUTE]
         + selective_options(model, training)
-        + [RecomputeOption(kind=Recompute.FULL, method=m, layers=k) for m in methods for k in ks]
+        + ([] if model.is_hybrid and full_recompute_layers is None else
+           [RecomputeOption(kind=Recompute.FULL, method=m, layers=k) for m in methods for k in ks])
     )
     if training.precision is Precision.FP8:
         fp8: tuple[Fp8Recipe | None, ...] = (

@@ -50,6 +50,7 @@ def resolved(model, cluster, training, **kw) -> ParallelConfig:
 #: entry without ``[...]`` marks every parametrisation of the test. Kept here rather than as
 #: decorators so that the list is one place to review (``--durations=40`` shows the candidates).
 SLOW_TESTS = frozenset({
+    "test_hybrid.py::test_ultra_too_small_cluster_names_what_fits",
     "test_cli_check.py::test_calibrate_command",
     "test_cli_product.py::test_plan_minimum_nodes_table_and_monotone",
     "test_cli_product.py::test_search_export_megatron_round_trips_through_check",

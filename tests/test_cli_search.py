@@ -123,3 +123,15 @@ def test_trials_out_holds_the_whole_exhaustive_ranking(run_json, tmp_path):
     assert ranking[0]["tokens_per_s_per_gpu"] == data["best"]["projection"]["tokens_per_s_per_gpu"]
     judged = rows[: len(rows) - len(ranking)]
     assert judged and all(r["phase"] != "exhaustive ranking" for r in judged)
+
+
+def test_best_line_names_the_fp8_recipe(run_cli):
+    """s3-qa: the best line names every non-layout setting it differs in from the defaults
+    (dispatcher, zero-bubble schedule, replicated optimizer, FP8 recipe), so that it can be
+    reproduced; llama3-8b on 1 x 8 h100 in FP8 (the default Hopper recipe, tensorwise)."""
+    code, out, _ = run_cli("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1",
+                           "--precision", "fp8")
+    assert code == 0
+    best = next(line for line in out.splitlines() if line.startswith("best: "))
+    assert best.startswith("best: TP2 PP1 DP4, mbs 1, ga 32, recompute none, fp8 tensorwise: "
+                           "12,342 tokens/s/GPU")

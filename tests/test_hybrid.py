@@ -250,3 +250,163 @@ def test_inventory_gemm_weights_are_the_block_parameters(name):
         small = ((mb.d_inner + 2 * mb.num_groups * mb.state_dim) * (mb.conv_kernel + 1)
                  + 3 * mb.num_heads + mb.d_inner)
         assert weights(Block.MAMBA) == P.mamba_params(m) - P.norm_params(m, h) - small
+
+
+# --------------------------------------------------------------- s3-qa regressions (one each)
+
+SMALL_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+           "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "intermediate_size": 4096, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "hybrid_override_pattern": "M-M*M-M-",
+           "ssm_state_size": 64, "mamba_head_dim": 64, "mamba_num_heads": 32, "n_groups": 4,
+           "conv_kernel": 4, "chunk_size": 128, "mlp_hidden_act": "relu2",
+           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"hybrid_override_pattern": None},
+     "a nemotron_h config.json needs 'hybrid_override_pattern', which is missing"),
+    # before: "hybrid_pattern has ['X']" (the internal field, not the config.json key)
+    ({"hybrid_override_pattern": "M-M*X-M-"},
+     "'hybrid_override_pattern' 'M-M*X-M-' has 'X'; each character is one of M (Mamba), "
+     "* (attention), - (MLP), E (MoE)"),
+    # before: "... which is missing" for a pattern that is present but not a string
+    ({"hybrid_override_pattern": 12},
+     "'hybrid_override_pattern' must be a string of M * - E (one per layer), got 12"),
+    ({"hybrid_override_pattern": "M-M*M-"},
+     "hybrid_override_pattern has 6 layers, num_hidden_layers is 8; they must agree"),
+    # before: "num_heads: Input should be greater than or equal to 1 (got -32)" (MambaSpec's
+    # field names), and mamba_num_heads 0 silently became the default 128
+    ({"mamba_num_heads": -32}, "'mamba_num_heads' must be a positive integer, got -32"),
+    ({"mamba_num_heads": 0}, "'mamba_num_heads' must be a positive integer, got 0"),
+    ({"ssm_state_size": -64}, "'ssm_state_size' must be a positive integer, got -64"),
+    ({"n_groups": -4}, "'n_groups' must be a positive integer, got -4"),
+    ({"chunk_size": -1}, "'chunk_size' must be a positive integer, got -1"),
+    # before: "num_experts: Input should be greater than or equal to 0 (got -8)"
+    ({"hybrid_override_pattern": "MEM*MEME", "n_routed_experts": -8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 512}, "'n_routed_experts' must be a positive integer, got -8"),
+])
+def test_malformed_nemotron_h_config_is_one_line_exit_2(tmp_path, run_cli, change, message):
+    cfg = {k: v for k, v in (SMALL_H | change).items() if v is not None}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, err = run_cli("check", "--model", path, "--gpu", "h100", "--nodes", "1")
+    assert code == 2 and out == ""
+    assert err == f"tune-cp: error: model file '{path}': {message}\n"
+
+
+def test_small_nemotron_h_config_checks(tmp_path, run_cli):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMALL_H))
+    code, out, _ = run_cli("check", "--model", path, "--gpu", "h100", "--nodes", "1",
+                           "--seq-len", "4096", "--gbs", "64")
+    assert code == 0 and "verdict: legal, fits" in out
+
+
+def test_hybrid_space_offers_no_virtual_stages_nor_full_recompute():
+    """solver/space.py::default_space no longer offers vpp > 1 or full recomputation for a
+    hybrid model (the rules reject all of them): nemotron-h-8b on 1 x 8 h100 (seq 8192, gbs
+    768) goes from 81,408 candidates (21,412 removed by pipeline_split, 3,952 by recompute) to
+    256, with the same 36 feasible configurations."""
+    from tune_cp.solver.feasible import enumerate_feasible
+    from tune_cp.solver.space import (
+        NO_RECOMPUTE,
+        RecomputeOption,
+        default_space,
+        max_layers_per_chunk,
+        recompute_layer_values,
+        vpp_domain,
+    )
+
+    m, cl, tr = setting(H8, "h100", 1, 8192, 768)
+    sp = default_space(m, cl, tr)
+    assert sp.vpp == (1,) and all(r.kind is not Recompute.FULL for r in sp.recompute)
+    vpp = vpp_domain(m, sp.pp)
+    full = [RecomputeOption(kind=Recompute.FULL, layers=k)
+            for k in recompute_layer_values(max_layers_per_chunk(m, sp.pp, vpp))]
+    old = sp.model_copy(update={"vpp": vpp, "recompute": (NO_RECOMPUTE, *full)})
+    before, after = enumerate_feasible(m, cl, tr, old), enumerate_feasible(m, cl, tr, sp)
+    assert (before.space_size, after.space_size) == (81_408, 256)
+    assert before.removed["pipeline_split"] == 21_412 and before.removed["recompute"] == 3_952
+    assert len(before.configs) == len(after.configs) == 36
+    assert {f.config for f in before.configs} == {f.config for f in after.configs}
+
+
+def test_vpp_constraint_on_a_hybrid_says_why(run_cli):
+    """--constraint 'vpp == 2' on a hybrid: the empty space names the constraint and why vpp
+    is always 1 (with vpp 1 the only offered value the core is the constraint alone)."""
+    code, out, err = run_cli("--model", H8, "--gpu", "h100", "--nodes", "1",
+                             "--constraint", "vpp == 2")
+    assert code == 1
+    assert ("conflicting rules: extra: vpp == 2; nemotron-h-8b is a hybrid Mamba model: "
+            "Megatron-Core splits its layer pattern over pp stages without virtual stages (rule "
+            "pipeline_split), so vpp is 1 in every legal configuration; fix: without constraint "
+            "'vpp == 2'") in out + err
+
+
+def test_seed_best_with_flex_dispatcher_is_printed_reproducibly(run_cli):
+    """nemotron-3-nano on 4 x 8 h100: the seed phase's best uses the flex dispatcher, which the
+    ranked space does not hold; the best line says so (before: it printed only the layout, and
+    the table's starred row, a different configuration, was called 'the answer')."""
+    code, out, _ = run_cli("--model", "nemotron-3-nano", "--gpu", "h100", "--nodes", "4")
+    assert code == 0
+    best = next(line for line in out.splitlines() if line.startswith("best: "))
+    assert best.startswith("best: TP1 PP1 EP16 ETP1 DP32, mbs 1, ga 16, recompute none, "
+                           "dispatcher flex: 15,695 tokens/s/GPU")
+    assert ("* the ranking's answer (the best above, from the seed phase, is not among the "
+            "ranked configurations), ~ a near tie: within 5.6% of the ranking's answer") in out
+
+
+def test_node_scan_steps_through_2k_and_3x2k():
+    """solver/explain.py::min_nodes doubles from 2^k or 3 x 2^k after the linear scan (before:
+    from the last count tried, 17 -> 34 -> 68, stepping over every count that divides a
+    power-of-two batch, so nemotron-3-ultra on 1 x 8 h100 said 'at least 64 nodes' and on
+    4 x 8 'at least 256', though 24 and 32 nodes both fit)."""
+    from tune_cp.solver.explain import _next_smooth
+
+    assert [_next_smooth(n) for n in (1, 2, 4, 5, 16, 17, 20, 24, 32, 48)] == [
+        2, 3, 6, 6, 24, 24, 24, 32, 48, 64]
+
+
+def test_ultra_too_small_cluster_names_what_fits(run_cli):
+    code, out, err = run_cli("--model", "nemotron-3-ultra", "--gpu", "h100", "--nodes", "4")
+    assert code == 1
+    lines = [ln for ln in out.splitlines() if ln.startswith("no feasible configuration")]
+    assert len(lines) == 1 and lines[0].endswith("fix: needs at least 24 nodes of h100 at "
+                                                 "this batch")
+    code, out, _ = run_cli("--model", "nemotron-3-ultra", "--gpu", "h100", "--nodes", "24")
+    assert code == 0
+
+
+@pytest.mark.parametrize(("pattern", "layers", "message"), [
+    # before: accepted, the model silently taken from the pattern (Megatron-Core
+    # hybrid_allocate.py raises "The hybrid override pattern is the wrong length")
+    ("M-M*", 6, "--hybrid-layer-pattern has 4 layers, --num-layers is 6; they must agree"),
+    # before: "hybrid_pattern has ['X']" (the ModelSpec field, not the flag)
+    ("M-X*", 4, "--hybrid-layer-pattern 'M-X*' has 'X'; each character is one of M (Mamba), "
+                "* (attention), - (MLP), E (MoE)"),
+])
+def test_megatron_hybrid_pattern_errors_name_the_flag(pattern, layers, message):
+    text = (f"--num-layers {layers} --hidden-size 1024 --num-attention-heads 8 "
+            f"--vocab-size 32000 --hybrid-layer-pattern '{pattern}'")
+    with pytest.raises(ConfigError) as e:
+        parse_megatron_args(text).require_model()
+    assert message in str(e.value)
+
+
+def test_megatron_export_reads_back_to_the_same_check(tmp_path, run_cli):
+    """check --export megatron, then check --megatron-args of the flags: the same configuration,
+    memory and projection (nemotron-h-8b, TP4 on 1 x 8 h100)."""
+    args = ("--gpu", "h100", "--nodes", "1")
+    code, out, err = run_cli("check", "--model", H8, "--tp", "4", *args, "--export", "megatron")
+    assert code == 0 and out.startswith("# tune-cp:")  # the report goes to stderr
+    path = tmp_path / "args.sh"
+    path.write_text(out)
+    code, back, _ = run_cli("check", "--megatron-args", path, *args)
+    assert code == 0
+
+    def pick(text):
+        return [ln for ln in text.splitlines()
+                if ln.startswith(("config:", "total ", "projection:", "verdict:"))]
+    assert len(pick(err)) == 4 and pick(back) == pick(err)
+    assert "config: TP4 PP1 VPP1 CP1 EP1 ETP4 DP2, mbs 1, ga 384" in back

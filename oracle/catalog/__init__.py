@@ -343,9 +343,15 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     expert ``moe_shared_expert_intermediate_size``, ``moe_latent_size``,
     ``routed_scaling_factor``) and MTP (``num_nextn_predict_layers``)."""
     pattern = cfg.get("hybrid_override_pattern")
-    if not isinstance(pattern, str) or not pattern:
+    if pattern is None or pattern == "":
         raise ConfigError("a nemotron_h config.json needs 'hybrid_override_pattern', which is "
                           "missing")
+    if not isinstance(pattern, str):
+        raise ConfigError(f"'hybrid_override_pattern' must be a string of M * - E (one per "
+                          f"layer), got {pattern!r}")
+    if bad := sorted(set(pattern) - set("M*-E")):
+        raise ConfigError(f"'hybrid_override_pattern' {pattern!r} has {', '.join(map(repr, bad))}; "
+                          f"each character is one of M (Mamba), * (attention), - (MLP), E (MoE)")
     layers = _need(cfg, "num_hidden_layers", family)
     if len(pattern) != layers:
         raise ConfigError(f"hybrid_override_pattern has {len(pattern)} layers, "
@@ -364,20 +370,38 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
         "mamba": None,
     }
     if "M" in pattern:
+        def size(keys: tuple[str, ...], default: int) -> int:
+            # NemotronHConfig's default when every spelling is absent or null; else a positive
+            # integer, named by the key the file used (0 or -1 is no Mamba mixer)
+            key = next((k for k in keys if cfg.get(k) is not None), None)
+            if key is None:
+                return default
+            value = cfg[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key!r} must be a positive integer, got {value!r}")
+            return value
+
         out["mamba"] = MambaSpec(
-            state_dim=_int(cfg, "ssm_state_size", 128),
-            head_dim=_int(cfg, "mamba_head_dim", 64),
-            num_heads=_int(cfg, "mamba_num_heads", 128),
-            num_groups=cfg.get("n_groups") or _int(cfg, "mamba_n_groups", 8),
-            conv_kernel=cfg.get("conv_kernel") or _int(cfg, "mamba_d_conv", 4),
-            chunk_size=cfg.get("chunk_size") or _int(cfg, "mamba_chunk_size", 128),
+            state_dim=size(("ssm_state_size",), 128),
+            head_dim=size(("mamba_head_dim",), 64),
+            num_heads=size(("mamba_num_heads",), 128),
+            num_groups=size(("n_groups", "mamba_n_groups"), 8),
+            conv_kernel=size(("conv_kernel", "mamba_d_conv"), 4),
+            chunk_size=size(("chunk_size", "mamba_chunk_size"), 128),
         )
     if "E" in pattern:
         shared = cfg.get("moe_shared_expert_intermediate_size") or 0
+
+        def positive(key: str) -> int:
+            value = _need(cfg, key, family)
+            if value < 1:
+                raise ConfigError(f"{key!r} must be a positive integer, got {value!r}")
+            return value
+
         out |= {
-            "num_experts": _need(cfg, "n_routed_experts", family),
-            "moe_top_k": _need(cfg, "num_experts_per_tok", family),
-            "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
+            "num_experts": positive("n_routed_experts"),
+            "moe_top_k": positive("num_experts_per_tok"),
+            "expert_ffn_hidden_size": positive("moe_intermediate_size"),
             "num_shared_experts": (cfg.get("n_shared_experts") or 1) if shared else 0,
             "shared_expert_ffn_hidden_size": shared,
             "moe_latent_size": cfg.get("moe_latent_size") or 0,
