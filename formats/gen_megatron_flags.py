@@ -228,6 +228,11 @@ def classify(dest: str, group: str, read: set[str]) -> str:
 
 
 def main(argv: list[str]) -> None:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m tune_cp.formats.gen_megatron_flags GIT_DIR [COMMIT]  (GIT_DIR: a "
+              "Megatron-LM git directory; writes formats/data/megatron_flags.json)",
+              file=sys.stderr)
+        raise SystemExit(2)
     git_dir = argv[0]
     commit = argv[1] if len(argv) > 1 else "HEAD"
     sha = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", commit], check=True,

@@ -311,7 +311,7 @@ def _on(value: Any) -> bool:
 # reason (never modelled as a plain transformer). Keys: Megatron dest / Primus model-YAML key.
 ARCH_REFUSED: dict[str, tuple[Any, str]] = {
     "model_type": (lambda v: str(v).lower() == "mamba",
-                   "Mamba layers (model_type mamba; Megatron-LM pretrain_mamba.py)"),
+                   "Primus Mamba model configs (model_type mamba; Megatron-LM pretrain_mamba.py)"),
     "experimental_attention_variant": (_on, "linear-attention layers "
                                             "(experimental_attention_variant)"),
     "linear_attention_freq": (_on, "linear-attention layers (linear_attention_freq: gated "

@@ -236,7 +236,9 @@ def parse_primus_config(
     if refused:
         raise ConfigError(f"Primus experiment {path.name} (model {model_name}): tune-cp does not "
                           f"model {refused}; it models decoder-only transformers (dense, MoE, "
-                          "MLA, sliding-window attention)")
+                          "MLA, sliding-window attention) and hybrid Mamba models given by a "
+                          "layer pattern (Megatron-LM --hybrid-layer-pattern, a nemotron_h "
+                          "config.json, or --model nemotron-h-8b etc.)")
     for key, value in chain.items():  # the model chain sets keys the overrides do not
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value

@@ -1055,8 +1055,8 @@ def test_primus_mi355x_examples_check(name, layout):
 
 
 @pytest.mark.parametrize(("name", "reason"), [
-    ("mamba_370M-pretrain", "does not model Mamba layers (model_type mamba"),
-    ("zebra_llama_1B-pretrain", "does not model Mamba layers"),
+    ("mamba_370M-pretrain", "does not model Primus Mamba model configs (model_type mamba"),
+    ("zebra_llama_1B-pretrain", "does not model Primus Mamba model configs"),
     ("deepseek_v4_flash-BF16-pretrain", "does not model DeepSeek-V4 compressed sparse attention"),
     ("qwen3_5_35B_A3B-BF16-pretrain", "does not model linear-attention layers "
                                       "(experimental_attention_variant)"),
