@@ -752,6 +752,10 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         defaults.append(f"--precision fp8 (the FP8 recipe {cfg.fp8_recipe and cfg.fp8_recipe.value} "
                         f"trains in FP8)")
         training = as_run
+    if cfg.fp8_param_gather and training.precision is not Precision.FP8:
+        raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
+                          f"FP8 training, but the precision is {training.precision.value}: pass "
+                          f"--precision fp8 (or an --fp8-recipe), or drop --fp8-param-gather")
     outcome = check_configuration(model, cluster, training, cfg, settings=settings)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)

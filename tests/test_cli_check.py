@@ -239,3 +239,18 @@ def test_model_state_bytes_hand_worked(run_json):
         assert terms["gradients"] == 4 * params
         assert terms["optimizer"] == 12 * params
         assert terms["runtime_context"] == 2**30
+
+
+def test_fp8_param_gather_needs_fp8_training(run_cli):
+    """``--fp8-param-gather`` under bf16 would silently do nothing: it is refused in one line
+    (exit 2); under FP8 the Llama 3 8B stage keeps no bf16 copy of its linear weights, so the
+    weights term is the embedding and output only (2 x 525,336,576 parameters x 2 B = 2.0 GiB)."""
+    args = ("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--fp8-param-gather")
+    code, out, err = run_cli(*args)
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        "tune-cp: error: --fp8-param-gather keeps only FP8 copies of the weights, so it needs "
+        "FP8 training, but the precision is bf16: pass --precision fp8 (or an --fp8-recipe), or "
+        "drop --fp8-param-gather")
+    code, out, _ = run_cli(*args, "--precision", "fp8")
+    assert code == 1 and "weights 2.0 GiB" in out
