@@ -56,15 +56,13 @@ def apart_residuals(rows: list[RunRow]) -> tuple[list[RunRow], np.ndarray]:
     """The representable rows the constants are not fitted on (hybrid Mamba models,
     ``formats/runs.py::NOT_FITTED``) and their log residuals against the shipped calibration:
     out-of-sample without cross-validation, since no fold is fitted on them."""
-    from tune_cp.oracle.calibrate import prepare, table_constants
-    from tune_cp.oracle.timing import timing
+    from tune_cp.oracle.calibrate import predict, prepare, table_constants
 
     apart = [r for r in scored_rows(rows) if r.representable and not r.fitted]
     if not apart:
         return [], np.zeros(0)
     prep = prepare(apart)
-    res = timing(prep.work, table_constants(load_calibration(), prep.archs, prep.software))
-    projected = prep.tokens_per_step / res["step_time_s"] / prep.world
+    projected = predict(prep, table_constants(load_calibration(), prep.archs, prep.software))
     measured = np.array([r.measured_tokens_per_s_per_gpu for r in apart])
     return apart, np.log(measured / projected)
 
