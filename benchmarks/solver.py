@@ -54,11 +54,11 @@ def problem_for(model_name: str, gpu_name: str, nodes: int) -> Problem:
 def cold() -> None:
     """Forget the memoised oracle tables (the solver's and the oracle's stage counts) so that each
     timed enumeration starts as the first one of a process would."""
-    from tune_cp.oracle.memory import _stage_counts_cached
+    from tune_cp.oracle.memory import stage_counts_by_kind
     from tune_cp.solver.model import _CACHES
 
     _CACHES.clear()
-    _stage_counts_cached.cache_clear()
+    stage_counts_by_kind.cache_clear()
 
 
 def main() -> None:

@@ -381,7 +381,7 @@ KIND_FIELDS: dict[LayerKind, tuple[str, str, str]] = {
 
 
 @lru_cache(maxsize=65536)
-def _stage_counts_cached(
+def stage_counts_by_kind(
     kinds: tuple[int, ...],
     mtp_kind: int,
     num_mtp: int,
@@ -460,7 +460,7 @@ def _pareto_groups(groups: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
 def stage_counts(model: ModelSpec, cfg: ParallelConfig) -> tuple[StageCounts, ...]:
     """Layer 1 for a resolved configuration: one :class:`StageCounts` per pipeline stage."""
     assert cfg.ga is not None and cfg.pipeline_split is not None, "resolve_config() first"
-    return _stage_counts_cached(
+    return stage_counts_by_kind(
         kind_index(model),
         KINDS.index(mtp_kind(model)),
         model.num_mtp_layers,

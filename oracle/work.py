@@ -57,7 +57,7 @@ from tune_cp.oracle.inventory import (
     mamba_scan_flops_per_token,
     mtp_kind,
 )
-from tune_cp.oracle.memory import ParamUnits, _stage_counts_cached, param_units, stage_params
+from tune_cp.oracle.memory import ParamUnits, param_units, stage_counts_by_kind, stage_params
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -681,9 +681,9 @@ def _stage_layers(
     split: int, recompute: int, method: int, k: int,
 ) -> StageLayers:
     """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
-    model's own :class:`oracle.memory.StageCounts` (``_stage_counts_cached``: the one per-stage
+    model's own :class:`oracle.memory.StageCounts` (``stage_counts_by_kind``: the one per-stage
     composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
-    counts = _stage_counts_cached(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
+    counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
                                   _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
                                   None if k < 0 else k)
 

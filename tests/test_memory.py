@@ -160,7 +160,7 @@ def test_interleaved_penalty_equals_megatron():
         L = 56
         if L % (pp * vpp):
             continue
-        counts = M._stage_counts_cached((0,) * L, 0, 0, pp, vpp, PipelineSplit.EVEN, 1000,
+        counts = M.stage_counts_by_kind((0,) * L, 0, 0, pp, vpp, PipelineSplit.EVEN, 1000,
                                         Recompute.NONE, RecomputeMethod.BLOCK, None)
         assert counts[0].inflight_dense * pp * vpp == L * (pp * vpp + pp - 1)
 
