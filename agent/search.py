@@ -476,7 +476,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     timings["rank_s"] = time.perf_counter() - t1
 
     ev = Evaluator(model, cluster, training, opts.settings,
-                   projector=_projector(opts.calibration))
+                   projector=_projector(opts.calibration),
+                   batch_projector=_batch_projector(opts.calibration))
     # baseline
     ref: Reference | None = None
     if opts.baseline is not None:
@@ -572,6 +573,15 @@ def _projector(calibration: str | None):
 
     def run(model, cluster, training, cfg):
         return project(model, cluster, training, cfg, calib=calibration)
+
+    return run
+
+
+def _batch_projector(calibration: str | None):
+    from tune_cp.oracle.projection import project_many
+
+    def run(model, cluster, training, cfgs):
+        return project_many(model, cluster, training, cfgs, calib=calibration)
 
     return run
 
