@@ -49,7 +49,7 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import compile_expr
-from tune_cp.solver.cpsat import cp_model
+from tune_cp.solver.cpsat import CpModel, cp_model
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import (
     FP8_ARCHITECTURES_MX,
@@ -160,7 +160,7 @@ class LegalityModel:
             raise ValueError(f"unknown families {sorted(unknown)}; choose from {list(RULES)}")
         self.families = tuple(f for f in RULES if f in wanted)
         self.cache = oracle_cache(problem)
-        self.cp = cp_model.CpModel()
+        self.cp = CpModel()
         self.ar = Arith(self.cp)
         self.ar.linear_division = self.ar.record_relations = enforced
         self._axes()
@@ -776,8 +776,6 @@ class MemoryEncoding:
                     if sl is None:
                         sl = m.cache.stages[key] = self._stage_counts(pp_, v, SPLITS[s], mc, cd)
                     stage_lists[key] = sl
-        self.n_rows = len({tuple((st.as_vector(), st.recompute_groups) for st in sl)
-                           for sl in stage_lists.values()})
         self.n_slots = max(len(sl) for sl in stage_lists.values())
         self.n_groups = max((len(st.recompute_groups) for sl in stage_lists.values() for st in sl),
                             default=0)
@@ -785,12 +783,17 @@ class MemoryEncoding:
         gw = len(M.KINDS)  # a recompute group: layers per kind
         zero = M.StageCounts(0, **dict.fromkeys(M.VECTOR_FIELDS, 0), recompute_groups=())
 
+        vectors: dict[int, tuple[int, ...]] = {}  # as_vector per stage (by id: all kept alive)
+
         def flat(*key: int) -> tuple[int, ...]:
             sl = stage_lists[key]
             out: list[int] = []
             for j in range(self.n_slots):
                 st = sl[min(j, len(sl) - 1)] if sl else zero
-                out += st.as_vector()
+                vec = vectors.get(id(st))
+                if vec is None:
+                    vec = vectors[id(st)] = st.as_vector()
+                out += vec
                 for g in range(self.n_groups):
                     out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0,) * gw
             return tuple(out)
