@@ -47,6 +47,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
            f"{tr.precision.value}"]
     if r.defaults:
         out.append("defaults: " + "; ".join(r.defaults))
+    run = r.options.settings.options.label()  # the framework run settings, when set
+    if run:
+        out.append(f"run settings: {run}")
     enum = r.enumeration
     removed = ", ".join(f"{k} {v:,}" for k, v in enum.removed.items() if v)
     took = f"{enum.timings.get('total', 0):.1f} s, " if timings else ""

@@ -35,6 +35,7 @@ from tune_cp.formats.model import (
     build_model,
     compare_model,
 )
+from tune_cp.oracle.memory import FULL_ITERATION, PER_LAYER_GRAPH_SCOPES, RunOptions
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     SELECTIVE_MODULES,
@@ -141,6 +142,9 @@ class ImportedRun(Spec):
     global_batch_size: int | None = None
     precision: Precision = Precision.BF16
     flash_attention: bool = True
+    #: the framework run settings the arguments set (CUDA graphs, MoE all-to-all overlap,
+    #: token-drop; ``_run_options``)
+    options: RunOptions = RunOptions()
     num_nodes: int | None = None
     gpus_per_node: int | None = None
     architecture: ImportedArchitecture = ImportedArchitecture()
@@ -334,6 +338,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     kw["fp8_param_gather"] = bool(r.get("fp8_param_gather", state=False)) and recipe is not None
     kw["schedule"] = _schedule(r)
     flash = (r.get("attention_backend", state=False) or "auto") not in UNFUSED_ATTENTION
+    options = _run_options(r, is_moe)
     _unmodeled_notes(r)
     try:
         config = ParallelConfig(**kw)
@@ -352,6 +357,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         global_batch_size=gbs,
         precision=precision,
         flash_attention=flash,
+        options=options,
         num_nodes=raw.num_nodes,
         gpus_per_node=raw.gpus_per_node,
         architecture=arch,
@@ -669,6 +675,86 @@ def _schedule(r: _Reader) -> Schedule | None:
         if algorithm not in PRIMUS_PLAIN_ALGORITHMS:
             r.raw.note(f"pp_algorithm {algorithm} is not modeled; the schedule follows vpp")
     return None
+
+
+def _graph_scope(r: _Reader, is_moe: bool) -> tuple[str, ...]:
+    """The CUDA-graph scope (:class:`oracle.memory.RunOptions`) of the arguments.
+
+    Megatron-LM ``d98e8a64dd``: ``--cuda-graph-impl none|local|transformer_engine|
+    full_iteration`` with ``--cuda-graph-modules`` (or its deprecated spelling
+    ``--cuda-graph-scope``; Primus ``cuda_graph_scope``); the deprecated ``--enable-cuda-graph``
+    (= ``local``) and ``--external-cuda-graph`` (= ``transformer_engine``); the deprecated module
+    ``full_iteration`` migrates to ``--cuda-graph-impl full_iteration``. No modules (or the
+    deprecated ``full``) capture the whole layer: attention and MLP of a dense model, and for a
+    MoE model (whose dropless experts cannot be captured) read as attn, moe_router and
+    moe_preprocess, as ``moe`` is (tune-cp has no ``moe`` graph scope)."""
+    impl = r.get("cuda_graph_impl", state=False) or "none"
+    if impl == "none" and r.get("external_cuda_graph", state=False):
+        impl = "transformer_engine"
+    if impl == "none" and r.get("enable_cuda_graph", state=False):
+        impl = "local"
+    if impl == "none":
+        return ()
+    if impl == FULL_ITERATION:
+        return (FULL_ITERATION,)
+    modules: list[str] = []
+    for dest in ("cuda_graph_modules", "cuda_graph_scope_deprecated", "cuda_graph_scope"):
+        if r.given(dest) and r.raw.read(dest):
+            modules = [str(m) for m in r.raw.read(dest)]
+            break
+    if FULL_ITERATION in modules:
+        return (FULL_ITERATION,)
+    modules = [m for m in modules if m != "full_iteration_inference"]
+    moe_parts = ["moe_router", "moe_preprocess"]
+    if not modules or modules == ["full"]:
+        modules = ["attn", *(moe_parts if is_moe else ["mlp"])]
+        if is_moe:
+            r.raw.note(f"CUDA graphs of whole layers ({impl}): a dropless MoE block cannot be "
+                       "captured; read as attn, moe_router and moe_preprocess")
+    if "moe" in modules:
+        r.raw.note("CUDA-graph module moe (the whole drop-and-pad MoE block) is read as "
+                   "moe_router,moe_preprocess: tune-cp does not model the experts' graph")
+        modules = [m for m in modules if m != "moe"] + moe_parts
+    dropped = [m for m in modules if m not in PER_LAYER_GRAPH_SCOPES]
+    if dropped:
+        r.raw.note(f"CUDA-graph modules {', '.join(dropped)} are not modelled (tune-cp models "
+                   f"{', '.join(PER_LAYER_GRAPH_SCOPES)}); left out")
+    kept = [m for m in modules if m in PER_LAYER_GRAPH_SCOPES]
+    if "moe_preprocess" in kept and "moe_router" not in kept:
+        kept.append("moe_router")  # the local implementation adds it (transformer_config.py)
+    return tuple(dict.fromkeys(kept))
+
+
+def _run_options(r: _Reader, is_moe: bool) -> RunOptions:
+    """The framework run settings of the arguments: CUDA graphs (:func:`_graph_scope`), the
+    MoE all-to-all overlap (``overlap_moe_expert_parallel_comm``; Megatron-Core requires
+    ``delay_wgrad_compute`` to come with it) and token-drop (``moe_expert_capacity_factor``, a
+    negative one meaning dropless as in ``TransformerConfig.__post_init__``, with
+    ``moe_pad_expert_input_to_capacity``)."""
+    overlap = bool(r.get("overlap_moe_expert_parallel_comm", state=False)) and is_moe
+    if r.get("delay_wgrad_compute", state=False) and not overlap:
+        r.raw.note(f"{r.label('delay_wgrad_compute')} without "
+                   f"{r.spell('overlap_moe_expert_parallel_comm')} is refused by Megatron-Core "
+                   "('overlap_moe_expert_parallel_comm must be enabled when enabling "
+                   "delay_wgrad_compute'); ignored")
+    factor = r.get("moe_expert_capacity_factor", state=False)
+    if factor is not None and (float(factor) < 0 or not is_moe):
+        factor = None
+    if factor is not None and not r.get("moe_pad_expert_input_to_capacity", state=False):
+        r.raw.note(f"{r.label('moe_expert_capacity_factor')} {factor} without "
+                   f"{r.spell('moe_pad_expert_input_to_capacity')}: read as token-drop padded "
+                   "to the capacity (tune-cp's token-drop; unpadded experts keep the host "
+                   "synchronisation of dropless routing)")
+    if factor is None and r.get("moe_pad_expert_input_to_capacity", state=False):
+        r.raw.note(f"{r.label('moe_pad_expert_input_to_capacity')} without a capacity factor "
+                   "is refused by Megatron-Core ('moe_expert_capacity_factor must be set to use "
+                   "moe_pad_expert_input_to_capacity'); read as dropless")
+    try:
+        return RunOptions(cuda_graph_scope=_graph_scope(r, is_moe), moe_a2a_overlap=overlap,
+                          moe_capacity_factor=None if factor is None else float(factor))
+    except ValidationError as e:
+        raise ConfigError(f"the CUDA-graph / MoE run settings of the arguments: "
+                          f"{validation_message(e)}") from e
 
 
 def _unmodeled_notes(r: _Reader) -> None:

@@ -39,6 +39,12 @@ backward_working_set   gradients of one layer's activations while that layer run
 cp_buffers             context-parallel ring exchange of K/V (double buffered)
 pipeline_buffers       send/receive buffers of pipeline point-to-point (one micro-batch each way)
 sp_gather_buffer       Megatron's persistent all-gather buffer of sequence parallelism (t x h bf16)
+cuda_graph_buffers     static input/output and gradient buffers of per-layer CUDA graphs, per
+                       captured part, layer and in-flight micro-batch (:func:`cuda_graph_static_bytes`;
+                       run setting ``--cuda-graph-scope``)
+a2a_overlap_buffers    the second micro-batch's MoE dispatch / combine buffers alive beside the
+                       first's under the all-to-all overlap schedule (:func:`a2a_overlap_bytes`;
+                       run setting ``--moe-a2a-overlap``)
 runtime_context        CUDA/HIP context, kernel images, BLAS workspaces (overhead)
 collective_buffers     NCCL/RCCL buffers per communicator in use (overhead)
 dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead)
@@ -59,7 +65,7 @@ from functools import lru_cache
 from math import gcd
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tune_cp.oracle import params as P
 from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the workload inventory
@@ -127,6 +133,8 @@ TERMS: tuple[str, ...] = (
     "cp_buffers",
     "pipeline_buffers",
     "sp_gather_buffer",
+    "cuda_graph_buffers",
+    "a2a_overlap_buffers",
     "runtime_context",
     "collective_buffers",
     "dispatcher_buffers",
@@ -145,6 +153,8 @@ TERM_GROUPS: dict[str, tuple[str, ...]] = {
         "cp_buffers",
         "pipeline_buffers",
         "sp_gather_buffer",
+        "cuda_graph_buffers",
+        "a2a_overlap_buffers",
     ),
     "runtime": ("runtime_context", "collective_buffers", "dispatcher_buffers", "fragmentation"),
 }
@@ -157,7 +167,83 @@ TRANSIENT_TERMS: tuple[str, ...] = (
     "backward_working_set",
     "cp_buffers",
     "pipeline_buffers",
+    "a2a_overlap_buffers",
 )
+
+#: The CUDA-graph scopes that capture per-layer parts (Megatron-Core ``--cuda-graph-modules``,
+#: formerly ``--cuda-graph-scope``, of ``--cuda-graph-impl transformer_engine|local``); the
+#: other value tune-cp models is ``full_iteration`` (``--cuda-graph-impl full_iteration``).
+PER_LAYER_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe_router", "moe_preprocess")
+FULL_ITERATION = "full_iteration"
+#: Hidden-state-sized static buffers one captured graph keeps per in-flight micro-batch: its
+#: forward input and its forward output (:func:`cuda_graph_static_bytes`).
+GRAPH_STATIC_BUFFERS = 2
+
+
+class RunOptions(Spec):
+    """The framework run settings tune-cp models beyond the layout (CUDA-graph scope, MoE
+    all-to-all overlap, token-drop vs dropless): ``solver/settings.py::RunSettings`` holds them
+    for a run, ``oracle.work.RunTraits`` carries them into the time model, and they ride on
+    :class:`MemoryOverheads` (``run``; never set by ``--overhead``) because that is the one
+    per-run object every memory computation receives, the CP-SAT model's tables included.
+
+    ``cuda_graph_scope``: the captured parts (:data:`PER_LAYER_GRAPH_SCOPES`; Megatron-LM
+    ``--cuda-graph-impl transformer_engine --cuda-graph-modules ...``), or
+    ``("full_iteration",)`` (``--cuda-graph-impl full_iteration``); ``()``: no CUDA graphs.
+    ``moe_a2a_overlap``: Megatron-Core's combined 1F1B schedule
+    (``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``). ``moe_capacity_factor``:
+    token-drop MoE with every expert's input padded to this capacity factor
+    (``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``); None: dropless.
+    What Megatron-Core refuses among them alone is refused here (one line); what depends on the
+    model or the layout: ``solver/settings.py::options_problem`` and ``solver/rules.py``.
+    """
+
+    cuda_graph_scope: tuple[str, ...] = ()
+    moe_a2a_overlap: bool = False
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+
+    @field_validator("cuda_graph_scope", mode="before")
+    @classmethod
+    def _scope(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = tuple(x for x in v.replace(",", " ").split() if x)
+        if isinstance(v, list | tuple):
+            v = tuple(dict.fromkeys(str(x) for x in v))  # ordered, without repeats
+            if v == ("none",):
+                return ()
+            known = (*PER_LAYER_GRAPH_SCOPES, FULL_ITERATION)
+            bad = [x for x in v if x not in known]
+            if bad:
+                raise ValueError(f"CUDA-graph scope {', '.join(bad)} is not modelled; choose "
+                                 f"parts of {','.join(PER_LAYER_GRAPH_SCOPES)}, or "
+                                 f"{FULL_ITERATION}, or none")
+            if FULL_ITERATION in v and len(v) > 1:
+                raise ValueError("full_iteration captures the whole step, so it takes no other "
+                                 "scope (Megatron-LM arguments.py: '--cuda-graph-modules must be "
+                                 "empty when --cuda-graph-impl=full_iteration'); give "
+                                 "full_iteration alone or per-layer parts")
+            if "moe_preprocess" in v and "moe_router" not in v:
+                raise ValueError("the moe_preprocess graph needs the moe_router graph "
+                                 "(Megatron-Core transformer_config.py: 'moe_preprocess cuda "
+                                 "graph is only supported with moe_router cuda graph'); add "
+                                 "moe_router")
+        return v
+
+    @property
+    def per_layer_graphs(self) -> bool:
+        """Per-layer CUDA graphs are captured (a scope other than ``full_iteration``)."""
+        return bool(self.cuda_graph_scope) and FULL_ITERATION not in self.cuda_graph_scope
+
+    def label(self) -> str:
+        """The settings as a reader would write them (``""`` when all are the defaults)."""
+        parts = []
+        if self.cuda_graph_scope:
+            parts.append(f"CUDA graphs {','.join(self.cuda_graph_scope)}")
+        if self.moe_a2a_overlap:
+            parts.append("MoE all-to-all overlap")
+        if self.moe_capacity_factor is not None:
+            parts.append(f"MoE token-drop at capacity factor {self.moe_capacity_factor:g}")
+        return "; ".join(parts)
 
 
 class MemoryOverheads(Spec):
@@ -195,6 +281,12 @@ class MemoryOverheads(Spec):
     fragmentation: float = Field(default=0.05, ge=0.0, le=1.0)
     moe_routing_imbalance: float = Field(default=0.0, ge=0.0, le=64.0)
     backward_working_set: bool = True
+    #: the run settings memory depends on (not an overhead term: ``--overhead`` does not set it)
+    run: RunOptions = Field(default_factory=RunOptions)
+
+
+#: The overhead terms ``--overhead NAME=VALUE`` (and a sweep grid's ``overheads``) set.
+OVERHEAD_NAMES: tuple[str, ...] = tuple(f for f in MemoryOverheads.model_fields if f != "run")
 
 
 def ppm(fraction: float) -> int:
@@ -595,6 +687,77 @@ def sp_gather_buffer_bytes(model: ModelSpec, x: ActShape) -> int:
     return BF16_BYTES * x.t * model.hidden_size if x.t_sp != x.t else 0
 
 
+def graphs_per_layer(model: ModelSpec, kind: LayerKind, scope: tuple[str, ...]) -> int:
+    """CUDA graphs one layer of ``kind`` is captured in under the per-layer ``scope``: one for its
+    attention block when ``attn`` is captured, one for a dense MLP block under ``mlp``, one for a
+    MoE block's router under ``moe_router`` (``moe_preprocess`` is captured in the router's graph:
+    Megatron-Core requires it with ``moe_router``, ``transformer_config.py::__post_init__``); a
+    Mamba mixer is never captured (tune-cp has no ``mamba`` scope). ``full_iteration`` or no
+    scope: 0."""
+    if FULL_ITERATION in scope:
+        return 0
+    blocks = kind_blocks(model, kind)
+    return (int(Block.ATTENTION in blocks and "attn" in scope)
+            + int(Block.MLP in blocks and "mlp" in scope)
+            + int(Block.MOE in blocks and "moe_router" in scope))
+
+
+def cuda_graph_static_bytes(model: ModelSpec, x: ActShape, kind: LayerKind,
+                            scope: tuple[str, ...]) -> int:
+    """Bytes per layer of ``kind`` and per in-flight micro-batch that per-layer CUDA graphs keep
+    beside the eager activations: :data:`GRAPH_STATIC_BUFFERS` hidden-state tensors ``t_sp x h``
+    bf16 (the graph's static input and static output) per captured graph
+    (:func:`graphs_per_layer`).
+
+    Sources: Transformer Engine ``make_graphed_callables`` gives every captured graph its own
+    input and output buffers, and with a pipeline ``_order`` one graph per (callable,
+    micro-batch) is captured (NVIDIA/TransformerEngine PR #1234, "each cudagraph has its own
+    input and output data buffer", which adds reuse among graphs that do not overlap); Megatron-
+    Core ``transformer/cuda_graphs.py`` ``TECudaGraphHelper`` builds ``sample_args`` for every
+    (layer, micro-batch) pair and reuses a static input only once that micro-batch's backward
+    ran (``consumed_sample_queue``), so the buffers alive are those of the micro-batches in
+    flight. The backward graph's ``static_grad_inputs`` / ``static_grad_outputs`` are held by weak
+    references (their pool memory is reused), and the tensors the captured parts save for
+    backward are the eager activations (already in ``activations``): the graphs are captured in
+    schedule order into a shared pool (``create_cudagraphs``), so freed blocks are reused and no
+    second copy is counted. The static input aliases the tensor the block's first norm saves,
+    so this term is an upper bound by one of the two tensors. Worked example: Llama 3 8B
+    (h 4096), mbs 1, seq 8192, tp 1, attn + mlp captured: 2 graphs x 2 x 2 B x 8192 x 4096
+    = 256 MiB per layer and in-flight micro-batch."""
+    return graphs_per_layer(model, kind, scope) * GRAPH_STATIC_BUFFERS * BF16_BYTES * x.t_sp \
+        * model.hidden_size
+
+
+def capacity_scale_ppm(capacity_factor: float) -> int:
+    """The expert-side skew (parts per million over balanced routing,
+    :func:`oracle.inventory.moe_tensors`' ``imbalance_ppm``) of token-drop MoE padded to
+    ``capacity_factor``: every expert processes exactly ``capacity = C x (tokens x top-k) /
+    experts`` rows (Megatron-Core ``moe/moe_utils.py::get_capacity``; with
+    ``moe_pad_expert_input_to_capacity`` the router pads each expert's input to it,
+    ``router.py``), so the expert tensors scale by ``C`` whatever the routing, and the
+    dropless routing-imbalance allowance (``moe_routing_imbalance``) does not apply: ``ppm(C) -
+    1e6``. The per-expert ceiling of ``get_capacity`` (below one row per expert) is ignored.
+    Worked example: C 1.25 -> 250,000; C 1.0 -> 0 (balanced)."""
+    return ppm(capacity_factor) - PPM
+
+
+def a2a_overlap_bytes(model: ModelSpec, x: ActShape, capacity_factor: float | None) -> int:
+    """Bytes of the second micro-batch's MoE dispatch and combine buffers under the all-to-all
+    overlap schedule: ``2 x rows x h`` bf16 with ``rows = t_sp x top-k x etp`` (scaled by the
+    capacity factor under token-drop), the tokens one MoE layer's all-to-all delivers to the rank
+    and the expert output its combine sends back.
+
+    Source: Megatron-Core ``pipeline_parallel/combined_1f1b.py``: with
+    ``--overlap-moe-expert-parallel-comm`` each step runs one micro-batch's forward beside
+    another's backward, layer by layer, so the forward micro-batch's dispatched tokens and the
+    backward micro-batch's combine gradients are in flight at once (one layer of each). Worked
+    example: Mixtral 8x22B (h 6144, top-2), mbs 1, seq 8192, tp 1, etp 1: 2 x 2 B x 16384 x 6144
+    = 384 MiB."""
+    scale = PPM if capacity_factor is None else PPM + capacity_scale_ppm(capacity_factor)
+    rows = x.t_sp * model.moe_top_k * x.etp * scale // PPM
+    return 2 * BF16_BYTES * rows * model.hidden_size
+
+
 @dataclass(frozen=True)
 class ActivationUnits:
     """Bytes per micro-batch per rank (layer 2): one layer of each kind with all its activations
@@ -622,6 +785,12 @@ class ActivationUnits:
     mamba_layer: int = 0
     attention_backward: int = 0
     mamba_backward: int = 0
+    # run settings (0 without them): CUDA-graph static buffers per layer of each kind and
+    # in-flight micro-batch, the all-to-all overlap's second dispatch buffers
+    graph_dense: int = 0
+    graph_moe: int = 0
+    graph_attention: int = 0
+    a2a_overlap: int = 0
 
 
 def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
@@ -649,10 +818,14 @@ def activation_units(
     h = model.hidden_size
     # one layer of each kind: the kept tensors of its blocks (``oracle/inventory.py``)
     present = set(layer_kinds(model)) | ({mtp_kind(model)} if model.num_mtp_layers else set())
+    run = ov.run
+    # token-drop: the experts' tensors are sized by the capacity factor (capacity_scale_ppm)
+    drop_ppm = (0 if run.moe_capacity_factor is None
+                else capacity_scale_ppm(run.moe_capacity_factor))
     block = {
         Block.ATTENTION: kept_bytes(attention_tensors(model, training, x), mods),
         Block.MLP: kept_bytes(dense_mlp_tensors(model, x), mods) if model.ffn_hidden_size else 0,
-        Block.MOE: kept_bytes(moe_tensors(model, x), mods) if model.is_moe else 0,
+        Block.MOE: kept_bytes(moe_tensors(model, x, drop_ppm), mods) if model.is_moe else 0,
         Block.MAMBA: kept_bytes(mamba_tensors(model, x), mods) if model.mamba is not None else 0,
     }
 
@@ -664,7 +837,7 @@ def activation_units(
 
     dense, moe = layer(LayerKind.DENSE), layer(LayerKind.MOE)
     moe_extra = 0
-    if model.is_moe:
+    if model.is_moe and run.moe_capacity_factor is None:  # capacity bounds every expert
         skew = kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
         moe_extra = skew - block[Block.MOE]
     vocab_loc = P.cdiv(P.padded_vocab_size(model.vocab_size, cfg.tp), cfg.tp)
@@ -715,6 +888,14 @@ def activation_units(
         attention_backward=(attention_backward_bytes(model, x)
                             if LayerKind.ATTENTION in hybrid_kinds else 0),
         mamba_backward=mamba_backward_bytes(model, x) if model.mamba is not None else 0,
+        graph_dense=cuda_graph_static_bytes(model, x, LayerKind.DENSE, run.cuda_graph_scope),
+        graph_moe=(cuda_graph_static_bytes(model, x, LayerKind.MOE, run.cuda_graph_scope)
+                   if model.is_moe else 0),
+        graph_attention=(cuda_graph_static_bytes(model, x, LayerKind.ATTENTION,
+                                                 run.cuda_graph_scope)
+                         if LayerKind.ATTENTION in hybrid_kinds else 0),
+        a2a_overlap=(a2a_overlap_bytes(model, x, run.moe_capacity_factor)
+                     if model.is_moe and run.moe_a2a_overlap else 0),
     )
 
 
@@ -948,6 +1129,9 @@ def combine(
     t["cp_buffers"] = c.has_layers * au.cp_buffers
     t["pipeline_buffers"] = au.pipeline_buffers
     t["sp_gather_buffer"] = au.sp_buffer
+    t["cuda_graph_buffers"] = (c.inflight_dense * au.graph_dense + c.inflight_moe * au.graph_moe
+                               + c.inflight_attention * au.graph_attention)
+    t["a2a_overlap_buffers"] = c.has_moe * au.a2a_overlap
     t["runtime_context"] = ov.runtime_context_bytes
     t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group
     t["dispatcher_buffers"] = ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0

@@ -145,6 +145,12 @@ class RunTraits:
     reduce-scatter run between the GEMMs.
     ``fp8_rowwise``: the FP8 recipe is torchao's row-wise scaling (see
     :data:`CAST_BYTES_PER_ELEMENT`); ignored without FP8.
+    ``moe_capacity_factor``: token-drop MoE padded to this capacity factor (Megatron-LM
+    ``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``, tune-cp
+    ``--moe-token-drop C``): every expert processes, and the all-to-all moves, ``C`` times the
+    balanced token copies (padding included), so the expert GEMMs, their element-wise work and
+    the dispatch bytes scale by ``C``; None: 1 (dropless, or a published row whose capacity is
+    not stated).
     ``moe_dropless``: MoE layers route without a capacity limit (Megatron-Core's default,
     ``--moe-expert-capacity-factor`` unset): each layer copies its token counts to the host, so
     the host cannot run ahead of the GPU across it (:func:`host_exposed`, and at every pipeline
@@ -173,6 +179,7 @@ class RunTraits:
     moe_dropless: bool = True
     cuda_graph_scope: tuple[str, ...] = ()
     moe_a2a_overlap: bool = False
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         bad = sorted(set(self.cuda_graph_scope) - set(GRAPH_BITS))
@@ -231,6 +238,8 @@ class ConfigBatch:
     graph_mask: np.ndarray | None = None
     #: RunTraits.moe_a2a_overlap (None: all False)
     a2a_overlap: np.ndarray | None = None
+    #: RunTraits.moe_capacity_factor, 1.0 when None (None: all 1.0)
+    capacity: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -276,6 +285,7 @@ class ConfigBatch:
             dropless=np.array([t.moe_dropless for t in traits], dtype=bool),
             graph_mask=np.array([t.graph_mask for t in traits], dtype=np.int64),
             a2a_overlap=np.array([t.moe_a2a_overlap for t in traits], dtype=bool),
+            capacity=np.array([t.moe_capacity_factor or 1.0 for t in traits], dtype=np.float64),
             grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
         )
 
@@ -309,6 +319,7 @@ class ConfigBatch:
         moe_dropless: Any = True,
         cuda_graph_mask: Any = 0,
         moe_a2a_overlap: Any = False,
+        moe_capacity_factor: Any = 1.0,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
@@ -348,6 +359,7 @@ class ConfigBatch:
             tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
             graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
+            capacity=b(moe_capacity_factor, np.float64),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -359,6 +371,8 @@ class ConfigBatch:
             cuda_graph_scope=() if self.graph_mask is None else tuple(
                 k for k, bit in GRAPH_BITS.items() if int(self.graph_mask[i]) & bit),
             moe_a2a_overlap=False if self.a2a_overlap is None else bool(self.a2a_overlap[i]),
+            moe_capacity_factor=(None if self.capacity is None or self.capacity[i] == 1.0
+                                 else float(self.capacity[i])),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -821,6 +835,9 @@ def build_work(
     for ops in block_gemms(model, T, Tsp, tp, ep, etp).values():
         for op in ops:
             gemm(op.slot, op.m, op.n, op.k, op.count)
+    # token-drop padded to a capacity factor: the experts' GEMMs run on C x the token copies
+    cap = np.ones(n) if b.capacity is None else b.capacity
+    M[:, EXP_SLOTS] = M[:, EXP_SLOTS] * cap[:, None]
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -843,7 +860,8 @@ def build_work(
     width = model.moe_latent_size or h
     if model.is_moe:
         fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
-        rows = Tsp * k * etp  # token copies this rank's experts process
+        # token copies this rank's experts process (x the capacity factor under token-drop)
+        rows = Tsp * k * etp * cap
         fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
         fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
     else:
@@ -985,7 +1003,8 @@ def build_work(
         span = b.etp * b.ep
         per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
         ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
-        disp = Tsp * k * width * BF16  # bytes one rank dispatches (bf16 token copies)
+        # bytes one rank dispatches (bf16 token copies; padded to the capacity under token-drop)
+        disp = Tsp * k * width * BF16 * cap
         a2a_intra = disp * (ep_local - 1) / ep
         a2a_inter = disp * (ep - ep_local) / ep
         nodes = ep / ep_local

@@ -57,6 +57,7 @@ from tune_cp.oracle.memory import (
 from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
+    Dispatcher,
     Fp8Recipe,
     ModelSpec,
     ParallelConfig,
@@ -267,7 +268,7 @@ def expert_layout(ctx: RuleContext) -> list[Violation]:
         out.append(Violation("expert_layout", f"pp x ep x etp ({c.pp} x {c.ep} x {c.etp_} = {prod}) "
                              f"must divide the {w} GPUs so the expert-data-parallel size is whole; "
                              f"{hint}", ("ep", "etp") if legal_ep else ("etp",)))
-    return out
+    return out + setting_violations(ctx, "expert_layout")
 
 
 def expert_tensor_parallel(ctx: RuleContext) -> list[Violation]:
@@ -365,7 +366,7 @@ def virtual_pipeline(ctx: RuleContext) -> list[Violation]:
                                  f"micro-batches (ga = {m}) to be a multiple of pp ({c.pp}); "
                                  f"change gbs or mbs so that ga is in "
                                  f"{fmt_set(c.pp * i for i in range(1, 5))}..."))
-    return out
+    return out + setting_violations(ctx, "virtual_pipeline")
 
 
 def schedule(ctx: RuleContext) -> list[Violation]:
@@ -419,7 +420,7 @@ def recompute(ctx: RuleContext) -> list[Violation]:
         if c.fp8_recipe is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"}:
             out.append(Violation("recompute", "recompute modules moe_act and layernorm are not "
                                  "supported with the delayed FP8 recipe; use tensorwise or drop them"))
-    return out
+    return out + setting_violations(ctx, "recompute")
 
 
 FP8_ARCHITECTURES_MX = frozenset({"blackwell", "cdna4"})
@@ -459,7 +460,7 @@ def dispatcher(ctx: RuleContext) -> list[Violation]:
     if c.dispatcher == "flex" and (not ctx.model.is_moe or c.ep == 1):
         return [Violation("dispatcher", "the flex (DeepEP) dispatcher needs an MoE model with "
                           f"ep > 1 (ep is {c.ep}); use alltoall")]
-    return []
+    return setting_violations(ctx, "dispatcher")
 
 
 def batch(ctx: RuleContext) -> list[Violation]:
@@ -545,6 +546,55 @@ def hbm(ctx: RuleContext) -> list[Violation]:
 
 #: Families in check order. ``batch`` and ``hbm`` need the earlier ones to hold to be meaningful.
 #: The order is also the order of the sequential removal counts of a search.
+def setting_violations(ctx: RuleContext, family: str) -> list[Violation]:
+    """What Megatron-Core refuses of this layout under the run's framework settings
+    (``RunSettings``: CUDA graphs, MoE all-to-all overlap, token-drop), as violations of
+    ``family`` (``recompute``, ``dispatcher``, ``expert_layout``, ``virtual_pipeline``: the
+    family of the axis to change). Sources: Megatron-Core ``transformer/transformer_config.py``
+    ``__post_init__`` at ``d98e8a64dd``. A search takes the same conditions out of its space
+    (``solver/settings.py::narrow_space``), so the CP-SAT model needs no encoder of its own."""
+    c, o, out = ctx.cfg, ctx.settings.options, []
+    if not (o.cuda_graph_scope or o.moe_a2a_overlap or o.moe_capacity_factor is not None):
+        return out
+    if family == "recompute" and c.recompute is Recompute.FULL:
+        if o.per_layer_graphs:
+            out.append(Violation("recompute", "full recomputation with per-layer CUDA graphs "
+                                 f"(--cuda-graph-scope {','.join(o.cuda_graph_scope)}) is refused "
+                                 "by Megatron-Core ('full recompute is only supported with full "
+                                 "iteration CUDA graph'); use selective or no recomputation, or "
+                                 "full_iteration graphs"))
+        if o.moe_a2a_overlap:
+            out.append(Violation("recompute", "full recomputation with --moe-a2a-overlap is "
+                                 "refused by Megatron-Core ('disable full recomputation when "
+                                 "enabling overlap_moe_expert_parallel_comm'); use selective or "
+                                 "no recomputation"))
+    if (family == "recompute" and o.moe_a2a_overlap and c.recompute is Recompute.SELECTIVE
+            and "moe" in c.recompute_modules):
+        out.append(Violation("recompute", "the moe recompute module with --moe-a2a-overlap is "
+                             "refused by Megatron-Core ('disable moe in recompute_modules when "
+                             "enabling overlap_moe_expert_parallel_comm'); drop it"))
+    if family == "expert_layout" and o.moe_a2a_overlap and c.ep == 1:
+        out.append(Violation("expert_layout", "--moe-a2a-overlap needs ep > 1 (Megatron-Core: "
+                             "'overlap_moe_expert_parallel_comm is only supported with expert "
+                             "model parallelism')", ("ep",)))
+    if family == "dispatcher":
+        if o.moe_a2a_overlap and c.dispatcher is Dispatcher.ALLGATHER:
+            out.append(Violation("dispatcher", "--moe-a2a-overlap needs the alltoall or flex "
+                                 "dispatcher (Megatron-Core: 'overlap_moe_expert_parallel_comm is "
+                                 "supported with alltoall/flex token dispatcher')"))
+        if o.moe_capacity_factor is not None and c.dispatcher is Dispatcher.FLEX:
+            out.append(Violation("dispatcher", "--moe-token-drop pads expert inputs, which the "
+                                 "flex (DeepEP) dispatcher refuses (Megatron-Core: 'Flex token "
+                                 "dispatcher with deepep backend does not support "
+                                 "moe_pad_expert_input_to_capacity'); use alltoall"))
+    if family == "virtual_pipeline" and o.moe_a2a_overlap and c.pp > 1 and c.vpp == 1:
+        out.append(Violation("virtual_pipeline", "--moe-a2a-overlap with pp > 1 needs virtual "
+                             "stages (Megatron-Core: 'virtual_pipeline_model_parallel_size must "
+                             "be specified when pipeline_model_parallel_size > 1'); use vpp > 1",
+                             ("vpp",)))
+    return out
+
+
 RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "world_size": world_size,
     "tensor_parallel": tensor_parallel,

@@ -622,9 +622,8 @@ def test_unmodeled_flags_are_noted_not_dropped_silently():
         "modeled (tune-cp splits evenly or with the embedding and loss as layer slots)",
         "--no-overlap-p2p-communication: without p2p overlap Megatron-LM needs pp > 2 for "
         "virtual stages; tune-cp assumes the overlap",
-        "--moe-expert-capacity-factor 1.25: token dropping at an expert capacity is not modeled "
-        "(dropless assumed)",
-    ]
+    ]  # a capacity factor is a run setting now (RunOptions), without effect on a dense model
+    assert run.options.moe_capacity_factor is None
     assert run.unknown == []
     assert run.config.fp8_param_gather is False  # a bf16 run has no FP8 parameters to gather
 
