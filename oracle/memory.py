@@ -232,14 +232,20 @@ def uneven_stage_layers(
     """Decoder layers of the first and last pipeline stage under an uneven split, as Megatron-LM
     ``--decoder-first/last-pipeline-num-layers`` say them (None: that end is a middle stage).
 
-    ``uneven``: ``(first, last)`` as given. ``light_first`` / ``light_last`` / ``light_ends``:
-    the end stage(s) one layer per virtual stage lighter than a middle stage of ``c`` layers per
-    virtual stage: ``L = vpp (pp c - a - b)`` with ``a``/``b`` = 1 for a lightened end
-    (:data:`oracle.specs.LIGHT_TRIM`), so ``c = (L / vpp + a + b) / pp`` and the lightened end
-    holds ``(c - 1) vpp``. Llama 3.1 405B (126 layers) at pp 16: ``light_ends`` gives 7 + 14 x 8
-    + 7. None when ``c`` is not whole (the split does not exist for this geometry)."""
+    ``uneven``: ``(first, last)`` as given. The light splits: the first / last stage hold ``a``
+    / ``b`` layers per virtual stage fewer than a middle stage of ``c`` layers per virtual stage
+    (:data:`oracle.specs.LIGHT_TRIM`: 1 lighter, -1 heavier, 0 a middle stage):
+    ``L = vpp (pp c - a - b)``, so ``c = (L / vpp + a + b) / pp`` and that end holds
+    ``(c - a) vpp``. Llama 3.1 405B (126 layers) at pp 16: ``light_ends`` gives 7 + 14 x 8 + 7.
+    ``last_to_first``: one layer (not one per virtual stage) moves from the last stage to the
+    first, ``L / pp + 1`` and ``L / pp - 1``, so with vpp > 1 it is not divisible by vpp and
+    not legal; Llama 3 8B (32 layers) at pp 4: 9 + 8 + 8 + 7. None when the counts are not
+    whole (the split does not exist for this geometry)."""
     if split is PipelineSplit.UNEVEN:
         return first, last
+    if split is PipelineSplit.LAST_TO_FIRST:  # one layer, so vpp 1 only (Megatron: % vpp)
+        per_rank, rem = divmod(num_layers, pp)
+        return None if rem or per_rank % vpp else (per_rank + 1, per_rank - 1)
     a, b = LIGHT_TRIM[split]
     if num_layers % vpp:
         return None

@@ -122,10 +122,12 @@ class PipelineSplit(StrEnum):
     ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
     Megatron-Core ``num_layers_in_first/last_pipeline_stage``), over all their virtual stages;
     the other layers divide evenly over the middle stages.
-    ``light_first`` / ``light_last`` / ``light_ends``: the searched uneven splits, ``uneven``
-    with the first / last / both end stages one decoder layer per virtual stage lighter than a
-    middle stage (Meta's Llama 3 405B balance: one layer off the first and the last stage);
-    the counts follow from (layers, pp, vpp): ``oracle/memory.py::uneven_stage_layers``.
+    ``light_first`` / ``light_last`` / ``light_ends``: ``uneven`` with the first / last / both
+    end stages one decoder layer per virtual stage lighter than a middle stage (Meta's Llama 3
+    405B balance: one layer off the first and the last stage); ``last_to_first``: one layer moves
+    from the last stage (output layer, loss, MTP) to the first (the embedding costs little
+    time), so it exists wherever ``even`` does without virtual stages. The counts follow from
+    (layers, pp, vpp): ``oracle/memory.py::uneven_stage_layers``.
     ``layout``: a hand-written layout (:attr:`ParallelConfig.pipeline_layout`, Megatron-LM
     ``--pipeline-model-parallel-layout``).
     """
@@ -136,24 +138,29 @@ class PipelineSplit(StrEnum):
     LIGHT_FIRST = "light_first"
     LIGHT_LAST = "light_last"
     LIGHT_ENDS = "light_ends"
+    LAST_TO_FIRST = "last_to_first"
     LAYOUT = "layout"
 
 
-#: the light (uneven) splits
+#: the light splits: uneven splits whose end stages' layers follow from (layers, pp, vpp)
 LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
-    PipelineSplit.LIGHT_FIRST, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS)
+    PipelineSplit.LIGHT_FIRST, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS,
+    PipelineSplit.LAST_TO_FIRST)
 #: the light splits a search tries beside the automatic one (``solver/space.py::default_space``):
 #: the last stage lighter (its output layer, loss and MTP layers cost time: Llama 3 8B's output
-#: layer is ~2.4 decoder layers of GEMM work) and both ends lighter (Meta's Llama 3 405B
-#: balance). ``light_first`` (the embedding costs little time, and stage 1 holds almost as many
-#: in-flight micro-batches as stage 0) stays a choice for ``check``, not searched: each split
-#: value costs enumeration time
+#: layer is ~2.4 decoder layers of GEMM work), both ends lighter (Meta's Llama 3 405B balance)
+#: and a layer moved from the last stage to the first (the one that competes with ``even``).
+#: ``light_first`` (the embedding costs little time, and stage 1 holds almost as many in-flight
+#: micro-batches as stage 0) stays a choice for ``check``, not searched: each split value costs
+#: enumeration time
 SEARCHED_LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
-    PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS)
-#: layers per virtual stage the light splits take off the (first, last) pipeline stage
+    PipelineSplit.LIGHT_LAST, PipelineSplit.LAST_TO_FIRST)
+#: layers per virtual stage the light splits take off the (first, last) pipeline stage (-1:
+#: one more than a middle stage; ``last_to_first`` moves one layer in all, whatever vpp:
+#: ``oracle/memory.py::uneven_stage_layers``)
 LIGHT_TRIM: dict[PipelineSplit, tuple[int, int]] = {
     PipelineSplit.LIGHT_FIRST: (1, 0), PipelineSplit.LIGHT_LAST: (0, 1),
-    PipelineSplit.LIGHT_ENDS: (1, 1)}
+    PipelineSplit.LIGHT_ENDS: (1, 1), PipelineSplit.LAST_TO_FIRST: (-1, 1)}
 
 
 #: Megatron-Core ``PipelineParallelLayerLayout`` characters: embedding, decoder layer, MTP

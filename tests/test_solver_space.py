@@ -45,7 +45,7 @@ def test_mixtral_4_nodes_default_space():
     assert sp.dispatcher == (Dispatcher.ALLTOALL,) and sp.schedule == (None,)
     # the automatic split and the searched light ones (oracle.specs.SEARCHED_LIGHT_SPLITS)
     assert sp.fp8_recipe == (None,) and sp.pipeline_split == (
-        None, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS)
+        None, PipelineSplit.LIGHT_LAST, PipelineSplit.LAST_TO_FIRST)
     assert sp.size() == sum(len(sp.etp_values(t)) for t in sp.tp) * 6 * 6 * 7 * 4 * 4 * 58 * 3
 
 
