@@ -812,10 +812,10 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
         projection = project(model, cluster, training, outcome.ctx.cfg,
                              calib=settings.calibration, traits=settings.traits)
-        from tune_cp.oracle.uncertainty import load_residuals
+        from tune_cp.oracle.uncertainty import residuals_for
 
-        interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
-                                             projection.tokens_per_s_per_gpu)
+        interval = residuals_for(settings.calibration).interval(
+            model, cluster, training, outcome.ctx.cfg, projection.tokens_per_s_per_gpu)
     exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg,
                             settings.options) if export_fmt else None)
     imported = None if run is None else {

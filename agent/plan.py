@@ -76,9 +76,10 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     tok = scores["tokens_per_s_per_gpu"]
     i = max(range(len(configs)), key=lambda j: (tok[j], -j))
     per_gpu = float(tok[i])
-    from tune_cp.oracle.uncertainty import load_residuals
+    from tune_cp.oracle.uncertainty import residuals_for
 
-    interval = load_residuals().interval(model, cluster, training, configs[i], per_gpu).to_json()
+    interval = residuals_for(settings.calibration).interval(model, cluster, training, configs[i],
+                                                            per_gpu).to_json()
     cluster_tps = per_gpu * world
     seconds = tokens / cluster_tps if tokens else None
     gpu_hours = world * seconds / SECONDS_PER_HOUR if seconds is not None else None

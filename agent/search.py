@@ -56,7 +56,7 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
 )
-from tune_cp.oracle.uncertainty import Interval, load_residuals
+from tune_cp.oracle.uncertainty import Interval, load_residuals, residuals_for
 from tune_cp.oracle.work import ConfigBatch
 from tune_cp.solver.axes import (
     ATTRIBUTION_FIELDS,
@@ -257,8 +257,8 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     adj = adjusted_scores(configs, tokens, prefs)
     # best first; ties broken by the enumeration's deterministic order
     order = np.lexsort((np.arange(len(adj)), -adj)) if len(adj) else np.zeros(0, dtype=int)
-    intervals = load_residuals().intervals(model, cluster, training, configs, tokens) \
-        if configs else []
+    intervals = residuals_for(calibration).intervals(model, cluster, training, configs,
+                                                     tokens) if configs else []
     return Ranked(configs, peak, tokens, adj, order, scores, intervals)
 
 
@@ -512,7 +512,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     top = choose_answer(ranked)
     exhaustive = ev.evaluate(ranked.configs[top], "exhaustive",
                              "best of the feasible set (highest lower bound)")
-    residuals = load_residuals()
+    residuals = residuals_for(opts.calibration)
     # the LLM phase
     reason = "no --lm given: seed phase and exhaustive ranking only"
     if opts.goal:

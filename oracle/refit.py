@@ -285,6 +285,11 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     up = prepare(user)
     before = predict(up, table_constants(shipped, up.archs, up.software))
     after = predict(up, table_constants(table, up.archs, up.software))
+    # the logs' residuals with the refitted constants: projections made with this file take
+    # their interval from them (oracle.uncertainty.residuals_for)
+    assert table.fitted_on is not None
+    table.fitted_on["user_residuals"] = [round(float(x), 4)
+                                         for x in np.log(up.measured / after)]
     out = ClusterCalibration(runs, table, [float(x) for x in before],
                              [float(x) for x in after], [float(x) for x in up.measured],
                              modelled_peaks=[_modelled_peak(r.row, r.measurement.peak_kind)

@@ -30,6 +30,14 @@ always exists. A hybrid configuration never borrows a transformer class: its par
 ``arch=...|moe=hybrid`` and then the pooled hybrid class ``moe=hybrid`` (:data:`HYBRID_POOL`);
 hybrid rows are not in ``all`` or the architecture classes, so they do not widen the
 transformers' intervals.
+
+A cluster's own runs: a calibration file written by ``tune-cp calibrate --log`` records the log
+residuals of the refit in its header (``fitted_on.user_residuals``, ``log(measured / projected)``
+with the refitted constants, :mod:`oracle.refit`). With at least :data:`MIN_CLASS_ROWS` of them,
+:func:`residuals_for` gives every projection made with that file (``--calibration FILE``) the
+interval of those residuals (class :data:`USER_CLASS`): the cluster's own scatter, not the
+published runs'. Those residuals are in-sample (the refit saw the logs), so the interval is never
+narrower than the published class it replaces.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ Q_LO, Q_MID, Q_HI = 0.10, 0.50, 0.90
 #: the value of the ``moe`` feature for hybrid Mamba models, and their pooled class
 HYBRID = "hybrid"
 HYBRID_POOL = f"moe={HYBRID}"
+#: the class of the residuals of a user's logged runs (``calibrate --log``)
+USER_CLASS = "user logs"
 
 
 def vpp_bucket(vpp: int) -> str:
@@ -171,6 +181,49 @@ class ResidualTable:
     def interval(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  cfg: ParallelConfig, projected: float) -> Interval:
         return self.intervals(model, cluster, training, [cfg], np.array([projected]))[0]
+
+
+class UserResidualTable(ResidualTable):
+    """A residual table whose every lookup is the user's logs' class when it is at least as wide
+    as the published class it replaces (else the published class: in-sample log residuals are
+    no licence for a narrower interval)."""
+
+    def __init__(self, data: dict[str, Any], user: ClassInterval) -> None:
+        super().__init__(data)
+        self.user = user
+
+    def lookup(self, features: Sequence[str]) -> ClassInterval:
+        published = super().lookup(features)
+        if self.user.q_hi - self.user.q_lo >= published.q_hi - published.q_lo:
+            return self.user
+        return published
+
+
+def user_interval(residuals: Sequence[float]) -> ClassInterval | None:
+    """The :data:`USER_CLASS` quantiles of a cluster's log residuals; None with fewer than
+    :data:`MIN_CLASS_ROWS`."""
+    r = np.asarray([float(x) for x in residuals], dtype=float)
+    r = r[np.isfinite(r)]
+    if len(r) < MIN_CLASS_ROWS:
+        return None
+    return ClassInterval(USER_CLASS, len(r), float(np.quantile(r, Q_LO)),
+                         float(np.quantile(r, Q_MID)), float(np.quantile(r, Q_HI)))
+
+
+def residuals_for(calibration: str | None = None) -> ResidualTable:
+    """The residual table for projections made with ``calibration`` (a calibration file path;
+    None: the shipped one): the shipped residuals, with the user's logs' class when that file
+    was written by ``calibrate --log`` from at least :data:`MIN_CLASS_ROWS` logs (module
+    docstring)."""
+    table = load_residuals()
+    if not calibration:
+        return table
+    from tune_cp.oracle.constants import load_calibration
+
+    header = load_calibration(calibration).fitted_on or {}
+    raw = header.get("user_residuals") if isinstance(header, dict) else None
+    user = user_interval(raw) if isinstance(raw, list) else None
+    return table if user is None else UserResidualTable(table.data, user)
 
 
 @lru_cache(maxsize=4)
