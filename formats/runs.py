@@ -419,6 +419,36 @@ BRIDGE_CPU_OFFLOAD_LAYERS: dict[tuple[str, str, str | None], int] = {
 }
 
 
+#: The pipeline layouts of Megatron-Bridge's DeepSeek-V3 recipes by (pp, vpp), Megatron-LM
+#: ``--pipeline-model-parallel-layout`` spelling: ``set_deepseek_v3_pipeline_model_parallel_layout``
+#: (``src/megatron/bridge/recipes/deepseek/deepseek_v3.py``, ``layout_map``: the embedding on the
+#: first virtual stage with a full share of decoder layers, the MTP layer and the loss on the last
+#: with the remainder: PP16 / PP8 VPP2 / PP4 VPP4 ``[E t*4] [t*4]*14 [t m L]``); PP2 VPP8 uses the same
+#: 16-stage layout (``scripts/performance`` GB300 configs: ``set_deepseek_v3_pipeline_model_parallel_
+#: layout(cfg.model, "Et*4|(t*4|)*14tmL")``), the H100 PP8 VPP4 workload ``Et|(tt|)*30mL``
+#: (``deepseek_workload_base_configs.py``). Rows of other (pp, vpp) keep the automatic split.
+BRIDGE_DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], str] = {
+    (4, 1): "Et*16|t*16|t*16|t*13mL",
+    (8, 1): "Et*8|(t*8|)*6t*5mL",
+    (4, 2): "Et*8|(t*8|)*6t*5mL",
+    (16, 1): "Et*4|(t*4|)*14tmL",
+    (8, 2): "Et*4|(t*4|)*14tmL",
+    (4, 4): "Et*4|(t*4|)*14tmL",
+    (2, 8): "Et*4|(t*4|)*14tmL",
+    (8, 4): "Et|(tt|)*30mL",
+}
+
+
+def recipe_layout(row: dict[str, str], model: ModelSpec, pp: int, vpp: int) -> str | None:
+    """The pipeline layout a Megatron-Bridge DeepSeek-V3 row ran (:data:`BRIDGE_DEEPSEEK_V3_LAYOUTS`),
+    None elsewhere."""
+    if "megatron-bridge" not in row.get("framework", "").lower() or model.name != "deepseek-v3":
+        return None
+    if model.num_mtp_layers != 1:
+        return None
+    return BRIDGE_DEEPSEEK_V3_LAYOUTS.get((pp, vpp))
+
+
 def recipe_fragmentation(row: dict[str, str], model: ModelSpec, fsdp: bool) -> float | None:
     """0 where the recipe runs PyTorch's allocator with ``expandable_segments:True`` (Megatron-
     Bridge ``scripts/performance/utils/executors.py::PERF_ENV_VARS``; its ``perf_plugins.py``
@@ -701,8 +731,11 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision)
     recipe_set = recipe_run_settings(row, model.name, gname,
                                      recipe.value if recipe is not None else None)
+    layout = recipe_layout(row, model, pp, vpp)
+    if layout is not None:
+        out.notes.append(f"pipeline layout {layout} (Megatron-Bridge DeepSeek-V3 recipe)")
     cfg = ParallelConfig(
-        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, pipeline_layout=layout,
         fsdp=fsdp, distributed_optimizer=not opt.startswith("none"),
         dispatcher=row_dispatcher(row, model, gname, recipe_set),
         schedule=_schedule(row, vpp),
@@ -713,6 +746,8 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         out.reason = f"pp*vpp = {pp * vpp} exceeds the {model.num_layers} layers"
         return
     resolved = resolve_config(cfg, model, cluster, training)
+    if not row.get("recompute", "").strip():
+        resolved = _unstated_recompute(resolved, model, cluster, training, row, out.notes)
     try:  # a row the time model cannot evaluate is unrepresentable, not a crash
         from tune_cp.oracle.work import ConfigBatch, build_work
 
@@ -731,6 +766,38 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
     if offload and fsdp and "megatron-bridge" in row.get("framework", "").lower():
         out.recipe_notes.append(f"CPU offloading of {offload} layers' activations (recipe "
                                 f"cpu_offloading_num_layers; not modelled)")
+
+
+#: A row that states no recompute and needs more than this many times its GPU's HBM without
+#: recomputation (by :func:`oracle.memory.memory_report`, recipe memory settings applied) must have
+#: recomputed: tune-cp's memory model is at most ~1.5x conservative on the published runs that ran
+#: without a stated recompute (``benchmarks/memory.py``: 45 rows at 1.01-1.48x), so beyond twice
+#: the HBM no conservativeness explains the run. Such a row is read with full recomputation of
+#: every layer (Megatron ``--recompute-granularity full --recompute-method uniform``), with a note.
+UNSTATED_RECOMPUTE_MEMORY_FACTOR = 2.0
+
+
+def _unstated_recompute(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec,
+                        training: TrainingSpec, row: dict[str, str],
+                        notes: list[str]) -> ParallelConfig:
+    """``cfg`` with full recomputation when a row without a stated recompute cannot have run
+    without it (:data:`UNSTATED_RECOMPUTE_MEMORY_FACTOR`), else ``cfg``."""
+    from tune_cp.oracle.memory import memory_report
+
+    rc, _ = recipe_settings(row, model, cfg.fp8_recipe)
+    try:
+        peak = memory_report(model, cluster, training, cfg.model_copy(update=rc)).peak_bytes
+    except (ConfigError, ValueError, ZeroDivisionError):
+        return cfg
+    hbm = cluster.gpu.hbm_bytes
+    if peak <= UNSTATED_RECOMPUTE_MEMORY_FACTOR * hbm:
+        return cfg
+    notes.append(f"recompute not stated, but without it the run needs {peak / hbm:.1f}x the "
+                 f"{cluster.gpu.name}'s HBM: read as full recomputation of every layer")
+    return resolve_config(cfg.model_copy(update={"recompute": Recompute.FULL,
+                                                 "recompute_method": RecomputeMethod.UNIFORM,
+                                                 "recompute_layers": None}),
+                          model, cluster, training)
 
 
 def read_runs(path: str | Path) -> list[RunRow]:

@@ -469,6 +469,39 @@ def mamba_scan_bytes_per_token(model: ModelSpec, tp: int) -> float:
     return float(BF16_BYTES * (ms.proj + 2 * ms.conv + 2 * ms.d_inner + 2 * ms.d_inner))
 
 
+#: Bytes per element of the SSD kernels' chunk-state traffic through HBM, forward (mamba_ssm
+#: ``ops/triton/ssd_combined.py::_mamba_chunk_scan_combined_fwd``): ``_chunk_state_fwd`` writes the
+#: per-chunk states in fp32 (``states_in_fp32=True``, 4), ``_state_passing_fwd`` reads them (4)
+#: and writes the passed states in the activation dtype (bf16, 2), ``_chunk_scan_fwd`` reads
+#: those (2).
+SSD_STATE_BYTES_PER_ELEMENT = 12
+#: Bytes per element of the intra-chunk ``C B^T`` matrix, forward: ``_bmm_chunk_fwd`` writes it
+#: in fp32 (``output_dtype=torch.float32``, 4), ``_chunk_scan_fwd`` reads it (4).
+SSD_CB_BYTES_PER_ELEMENT = 8
+#: The SSD backward (``_mamba_chunk_scan_combined_bwd``) first recomputes the forward's
+#: cumsum, ``C B^T``, chunk states and state passing (the states are not saved:
+#: ``oracle/inventory.py::mamba_tensors``), then runs the gradient kernels, which move about
+#: twice the forward's bytes and FLOPs (the element-wise convention of ``oracle/timing.py``):
+#: backward = 1 (recompute) + 2 forward units.
+SSD_BACKWARD_FORWARD_UNITS = 3.0
+
+
+def mamba_ssd_state_bytes_per_token(model: ModelSpec, tp: int) -> float:
+    """HBM bytes per token of the SSD scan's intermediates on one tp rank, forward: the chunk
+    states, ``H/tp`` heads of ``P x N`` per chunk of ``Q`` tokens
+    (:data:`SSD_STATE_BYTES_PER_ELEMENT`), and ``C B^T``, ``Q`` elements per token and group
+    (:data:`SSD_CB_BYTES_PER_ELEMENT`). The Triton SSD kernels exchange these through HBM
+    between their five launches, so at state 128 they outweigh the bf16 activations the scan
+    reads and writes (:func:`mamba_scan_bytes_per_token`). Worked example, Nemotron 3 Nano (64
+    heads of 64, state 128, 8 groups, chunk 128), tp 1: 64 x 64 x 128 x 12 / 128 + 8 x 128 x 8
+    = 49,152 + 8,192 = 57,344 B per token."""
+    m = model.mamba
+    assert m is not None
+    heads, groups = P.cdiv(m.num_heads, tp), max(1, P.cdiv(m.num_groups, tp))
+    states = heads * m.head_dim * m.state_dim * SSD_STATE_BYTES_PER_ELEMENT / m.chunk_size
+    return float(states + groups * m.chunk_size * SSD_CB_BYTES_PER_ELEMENT)
+
+
 def mamba_gemms(model: ModelSpec, tp: float) -> dict[str, tuple[float, float]]:
     """The mixer's GEMMs as ``{slot: (N, K)}`` per token (M = tokens on the rank): ``in_proj``
     ``h -> (2 d_inner + 2 G N + H) / tp`` (column-parallel) and ``out_proj``

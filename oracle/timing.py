@@ -44,6 +44,7 @@ from tune_cp.oracle.host import (
     layer_host_time,
     mamba_host_time,
 )
+from tune_cp.oracle.inventory import SSD_BACKWARD_FORWARD_UNITS
 from tune_cp.oracle.schedule import chunk_boundary_host, pipeline_bubble
 from tune_cp.oracle.work import (
     ATTN_SLOTS,
@@ -261,8 +262,11 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     moe_fwd = nh * attn_f + moe_f + nh * comm_attn_f + comm_moe_f
     # hybrid layer kinds: attention only, Mamba mixer (backward: twice the forward)
     attn_only_fwd = attn_f + comm_attn_f
-    mamba_f = g_mamba + scan_f + ew_mamba + cf_mamba
-    mamba_b = 2 * g_mamba + 2 * scan_f + 2 * ew_mamba + cb_mamba
+    # the SSD scan and its HBM intermediates; its backward recomputes the forward scan first
+    # (inventory.SSD_BACKWARD_FORWARD_UNITS)
+    ssd_f = scan_f + w.hybrid.ssd_bytes / hbm
+    mamba_f = g_mamba + ssd_f + ew_mamba + cf_mamba
+    mamba_b = 2 * g_mamba + SSD_BACKWARD_FORWARD_UNITS * ssd_f + 2 * ew_mamba + cb_mamba
     comm_mamba_f, comm_mamba_b = tp_mamba_f + cp_mamba, tp_mamba_b + cp_mamba
     mamba_fwd = mamba_f + comm_mamba_f
     rc_attn_only = (
@@ -313,7 +317,7 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     bucket["mlp_gemm"] = nd * col(3 * g_mlp)
     bucket["expert_gemm"] = nm * col(3 * (g_exp + g_sh)) + nm * col(3 * g_lat)
     bucket["router"] = nm * col(3 * g_router)
-    bucket["mamba_mixer"] = nmb * col(3 * g_mamba + 3 * scan_f)
+    bucket["mamba_mixer"] = nmb * col(3 * g_mamba + (1 + SSD_BACKWARD_FORWARD_UNITS) * ssd_f)
     bucket["elementwise"] = (
         nl * col(3 * ew_attn + cf_attn + cb_attn) + nd * col(3 * ew_mlp + cf_mlp + cb_mlp)
         + nm * col(3 * ew_moe + cf_moe + cb_moe)

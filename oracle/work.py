@@ -55,6 +55,7 @@ from tune_cp.oracle.inventory import (
     mamba_cp_all_to_all_elements,
     mamba_scan_bytes_per_token,
     mamba_scan_flops_per_token,
+    mamba_ssd_state_bytes_per_token,
     mtp_kind,
 )
 from tune_cp.oracle.memory import (
@@ -656,6 +657,8 @@ class HybridWork:
     chunk: np.ndarray
     ew_mamba: np.ndarray
     cp_bytes: np.ndarray
+    #: forward HBM bytes of the SSD intermediates (``mamba_ssd_state_bytes_per_token``)
+    ssd_bytes: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -768,7 +771,7 @@ def mamba_work(model: ModelSpec, b: ConfigBatch, T: np.ndarray, Tsp: np.ndarray)
     if model.mamba is None:
         zero = np.zeros(n)
         return HybridWork(is_hybrid=flag, scan_flops=zero, chunk=np.ones(n), ew_mamba=zero,
-                          cp_bytes=zero)
+                          cp_bytes=zero, ssd_bytes=zero)
     h = model.hidden_size
     cp = b.cp.astype(np.float64)
     return HybridWork(
@@ -779,6 +782,7 @@ def mamba_work(model: ModelSpec, b: ConfigBatch, T: np.ndarray, Tsp: np.ndarray)
                                             b.tp) + Tsp * h * 6),
         cp_bytes=np.where(b.cp > 1, T * BF16 * (cp - 1) / cp * _per_tp(
             lambda t: mamba_cp_all_to_all_elements(model, t), b.tp), 0.0),
+        ssd_bytes=T * _per_tp(lambda t: mamba_ssd_state_bytes_per_token(model, t), b.tp),
     )
 
 

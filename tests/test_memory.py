@@ -391,7 +391,10 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
     """benchmarks/memory.py's second table: the published runs (measured, recompute column
     blank) tune-cp still calls out of memory once the framework recipe's memory settings
     (formats.runs.recipe_settings: Megatron-Bridge bf16 gradients, FP8 parameters, DeepSeek-V3
-    selective recompute, expandable segments) are applied; 47 from the columns alone."""
+    selective recompute, expandable segments) are applied; 46 from the columns alone. AMD's
+    Llama 3.1 70B FP8 FSDP64 mbs 4 row (436, 3.3x the MI325X's HBM without recomputation) is
+    read with full recomputation since issue 12 round 3 (formats/runs.py::
+    UNSTATED_RECOMPUTE_MEMORY_FACTOR), so it fits and is no longer on either list."""
     import csv
     from pathlib import Path
 
@@ -414,5 +417,5 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
             if r.recipe_fragmentation is not None else M.MemoryOverheads()
         if M.memory_report(r.model, r.cluster, r.training, r.recipe_cfg(), ov).peak_bytes > hbm:
             over.append(r.row_id)
-    assert len(over_cols) == 47
-    assert over == ["231", "252", "264", "290", "299", "303", "436"]
+    assert len(over_cols) == 46
+    assert over == ["231", "252", "264", "290", "299", "303"]

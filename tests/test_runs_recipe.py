@@ -1,0 +1,44 @@
+"""What the published rows' framework recipes make the projections charge (``formats/runs.py``):
+the DeepSeek-V3 recipe layouts, and full recomputation for a row that cannot have run without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tune_cp.formats.runs import read_runs
+from tune_cp.oracle.specs import PipelineSplit, Recompute
+
+RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r.row_id: r for r in read_runs(RUNS)}
+
+
+@pytest.mark.parametrize("row_id, layout", [
+    ("131", "Et*4|(t*4|)*14tmL"),   # B300 PP16
+    ("2", "Et*4|(t*4|)*14tmL"),     # GB200 PP4 VPP4
+    ("83", "Et*4|(t*4|)*14tmL"),    # GB300 PP2 VPP8
+    ("43", "Et*8|(t*8|)*6t*5mL"),   # B300 PP8
+    ("285", "Et|(tt|)*30mL"),       # H100 PP8 VPP4
+])
+def test_deepseek_v3_rows_carry_the_recipe_layout(rows, row_id, layout):
+    cfg = rows[row_id].cfg
+    assert cfg.pipeline_layout == layout and cfg.pipeline_split is PipelineSplit.LAYOUT
+
+
+def test_deepseek_v3_own_run_keeps_the_automatic_split(rows):
+    """Row 433 (DeepSeek's DualPipe run, not a Megatron-Bridge recipe)."""
+    assert rows["433"].cfg.pipeline_layout is None
+
+
+def test_unstated_recompute_that_cannot_fit_reads_as_full(rows):
+    """AMD's Llama 3.1 70B FP8 FSDP64 mbs 4 on MI325X (row 436) states no recompute and needs
+    3.3x the HBM without it; the BF16 mbs 1 twin (437) fits and stays without recompute."""
+    r436, r437 = rows["436"], rows["437"]
+    assert r436.cfg.recompute is Recompute.FULL
+    assert any("recompute not stated" in n for n in r436.notes)
+    assert r437.cfg.recompute is Recompute.NONE
