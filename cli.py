@@ -526,7 +526,9 @@ def describe_setting(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     )
 
 
-def describe_config(cfg: ParallelConfig) -> str:
+def describe_config(cfg: ParallelConfig, model: ModelSpec | None = None) -> str:
+    from tune_cp.oracle.memory import split_label
+
     parts = [cfg.label(), f"mbs {cfg.mbs}", f"ga {cfg.ga}"]
     if cfg.recompute is Recompute.FULL:
         n = "all layers" if cfg.recompute_layers is None else f"{cfg.recompute_layers} layer(s)"
@@ -544,6 +546,8 @@ def describe_config(cfg: ParallelConfig) -> str:
         parts.append("sequence parallel")
     if cfg.fp8_recipe is not None:
         parts.append(f"fp8 {cfg.fp8_recipe.value}")
+    if model is not None and (split := split_label(model, cfg)):
+        parts.append(split)
     return ", ".join(parts)
 
 
@@ -840,7 +844,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                          "unmodelled": "warning: these change memory or time and are not "
                                        "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
-    echo(f"config: {describe_config(outcome.ctx.cfg)}")
+    echo(f"config: {describe_config(outcome.ctx.cfg, outcome.ctx.model)}")
     if settings.options.label():
         echo(f"run settings: {settings.options.label()}")
     echo()

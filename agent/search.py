@@ -481,7 +481,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     timings["rank_s"] = time.perf_counter() - t1
 
     ev = Evaluator(model, cluster, training, opts.settings,
-                   projector=_projector(opts.calibration, traits))
+                   projector=_projector(opts.calibration, traits),
+                   batch_projector=_batch_projector(opts.calibration, traits))
     # baseline
     ref: Reference | None = None
     if opts.baseline is not None:
@@ -577,6 +578,15 @@ def _projector(calibration: str | None, traits: Any = None):
 
     def run(model, cluster, training, cfg):
         return project(model, cluster, training, cfg, calib=calibration, traits=traits)
+
+    return run
+
+
+def _batch_projector(calibration: str | None, traits: Any = None):
+    from tune_cp.oracle.projection import project_many
+
+    def run(model, cluster, training, cfgs):
+        return project_many(model, cluster, training, cfgs, calib=calibration, traits=traits)
 
     return run
 

@@ -88,6 +88,9 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "precision": compute_precision(training, cfg).value,
         "fp8_recipe": cfg.fp8_recipe.value if cfg.fp8_recipe is not None else None,
         "pipeline_split": cfg.pipeline_split.value if cfg.pipeline_split else None,
+        "first_stage_layers": cfg.first_stage_layers,
+        "last_stage_layers": cfg.last_stage_layers,
+        "pipeline_layout": cfg.pipeline_layout,
     }
 
 

@@ -30,9 +30,16 @@ from typing import Any
 
 from tune_cp.formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
 from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
-from tune_cp.oracle.memory import FULL_ITERATION, RunOptions, pipeline_chunks
+from tune_cp.oracle.memory import (
+    FULL_ITERATION,
+    RunOptions,
+    pipeline_chunks,
+    split_fields,
+    uneven_stage_layers,
+)
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
+    LIGHT_SPLITS,
     Activation,
     ClusterSpec,
     ConfigError,
@@ -64,8 +71,20 @@ def max_chunk_layers(model: ModelSpec, cfg: ParallelConfig) -> int:
     """Decoder layers of the largest virtual stage (``cfg`` resolved)."""
     assert cfg.pipeline_split is not None
     stages = pipeline_chunks(model.num_layers, model.num_mtp_layers, cfg.pp, cfg.vpp,
-                             cfg.pipeline_split)
+                             cfg.pipeline_split, *split_fields(cfg))
     return max(len(chunk.layers) for stage in stages for chunk in stage)
+
+
+def end_stage_layers(model: ModelSpec, c: ParallelConfig) -> tuple[int | None, int | None]:
+    """What ``--decoder-first/last-pipeline-num-layers`` say for the configuration's split
+    (the light splits' counts from ``oracle.memory.uneven_stage_layers``); (None, None) for
+    the other splits."""
+    if c.pipeline_split not in (PipelineSplit.UNEVEN, *LIGHT_SPLITS):
+        return None, None
+    assert c.pipeline_split is not None
+    ends = uneven_stage_layers(model.num_layers, c.pp, c.vpp, c.pipeline_split,
+                               c.first_stage_layers, c.last_stage_layers)
+    return ends if ends is not None else (None, None)
 
 
 def canonical_config(
@@ -194,11 +213,17 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
     out: list[tuple[str, Any]] = [(KNOB_DEST["tp"], c.tp), (KNOB_DEST["pp"], c.pp)]
-    if c.vpp > 1:
+    if c.pipeline_layout is not None:  # the layout gives the virtual stages (pp x vpp)
+        out.append((KNOB_DEST["pipeline_layout"], c.pipeline_layout))
+    elif c.vpp > 1:
         out.append((KNOB_DEST["vpp"], c.vpp))
     if c.pipeline_split is PipelineSplit.EMBEDDING_LOSS:
         out += [("account_for_embedding_in_pipeline_split", True),
                 ("account_for_loss_in_pipeline_split", True)]
+    for field, n in zip(("first_stage_layers", "last_stage_layers"), end_stage_layers(model, c),
+                        strict=True):
+        if n is not None:
+            out.append((KNOB_DEST[field], n))
     out.append((KNOB_DEST["cp"], c.cp))
     if model.is_moe or c.ep > 1:
         out.append((KNOB_DEST["ep"], c.ep))
@@ -458,7 +483,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     out: list[tuple[str, Any]] = [
         (KNOB_DEST["tp"], c.tp),
         (KNOB_DEST["pp"], c.pp),
-        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 else None),
+        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 and c.pipeline_layout is None else None),
         (KNOB_DEST["cp"], c.cp),
         (KNOB_DEST["ep"], c.ep),
         (KNOB_DEST["etp"], c.etp_ if model.is_moe else None),
@@ -466,6 +491,10 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         ("account_for_embedding_in_pipeline_split",
          c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
         ("account_for_loss_in_pipeline_split", c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
+        *((dest, v) for dest, v in (
+            (KNOB_DEST["first_stage_layers"], end_stage_layers(model, c)[0]),
+            (KNOB_DEST["last_stage_layers"], end_stage_layers(model, c)[1]),
+            (KNOB_DEST["pipeline_layout"], c.pipeline_layout)) if v is not None),
         *_batch_args(model, training, c),
     ]
     if c.recompute is Recompute.FULL:
@@ -617,9 +646,9 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out.append(("model.pipeline_dtype", "torch.bfloat16"))
     out += [
         (KNOB_BRIDGE["vpp"], repr(c.vpp if c.vpp > 1 else None)),
-        ("model.pipeline_model_parallel_layout", "None"),
-        ("model.num_layers_in_first_pipeline_stage", "None"),
-        ("model.num_layers_in_last_pipeline_stage", "None"),
+        (KNOB_BRIDGE["pipeline_layout"], repr(c.pipeline_layout)),
+        (KNOB_BRIDGE["first_stage_layers"], repr(end_stage_layers(model, c)[0])),
+        (KNOB_BRIDGE["last_stage_layers"], repr(end_stage_layers(model, c)[1])),
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
         ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
         (KNOB_BRIDGE["cp"], repr(c.cp)),

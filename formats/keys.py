@@ -115,6 +115,14 @@ CONFIG_KEYS: dict[str, Key] = {
     "virtual_pipeline_model_parallel_size": Key(Kind.INT, lo=1, cli=False),
     "account_for_embedding_in_pipeline_split": BOOL,
     "account_for_loss_in_pipeline_split": BOOL,
+    # uneven first/last stages and hand-written layouts (arguments.py::_add_distributed_args)
+    "decoder_first_pipeline_num_layers": _int(),
+    "decoder_last_pipeline_num_layers": _int(),
+    "pipeline_model_parallel_layout": Key(Kind.STR),
+    # their TransformerConfig names, which Primus YAML and Megatron-Bridge also take; no
+    # Megatron-LM flag
+    "num_layers_in_first_pipeline_stage": Key(Kind.INT, lo=1, cli=False),
+    "num_layers_in_last_pipeline_stage": Key(Kind.INT, lo=1, cli=False),
     "micro_batch_size": _int(),
     "global_batch_size": _int(),
     "seq_length": _int(),
@@ -271,14 +279,6 @@ class Unmodeled:
 
 
 UNMODELED: dict[str, Unmodeled] = {
-    "decoder_first_pipeline_num_layers": Unmodeled(
-        _int(), "uneven first/last pipeline stages are not modeled (tune-cp splits evenly or with "
-        "the embedding and loss as layer slots)"),
-    "decoder_last_pipeline_num_layers": Unmodeled(
-        _int(), "uneven first/last pipeline stages are not modeled"),
-    "pipeline_model_parallel_layout": Unmodeled(
-        Key(Kind.STR), "custom pipeline layouts are not modeled; virtual stages come from the "
-        "other arguments"),
     "microbatch_group_size_per_vp_stage": Unmodeled(
         Key(Kind.INT, lo=1, flag="--microbatch-group-size-per-virtual-pipeline-stage"),
         "tune-cp assumes the default group size (pp)"),

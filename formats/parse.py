@@ -52,6 +52,7 @@ from tune_cp.oracle.specs import (
     Schedule,
     Spec,
     TrainingSpec,
+    parse_pipeline_layout,
     validation_message,
 )
 
@@ -321,11 +322,13 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
                               f"({FRAMEWORK_NAME[r.flavor]} default)")
     layout = _layout(r, num_layers, kw["pp"])
     if layout is not None:
-        split, kw["vpp"] = layout
+        split, kw["vpp"], kw["pipeline_layout"] = layout
         kw["pipeline_split"] = split
     else:
         split = _pipeline_split(r)
         kw["pipeline_split"] = split
+        if split is PipelineSplit.UNEVEN:
+            kw["first_stage_layers"], kw["last_stage_layers"] = _uneven_stages(r)
         kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
     kw["mbs"] = _batch(r)
     kw["sequence_parallel"] = r.get("sequence_parallel", state=kw["tp"] > 1)
@@ -372,48 +375,83 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     )
 
 
-LAYOUT_ITEM = re.compile(r"([EtLm])(?:\*(\d+))?")
-
-
-def _layout(r: _Reader, num_layers: int | None, pp: int) -> tuple[PipelineSplit, int] | None:
-    """``pipeline_model_parallel_layout`` ("Et*5|t*6|...|t*5,L": ``|`` between virtual stages,
-    E embedding, t a decoder layer, L the loss) when it is one of the splits tune-cp models:
-    every stage the same number of layers (even), or the embedding and the loss taking one
-    layer's place in the first and last stage (embedding_loss). None when absent or another
-    layout (then noted as not modelled)."""
+def _layout(r: _Reader, num_layers: int | None,
+            pp: int) -> tuple[PipelineSplit, int, str | None] | None:
+    """``pipeline_model_parallel_layout`` ("Et*3|(tt|)*29,m|L": ``|`` between virtual stages, E
+    embedding, t a decoder layer, m an MTP layer, L the loss; Megatron-Core's syntax,
+    :func:`oracle.specs.parse_pipeline_layout`): ``(split, vpp, layout)``. Every stage the same
+    number of layers is the even split, the embedding and the loss taking one layer's place in
+    the first and last stage the embedding_loss split (layout None); any other layout is the
+    layout split, checked against the model by the ``pipeline_split`` rule. None when absent."""
     text = r.get("pipeline_model_parallel_layout", state=False)
-    if not text or num_layers is None:
+    if not text:
         return None
-    stages = [s.replace(",", "").replace(" ", "") for s in str(text).split("|")]
-    counts, marks = [], []
-    for stage in stages:
-        items = LAYOUT_ITEM.findall(stage)
-        if "".join(k + (f"*{n}" if n else "") for k, n in items) != stage:
-            return None
-        counts.append(sum(int(n or 1) for k, n in items if k == "t"))
-        marks.append("".join(k for k, _ in items if k in "ELm"))
-    if len(stages) % pp or sum(counts) != num_layers or "m" in "".join(marks):
-        return None
-    if marks[0] != "E" or marks[-1] != "L" or any(marks[1:-1]) or len(stages) < 2:
-        return None
+    text = str(text)
+    try:
+        stages = parse_pipeline_layout(text)
+    except ValueError as e:
+        raise r.fail("pipeline_model_parallel_layout", str(e)) from e
+    if len(stages) % pp:
+        raise r.fail("pipeline_model_parallel_layout", f"has {len(stages)} virtual stages, not a "
+                     f"multiple of pipeline_model_parallel_size {pp} (Megatron-Core asserts it)")
+    if "".join(stages).count("L") > 1:
+        raise r.fail("pipeline_model_parallel_layout", "several loss slots (L: the MTP loss "
+                     "split) are not modelled; tune-cp models one L, in the last stage")
     vpp = len(stages) // pp
-    if len(set(counts)) == 1:
-        split = PipelineSplit.EVEN
-    elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
-        split = PipelineSplit.EMBEDDING_LOSS
-    else:
-        return None
-    r.raw.values.pop("pipeline_model_parallel_layout", None)  # read: no "not modelled" note
-    r.raw.note(f"pipeline_model_parallel_layout {text} is the {split.value} split over "
-               f"{len(stages)} virtual stages (pp {pp} x vpp {vpp})")
-    return split, vpp
+    counts = [st.count("t") for st in stages]
+    marks = ["".join(ch for ch in st if ch != "t") for st in stages]
+    split = PipelineSplit.LAYOUT
+    if (num_layers is not None and sum(counts) == num_layers and len(stages) >= 2
+            and marks[0] == "E" and marks[-1] == "L" and not any(marks[1:-1])
+            and all(st == "E" + "t" * n or st == "t" * n + "L" or st == "t" * n
+                    for st, n in zip(stages, counts, strict=True))):
+        if len(set(counts)) == 1:
+            split = PipelineSplit.EVEN
+        elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
+            split = PipelineSplit.EMBEDDING_LOSS
+    r.raw.note(f"pipeline_model_parallel_layout {text} is "
+               + (f"the {split.value} split" if split is not PipelineSplit.LAYOUT else "a layout")
+               + f" over {len(stages)} virtual stages (pp {pp} x vpp {vpp})")
+    return split, vpp, text if split is PipelineSplit.LAYOUT else None
+
+
+#: the uneven end stages' arguments: Megatron-LM flag dest, TransformerConfig field (Primus YAML
+#: and Megatron-Bridge also take it)
+UNEVEN_KEYS: dict[str, tuple[str, str]] = {
+    "first": ("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
+    "last": ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage"),
+}
+
+
+def _uneven_given(r: _Reader) -> bool:
+    return any(r.given(d) for pair in UNEVEN_KEYS.values() for d in pair)
+
+
+def _uneven_stages(r: _Reader) -> tuple[int | None, int | None]:
+    """``--decoder-first/last-pipeline-num-layers`` (or their TransformerConfig names)."""
+    out: list[int | None] = []
+    for flag, field in UNEVEN_KEYS.values():
+        if r.given(flag) and r.given(field) and r.get(flag) != r.get(field):
+            raise r.fail(flag, f"and {r.label(field)} ({r.get(field)}) disagree; give one")
+        out.append(r.get(flag) if r.given(flag) else r.get(field) if r.given(field) else None)
+    return out[0], out[1]
 
 
 def _pipeline_split(r: _Reader) -> PipelineSplit:
     """``--account-for-embedding/loss-in-pipeline-split``: both -> embedding_loss, neither ->
-    even (Megatron-LM never picks a split by itself)."""
+    even (Megatron-LM never picks a split by itself); ``--decoder-first/last-pipeline-num-layers``
+    -> uneven (Megatron-Core refuses them together with the account-for flags)."""
     emb = r.get("account_for_embedding_in_pipeline_split", state=False)
     loss = r.get("account_for_loss_in_pipeline_split", state=False)
+    if _uneven_given(r):
+        if emb or loss:
+            only = "account_for_embedding" if emb else "account_for_loss"
+            raise r.fail(UNEVEN_KEYS["first"][0] if r.given(UNEVEN_KEYS["first"][0])
+                         else UNEVEN_KEYS["last"][0],
+                         f"cannot go with {only}_in_pipeline_split (Megatron-Core "
+                         f"TransformerConfig refuses uneven stages with the embedding or loss as "
+                         f"layer slots); drop one")
+        return PipelineSplit.UNEVEN
     if emb and loss:
         return PipelineSplit.EMBEDDING_LOSS
     if emb or loss:
@@ -444,6 +482,9 @@ def _virtual_stages(r: _Reader, pp: int, num_layers: int | None, split: Pipeline
                    "but Megatron-LM resets it unless it comes from "
                    "num_virtual_stages_per_pipeline_rank; write that key instead")
         return value
+    if split is PipelineSplit.UNEVEN:
+        raise r.fail(dest, f"does not go with uneven first/last stages (Megatron-LM asserts it); "
+                     f"give {r.spell('num_virtual_stages_per_pipeline_rank')}")
     if num_layers is None:
         raise r.fail(dest, "needs the number of layers to give the virtual stages per rank; add "
                      f"{r.spell('num_layers')} or pass --model")

@@ -96,6 +96,7 @@ from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the
 )
 from tune_cp.oracle.specs import (
     GIB,
+    LIGHT_TRIM,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -108,6 +109,7 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Spec,
     TrainingSpec,
+    parse_pipeline_layout,
 )
 
 MIB = 2**20
@@ -315,8 +317,62 @@ class Chunk:
     mtp_layers: int
 
 
+def uneven_stage_layers(
+    num_layers: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None,
+) -> tuple[int | None, int | None] | None:
+    """Decoder layers of the first and last pipeline stage under an uneven split, as Megatron-LM
+    ``--decoder-first/last-pipeline-num-layers`` say them (None: that end is a middle stage).
+
+    ``uneven``: ``(first, last)`` as given. The light splits: the first / last stage hold ``a``
+    / ``b`` layers per virtual stage fewer than a middle stage of ``c`` layers per virtual stage
+    (:data:`oracle.specs.LIGHT_TRIM`: 1 lighter, -1 heavier, 0 a middle stage):
+    ``L = vpp (pp c - a - b)``, so ``c = (L / vpp + a + b) / pp`` and that end holds
+    ``(c - a) vpp``. Llama 3.1 405B (126 layers) at pp 16: ``light_ends`` gives 7 + 14 x 8 + 7.
+    ``last_to_first``: one layer (not one per virtual stage) moves from the last stage to the
+    first, ``L / pp + 1`` and ``L / pp - 1``, so with vpp > 1 it is not divisible by vpp and
+    not legal; Llama 3 8B (32 layers) at pp 4: 9 + 8 + 8 + 7. None when the counts are not
+    whole (the split does not exist for this geometry)."""
+    if split is PipelineSplit.UNEVEN:
+        return first, last
+    if split is PipelineSplit.LAST_TO_FIRST:  # one layer, so vpp 1 only (Megatron: % vpp)
+        per_rank, rem = divmod(num_layers, pp)
+        return None if rem or per_rank % vpp else (per_rank + 1, per_rank - 1)
+    a, b = LIGHT_TRIM[split]
+    if num_layers % vpp:
+        return None
+    c, rem = divmod(num_layers // vpp + a + b, pp)
+    if rem:
+        return None
+    return ((c - a) * vpp if a else None, (c - b) * vpp if b else None)
+
+
+def uneven_chunk_sizes(num_layers: int, pp: int, vpp: int, first: int | None,
+                       last: int | None) -> list[int]:
+    """Decoder layers per virtual stage ``v = j pp + r`` of an uneven split, as Megatron-Core
+    builds them (``transformer_block.py::get_num_layers_to_build``,
+    ``transformer_layer.py::get_transformer_layer_offset``): the first / last rank holds
+    ``first`` / ``last`` layers split evenly over its ``vpp`` chunks, every middle rank
+    ``(L - first - last) / middle ranks``, also split over its chunks; layers are numbered in
+    virtual-stage order. Floor divisions where the counts do not divide (illegal, see
+    ``solver/rules.py::split_problem``)."""
+    middle_ranks = pp - (first is not None) - (last is not None)
+    middle = num_layers - (first or 0) - (last or 0)
+    per_middle = max(0, middle) // middle_ranks if middle_ranks > 0 else 0
+
+    def rank_layers(r: int) -> int:
+        if r == 0 and first is not None:
+            return first
+        if r == pp - 1 and last is not None:
+            return last
+        return per_middle
+
+    return [rank_layers(r) // vpp for _ in range(vpp) for r in range(pp)]
+
+
 def pipeline_chunks(
-    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None, layout: str | None = None,
 ) -> list[list[Chunk]]:
     """Chunks of every physical stage: ``result[stage][j]`` is virtual stage ``j * pp + stage``
     (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...).
@@ -324,28 +380,56 @@ def pipeline_chunks(
     ``even``: virtual stage v holds layers [v L/V, (v+1) L/V) with V = pp * vpp; the embedding
     rides on v = 0, the output layer, loss and MTP layers on v = V - 1.
     ``embedding_loss``: slots = embedding, L layers, MTP layers, loss; virtual stage v holds slots
-    [v S/V, (v+1) S/V) with S = L + 2 + mtp. Where S or L does not divide (illegal, see
-    ``solver/rules.py``), the floor boundaries still give a total order, so nothing crashes.
+    [v S/V, (v+1) S/V) with S = L + 2 + mtp.
+    ``uneven`` and the light splits: :func:`uneven_chunk_sizes` of :func:`uneven_stage_layers`
+    (``first`` / ``last``: ``ParallelConfig.first_stage_layers`` / ``last_stage_layers``);
+    embedding on v = 0, output, loss and MTP on v = V - 1 as under ``even``.
+    ``layout``: virtual stage v is stage v of :func:`oracle.specs.parse_pipeline_layout`
+    (``layout``: ``ParallelConfig.pipeline_layout``), its ``t`` the next decoder layers, ``E``
+    the embedding, ``L`` the output layer and loss, ``m`` MTP layers.
+    Where the counts do not divide (illegal, see ``solver/rules.py``), the floor boundaries
+    still give a total order (the last virtual stage takes what is left), so nothing crashes.
     """
     n_virtual = pp * vpp
     chunks: list[Chunk] = []
-    if split is PipelineSplit.EVEN:
-        for v in range(n_virtual):
-            lo, hi = v * num_layers // n_virtual, (v + 1) * num_layers // n_virtual
-            last = v == n_virtual - 1
-            chunks.append(Chunk(v, tuple(range(lo, hi)), v == 0, last, num_mtp if last else 0))
-    else:
+    if split is PipelineSplit.EMBEDDING_LOSS:
         slots = num_layers + 2 + num_mtp
         for v in range(n_virtual):
             lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
             layers = tuple(i - 1 for i in range(lo, hi) if 1 <= i <= num_layers)
             mtp = sum(1 for i in range(lo, hi) if num_layers < i <= num_layers + num_mtp)
             chunks.append(Chunk(v, layers, lo == 0, hi == slots, mtp))
+        return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+    if split is PipelineSplit.LAYOUT and layout is not None:
+        stages = list(parse_pipeline_layout(layout)[:n_virtual])
+        stages += [""] * (n_virtual - len(stages))
+        lo = 0
+        for v, st in enumerate(stages):
+            hi = min(num_layers, lo + st.count("t"))
+            chunks.append(Chunk(v, tuple(range(lo, hi)), "E" in st, "L" in st, st.count("m")))
+            lo = hi
+        return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+    ends = (uneven_stage_layers(num_layers, pp, vpp, split, first, last)
+            if split not in (PipelineSplit.EVEN, PipelineSplit.LAYOUT) and pp > 1 else None)
+    if ends is None or ends == (None, None):
+        bounds = [v * num_layers // n_virtual for v in range(n_virtual + 1)]
+    else:
+        sizes = uneven_chunk_sizes(num_layers, pp, vpp, *ends)
+        bounds = [0]
+        for size in sizes[:-1]:
+            bounds.append(min(num_layers, bounds[-1] + size))
+        bounds.append(num_layers)
+    for v in range(n_virtual):
+        last_v = v == n_virtual - 1
+        chunks.append(Chunk(v, tuple(range(bounds[v], bounds[v + 1])), v == 0, last_v,
+                            num_mtp if last_v else 0))
     return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
 
 
 @lru_cache(maxsize=4096)
-def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit) -> int:
+def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+                     first: int | None = None, last: int | None = None,
+                     layout: str | None = None) -> int:
     """Decoder layers of the largest virtual stage, from :func:`pipeline_chunks` itself (the one
     place the split is computed; ``solver/rules.py::layers_per_chunk`` and
     ``solver/space.py::max_layers_per_chunk`` call this). Under ``embedding_loss`` the embedding
@@ -353,7 +437,8 @@ def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: Pi
     DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 + 33 with 31 decoder layers in
     the largest chunk, not 32."""
     return max(
-        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split) for ch in stage),
+        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split,
+                                                     first, last, layout) for ch in stage),
         default=0,
     )
 
@@ -484,12 +569,18 @@ def stage_counts_by_kind(
     recompute: Recompute,
     method: RecomputeMethod,
     k: int | None,
+    first: int | None = None,
+    last: int | None = None,
+    layout: str | None = None,
 ) -> tuple[StageCounts, ...]:
     """``kinds``: each decoder layer's kind as an index into :data:`KINDS`
-    (:func:`oracle.inventory.kind_index`); ``mtp_kind``: the kind an MTP layer copies."""
+    (:func:`oracle.inventory.kind_index`); ``mtp_kind``: the kind an MTP layer copies;
+    ``first`` / ``last`` / ``layout``: the uneven and layout splits' fields
+    (:func:`pipeline_chunks`)."""
     nk = len(KINDS)
     result = []
-    for s, chunks in enumerate(pipeline_chunks(len(kinds), num_mtp, pp, vpp, split)):
+    for s, chunks in enumerate(pipeline_chunks(len(kinds), num_mtp, pp, vpp, split,
+                                               first, last, layout)):
         inflight = inflight_per_chunk(pp, vpp, num_microbatches, s)
         live = [0] * nk
         ckpt = emb = out = mtp_in = 0
@@ -563,7 +654,33 @@ def stage_counts(model: ModelSpec, cfg: ParallelConfig) -> tuple[StageCounts, ..
         cfg.recompute,
         cfg.recompute_method,
         cfg.recompute_layers,
+        *split_fields(cfg),
     )
+
+
+def split_label(model: ModelSpec, cfg: ParallelConfig) -> str:
+    """How a resolved configuration's layers split, for the reports: ``""`` for the even and
+    embedding_loss splits (the layout label says enough), else the split with the end stages'
+    decoder layers (``light_ends split: first stage 7, last stage 7 layers``) or the layout."""
+    split = cfg.pipeline_split
+    if split in (None, PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+        return ""
+    if split is PipelineSplit.LAYOUT:
+        return f"layout {cfg.pipeline_layout}"
+    ends = uneven_stage_layers(model.num_layers, cfg.pp, cfg.vpp, split,
+                               cfg.first_stage_layers, cfg.last_stage_layers)
+    if ends is None:
+        return f"{split.value} split"
+    said = [f"{name} stage {n}" for name, n in zip(("first", "last"), ends, strict=True)
+            if n is not None]
+    return f"{split.value} split: {', '.join(said)} layers"
+
+
+def split_fields(cfg: ParallelConfig) -> tuple[int | None, int | None, str | None]:
+    """The split's own values beyond :class:`~oracle.specs.PipelineSplit`: first and last
+    stage layers (``uneven``) and the layout (``layout``), as :func:`pipeline_chunks` takes
+    them."""
+    return cfg.first_stage_layers, cfg.last_stage_layers, cfg.pipeline_layout
 
 
 # ====================================================================== 2a. parameter units

@@ -57,7 +57,13 @@ from tune_cp.oracle.inventory import (
     mamba_scan_flops_per_token,
     mtp_kind,
 )
-from tune_cp.oracle.memory import ParamUnits, param_units, stage_counts_by_kind, stage_params
+from tune_cp.oracle.memory import (
+    ParamUnits,
+    param_units,
+    split_fields,
+    stage_counts_by_kind,
+    stage_params,
+)
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -119,14 +125,41 @@ RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
 DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
 SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
-SPLIT_CODE = {PipelineSplit.EVEN: 0, PipelineSplit.EMBEDDING_LOSS: 1}
+#: pipeline splits by code, with their values (split, first stage layers, last stage layers,
+#: layout): 0 even, 1 embedding_loss, the splits without values next, and every split with
+#: values (uneven, layout) gets the next code the first time this process meets it
+#: (:func:`split_code`; the codes never leave the process)
+SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
+_SPLIT_KEYS: list[SplitKey] = [(s, None, None, None) for s in PipelineSplit
+                               if s not in (PipelineSplit.UNEVEN, PipelineSplit.LAYOUT)]
+_SPLIT_INDEX: dict[SplitKey, int] = {k: i for i, k in enumerate(_SPLIT_KEYS)}
+SPLIT_CODE = {k[0]: i for i, k in enumerate(_SPLIT_KEYS)}
+
+
+def split_code(cfg: ParallelConfig) -> int:
+    """The code of a resolved configuration's split with its values (:data:`_SPLIT_KEYS`)."""
+    assert cfg.pipeline_split is not None
+    key = (cfg.pipeline_split, *split_fields(cfg))
+    code = _SPLIT_INDEX.get(key)
+    if code is None:
+        code = _SPLIT_INDEX[key] = len(_SPLIT_KEYS)
+        _SPLIT_KEYS.append(key)
+    return code
+
+
 FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
             Fp8Recipe.MXFP8: 3}
 MODULE_BITS = {"core_attn": 1, "layernorm": 2, "mlp": 4, "moe": 8, "moe_act": 16,
                "shared_experts": 32, "mla_up_proj": 64}
 _CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
 _CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
-_CODE_SPLIT = {v: k for k, v in SPLIT_CODE.items()}
+
+
+def split_config(code: int) -> dict[str, Any]:
+    """The ``ParallelConfig`` fields of split ``code`` (:func:`split_code`)."""
+    split, first, last, layout = _SPLIT_KEYS[code]
+    return {"pipeline_split": split, "first_stage_layers": first, "last_stage_layers": last,
+            "pipeline_layout": layout}
 
 
 # ============================================================================ config batch
@@ -203,7 +236,7 @@ class ConfigBatch:
     Codes: ``recompute`` 0 none / 1 selective / 2 full; ``recompute_method`` 0 uniform /
     1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
     :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
-    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss; ``fp8`` -1 none /
+    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss / :func:`split_code`; ``fp8`` -1 none /
     0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
     :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
     """
@@ -278,7 +311,7 @@ class ConfigBatch:
             fsdp=arr(lambda c: c.fsdp, bool),
             dispatcher=arr(lambda c: DISPATCH_CODE[c.dispatcher]),
             schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
-            split=arr(lambda c: SPLIT_CODE[c.pipeline_split]),
+            split=arr(split_code),
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
@@ -393,7 +426,7 @@ class ConfigBatch:
             grad_reduce_in_fp32=True if self.grad_fp32 is None else bool(self.grad_fp32[i]),
             dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
             schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
-            fp8_recipe=fp8, pipeline_split=_CODE_SPLIT[int(self.split[i])],
+            fp8_recipe=fp8, **split_config(int(self.split[i])),
         )
 
 
@@ -697,9 +730,10 @@ def _stage_layers(
     """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
     model's own :class:`oracle.memory.StageCounts` (``stage_counts_by_kind``: the one per-stage
     composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
-    counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
+    split_, first, last, layout = _SPLIT_KEYS[split]
+    counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, split_, 1,
                                   _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
-                                  None if k < 0 else k)
+                                  None if k < 0 else k, first, last, layout)
 
     def arr(get: Any) -> np.ndarray:
         return np.array([get(c) for c in counts], dtype=np.int64)

@@ -54,6 +54,7 @@ class FlagKind(StrEnum):
     FLAG = "flag"  # --fsdp (a flag without value; ``negated``: stores False into the field)
     SWITCH = "switch"  # --sequence-parallel / --no-sequence-parallel (unset: derived)
     MODULES = "modules"  # --recompute-modules core_attn,mlp (comma separated)
+    TEXT = "text"  # --pipeline-layout 'Et*3|(tt|)*29,m|L' (a string, as given)
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,27 @@ KNOBS: tuple[Knob, ...] = (
          kind=FlagKind.FLAG, baseline=False, megatron="fp8_param_gather",
          bridge="mixed_precision.fp8_param_gather"),
     Knob("pipeline_split", "pipeline_split", "pipeline-split",
-         "Layer split  [default: even when layers divide, else embedding_loss]",
+         "Layer split: even, embedding_loss (embedding and loss as layer slots), light_first / "
+         "light_last / light_ends (the end stages one layer per virtual stage lighter), uneven "
+         "(--first/last-stage-layers), layout (--pipeline-layout)  [default: even when layers "
+         "divide, else embedding_loss]",
          kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),
+    Knob("first_stage_layers", None, "first-stage-layers",
+         "Uneven split: decoder layers of the first pipeline stage, all its virtual stages "
+         "(Megatron-LM --decoder-first-pipeline-num-layers)", hi=MAX_STAGES, baseline=False,
+         megatron="decoder_first_pipeline_num_layers",
+         bridge="model.num_layers_in_first_pipeline_stage"),
+    Knob("last_stage_layers", None, "last-stage-layers",
+         "Uneven split: decoder layers of the last pipeline stage (Megatron-LM "
+         "--decoder-last-pipeline-num-layers)", hi=MAX_STAGES, baseline=False,
+         megatron="decoder_last_pipeline_num_layers",
+         bridge="model.num_layers_in_last_pipeline_stage"),
+    Knob("pipeline_layout", None, "pipeline-layout",
+         "Hand-written layout (Megatron-LM --pipeline-model-parallel-layout), e.g. "
+         "'Et*3|(tt|)*29,m|L': E embedding, t decoder layer, m MTP layer, L loss, | next "
+         "virtual stage; pp x vpp stages", kind=FlagKind.TEXT, baseline=False,
+         megatron="pipeline_model_parallel_layout",
+         bridge="model.pipeline_model_parallel_layout"),
 )
 
 KNOB: dict[str, Knob] = {k.field: k for k in KNOBS}
@@ -193,7 +213,9 @@ AXIS_TABLE: tuple[Axis, ...] = (
     Axis("ep", "divisors of the expert count (1 for a dense model)"),
     Axis("etp", "from the policy: {1, tp}, tp, or divisors of the expert FFN width"),
     Axis("mbs", "1, 2, 4, 8 up to the global batch"),
-    Axis("pipeline_split", "automatic (even when the layers divide, else embedding_loss)"),
+    Axis("pipeline_split", "automatic (even when the layers divide, else embedding_loss) and "
+                           "the light splits (light_first, light_last, light_ends) where they "
+                           "exist"),
     Axis("schedule", "from vpp (zero-bubble when asked)"),
     Axis("fp8_recipe", "from the training precision (every FP8 recipe when asked)"),
     Axis("dispatcher", "alltoall (flex when asked)"),
