@@ -17,7 +17,7 @@ from typing import Any
 from tune_cp.agent.serialize import config_json
 from tune_cp.oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
 from tune_cp.solver.feasible import enumerate_feasible
-from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.settings import RunSettings, narrow_space
 from tune_cp.solver.space import default_space
 
 SECONDS_PER_HOUR = 3600.0
@@ -61,15 +61,18 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up)
+    # what the framework run settings refuse stays out of the space (solver/settings.py)
+    space, enum_settings = narrow_space(space, settings)
     # the removal counts are not shown: without them the enumeration costs about 40% less
-    enum = enumerate_feasible(model, cluster, training, space, settings=settings,
+    enum = enumerate_feasible(model, cluster, training, space, settings=enum_settings,
                               count_removed=False)
     world = cluster.world_size
     if enum.empty:
         return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
     configs = [fc.config for fc in enum.configs]
-    scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
-                            settings.calibration)
+    scores = score_configs(model, cluster, training,
+                           ConfigBatch.from_configs(configs, settings.traits),
+                           settings.calibration)
     tok = scores["tokens_per_s_per_gpu"]
     i = max(range(len(configs)), key=lambda j: (tok[j], -j))
     per_gpu = float(tok[i])
