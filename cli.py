@@ -1150,11 +1150,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if as_json:
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
+                   "run_settings": run_settings_json(settings.options),
                    "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
-               + (f", {tokens:.3g} tokens" if tokens else ""))
+               + (f", {tokens:.3g} tokens" if tokens else "")
+               + (f"; run settings: {settings.options.label()}"
+                  if settings.options.label() else ""))
     for p in plans:
         click.echo("")
         if p.min_nodes is None:
