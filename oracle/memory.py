@@ -226,6 +226,16 @@ class Chunk:
 def pipeline_chunks(
     num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit
 ) -> list[list[Chunk]]:
+    """:func:`_pipeline_chunks`, remembered: the split depends on none of the cluster, batch or
+    recomputation, so every enumeration of a search or a plan shares it (fresh lists each call;
+    the chunks are frozen)."""
+    return [list(stage) for stage in _pipeline_chunks(num_layers, num_mtp, pp, vpp, split)]
+
+
+@lru_cache(maxsize=8192)
+def _pipeline_chunks(
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit
+) -> tuple[tuple[Chunk, ...], ...]:
     """Chunks of every physical stage: ``result[stage][j]`` is virtual stage ``j * pp + stage``
     (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...).
 
@@ -249,7 +259,7 @@ def pipeline_chunks(
             layers = tuple(i - 1 for i in range(lo, hi) if 1 <= i <= num_layers)
             mtp = sum(1 for i in range(lo, hi) if num_layers < i <= num_layers + num_mtp)
             chunks.append(Chunk(v, layers, lo == 0, hi == slots, mtp))
-    return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+    return tuple(tuple(chunks[j * pp + s] for j in range(vpp)) for s in range(pp))
 
 
 @lru_cache(maxsize=4096)
