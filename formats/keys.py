@@ -777,14 +777,16 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
 
 
 def _launcher_size(raw: RawArgs, name: str, value: str) -> None:
-    if WHOLE_NUMBER.fullmatch(value) and int(value) >= 1:
+    if WHOLE_NUMBER.fullmatch(value) and len(value.lstrip("+-")) <= MAX_INT_DIGITS \
+            and int(value) >= 1:
         if name.lstrip("-").startswith("nnodes"):
             raw.num_nodes = int(value)
         else:
             raw.gpus_per_node = int(value)
         return
     what = "nodes" if name.lstrip("-").startswith("nnodes") else "GPUs per node"
-    raw.note(f"torchrun {name} {value!r} is not a number of {what}; give it to tune-cp directly")
+    raw.note(f"torchrun {name} {_show(value)} is not a number of {what}; give it to tune-cp "
+             "directly")
 
 
 # ----------------------------------------------------------------------------- Primus YAML

@@ -213,3 +213,17 @@ def test_nemotron3_mtp_parameters_match_the_published_checkpoints(name, with_mtp
     assert round(P.total_params(m, include_mtp=True) / 1e9) == with_mtp_b
     if without_mtp_b is not None:
         assert round(P.total_params(m) / 1e9) == without_mtp_b
+
+
+def test_torchrun_sizes_beyond_int64_are_a_note_not_an_internal_error(run_cli, tmp_path):
+    """A launch script's ``torchrun --nproc-per-node`` of 5,000 digits (the campaign's
+    "megatron args" kind, through a script) used to be an internal error (int() past 4300
+    digits); it is not a GPU count, so it is noted, cut, and the flags decide."""
+    script = tmp_path / "launch.sh"
+    script.write_text("#!/bin/bash\ntorchrun --nproc-per-node " + "9" * 5000 + " pretrain_gpt.py"
+                      " --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length "
+                      "2048 --max-position-embeddings 2048 --micro-batch-size 1 "
+                      "--global-batch-size 64 --vocab-size 32000 --bf16\n")
+    code, out, err = run_cli("check", "--megatron-args", script, "--gpu", "h100", "--nodes", "1")
+    assert code in (0, 1), err
+    assert "is not a number of GPUs per node" in out and len(max(out.splitlines(), key=len)) < 2000
