@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from pydantic import ValidationError
 
-from tune_cp.agent.serialize import check_json, cluster_json, model_json, plan_json, strict_json
+from tune_cp.agent.serialize import (
+    check_json,
+    cluster_json,
+    model_json,
+    plan_json,
+    run_settings_json,
+    strict_json,
+)
 from tune_cp.oracle import params as P
 from tune_cp.oracle.inputs import check_output_path, one_line
 from tune_cp.oracle.specs import (
@@ -34,7 +41,7 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from tune_cp.solver.axes import BASELINE_KEYS, KNOB, KNOBS, FlagKind, Knob
+from tune_cp.solver.axes import BASELINE_KEYS, KNOB, KNOBS, RUN_KNOB, FlagKind, Knob
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
@@ -276,6 +283,18 @@ SETTINGS_FLAGS: dict[str, Callable] = {
         "--calibration", "calibration", default=None, metavar="FILE.json",
         help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
              "oracle/catalog/calibration.json, fitted on published runs]"),
+    # the framework run settings, from the registry (solver/axes.py::RUN_KNOBS)
+    "cuda_graph_scope": click.option(
+        f"--{RUN_KNOB['cuda_graph_scope'].flag}", "cuda_graph_scope", default=None,
+        metavar=RUN_KNOB["cuda_graph_scope"].metavar, help=RUN_KNOB["cuda_graph_scope"].help),
+    "moe_a2a_overlap": click.option(
+        f"--{RUN_KNOB['moe_a2a_overlap'].flag}/--no-{RUN_KNOB['moe_a2a_overlap'].flag}",
+        "moe_a2a_overlap", default=False, help=RUN_KNOB["moe_a2a_overlap"].help),
+    "moe_capacity_factor": click.option(
+        f"--{RUN_KNOB['moe_capacity_factor'].flag}", "moe_capacity_factor",
+        type=FiniteFloatRange(0.0, 64.0, min_open=True), default=None,
+        metavar=RUN_KNOB["moe_capacity_factor"].metavar,
+        help=RUN_KNOB["moe_capacity_factor"].help),
 }
 
 
@@ -293,7 +312,32 @@ def run_settings(flags: dict[str, Any]) -> RunSettings:
     from tune_cp.solver.constraints import as_constraints
 
     values["constraints"] = as_constraints(values["constraints"])
+    values["cuda_graph_scope"] = values["cuda_graph_scope"] or ()
     return build("settings", RunSettings, **values)
+
+
+def check_options(model: Any, settings: RunSettings) -> None:
+    """Refuse (one line, exit 2) framework run settings Megatron-Core refuses for ``model``
+    whatever the layout (``solver/settings.py::options_problem``)."""
+    from tune_cp.solver.settings import options_problem
+
+    problem = options_problem(model, settings.options)
+    if problem:
+        fail(problem)
+
+
+def imported_options(ctx: click.Context, run: Any, settings: RunSettings,
+                     notes: list[str]) -> RunSettings:
+    """The run settings of an imported launch (CUDA graphs, all-to-all overlap, token-drop),
+    under the flags given explicitly."""
+    from tune_cp.oracle.memory import RunOptions
+
+    given = {f for f in RunOptions.model_fields
+             if ctx.get_parameter_source(f) is not click.core.ParameterSource.DEFAULT}
+    taken = {f: getattr(run.options, f) for f in RunOptions.model_fields if f not in given}
+    if taken == {f: getattr(settings, f) for f in taken}:
+        return settings
+    return build("settings", settings.with_, **taken)
 
 
 #: The LLM planner's flags (``search --lm ...``), read back by ``LmFlags``.
@@ -369,9 +413,9 @@ def finite_number(what: str, raw: str) -> float:
 
 
 def parse_overheads(items: Sequence[str]) -> MemoryOverheads:
+    from tune_cp.oracle.memory import OVERHEAD_NAMES as fields
     from tune_cp.oracle.memory import MemoryOverheads
 
-    fields = MemoryOverheads.model_fields
     values: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
@@ -459,7 +503,9 @@ def describe_setting(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     )
 
 
-def describe_config(cfg: ParallelConfig) -> str:
+def describe_config(cfg: ParallelConfig, model: ModelSpec | None = None) -> str:
+    from tune_cp.oracle.memory import split_label
+
     parts = [cfg.label(), f"mbs {cfg.mbs}", f"ga {cfg.ga}"]
     if cfg.recompute is Recompute.FULL:
         n = "all layers" if cfg.recompute_layers is None else f"{cfg.recompute_layers} layer(s)"
@@ -477,6 +523,8 @@ def describe_config(cfg: ParallelConfig) -> str:
         parts.append("sequence parallel")
     if cfg.fp8_recipe is not None:
         parts.append(f"fp8 {cfg.fp8_recipe.value}")
+    if model is not None and (split := split_label(model, cfg)):
+        parts.append(split)
     return ", ".join(parts)
 
 
@@ -619,7 +667,7 @@ def export_option(f: Callable) -> Callable:
 
 
 def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                cfg: ParallelConfig) -> str:
+                cfg: ParallelConfig, options: Any = None) -> str:
     from tune_cp.formats import (
         to_megatron_args,
         to_nemo_overrides,
@@ -628,7 +676,7 @@ def export_text(fmt: str, model: ModelSpec, cluster: ClusterSpec, training: Trai
 
     fn = {"megatron": to_megatron_args, "primus": to_primus_overrides,
           "nemo": to_nemo_overrides}[fmt]
-    return fn(model, cluster, training, cfg)
+    return fn(model, cluster, training, cfg, options=options)
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -756,6 +804,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if overrides:
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
+        settings = imported_options(ctx, run, settings, notes)
+    check_options(model, settings)
     if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
     as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8
@@ -772,13 +822,13 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
         projection = project(model, cluster, training, outcome.ctx.cfg,
-                             calib=settings.calibration)
+                             calib=settings.calibration, traits=settings.traits)
         from tune_cp.oracle.uncertainty import load_residuals
 
         interval = load_residuals().interval(model, cluster, training, outcome.ctx.cfg,
                                              projection.tokens_per_s_per_gpu)
-    exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg)
-                if export_fmt else None)
+    exported = (export_text(export_fmt, model, cluster, training, outcome.ctx.cfg,
+                            settings.options) if export_fmt else None)
     imported = None if run is None else {
         "source": run.source, "unknown": run.unknown, "unmodelled": run.unmodelled,
         "ignored": run.ignored,
@@ -786,6 +836,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     if as_json:
         emit_json({"model": model_json(model), "cluster": cluster_json(cluster),
                    "training": training.model_dump(mode="json"), "defaults": defaults,
+                   "run_settings": run_settings_json(settings.options),
                    **check_json(outcome),
                    "projection": projection.model_dump() if projection else None,
                    "interval": interval.to_json() if interval else None,
@@ -804,7 +855,9 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                          "unmodelled": "warning: these change memory or time and are not "
                                        "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
-    echo(f"config: {describe_config(outcome.ctx.cfg)}")
+    echo(f"config: {describe_config(outcome.ctx.cfg, outcome.ctx.model)}")
+    if settings.options.label():
+        echo(f"run settings: {settings.options.label()}")
     echo()
     if outcome.memory is not None:
         for line in render_memory(outcome):
@@ -979,6 +1032,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
 
     # every flag and output path is checked before any work starts (issue 16)
     settings = run_settings(flags)
+    check_options(model, settings)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text) if baseline_text else None
     if baseline is not None:
@@ -1014,8 +1068,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         from tune_cp.agent.plots import pareto_plot
 
         pareto_plot(result, pareto_path, pareto_color)
-    exported = (export_text(export_fmt, model, cluster, training, result.best.config)
-                if export_fmt else None)
+    exported = (export_text(export_fmt, model, cluster, training, result.best.config,
+                            settings.options) if export_fmt else None)
     verified: list[str] = []
     if verify_n:
         from tune_cp.agent.verify import write_verify
@@ -1104,6 +1158,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if plot_path is not None:
         check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
     model = load_model(model_name)
+    check_options(model, settings)
     names = [n.strip() for n in gpu_names.split(",") if n.strip()]
     if not names:
         fail("--gpu: name at least one GPU (see `tune-cp gpus`)")

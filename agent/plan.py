@@ -31,7 +31,7 @@ from tune_cp.oracle.specs import (
     nodes_text,
 )
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible
-from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.settings import RunSettings, narrow_space
 from tune_cp.solver.space import default_space
 
 SECONDS_PER_HOUR = 3600.0
@@ -71,8 +71,10 @@ def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settin
     """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up)
+    # what the framework run settings refuse stays out of the space (solver/settings.py)
+    space, enum_settings = narrow_space(space, settings)
     # the removal counts are not shown: without them the enumeration costs about 40% less
-    return enumerate_feasible(model, cluster, training, space, settings=settings,
+    return enumerate_feasible(model, cluster, training, space, settings=enum_settings,
                               count_removed=False)
 
 
@@ -90,7 +92,8 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     world = cluster.world_size
     if enum.empty:
         return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
-    ranked = rank_feasible(model, cluster, training, enum, (), settings.calibration)
+    ranked = rank_feasible(model, cluster, training, enum, (), settings.calibration,
+                           settings.traits)
     i = choose_answer(ranked)
     cfg = ranked.configs[i]
     per_gpu = float(ranked.tokens[i])

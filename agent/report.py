@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.search import SearchResult
-from tune_cp.oracle.memory import TERMS
-from tune_cp.oracle.specs import GIB, Dispatcher, ParallelConfig, Recompute, Schedule
+from tune_cp.oracle.memory import TERMS, split_label
+from tune_cp.oracle.specs import GIB, Dispatcher, ParallelConfig, PipelineSplit, Recompute, Schedule
 
 # ------------------------------------------------------------------------------ text
 
@@ -32,8 +32,10 @@ def short_layout(c: ParallelConfig) -> str:
 
 
 def variant_label(c: ParallelConfig) -> str:
+    light = c.pipeline_split not in (None, PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS)
     return f"{short_layout(c)} mbs {c.mbs}" + (
-        "" if c.recompute is Recompute.NONE else f" recompute {recompute_label(c)}")
+        "" if c.recompute is Recompute.NONE else f" recompute {recompute_label(c)}") + (
+        f" {c.pipeline_split.value}" if light and c.pipeline_split is not None else "")
 
 
 def pct(x: float) -> str:
@@ -47,6 +49,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
            f"{tr.precision.value}"]
     if r.defaults:
         out.append("defaults: " + "; ".join(r.defaults))
+    run = r.options.settings.options.label()  # the framework run settings, when set
+    if run:
+        out.append(f"run settings: {run}")
     enum = r.enumeration
     removed = ", ".join(f"{k} {v:,}" for k, v in enum.removed.items() if v)
     took = f"{enum.timings.get('total', 0):.1f} s, " if timings else ""
@@ -74,7 +79,8 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         if b.config.schedule_ is Schedule.ZERO_BUBBLE else "",
         ", replicated optimizer" if not b.config.distributed_optimizer and not b.config.fsdp
         else "",
-        f", fp8 {b.config.fp8_recipe.value}" if b.config.fp8_recipe is not None else ""))
+        f", fp8 {b.config.fp8_recipe.value}" if b.config.fp8_recipe is not None else "",
+        f", {split}" if (split := split_label(r.model, b.config)) else ""))
     out.append(f"best: {short_layout(b.config)}, mbs {b.config.mbs}, ga {b.config.ga}, recompute "
                f"{recompute_label(b.config)}{extra}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
                f"{100 * b.projection.mfu:.1f}%, step {b.projection.step_time_s:.2f} s, peak "

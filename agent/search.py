@@ -71,7 +71,7 @@ from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axi
 from tune_cp.solver.explain import Explanation, explain_infeasible
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible
 from tune_cp.solver.rules import RULES, training_precision
-from tune_cp.solver.settings import RunSettings, SettingsView
+from tune_cp.solver.settings import RunSettings, SettingsView, narrow_space
 from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -244,12 +244,14 @@ def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
 
 
 def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                  enum: Enumeration, prefs: Sequence[Preference], calibration: str | None) -> Ranked:
+                  enum: Enumeration, prefs: Sequence[Preference], calibration: str | None,
+                  traits: Any = None) -> Ranked:
+    """``traits``: the run's :class:`oracle.work.RunTraits` (None: the defaults)."""
     configs = [fc.config for fc in enum.configs]
     peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
     if configs:
-        scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
-                               calibration)
+        scores = score_configs(model, cluster, training,
+                               ConfigBatch.from_configs(configs, traits), calibration)
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
     else:
         scores, tokens = {}, np.zeros(0)
@@ -466,18 +468,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
-    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
+    # the framework run settings take what Megatron-Core refuses with them out of the space
+    space, enum_settings = narrow_space(space, opts.settings)
+    enum = enumerate_feasible(model, cluster, training, space, settings=enum_settings,
                               families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
         raise NoFeasibleConfiguration(explain_infeasible(enum.problem))
     t1 = time.perf_counter()
     prefs = list(opts.preferences)
-    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration)
+    traits = opts.settings.traits
+    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration, traits)
     timings["rank_s"] = time.perf_counter() - t1
 
     ev = Evaluator(model, cluster, training, opts.settings,
-                   projector=_projector(opts.calibration))
+                   projector=_projector(opts.calibration, traits),
+                   batch_projector=_batch_projector(opts.calibration, traits))
     # baseline
     ref: Reference | None = None
     if opts.baseline is not None:
@@ -568,11 +574,20 @@ class NoFeasibleConfiguration(Exception):
         self.explanation = explanation
 
 
-def _projector(calibration: str | None):
+def _projector(calibration: str | None, traits: Any = None):
     from tune_cp.oracle.projection import project
 
     def run(model, cluster, training, cfg):
-        return project(model, cluster, training, cfg, calib=calibration)
+        return project(model, cluster, training, cfg, calib=calibration, traits=traits)
+
+    return run
+
+
+def _batch_projector(calibration: str | None, traits: Any = None):
+    from tune_cp.oracle.projection import project_many
+
+    def run(model, cluster, training, cfgs):
+        return project_many(model, cluster, training, cfgs, calib=calibration, traits=traits)
 
     return run
 
@@ -748,12 +763,17 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
     if pinned_rc:
         families = tuple(f for f in (families or RULES) if f != "recompute_dominance")
     narrowed = opts.settings.with_(constraints=tuple(opts.constraints) + tuple(hard))
+    try:  # what the framework run settings refuse stays out (as in the exhaustive search)
+        sub, narrowed = narrow_space(sub, narrowed)
+    except ConfigError as e:
+        return f"rejected: {e}"
     enum = enumerate_feasible(model, cluster, training, sub, settings=narrowed,
                               families=families, count_removed=False)
     configs = [fc.config for fc in enum.configs]
     if not configs:
         return "empty: no legal configuration satisfies it"
-    scores = score_configs(model, cluster, training, ConfigBatch.from_configs(configs),
+    scores = score_configs(model, cluster, training,
+                           ConfigBatch.from_configs(configs, opts.settings.traits),
                            opts.calibration)
     adj = adjusted_scores(configs, np.asarray(scores["tokens_per_s_per_gpu"]), prefs)
     best = configs[int(np.argmax(adj))]

@@ -231,8 +231,10 @@ def seed_phase(ev: Evaluator, baseline: ParallelConfig, allow_fp8: bool = False,
     for rnd in range(1, max_rounds + 1):
         phase = "seed" if rnd == 1 else f"seed round {rnd}"
         start = current
-        round_moves = [(mv, try_move(ev, start.config, mv, phase))
-                       for mv in axis_moves(ev, start.config, allow_fp8)]
+        sweep = list(axis_moves(ev, start.config, allow_fp8))
+        # the round's moves are independent of each other: project them in one batch
+        ev.prefetch([apply(start.config, mv.update) for mv in sweep])
+        round_moves = [(mv, try_move(ev, start.config, mv, phase)) for mv in sweep]
         moves.extend(round_moves)
         improving = sorted(
             ((mv, t) for mv, t in round_moves if t.legal and t.throughput > start.throughput),

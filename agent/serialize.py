@@ -88,6 +88,9 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "precision": compute_precision(training, cfg).value,
         "fp8_recipe": cfg.fp8_recipe.value if cfg.fp8_recipe is not None else None,
         "pipeline_split": cfg.pipeline_split.value if cfg.pipeline_split else None,
+        "first_stage_layers": cfg.first_stage_layers,
+        "last_stage_layers": cfg.last_stage_layers,
+        "pipeline_layout": cfg.pipeline_layout,
     }
 
 
@@ -221,6 +224,15 @@ def group_row(r: SearchResult, g: Any) -> dict[str, Any]:
     return row
 
 
+def run_settings_json(options: Any) -> dict[str, Any]:
+    """The framework run settings a check, search or plan ran with
+    (:class:`oracle.memory.RunOptions`): CUDA-graph scope (``[]``: none), MoE all-to-all
+    overlap, MoE token-drop capacity factor (``null``: dropless)."""
+    return {"cuda_graph_scope": list(options.cuda_graph_scope),
+            "moe_a2a_overlap": options.moe_a2a_overlap,
+            "moe_capacity_factor": options.moe_capacity_factor}
+
+
 def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
     """Everything the text report says. Deterministic for the same inputs unless ``timings``
     adds the wall-clock seconds of each phase."""
@@ -232,6 +244,7 @@ def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
                     "gpus_per_node": r.cluster.gpus_per_node, "world_size": r.cluster.world_size},
         "training": r.training.model_dump(mode="json"),
         "defaults": r.defaults,
+        "run_settings": run_settings_json(r.options.settings.options),
         "best": trial_json(r.best) | {"phase": r.best_phase} | (
             {"interval": r.interval.to_json()} if r.interval else {}),
         "answer_rule": r.rule,

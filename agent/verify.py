@@ -56,6 +56,7 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
     m, cl, tr = result.model, result.cluster, result.training
     written = []
     index = []
+    opts = result.options.settings.options  # the framework run settings searched with
     for k, g in enumerate(groups, 1):
         cfg = result.ranked.configs[g.head]
         name = f"{k:02d}-{_slug(short_layout(cfg))}-mbs{cfg.mbs}"
@@ -64,16 +65,16 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
         iv = result.ranked.intervals[g.head] if result.ranked.intervals else None
         proj = float(result.ranked.tokens[g.head])
         try:
-            meg = to_megatron_args(m, cl, tr, cfg, launcher=False).rstrip("\n")
+            meg = to_megatron_args(m, cl, tr, cfg, launcher=False, options=opts).rstrip("\n")
             meg += " \\\n" + " \\\n".join(f if v is None else f"{f} {v}" for f, v in MEGATRON_BENCH)
             (d / "megatron.args").write_text(meg + "\n")
-            bridge = to_nemo_overrides(m, cl, tr, cfg).rstrip("\n")
+            bridge = to_nemo_overrides(m, cl, tr, cfg, options=opts).rstrip("\n")
             bridge += "\n# short benchmark (tune-cp --verify)\n" + "\n".join(
                 f"cfg.{k2} = {v}" for k2, v in BRIDGE_BENCH)
             (d / "bridge.py").write_text(bridge + "\n")
         except ConfigError as e:
             (d / "NOTE.txt").write_text(f"Megatron-LM / Megatron-Bridge: {e}\n")
-        prim = to_primus_overrides(m, cl, tr, cfg).rstrip("\n")
+        prim = to_primus_overrides(m, cl, tr, cfg, options=opts).rstrip("\n")
         prim += "\n" + "\n".join(f"      {k2}: {v}" for k2, v in PRIMUS_BENCH)
         (d / "primus.yaml").write_text(prim + "\n")
         band = f" (80% interval {iv.low:,.0f}-{iv.high:,.0f})" if iv else ""

@@ -30,9 +30,16 @@ from typing import Any
 
 from tune_cp.formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
 from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
-from tune_cp.oracle.memory import pipeline_chunks
+from tune_cp.oracle.memory import (
+    FULL_ITERATION,
+    RunOptions,
+    pipeline_chunks,
+    split_fields,
+    uneven_stage_layers,
+)
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
+    LIGHT_SPLITS,
     Activation,
     ClusterSpec,
     ConfigError,
@@ -65,8 +72,20 @@ def max_chunk_layers(model: ModelSpec, cfg: ParallelConfig) -> int:
     """Decoder layers of the largest virtual stage (``cfg`` resolved)."""
     assert cfg.pipeline_split is not None
     stages = pipeline_chunks(model.num_layers, model.num_mtp_layers, cfg.pp, cfg.vpp,
-                             cfg.pipeline_split)
+                             cfg.pipeline_split, *split_fields(cfg))
     return max(len(chunk.layers) for stage in stages for chunk in stage)
+
+
+def end_stage_layers(model: ModelSpec, c: ParallelConfig) -> tuple[int | None, int | None]:
+    """What ``--decoder-first/last-pipeline-num-layers`` say for the configuration's split
+    (the light splits' counts from ``oracle.memory.uneven_stage_layers``); (None, None) for
+    the other splits."""
+    if c.pipeline_split not in (PipelineSplit.UNEVEN, *LIGHT_SPLITS):
+        return None, None
+    assert c.pipeline_split is not None
+    ends = uneven_stage_layers(model.num_layers, c.pp, c.vpp, c.pipeline_split,
+                               c.first_stage_layers, c.last_stage_layers)
+    return ends if ends is not None else (None, None)
 
 
 def canonical_config(
@@ -163,15 +182,49 @@ def _dispatcher_and_dtype_args(model: ModelSpec, c: ParallelConfig) -> list[tupl
     return out
 
 
+#: The CUDA-graph implementation tune-cp exports per-layer scopes with (Transformer Engine's
+#: ``make_graphed_callables``, what Megatron-Bridge's recipes use; arguments.py
+#: ``--cuda-graph-impl``).
+PER_LAYER_GRAPH_IMPL = "transformer_engine"
+
+
+def run_option_args(model: ModelSpec, o: RunOptions | None) -> list[tuple[str, Any]]:
+    """Megatron-LM (dest, value) pairs of the framework run settings
+    (``solver/axes.py::RUN_KNOBS``; arguments.py / TransformerConfig at ``d98e8a64dd``):
+    ``--cuda-graph-impl transformer_engine --cuda-graph-modules ...`` or ``--cuda-graph-impl
+    full_iteration --no-check-for-nan-in-loss-and-grad`` (required there, cuda_graph.md);
+    ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``; ``--moe-expert-capacity-factor
+    C --moe-pad-expert-input-to-capacity``. Nothing for the defaults."""
+    o = o or RunOptions()
+    out: list[tuple[str, Any]] = []
+    if FULL_ITERATION in o.cuda_graph_scope:
+        out += [("cuda_graph_impl", FULL_ITERATION), ("check_for_nan_in_loss_and_grad", False)]
+    elif o.cuda_graph_scope:
+        out += [("cuda_graph_impl", PER_LAYER_GRAPH_IMPL),
+                ("cuda_graph_modules", list(o.cuda_graph_scope))]
+    if model.is_moe and o.moe_a2a_overlap:
+        out += [("overlap_moe_expert_parallel_comm", True), ("delay_wgrad_compute", True)]
+    if model.is_moe and o.moe_capacity_factor is not None:
+        out += [("moe_expert_capacity_factor", float(o.moe_capacity_factor)),
+                ("moe_pad_expert_input_to_capacity", True)]
+    return out
+
+
 def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
     out: list[tuple[str, Any]] = [(KNOB_DEST["tp"], c.tp), (KNOB_DEST["pp"], c.pp)]
-    if c.vpp > 1:
+    if c.pipeline_layout is not None:  # the layout gives the virtual stages (pp x vpp)
+        out.append((KNOB_DEST["pipeline_layout"], c.pipeline_layout))
+    elif c.vpp > 1:
         out.append((KNOB_DEST["vpp"], c.vpp))
     if c.pipeline_split is PipelineSplit.EMBEDDING_LOSS:
         out += [("account_for_embedding_in_pipeline_split", True),
                 ("account_for_loss_in_pipeline_split", True)]
+    for field, n in zip(("first_stage_layers", "last_stage_layers"), end_stage_layers(model, c),
+                        strict=True):
+        if n is not None:
+            out.append((KNOB_DEST[field], n))
     out.append((KNOB_DEST["cp"], c.cp))
     if model.is_moe or c.ep > 1:
         out.append((KNOB_DEST["ep"], c.ep))
@@ -357,6 +410,8 @@ def _number(value: float) -> int | float:
 
 
 def _render_flag(dest: str, value: Any) -> str:
+    if value is False:  # a store_false flag (--no-check-for-nan-in-loss-and-grad)
+        return "--no-" + dest.replace("_", "-")
     flag = megatron_flag(dest)
     if value is True:
         return flag
@@ -367,19 +422,20 @@ def _render_flag(dest: str, value: Any) -> str:
 
 def to_megatron_args(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig, *,
-    include_model: bool = True, launcher: bool = False,
+    include_model: bool = True, launcher: bool = False, options: RunOptions | None = None,
 ) -> str:
     """Ready-to-paste Megatron-LM flags for ``cfg`` (after :func:`canonical_config`).
 
     Comment lines first (the setting and how to launch it), then one flag per line joined with
     ``\\``: parallel layout, batch, recompute, optimizer sharding, MoE, precision, and with
     ``include_model`` the model shape (``--vocab-size`` is Megatron-LM's size before padding).
-    ``launcher`` prefixes ``torchrun --nnodes N --nproc-per-node G pretrain_gpt.py``. Data,
-    tokenizer, optimizer hyper-parameters and checkpointing are yours to add.
+    ``launcher`` prefixes ``torchrun --nnodes N --nproc-per-node G pretrain_gpt.py``.
+    ``options``: the framework run settings (:func:`run_option_args`). Data, tokenizer,
+    optimizer hyper-parameters and checkpointing are yours to add.
     """
     c = canonical_config(model, cluster, training, cfg)
     _refuse_zero_bubble(c, "Megatron-LM")
-    pairs = megatron_config_args(model, training, c)
+    pairs = megatron_config_args(model, training, c) + run_option_args(model, options)
     missing: list[str] = []
     if include_model:
         model_pairs, missing = megatron_model_args(model)
@@ -428,7 +484,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     out: list[tuple[str, Any]] = [
         (KNOB_DEST["tp"], c.tp),
         (KNOB_DEST["pp"], c.pp),
-        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 else None),
+        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 and c.pipeline_layout is None else None),
         (KNOB_DEST["cp"], c.cp),
         (KNOB_DEST["ep"], c.ep),
         (KNOB_DEST["etp"], c.etp_ if model.is_moe else None),
@@ -436,6 +492,10 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         ("account_for_embedding_in_pipeline_split",
          c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
         ("account_for_loss_in_pipeline_split", c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
+        *((dest, v) for dest, v in (
+            (KNOB_DEST["first_stage_layers"], end_stage_layers(model, c)[0]),
+            (KNOB_DEST["last_stage_layers"], end_stage_layers(model, c)[1]),
+            (KNOB_DEST["pipeline_layout"], c.pipeline_layout)) if v is not None),
         *_batch_args(model, training, c),
     ]
     if c.recompute is Recompute.FULL:
@@ -500,8 +560,34 @@ def primus_model_overrides(model: ModelSpec) -> tuple[list[tuple[str, Any]], lis
     return list(values.items()), missing
 
 
+def primus_option_overrides(model: ModelSpec, o: RunOptions | None) -> list[tuple[str, Any]]:
+    """Primus keys of the framework run settings, in the spellings of its defaults
+    (``trainer_base.yaml`` / ``language_model.yaml`` at ``fd1eeabbad``): per-layer graphs as
+    ``external_cuda_graph: true`` (Megatron-LM's deprecated spelling of ``--cuda-graph-impl
+    transformer_engine``) with ``cuda_graph_scope: [...]``, full-iteration graphs as
+    ``enable_cuda_graph: true`` (= ``local``) with ``cuda_graph_scope: [full_iteration]``
+    (migrated by Megatron-LM to ``--cuda-graph-impl full_iteration``) and
+    ``check_for_nan_in_loss_and_grad: false``; ``overlap_moe_expert_parallel_comm``,
+    ``delay_wgrad_compute``; ``moe_expert_capacity_factor``, ``moe_pad_expert_input_to_capacity``.
+    Nothing for the defaults."""
+    o = o or RunOptions()
+    out: list[tuple[str, Any]] = []
+    if FULL_ITERATION in o.cuda_graph_scope:
+        out += [("enable_cuda_graph", True), ("cuda_graph_scope", [FULL_ITERATION]),
+                ("check_for_nan_in_loss_and_grad", False)]
+    elif o.cuda_graph_scope:
+        out += [("external_cuda_graph", True), ("cuda_graph_scope", list(o.cuda_graph_scope))]
+    if model.is_moe and o.moe_a2a_overlap:
+        out += [("overlap_moe_expert_parallel_comm", True), ("delay_wgrad_compute", True)]
+    if model.is_moe and o.moe_capacity_factor is not None:
+        out += [("moe_expert_capacity_factor", float(o.moe_capacity_factor)),
+                ("moe_pad_expert_input_to_capacity", True)]
+    return out
+
+
 def to_primus_overrides(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig, *,
+    options: RunOptions | None = None,
 ) -> str:
     """A Primus experiment fragment: ``modules.pre_trainer.overrides`` for ``cfg``. Merge the
     keys into an experiment's overrides (its ``modules.pre_trainer.model`` names the model's
@@ -524,6 +610,7 @@ def to_primus_overrides(
     model_pairs, missing = primus_model_overrides(model)
     taken = {k for k, _ in model_pairs}
     pairs = [(k, v) for k, v in primus_overrides(model, training, c) if k not in taken]
+    pairs += primus_option_overrides(model, options)
     pairs += model_pairs
     if missing:
         lines.insert(len(lines) - 3, f"# not expressible as Primus keys: {'; '.join(missing)}")
@@ -560,9 +647,9 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out.append(("model.pipeline_dtype", "torch.bfloat16"))
     out += [
         (KNOB_BRIDGE["vpp"], repr(c.vpp if c.vpp > 1 else None)),
-        ("model.pipeline_model_parallel_layout", "None"),
-        ("model.num_layers_in_first_pipeline_stage", "None"),
-        ("model.num_layers_in_last_pipeline_stage", "None"),
+        (KNOB_BRIDGE["pipeline_layout"], repr(c.pipeline_layout)),
+        (KNOB_BRIDGE["first_stage_layers"], repr(end_stage_layers(model, c)[0])),
+        (KNOB_BRIDGE["last_stage_layers"], repr(end_stage_layers(model, c)[1])),
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
         ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
         (KNOB_BRIDGE["cp"], repr(c.cp)),
@@ -685,8 +772,37 @@ def bridge_model_fields() -> frozenset[str]:
     return frozenset(json.loads(BRIDGE_FIELDS_FILE.read_text())["fields"])
 
 
+def nemo_option_assignments(model: ModelSpec, o: RunOptions | None) -> list[tuple[str, str]]:
+    """Megatron-Bridge fields of the framework run settings (``067f987df0``:
+    ``utils/cuda_graph.py::set_cuda_graph_modules`` / ``set_full_iteration_cuda_graph``, and the
+    performance scripts' ``overrides.py``, which turn on the TE RNG tracker for CUDA graphs and
+    turn off the NaN check for full-iteration graphs; ``training/comm_overlap.py``
+    ``overlap_moe_expert_parallel_comm`` / ``delay_wgrad_compute``; the model provider's
+    ``moe_expert_capacity_factor`` / ``moe_pad_expert_input_to_capacity``). Nothing for the
+    defaults."""
+    o = o or RunOptions()
+    out: list[tuple[str, str]] = []
+    if o.cuda_graph_scope:
+        full = FULL_ITERATION in o.cuda_graph_scope
+        out += [("model.cuda_graph_impl", json.dumps(FULL_ITERATION if full
+                                                     else PER_LAYER_GRAPH_IMPL)),
+                ("model.cuda_graph_modules", "[]" if full else json.dumps(
+                    list(o.cuda_graph_scope))),
+                ("rng.te_rng_tracker", "True"), ("model.use_te_rng_tracker", "True")]
+        if full:
+            out.append(("rerun_state_machine.check_for_nan_in_loss", "False"))
+    if model.is_moe and o.moe_a2a_overlap:
+        out += [("comm_overlap.overlap_moe_expert_parallel_comm", "True"),
+                ("comm_overlap.delay_wgrad_compute", "True")]
+    if model.is_moe and o.moe_capacity_factor is not None:
+        out += [("model.moe_expert_capacity_factor", repr(float(o.moe_capacity_factor))),
+                ("model.moe_pad_expert_input_to_capacity", "True")]
+    return out
+
+
 def to_nemo_overrides(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cfg: ParallelConfig, *,
+    options: RunOptions | None = None,
 ) -> str:
     """Python assignment lines for a Megatron-Bridge (NeMo 2) recipe: run them on the
     ``ConfigContainer`` ``cfg`` a recipe function returns, before ``pretrain(cfg, ...)``. FP8 is
@@ -709,6 +825,7 @@ def to_nemo_overrides(
     lines += imports
     lines.append("")
     lines += [f"cfg.{path} = {expr}" for path, expr in nemo_assignments(model, training, c)]
+    lines += [f"cfg.{path} = {expr}" for path, expr in nemo_option_assignments(model, options)]
     lines += ["", f"# the model tune-cp checked ({model.name}), on the recipe's model provider"]
     if model.is_hybrid:
         lines.append("# (a hybrid Mamba model: start from a recipe whose provider is a "

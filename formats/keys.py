@@ -116,6 +116,14 @@ CONFIG_KEYS: dict[str, Key] = {
     "virtual_pipeline_model_parallel_size": Key(Kind.INT, lo=1, cli=False),
     "account_for_embedding_in_pipeline_split": BOOL,
     "account_for_loss_in_pipeline_split": BOOL,
+    # uneven first/last stages and hand-written layouts (arguments.py::_add_distributed_args)
+    "decoder_first_pipeline_num_layers": _int(),
+    "decoder_last_pipeline_num_layers": _int(),
+    "pipeline_model_parallel_layout": Key(Kind.STR),
+    # their TransformerConfig names, which Primus YAML and Megatron-Bridge also take; no
+    # Megatron-LM flag
+    "num_layers_in_first_pipeline_stage": Key(Kind.INT, lo=1, cli=False),
+    "num_layers_in_last_pipeline_stage": Key(Kind.INT, lo=1, cli=False),
     "micro_batch_size": _int(),
     "global_batch_size": _int(),
     "seq_length": _int(),
@@ -168,6 +176,24 @@ CONFIG_KEYS: dict[str, Key] = {
     "patch_primus_pipeline": Key(Kind.BOOL, cli=False),
     "pp_algorithm": Key(Kind.STR, cli=False),
     "make_vocab_size_divisible_by": _int(),
+    # framework run settings (solver/axes.py::RUN_KNOBS; formats/parse.py::_run_options):
+    # CUDA graphs (arguments.py / TransformerConfig at d98e8a64dd: --cuda-graph-impl,
+    # --cuda-graph-modules, the hidden deprecated --cuda-graph-scope (dest
+    # cuda_graph_scope_deprecated), the deprecated --enable-cuda-graph / --external-cuda-graph;
+    # Primus trainer_base.yaml: enable_cuda_graph, external_cuda_graph, cuda_graph_scope)
+    "cuda_graph_impl": Key(Kind.CHOICE,
+                           choices=("none", "local", "transformer_engine", "full_iteration")),
+    "cuda_graph_modules": Key(Kind.LIST),
+    "cuda_graph_scope_deprecated": Key(Kind.LIST, flag="--cuda-graph-scope"),
+    "cuda_graph_scope": Key(Kind.LIST, cli=False),
+    "enable_cuda_graph": BOOL,
+    "external_cuda_graph": BOOL,
+    # MoE all-to-all overlap (combined 1F1B) and its delayed weight gradients
+    "overlap_moe_expert_parallel_comm": BOOL,
+    "delay_wgrad_compute": BOOL,
+    # token-drop MoE (TransformerConfig: a negative capacity factor means dropless)
+    "moe_expert_capacity_factor": Key(Kind.FLOAT),
+    "moe_pad_expert_input_to_capacity": BOOL,
 }
 
 # Arguments that describe the model (enough of them build a ModelSpec when no --model is given).
@@ -254,14 +280,6 @@ class Unmodeled:
 
 
 UNMODELED: dict[str, Unmodeled] = {
-    "decoder_first_pipeline_num_layers": Unmodeled(
-        _int(), "uneven first/last pipeline stages are not modeled (tune-cp splits evenly or with "
-        "the embedding and loss as layer slots)"),
-    "decoder_last_pipeline_num_layers": Unmodeled(
-        _int(), "uneven first/last pipeline stages are not modeled"),
-    "pipeline_model_parallel_layout": Unmodeled(
-        Key(Kind.STR), "custom pipeline layouts are not modeled; virtual stages come from the "
-        "other arguments"),
     "microbatch_group_size_per_vp_stage": Unmodeled(
         Key(Kind.INT, lo=1, flag="--microbatch-group-size-per-virtual-pipeline-stage"),
         "tune-cp assumes the default group size (pp)"),
@@ -270,14 +288,9 @@ UNMODELED: dict[str, Unmodeled] = {
         "without p2p overlap Megatron-LM needs pp > 2 for virtual stages; tune-cp assumes the "
         "overlap", neutral=(None, True)),
     "first_last_layers_bf16": Unmodeled(BOOL, "bf16 first/last layers in FP8 runs are not modeled"),
-    "moe_expert_capacity_factor": Unmodeled(
-        Key(Kind.FLOAT), "token dropping at an expert capacity is not modeled (dropless assumed)"),
-    "moe_pad_expert_input_to_capacity": Unmodeled(BOOL, "capacity padding is not modeled"),
     "moe_router_force_load_balancing": Unmodeled(
         BOOL, "routing is forced balanced (a benchmark setting), as tune-cp's default "
         "moe_routing_imbalance=0 assumes; for real routing set --overhead moe_routing_imbalance=0.5"),
-    "overlap_moe_expert_parallel_comm": Unmodeled(
-        BOOL, "overlapping expert-parallel communication with compute is not modeled"),
     "use_precision_aware_optimizer": Unmodeled(
         BOOL, "reduced-precision optimizer states are not modeled (fp32 states counted)"),
     "main_grads_dtype": Unmodeled(Key(Kind.STR), "fp32 main gradients are assumed",

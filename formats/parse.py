@@ -35,6 +35,7 @@ from tune_cp.formats.model import (
     build_model,
     compare_model,
 )
+from tune_cp.oracle.memory import FULL_ITERATION, PER_LAYER_GRAPH_SCOPES, RunOptions
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
     SELECTIVE_MODULES,
@@ -51,6 +52,7 @@ from tune_cp.oracle.specs import (
     Schedule,
     Spec,
     TrainingSpec,
+    parse_pipeline_layout,
     validation_message,
 )
 
@@ -141,6 +143,9 @@ class ImportedRun(Spec):
     global_batch_size: int | None = None
     precision: Precision = Precision.BF16
     flash_attention: bool = True
+    #: the framework run settings the arguments set (CUDA graphs, MoE all-to-all overlap,
+    #: token-drop; ``_run_options``)
+    options: RunOptions = RunOptions()
     num_nodes: int | None = None
     gpus_per_node: int | None = None
     architecture: ImportedArchitecture = ImportedArchitecture()
@@ -317,11 +322,13 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
                               f"({FRAMEWORK_NAME[r.flavor]} default)")
     layout = _layout(r, num_layers, kw["pp"])
     if layout is not None:
-        split, kw["vpp"] = layout
+        split, kw["vpp"], kw["pipeline_layout"] = layout
         kw["pipeline_split"] = split
     else:
         split = _pipeline_split(r)
         kw["pipeline_split"] = split
+        if split is PipelineSplit.UNEVEN:
+            kw["first_stage_layers"], kw["last_stage_layers"] = _uneven_stages(r)
         kw["vpp"] = _virtual_stages(r, kw["pp"], num_layers, split)
     kw["mbs"] = _batch(r)
     kw["sequence_parallel"] = r.get("sequence_parallel", state=kw["tp"] > 1)
@@ -334,6 +341,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     kw["fp8_param_gather"] = bool(r.get("fp8_param_gather", state=False)) and recipe is not None
     kw["schedule"] = _schedule(r)
     flash = (r.get("attention_backend", state=False) or "auto") not in UNFUSED_ATTENTION
+    options = _run_options(r, is_moe)
     _unmodeled_notes(r)
     try:
         config = ParallelConfig(**kw)
@@ -352,6 +360,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         global_batch_size=gbs,
         precision=precision,
         flash_attention=flash,
+        options=options,
         num_nodes=raw.num_nodes,
         gpus_per_node=raw.gpus_per_node,
         architecture=arch,
@@ -366,48 +375,83 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     )
 
 
-LAYOUT_ITEM = re.compile(r"([EtLm])(?:\*(\d+))?")
-
-
-def _layout(r: _Reader, num_layers: int | None, pp: int) -> tuple[PipelineSplit, int] | None:
-    """``pipeline_model_parallel_layout`` ("Et*5|t*6|...|t*5,L": ``|`` between virtual stages,
-    E embedding, t a decoder layer, L the loss) when it is one of the splits tune-cp models:
-    every stage the same number of layers (even), or the embedding and the loss taking one
-    layer's place in the first and last stage (embedding_loss). None when absent or another
-    layout (then noted as not modelled)."""
+def _layout(r: _Reader, num_layers: int | None,
+            pp: int) -> tuple[PipelineSplit, int, str | None] | None:
+    """``pipeline_model_parallel_layout`` ("Et*3|(tt|)*29,m|L": ``|`` between virtual stages, E
+    embedding, t a decoder layer, m an MTP layer, L the loss; Megatron-Core's syntax,
+    :func:`oracle.specs.parse_pipeline_layout`): ``(split, vpp, layout)``. Every stage the same
+    number of layers is the even split, the embedding and the loss taking one layer's place in
+    the first and last stage the embedding_loss split (layout None); any other layout is the
+    layout split, checked against the model by the ``pipeline_split`` rule. None when absent."""
     text = r.get("pipeline_model_parallel_layout", state=False)
-    if not text or num_layers is None:
+    if not text:
         return None
-    stages = [s.replace(",", "").replace(" ", "") for s in str(text).split("|")]
-    counts, marks = [], []
-    for stage in stages:
-        items = LAYOUT_ITEM.findall(stage)
-        if "".join(k + (f"*{n}" if n else "") for k, n in items) != stage:
-            return None
-        counts.append(sum(int(n or 1) for k, n in items if k == "t"))
-        marks.append("".join(k for k, _ in items if k in "ELm"))
-    if len(stages) % pp or sum(counts) != num_layers or "m" in "".join(marks):
-        return None
-    if marks[0] != "E" or marks[-1] != "L" or any(marks[1:-1]) or len(stages) < 2:
-        return None
+    text = str(text)
+    try:
+        stages = parse_pipeline_layout(text)
+    except ValueError as e:
+        raise r.fail("pipeline_model_parallel_layout", str(e)) from e
+    if len(stages) % pp:
+        raise r.fail("pipeline_model_parallel_layout", f"has {len(stages)} virtual stages, not a "
+                     f"multiple of pipeline_model_parallel_size {pp} (Megatron-Core asserts it)")
+    if "".join(stages).count("L") > 1:
+        raise r.fail("pipeline_model_parallel_layout", "several loss slots (L: the MTP loss "
+                     "split) are not modelled; tune-cp models one L, in the last stage")
     vpp = len(stages) // pp
-    if len(set(counts)) == 1:
-        split = PipelineSplit.EVEN
-    elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
-        split = PipelineSplit.EMBEDDING_LOSS
-    else:
-        return None
-    r.raw.values.pop("pipeline_model_parallel_layout", None)  # read: no "not modelled" note
-    r.raw.note(f"pipeline_model_parallel_layout {text} is the {split.value} split over "
-               f"{len(stages)} virtual stages (pp {pp} x vpp {vpp})")
-    return split, vpp
+    counts = [st.count("t") for st in stages]
+    marks = ["".join(ch for ch in st if ch != "t") for st in stages]
+    split = PipelineSplit.LAYOUT
+    if (num_layers is not None and sum(counts) == num_layers and len(stages) >= 2
+            and marks[0] == "E" and marks[-1] == "L" and not any(marks[1:-1])
+            and all(st == "E" + "t" * n or st == "t" * n + "L" or st == "t" * n
+                    for st, n in zip(stages, counts, strict=True))):
+        if len(set(counts)) == 1:
+            split = PipelineSplit.EVEN
+        elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
+            split = PipelineSplit.EMBEDDING_LOSS
+    r.raw.note(f"pipeline_model_parallel_layout {text} is "
+               + (f"the {split.value} split" if split is not PipelineSplit.LAYOUT else "a layout")
+               + f" over {len(stages)} virtual stages (pp {pp} x vpp {vpp})")
+    return split, vpp, text if split is PipelineSplit.LAYOUT else None
+
+
+#: the uneven end stages' arguments: Megatron-LM flag dest, TransformerConfig field (Primus YAML
+#: and Megatron-Bridge also take it)
+UNEVEN_KEYS: dict[str, tuple[str, str]] = {
+    "first": ("decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"),
+    "last": ("decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage"),
+}
+
+
+def _uneven_given(r: _Reader) -> bool:
+    return any(r.given(d) for pair in UNEVEN_KEYS.values() for d in pair)
+
+
+def _uneven_stages(r: _Reader) -> tuple[int | None, int | None]:
+    """``--decoder-first/last-pipeline-num-layers`` (or their TransformerConfig names)."""
+    out: list[int | None] = []
+    for flag, field in UNEVEN_KEYS.values():
+        if r.given(flag) and r.given(field) and r.get(flag) != r.get(field):
+            raise r.fail(flag, f"and {r.label(field)} ({r.get(field)}) disagree; give one")
+        out.append(r.get(flag) if r.given(flag) else r.get(field) if r.given(field) else None)
+    return out[0], out[1]
 
 
 def _pipeline_split(r: _Reader) -> PipelineSplit:
     """``--account-for-embedding/loss-in-pipeline-split``: both -> embedding_loss, neither ->
-    even (Megatron-LM never picks a split by itself)."""
+    even (Megatron-LM never picks a split by itself); ``--decoder-first/last-pipeline-num-layers``
+    -> uneven (Megatron-Core refuses them together with the account-for flags)."""
     emb = r.get("account_for_embedding_in_pipeline_split", state=False)
     loss = r.get("account_for_loss_in_pipeline_split", state=False)
+    if _uneven_given(r):
+        if emb or loss:
+            only = "account_for_embedding" if emb else "account_for_loss"
+            raise r.fail(UNEVEN_KEYS["first"][0] if r.given(UNEVEN_KEYS["first"][0])
+                         else UNEVEN_KEYS["last"][0],
+                         f"cannot go with {only}_in_pipeline_split (Megatron-Core "
+                         f"TransformerConfig refuses uneven stages with the embedding or loss as "
+                         f"layer slots); drop one")
+        return PipelineSplit.UNEVEN
     if emb and loss:
         return PipelineSplit.EMBEDDING_LOSS
     if emb or loss:
@@ -438,6 +482,9 @@ def _virtual_stages(r: _Reader, pp: int, num_layers: int | None, split: Pipeline
                    "but Megatron-LM resets it unless it comes from "
                    "num_virtual_stages_per_pipeline_rank; write that key instead")
         return value
+    if split is PipelineSplit.UNEVEN:
+        raise r.fail(dest, f"does not go with uneven first/last stages (Megatron-LM asserts it); "
+                     f"give {r.spell('num_virtual_stages_per_pipeline_rank')}")
     if num_layers is None:
         raise r.fail(dest, "needs the number of layers to give the virtual stages per rank; add "
                      f"{r.spell('num_layers')} or pass --model")
@@ -669,6 +716,86 @@ def _schedule(r: _Reader) -> Schedule | None:
         if algorithm not in PRIMUS_PLAIN_ALGORITHMS:
             r.raw.note(f"pp_algorithm {algorithm} is not modeled; the schedule follows vpp")
     return None
+
+
+def _graph_scope(r: _Reader, is_moe: bool) -> tuple[str, ...]:
+    """The CUDA-graph scope (:class:`oracle.memory.RunOptions`) of the arguments.
+
+    Megatron-LM ``d98e8a64dd``: ``--cuda-graph-impl none|local|transformer_engine|
+    full_iteration`` with ``--cuda-graph-modules`` (or its deprecated spelling
+    ``--cuda-graph-scope``; Primus ``cuda_graph_scope``); the deprecated ``--enable-cuda-graph``
+    (= ``local``) and ``--external-cuda-graph`` (= ``transformer_engine``); the deprecated module
+    ``full_iteration`` migrates to ``--cuda-graph-impl full_iteration``. No modules (or the
+    deprecated ``full``) capture the whole layer: attention and MLP of a dense model, and for a
+    MoE model (whose dropless experts cannot be captured) read as attn, moe_router and
+    moe_preprocess, as ``moe`` is (tune-cp has no ``moe`` graph scope)."""
+    impl = r.get("cuda_graph_impl", state=False) or "none"
+    if impl == "none" and r.get("external_cuda_graph", state=False):
+        impl = "transformer_engine"
+    if impl == "none" and r.get("enable_cuda_graph", state=False):
+        impl = "local"
+    if impl == "none":
+        return ()
+    if impl == FULL_ITERATION:
+        return (FULL_ITERATION,)
+    modules: list[str] = []
+    for dest in ("cuda_graph_modules", "cuda_graph_scope_deprecated", "cuda_graph_scope"):
+        if r.given(dest) and r.raw.read(dest):
+            modules = [str(m) for m in r.raw.read(dest)]
+            break
+    if FULL_ITERATION in modules:
+        return (FULL_ITERATION,)
+    modules = [m for m in modules if m != "full_iteration_inference"]
+    moe_parts = ["moe_router", "moe_preprocess"]
+    if not modules or modules == ["full"]:
+        modules = ["attn", *(moe_parts if is_moe else ["mlp"])]
+        if is_moe:
+            r.raw.note(f"CUDA graphs of whole layers ({impl}): a dropless MoE block cannot be "
+                       "captured; read as attn, moe_router and moe_preprocess")
+    if "moe" in modules:
+        r.raw.note("CUDA-graph module moe (the whole drop-and-pad MoE block) is read as "
+                   "moe_router,moe_preprocess: tune-cp does not model the experts' graph")
+        modules = [m for m in modules if m != "moe"] + moe_parts
+    dropped = [m for m in modules if m not in PER_LAYER_GRAPH_SCOPES]
+    if dropped:
+        r.raw.note(f"CUDA-graph modules {', '.join(dropped)} are not modelled (tune-cp models "
+                   f"{', '.join(PER_LAYER_GRAPH_SCOPES)}); left out")
+    kept = [m for m in modules if m in PER_LAYER_GRAPH_SCOPES]
+    if "moe_preprocess" in kept and "moe_router" not in kept:
+        kept.append("moe_router")  # the local implementation adds it (transformer_config.py)
+    return tuple(dict.fromkeys(kept))
+
+
+def _run_options(r: _Reader, is_moe: bool) -> RunOptions:
+    """The framework run settings of the arguments: CUDA graphs (:func:`_graph_scope`), the
+    MoE all-to-all overlap (``overlap_moe_expert_parallel_comm``; Megatron-Core requires
+    ``delay_wgrad_compute`` to come with it) and token-drop (``moe_expert_capacity_factor``, a
+    negative one meaning dropless as in ``TransformerConfig.__post_init__``, with
+    ``moe_pad_expert_input_to_capacity``)."""
+    overlap = bool(r.get("overlap_moe_expert_parallel_comm", state=False)) and is_moe
+    if r.get("delay_wgrad_compute", state=False) and not overlap:
+        r.raw.note(f"{r.label('delay_wgrad_compute')} without "
+                   f"{r.spell('overlap_moe_expert_parallel_comm')} is refused by Megatron-Core "
+                   "('overlap_moe_expert_parallel_comm must be enabled when enabling "
+                   "delay_wgrad_compute'); ignored")
+    factor = r.get("moe_expert_capacity_factor", state=False)
+    if factor is not None and (float(factor) < 0 or not is_moe):
+        factor = None
+    if factor is not None and not r.get("moe_pad_expert_input_to_capacity", state=False):
+        r.raw.note(f"{r.label('moe_expert_capacity_factor')} {factor} without "
+                   f"{r.spell('moe_pad_expert_input_to_capacity')}: read as token-drop padded "
+                   "to the capacity (tune-cp's token-drop; unpadded experts keep the host "
+                   "synchronisation of dropless routing)")
+    if factor is None and r.get("moe_pad_expert_input_to_capacity", state=False):
+        r.raw.note(f"{r.label('moe_pad_expert_input_to_capacity')} without a capacity factor "
+                   "is refused by Megatron-Core ('moe_expert_capacity_factor must be set to use "
+                   "moe_pad_expert_input_to_capacity'); read as dropless")
+    try:
+        return RunOptions(cuda_graph_scope=_graph_scope(r, is_moe), moe_a2a_overlap=overlap,
+                          moe_capacity_factor=None if factor is None else float(factor))
+    except ValidationError as e:
+        raise ConfigError(f"the CUDA-graph / MoE run settings of the arguments: "
+                          f"{validation_message(e)}") from e
 
 
 def _unmodeled_notes(r: _Reader) -> None:

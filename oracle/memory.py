@@ -39,6 +39,12 @@ backward_working_set   gradients of one layer's activations while that layer run
 cp_buffers             context-parallel ring exchange of K/V (double buffered)
 pipeline_buffers       send/receive buffers of pipeline point-to-point (one micro-batch each way)
 sp_gather_buffer       Megatron's persistent all-gather buffer of sequence parallelism (t x h bf16)
+cuda_graph_buffers     static input/output and gradient buffers of per-layer CUDA graphs, per
+                       captured part, layer and in-flight micro-batch (:func:`cuda_graph_static_bytes`;
+                       run setting ``--cuda-graph-scope``)
+a2a_overlap_buffers    the second micro-batch's MoE dispatch / combine buffers alive beside the
+                       first's under the all-to-all overlap schedule (:func:`a2a_overlap_bytes`;
+                       run setting ``--moe-a2a-overlap``)
 runtime_context        CUDA/HIP context, kernel images, BLAS workspaces (overhead)
 collective_buffers     NCCL/RCCL buffers per communicator in use (overhead)
 dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead)
@@ -59,7 +65,7 @@ from functools import lru_cache
 from math import gcd
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tune_cp.oracle import params as P
 from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the workload inventory
@@ -90,6 +96,7 @@ from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the
 )
 from tune_cp.oracle.specs import (
     GIB,
+    LIGHT_TRIM,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -102,6 +109,7 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Spec,
     TrainingSpec,
+    parse_pipeline_layout,
 )
 
 MIB = 2**20
@@ -127,6 +135,8 @@ TERMS: tuple[str, ...] = (
     "cp_buffers",
     "pipeline_buffers",
     "sp_gather_buffer",
+    "cuda_graph_buffers",
+    "a2a_overlap_buffers",
     "runtime_context",
     "collective_buffers",
     "dispatcher_buffers",
@@ -145,6 +155,8 @@ TERM_GROUPS: dict[str, tuple[str, ...]] = {
         "cp_buffers",
         "pipeline_buffers",
         "sp_gather_buffer",
+        "cuda_graph_buffers",
+        "a2a_overlap_buffers",
     ),
     "runtime": ("runtime_context", "collective_buffers", "dispatcher_buffers", "fragmentation"),
 }
@@ -157,7 +169,83 @@ TRANSIENT_TERMS: tuple[str, ...] = (
     "backward_working_set",
     "cp_buffers",
     "pipeline_buffers",
+    "a2a_overlap_buffers",
 )
+
+#: The CUDA-graph scopes that capture per-layer parts (Megatron-Core ``--cuda-graph-modules``,
+#: formerly ``--cuda-graph-scope``, of ``--cuda-graph-impl transformer_engine|local``); the
+#: other value tune-cp models is ``full_iteration`` (``--cuda-graph-impl full_iteration``).
+PER_LAYER_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe_router", "moe_preprocess")
+FULL_ITERATION = "full_iteration"
+#: Hidden-state-sized static buffers one captured graph keeps per in-flight micro-batch: its
+#: forward input and its forward output (:func:`cuda_graph_static_bytes`).
+GRAPH_STATIC_BUFFERS = 2
+
+
+class RunOptions(Spec):
+    """The framework run settings tune-cp models beyond the layout (CUDA-graph scope, MoE
+    all-to-all overlap, token-drop vs dropless): ``solver/settings.py::RunSettings`` holds them
+    for a run, ``oracle.work.RunTraits`` carries them into the time model, and they ride on
+    :class:`MemoryOverheads` (``run``; never set by ``--overhead``) because that is the one
+    per-run object every memory computation receives, the CP-SAT model's tables included.
+
+    ``cuda_graph_scope``: the captured parts (:data:`PER_LAYER_GRAPH_SCOPES`; Megatron-LM
+    ``--cuda-graph-impl transformer_engine --cuda-graph-modules ...``), or
+    ``("full_iteration",)`` (``--cuda-graph-impl full_iteration``); ``()``: no CUDA graphs.
+    ``moe_a2a_overlap``: Megatron-Core's combined 1F1B schedule
+    (``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``). ``moe_capacity_factor``:
+    token-drop MoE with every expert's input padded to this capacity factor
+    (``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``); None: dropless.
+    What Megatron-Core refuses among them alone is refused here (one line); what depends on the
+    model or the layout: ``solver/settings.py::options_problem`` and ``solver/rules.py``.
+    """
+
+    cuda_graph_scope: tuple[str, ...] = ()
+    moe_a2a_overlap: bool = False
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+
+    @field_validator("cuda_graph_scope", mode="before")
+    @classmethod
+    def _scope(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = tuple(x for x in v.replace(",", " ").split() if x)
+        if isinstance(v, list | tuple):
+            v = tuple(dict.fromkeys(str(x) for x in v))  # ordered, without repeats
+            if v == ("none",):
+                return ()
+            known = (*PER_LAYER_GRAPH_SCOPES, FULL_ITERATION)
+            bad = [x for x in v if x not in known]
+            if bad:
+                raise ValueError(f"CUDA-graph scope {', '.join(bad)} is not modelled; choose "
+                                 f"parts of {','.join(PER_LAYER_GRAPH_SCOPES)}, or "
+                                 f"{FULL_ITERATION}, or none")
+            if FULL_ITERATION in v and len(v) > 1:
+                raise ValueError("full_iteration captures the whole step, so it takes no other "
+                                 "scope (Megatron-LM arguments.py: '--cuda-graph-modules must be "
+                                 "empty when --cuda-graph-impl=full_iteration'); give "
+                                 "full_iteration alone or per-layer parts")
+            if "moe_preprocess" in v and "moe_router" not in v:
+                raise ValueError("the moe_preprocess graph needs the moe_router graph "
+                                 "(Megatron-Core transformer_config.py: 'moe_preprocess cuda "
+                                 "graph is only supported with moe_router cuda graph'); add "
+                                 "moe_router")
+        return v
+
+    @property
+    def per_layer_graphs(self) -> bool:
+        """Per-layer CUDA graphs are captured (a scope other than ``full_iteration``)."""
+        return bool(self.cuda_graph_scope) and FULL_ITERATION not in self.cuda_graph_scope
+
+    def label(self) -> str:
+        """The settings as a reader would write them (``""`` when all are the defaults)."""
+        parts = []
+        if self.cuda_graph_scope:
+            parts.append(f"CUDA graphs {','.join(self.cuda_graph_scope)}")
+        if self.moe_a2a_overlap:
+            parts.append("MoE all-to-all overlap")
+        if self.moe_capacity_factor is not None:
+            parts.append(f"MoE token-drop at capacity factor {self.moe_capacity_factor:g}")
+        return "; ".join(parts)
 
 
 class MemoryOverheads(Spec):
@@ -195,6 +283,12 @@ class MemoryOverheads(Spec):
     fragmentation: float = Field(default=0.05, ge=0.0, le=1.0)
     moe_routing_imbalance: float = Field(default=0.0, ge=0.0, le=64.0)
     backward_working_set: bool = True
+    #: the run settings memory depends on (not an overhead term: ``--overhead`` does not set it)
+    run: RunOptions = Field(default_factory=RunOptions)
+
+
+#: The overhead terms ``--overhead NAME=VALUE`` (and a sweep grid's ``overheads``) set.
+OVERHEAD_NAMES: tuple[str, ...] = tuple(f for f in MemoryOverheads.model_fields if f != "run")
 
 
 def ppm(fraction: float) -> int:
@@ -223,47 +317,131 @@ class Chunk:
     mtp_layers: int
 
 
+def uneven_stage_layers(
+    num_layers: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None,
+) -> tuple[int | None, int | None] | None:
+    """Decoder layers of the first and last pipeline stage under an uneven split, as Megatron-LM
+    ``--decoder-first/last-pipeline-num-layers`` say them (None: that end is a middle stage).
+
+    ``uneven``: ``(first, last)`` as given. The light splits: the first / last stage hold ``a``
+    / ``b`` layers per virtual stage fewer than a middle stage of ``c`` layers per virtual stage
+    (:data:`oracle.specs.LIGHT_TRIM`: 1 lighter, -1 heavier, 0 a middle stage):
+    ``L = vpp (pp c - a - b)``, so ``c = (L / vpp + a + b) / pp`` and that end holds
+    ``(c - a) vpp``. Llama 3.1 405B (126 layers) at pp 16: ``light_ends`` gives 7 + 14 x 8 + 7.
+    ``last_to_first``: one layer (not one per virtual stage) moves from the last stage to the
+    first, ``L / pp + 1`` and ``L / pp - 1``, so with vpp > 1 it is not divisible by vpp and
+    not legal; Llama 3 8B (32 layers) at pp 4: 9 + 8 + 8 + 7. None when the counts are not
+    whole (the split does not exist for this geometry)."""
+    if split is PipelineSplit.UNEVEN:
+        return first, last
+    if split is PipelineSplit.LAST_TO_FIRST:  # one layer, so vpp 1 only (Megatron: % vpp)
+        per_rank, rem = divmod(num_layers, pp)
+        return None if rem or per_rank % vpp else (per_rank + 1, per_rank - 1)
+    a, b = LIGHT_TRIM[split]
+    if num_layers % vpp:
+        return None
+    c, rem = divmod(num_layers // vpp + a + b, pp)
+    if rem:
+        return None
+    return ((c - a) * vpp if a else None, (c - b) * vpp if b else None)
+
+
+def uneven_chunk_sizes(num_layers: int, pp: int, vpp: int, first: int | None,
+                       last: int | None) -> list[int]:
+    """Decoder layers per virtual stage ``v = j pp + r`` of an uneven split, as Megatron-Core
+    builds them (``transformer_block.py::get_num_layers_to_build``,
+    ``transformer_layer.py::get_transformer_layer_offset``): the first / last rank holds
+    ``first`` / ``last`` layers split evenly over its ``vpp`` chunks, every middle rank
+    ``(L - first - last) / middle ranks``, also split over its chunks; layers are numbered in
+    virtual-stage order. Floor divisions where the counts do not divide (illegal, see
+    ``solver/rules.py::split_problem``)."""
+    middle_ranks = pp - (first is not None) - (last is not None)
+    middle = num_layers - (first or 0) - (last or 0)
+    per_middle = max(0, middle) // middle_ranks if middle_ranks > 0 else 0
+
+    def rank_layers(r: int) -> int:
+        if r == 0 and first is not None:
+            return first
+        if r == pp - 1 and last is not None:
+            return last
+        return per_middle
+
+    return [rank_layers(r) // vpp for _ in range(vpp) for r in range(pp)]
+
+
 def pipeline_chunks(
-    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None, layout: str | None = None,
 ) -> list[list[Chunk]]:
     """:func:`_pipeline_chunks`, remembered: the split depends on none of the cluster, batch or
     recomputation, so every enumeration of a search or a plan shares it (fresh lists each call;
     the chunks are frozen)."""
-    return [list(stage) for stage in _pipeline_chunks(num_layers, num_mtp, pp, vpp, split)]
+    return [list(stage) for stage in _pipeline_chunks(num_layers, num_mtp, pp, vpp, split, first,
+                                                      last, layout)]
 
 
 @lru_cache(maxsize=8192)
 def _pipeline_chunks(
-    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit
-) -> tuple[tuple[Chunk, ...], ...]:
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None, layout: str | None = None,
+) -> list[list[Chunk]]:
     """Chunks of every physical stage: ``result[stage][j]`` is virtual stage ``j * pp + stage``
     (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...).
 
     ``even``: virtual stage v holds layers [v L/V, (v+1) L/V) with V = pp * vpp; the embedding
     rides on v = 0, the output layer, loss and MTP layers on v = V - 1.
     ``embedding_loss``: slots = embedding, L layers, MTP layers, loss; virtual stage v holds slots
-    [v S/V, (v+1) S/V) with S = L + 2 + mtp. Where S or L does not divide (illegal, see
-    ``solver/rules.py``), the floor boundaries still give a total order, so nothing crashes.
+    [v S/V, (v+1) S/V) with S = L + 2 + mtp.
+    ``uneven`` and the light splits: :func:`uneven_chunk_sizes` of :func:`uneven_stage_layers`
+    (``first`` / ``last``: ``ParallelConfig.first_stage_layers`` / ``last_stage_layers``);
+    embedding on v = 0, output, loss and MTP on v = V - 1 as under ``even``.
+    ``layout``: virtual stage v is stage v of :func:`oracle.specs.parse_pipeline_layout`
+    (``layout``: ``ParallelConfig.pipeline_layout``), its ``t`` the next decoder layers, ``E``
+    the embedding, ``L`` the output layer and loss, ``m`` MTP layers.
+    Where the counts do not divide (illegal, see ``solver/rules.py``), the floor boundaries
+    still give a total order (the last virtual stage takes what is left), so nothing crashes.
     """
     n_virtual = pp * vpp
     chunks: list[Chunk] = []
-    if split is PipelineSplit.EVEN:
-        for v in range(n_virtual):
-            lo, hi = v * num_layers // n_virtual, (v + 1) * num_layers // n_virtual
-            last = v == n_virtual - 1
-            chunks.append(Chunk(v, tuple(range(lo, hi)), v == 0, last, num_mtp if last else 0))
-    else:
+    if split is PipelineSplit.EMBEDDING_LOSS:
         slots = num_layers + 2 + num_mtp
         for v in range(n_virtual):
             lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
             layers = tuple(i - 1 for i in range(lo, hi) if 1 <= i <= num_layers)
             mtp = sum(1 for i in range(lo, hi) if num_layers < i <= num_layers + num_mtp)
             chunks.append(Chunk(v, layers, lo == 0, hi == slots, mtp))
-    return tuple(tuple(chunks[j * pp + s] for j in range(vpp)) for s in range(pp))
+        return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+    if split is PipelineSplit.LAYOUT and layout is not None:
+        stages = list(parse_pipeline_layout(layout)[:n_virtual])
+        stages += [""] * (n_virtual - len(stages))
+        lo = 0
+        for v, st in enumerate(stages):
+            hi = min(num_layers, lo + st.count("t"))
+            chunks.append(Chunk(v, tuple(range(lo, hi)), "E" in st, "L" in st, st.count("m")))
+            lo = hi
+        return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+    ends = (uneven_stage_layers(num_layers, pp, vpp, split, first, last)
+            if split not in (PipelineSplit.EVEN, PipelineSplit.LAYOUT) and pp > 1 else None)
+    if ends is None or ends == (None, None):
+        bounds = [v * num_layers // n_virtual for v in range(n_virtual + 1)]
+    else:
+        sizes = uneven_chunk_sizes(num_layers, pp, vpp, *ends)
+        bounds = [0]
+        for size in sizes[:-1]:
+            bounds.append(min(num_layers, bounds[-1] + size))
+        bounds.append(num_layers)
+    for v in range(n_virtual):
+        last_v = v == n_virtual - 1
+        chunks.append(Chunk(v, tuple(range(bounds[v], bounds[v + 1])), v == 0, last_v,
+                            num_mtp if last_v else 0))
+    return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
 
 
 @lru_cache(maxsize=4096)
-def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit) -> int:
+def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+                     first: int | None = None, last: int | None = None,
+                     layout: str | None = None) -> int:
     """Decoder layers of the largest virtual stage, from :func:`pipeline_chunks` itself (the one
     place the split is computed; ``solver/rules.py::layers_per_chunk`` and
     ``solver/space.py::max_layers_per_chunk`` call this). Under ``embedding_loss`` the embedding
@@ -271,7 +449,8 @@ def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: Pi
     DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 + 33 with 31 decoder layers in
     the largest chunk, not 32."""
     return max(
-        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split) for ch in stage),
+        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split,
+                                                     first, last, layout) for ch in stage),
         default=0,
     )
 
@@ -402,12 +581,18 @@ def stage_counts_by_kind(
     recompute: Recompute,
     method: RecomputeMethod,
     k: int | None,
+    first: int | None = None,
+    last: int | None = None,
+    layout: str | None = None,
 ) -> tuple[StageCounts, ...]:
     """``kinds``: each decoder layer's kind as an index into :data:`KINDS`
-    (:func:`oracle.inventory.kind_index`); ``mtp_kind``: the kind an MTP layer copies."""
+    (:func:`oracle.inventory.kind_index`); ``mtp_kind``: the kind an MTP layer copies;
+    ``first`` / ``last`` / ``layout``: the uneven and layout splits' fields
+    (:func:`pipeline_chunks`)."""
     nk = len(KINDS)
     result = []
-    for s, chunks in enumerate(pipeline_chunks(len(kinds), num_mtp, pp, vpp, split)):
+    for s, chunks in enumerate(pipeline_chunks(len(kinds), num_mtp, pp, vpp, split,
+                                               first, last, layout)):
         inflight = inflight_per_chunk(pp, vpp, num_microbatches, s)
         live = [0] * nk
         ckpt = emb = out = mtp_in = 0
@@ -481,7 +666,33 @@ def stage_counts(model: ModelSpec, cfg: ParallelConfig) -> tuple[StageCounts, ..
         cfg.recompute,
         cfg.recompute_method,
         cfg.recompute_layers,
+        *split_fields(cfg),
     )
+
+
+def split_label(model: ModelSpec, cfg: ParallelConfig) -> str:
+    """How a resolved configuration's layers split, for the reports: ``""`` for the even and
+    embedding_loss splits (the layout label says enough), else the split with the end stages'
+    decoder layers (``light_ends split: first stage 7, last stage 7 layers``) or the layout."""
+    split = cfg.pipeline_split
+    if split in (None, PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+        return ""
+    if split is PipelineSplit.LAYOUT:
+        return f"layout {cfg.pipeline_layout}"
+    ends = uneven_stage_layers(model.num_layers, cfg.pp, cfg.vpp, split,
+                               cfg.first_stage_layers, cfg.last_stage_layers)
+    if ends is None:
+        return f"{split.value} split"
+    said = [f"{name} stage {n}" for name, n in zip(("first", "last"), ends, strict=True)
+            if n is not None]
+    return f"{split.value} split: {', '.join(said)} layers"
+
+
+def split_fields(cfg: ParallelConfig) -> tuple[int | None, int | None, str | None]:
+    """The split's own values beyond :class:`~oracle.specs.PipelineSplit`: first and last
+    stage layers (``uneven``) and the layout (``layout``), as :func:`pipeline_chunks` takes
+    them."""
+    return cfg.first_stage_layers, cfg.last_stage_layers, cfg.pipeline_layout
 
 
 # ====================================================================== 2a. parameter units
@@ -605,6 +816,77 @@ def sp_gather_buffer_bytes(model: ModelSpec, x: ActShape) -> int:
     return BF16_BYTES * x.t * model.hidden_size if x.t_sp != x.t else 0
 
 
+def graphs_per_layer(model: ModelSpec, kind: LayerKind, scope: tuple[str, ...]) -> int:
+    """CUDA graphs one layer of ``kind`` is captured in under the per-layer ``scope``: one for its
+    attention block when ``attn`` is captured, one for a dense MLP block under ``mlp``, one for a
+    MoE block's router under ``moe_router`` (``moe_preprocess`` is captured in the router's graph:
+    Megatron-Core requires it with ``moe_router``, ``transformer_config.py::__post_init__``); a
+    Mamba mixer is never captured (tune-cp has no ``mamba`` scope). ``full_iteration`` or no
+    scope: 0."""
+    if FULL_ITERATION in scope:
+        return 0
+    blocks = kind_blocks(model, kind)
+    return (int(Block.ATTENTION in blocks and "attn" in scope)
+            + int(Block.MLP in blocks and "mlp" in scope)
+            + int(Block.MOE in blocks and "moe_router" in scope))
+
+
+def cuda_graph_static_bytes(model: ModelSpec, x: ActShape, kind: LayerKind,
+                            scope: tuple[str, ...]) -> int:
+    """Bytes per layer of ``kind`` and per in-flight micro-batch that per-layer CUDA graphs keep
+    beside the eager activations: :data:`GRAPH_STATIC_BUFFERS` hidden-state tensors ``t_sp x h``
+    bf16 (the graph's static input and static output) per captured graph
+    (:func:`graphs_per_layer`).
+
+    Sources: Transformer Engine ``make_graphed_callables`` gives every captured graph its own
+    input and output buffers, and with a pipeline ``_order`` one graph per (callable,
+    micro-batch) is captured (NVIDIA/TransformerEngine PR #1234, "each cudagraph has its own
+    input and output data buffer", which adds reuse among graphs that do not overlap); Megatron-
+    Core ``transformer/cuda_graphs.py`` ``TECudaGraphHelper`` builds ``sample_args`` for every
+    (layer, micro-batch) pair and reuses a static input only once that micro-batch's backward
+    ran (``consumed_sample_queue``), so the buffers alive are those of the micro-batches in
+    flight. The backward graph's ``static_grad_inputs`` / ``static_grad_outputs`` are held by weak
+    references (their pool memory is reused), and the tensors the captured parts save for
+    backward are the eager activations (already in ``activations``): the graphs are captured in
+    schedule order into a shared pool (``create_cudagraphs``), so freed blocks are reused and no
+    second copy is counted. The static input aliases the tensor the block's first norm saves,
+    so this term is an upper bound by one of the two tensors. Worked example: Llama 3 8B
+    (h 4096), mbs 1, seq 8192, tp 1, attn + mlp captured: 2 graphs x 2 x 2 B x 8192 x 4096
+    = 256 MiB per layer and in-flight micro-batch."""
+    return graphs_per_layer(model, kind, scope) * GRAPH_STATIC_BUFFERS * BF16_BYTES * x.t_sp \
+        * model.hidden_size
+
+
+def capacity_scale_ppm(capacity_factor: float) -> int:
+    """The expert-side skew (parts per million over balanced routing,
+    :func:`oracle.inventory.moe_tensors`' ``imbalance_ppm``) of token-drop MoE padded to
+    ``capacity_factor``: every expert processes exactly ``capacity = C x (tokens x top-k) /
+    experts`` rows (Megatron-Core ``moe/moe_utils.py::get_capacity``; with
+    ``moe_pad_expert_input_to_capacity`` the router pads each expert's input to it,
+    ``router.py``), so the expert tensors scale by ``C`` whatever the routing, and the
+    dropless routing-imbalance allowance (``moe_routing_imbalance``) does not apply: ``ppm(C) -
+    1e6``. The per-expert ceiling of ``get_capacity`` (below one row per expert) is ignored.
+    Worked example: C 1.25 -> 250,000; C 1.0 -> 0 (balanced)."""
+    return ppm(capacity_factor) - PPM
+
+
+def a2a_overlap_bytes(model: ModelSpec, x: ActShape, capacity_factor: float | None) -> int:
+    """Bytes of the second micro-batch's MoE dispatch and combine buffers under the all-to-all
+    overlap schedule: ``2 x rows x h`` bf16 with ``rows = t_sp x top-k x etp`` (scaled by the
+    capacity factor under token-drop), the tokens one MoE layer's all-to-all delivers to the rank
+    and the expert output its combine sends back.
+
+    Source: Megatron-Core ``pipeline_parallel/combined_1f1b.py``: with
+    ``--overlap-moe-expert-parallel-comm`` each step runs one micro-batch's forward beside
+    another's backward, layer by layer, so the forward micro-batch's dispatched tokens and the
+    backward micro-batch's combine gradients are in flight at once (one layer of each). Worked
+    example: Mixtral 8x22B (h 6144, top-2), mbs 1, seq 8192, tp 1, etp 1: 2 x 2 B x 16384 x 6144
+    = 384 MiB."""
+    scale = PPM if capacity_factor is None else PPM + capacity_scale_ppm(capacity_factor)
+    rows = x.t_sp * model.moe_top_k * x.etp * scale // PPM
+    return 2 * BF16_BYTES * rows * model.hidden_size
+
+
 @dataclass(frozen=True)
 class ActivationUnits:
     """Bytes per micro-batch per rank (layer 2): one layer of each kind with all its activations
@@ -632,6 +914,12 @@ class ActivationUnits:
     mamba_layer: int = 0
     attention_backward: int = 0
     mamba_backward: int = 0
+    # run settings (0 without them): CUDA-graph static buffers per layer of each kind and
+    # in-flight micro-batch, the all-to-all overlap's second dispatch buffers
+    graph_dense: int = 0
+    graph_moe: int = 0
+    graph_attention: int = 0
+    a2a_overlap: int = 0
 
 
 def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
@@ -659,10 +947,14 @@ def activation_units(
     h = model.hidden_size
     # one layer of each kind: the kept tensors of its blocks (``oracle/inventory.py``)
     present = set(layer_kinds(model)) | ({mtp_kind(model)} if model.num_mtp_layers else set())
+    run = ov.run
+    # token-drop: the experts' tensors are sized by the capacity factor (capacity_scale_ppm)
+    drop_ppm = (0 if run.moe_capacity_factor is None
+                else capacity_scale_ppm(run.moe_capacity_factor))
     block = {
         Block.ATTENTION: kept_bytes(attention_tensors(model, training, x), mods),
         Block.MLP: kept_bytes(dense_mlp_tensors(model, x), mods) if model.ffn_hidden_size else 0,
-        Block.MOE: kept_bytes(moe_tensors(model, x), mods) if model.is_moe else 0,
+        Block.MOE: kept_bytes(moe_tensors(model, x, drop_ppm), mods) if model.is_moe else 0,
         Block.MAMBA: kept_bytes(mamba_tensors(model, x), mods) if model.mamba is not None else 0,
     }
 
@@ -674,7 +966,7 @@ def activation_units(
 
     dense, moe = layer(LayerKind.DENSE), layer(LayerKind.MOE)
     moe_extra = 0
-    if model.is_moe:
+    if model.is_moe and run.moe_capacity_factor is None:  # capacity bounds every expert
         skew = kept_bytes(moe_tensors(model, x, ppm(ov.moe_routing_imbalance)), mods)
         moe_extra = skew - block[Block.MOE]
     vocab_loc = P.cdiv(P.padded_vocab_size(model.vocab_size, cfg.tp), cfg.tp)
@@ -725,6 +1017,14 @@ def activation_units(
         attention_backward=(attention_backward_bytes(model, x)
                             if LayerKind.ATTENTION in hybrid_kinds else 0),
         mamba_backward=mamba_backward_bytes(model, x) if model.mamba is not None else 0,
+        graph_dense=cuda_graph_static_bytes(model, x, LayerKind.DENSE, run.cuda_graph_scope),
+        graph_moe=(cuda_graph_static_bytes(model, x, LayerKind.MOE, run.cuda_graph_scope)
+                   if model.is_moe else 0),
+        graph_attention=(cuda_graph_static_bytes(model, x, LayerKind.ATTENTION,
+                                                 run.cuda_graph_scope)
+                         if LayerKind.ATTENTION in hybrid_kinds else 0),
+        a2a_overlap=(a2a_overlap_bytes(model, x, run.moe_capacity_factor)
+                     if model.is_moe and run.moe_a2a_overlap else 0),
     )
 
 
@@ -958,6 +1258,9 @@ def combine(
     t["cp_buffers"] = c.has_layers * au.cp_buffers
     t["pipeline_buffers"] = au.pipeline_buffers
     t["sp_gather_buffer"] = au.sp_buffer
+    t["cuda_graph_buffers"] = (c.inflight_dense * au.graph_dense + c.inflight_moe * au.graph_moe
+                               + c.inflight_attention * au.graph_attention)
+    t["a2a_overlap_buffers"] = c.has_moe * au.a2a_overlap
     t["runtime_context"] = ov.runtime_context_bytes
     t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group
     t["dispatcher_buffers"] = ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0

@@ -12,6 +12,7 @@ House rules (see docs/architecture.md):
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -113,17 +114,91 @@ class Schedule(StrEnum):
 
 
 class PipelineSplit(StrEnum):
-    """How decoder layers are cut into pipeline (virtual) stages.
+    """How decoder layers are cut into pipeline (virtual) stages (the layer lists of every
+    value: ``oracle/memory.py::pipeline_chunks``; legality: ``solver/rules.py::split_problem``).
 
     ``even``: ``num_layers`` splits evenly over ``pp * vpp`` virtual stages.
     ``embedding_loss``: the embedding, the loss and each MTP layer count as one layer slot each
     (Megatron-LM ``--account-for-embedding-in-pipeline-split`` and
     ``--account-for-loss-in-pipeline-split``), so the first and last virtual stage carry fewer
     decoder layers and ``num_layers + 2 + mtp`` must split evenly.
+    ``uneven``: the first and/or last pipeline stage hold the decoder layers
+    :attr:`ParallelConfig.first_stage_layers` / ``last_stage_layers`` say (Megatron-LM
+    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
+    Megatron-Core ``num_layers_in_first/last_pipeline_stage``), over all their virtual stages;
+    the other layers divide evenly over the middle stages.
+    ``light_first`` / ``light_last`` / ``light_ends``: ``uneven`` with the first / last / both
+    end stages one decoder layer per virtual stage lighter than a middle stage (Meta's Llama 3
+    405B balance: one layer off the first and the last stage); ``last_to_first``: one layer moves
+    from the last stage (output layer, loss, MTP) to the first (the embedding costs little
+    time), so it exists wherever ``even`` does without virtual stages. The counts follow from
+    (layers, pp, vpp): ``oracle/memory.py::uneven_stage_layers``.
+    ``layout``: a hand-written layout (:attr:`ParallelConfig.pipeline_layout`, Megatron-LM
+    ``--pipeline-model-parallel-layout``).
     """
 
     EVEN = "even"
     EMBEDDING_LOSS = "embedding_loss"
+    UNEVEN = "uneven"
+    LIGHT_FIRST = "light_first"
+    LIGHT_LAST = "light_last"
+    LIGHT_ENDS = "light_ends"
+    LAST_TO_FIRST = "last_to_first"
+    LAYOUT = "layout"
+
+
+#: the light splits: uneven splits whose end stages' layers follow from (layers, pp, vpp)
+LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
+    PipelineSplit.LIGHT_FIRST, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS,
+    PipelineSplit.LAST_TO_FIRST)
+#: the light splits a search tries beside the automatic one (``solver/space.py::default_space``):
+#: the last stage lighter (its output layer, loss and MTP layers cost time: Llama 3 8B's output
+#: layer is ~2.4 decoder layers of GEMM work), both ends lighter (Meta's Llama 3 405B balance)
+#: and a layer moved from the last stage to the first (the one that competes with ``even``).
+#: ``light_first`` (the embedding costs little time, and stage 1 holds almost as many in-flight
+#: micro-batches as stage 0) stays a choice for ``check``, not searched: each split value costs
+#: enumeration time
+SEARCHED_LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
+    PipelineSplit.LIGHT_LAST, PipelineSplit.LAST_TO_FIRST)
+#: layers per virtual stage the light splits take off the (first, last) pipeline stage (-1:
+#: one more than a middle stage; ``last_to_first`` moves one layer in all, whatever vpp:
+#: ``oracle/memory.py::uneven_stage_layers``)
+LIGHT_TRIM: dict[PipelineSplit, tuple[int, int]] = {
+    PipelineSplit.LIGHT_FIRST: (1, 0), PipelineSplit.LIGHT_LAST: (0, 1),
+    PipelineSplit.LIGHT_ENDS: (1, 1), PipelineSplit.LAST_TO_FIRST: (-1, 1)}
+
+
+#: Megatron-Core ``PipelineParallelLayerLayout`` characters: embedding, decoder layer, MTP
+#: layer, loss (``pipeline_parallel_layer_layout.py::parse_str_to_list``)
+LAYOUT_CHARS: frozenset[str] = frozenset("EtmL")
+#: the most characters a layout may unroll to (a hostile ``(t|)*10**9`` stays small)
+MAX_LAYOUT_CHARS = 1_000_000
+_LAYOUT_GROUP = re.compile(r"\(([^)]+)\)\*(\d+)")
+_LAYOUT_REPEAT = re.compile(r"(.)\*(\d+)")
+
+
+def parse_pipeline_layout(text: str) -> tuple[str, ...]:
+    """A Megatron-LM ``--pipeline-model-parallel-layout`` string as its virtual stages, in
+    virtual-stage order, each a string of ``E t m L`` (Megatron-Core
+    ``PipelineParallelLayerLayout.parse_str_to_list``: commas are cosmetic, ``(xy|)*n`` and
+    ``x*n`` repeat, ``|`` separates virtual stages). ``"Et*3|(tt|)*29,m|L"`` is DeepSeek-V3's 32
+    stages. Raises ``ValueError`` (one line) on a character Megatron does not know."""
+    flat = text.replace(",", "")
+    for pattern in (_LAYOUT_GROUP, _LAYOUT_REPEAT):
+        size = len(flat)
+        for mt in pattern.finditer(flat):
+            size += len(mt.group(1)) * int(mt.group(2)) - len(mt.group(0))
+            if size > MAX_LAYOUT_CHARS:
+                raise ValueError(f"pipeline layout {text[:40]!r} unrolls to more than "
+                                 f"{MAX_LAYOUT_CHARS:,} characters")
+        flat = pattern.sub(lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    stages = tuple(flat.split("|"))
+    bad = sorted(set(flat) - LAYOUT_CHARS - {"|"})
+    if bad:
+        raise ValueError(f"pipeline layout {text[:40]!r}: unknown character(s) {bad}; Megatron's "
+                         f"layout knows E (embedding), t (decoder layer), m (MTP layer), L (loss), "
+                         f"| (next virtual stage), (...)*n and x*n")
+    return stages
 
 
 class RopeScaling(StrEnum):
@@ -488,6 +563,18 @@ class ParallelConfig(Spec):
     schedule: Schedule | None = Field(default=None, description="None: interleaved if vpp > 1")
     fp8_recipe: Fp8Recipe | None = Field(default=None, description="None: BF16 compute")
     pipeline_split: PipelineSplit | None = Field(default=None, description="None: auto")
+    first_stage_layers: int | None = Field(
+        default=None, ge=1, le=100_000, description="uneven split: decoder layers of the first "
+        "pipeline stage, all its virtual stages together (Megatron-LM "
+        "--decoder-first-pipeline-num-layers); None: a middle stage's share")
+    last_stage_layers: int | None = Field(
+        default=None, ge=1, le=100_000, description="uneven split: decoder layers of the last "
+        "pipeline stage (Megatron-LM --decoder-last-pipeline-num-layers); None: a middle "
+        "stage's share")
+    pipeline_layout: str | None = Field(
+        default=None, min_length=1, max_length=10_000, description="layout split: Megatron-LM "
+        "--pipeline-model-parallel-layout, e.g. 'Et*3|(tt|)*29,m|L' (E embedding, t decoder "
+        "layer, m MTP layer, L loss, | between virtual stages)")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
@@ -496,6 +583,17 @@ class ParallelConfig(Spec):
             raise ValueError(
                 f"unknown recompute module(s) {unknown}; choose from {sorted(SELECTIVE_MODULES)}"
             )
+        uneven = self.first_stage_layers is not None or self.last_stage_layers is not None
+        if uneven and self.pipeline_split not in (None, PipelineSplit.UNEVEN):
+            raise ValueError(
+                f"first/last stage layers make the uneven split, not "
+                f"{self.pipeline_split.value}; drop --pipeline-split or give uneven")
+        if self.pipeline_layout is not None:
+            parse_pipeline_layout(self.pipeline_layout)
+        if self.pipeline_layout is not None and (
+                uneven or self.pipeline_split not in (None, PipelineSplit.LAYOUT)):
+            raise ValueError("a pipeline layout is the whole split: give it without first/last "
+                             "stage layers or another --pipeline-split")
         return self
 
     @property
@@ -540,6 +638,16 @@ def default_fp8_recipe(gpu: GpuSpec) -> Fp8Recipe:
     """Default FP8 recipe per architecture: MXFP8 on Blackwell (block-scaled tensor cores), per-
     tensor current scaling elsewhere (Hopper, CDNA3/4), as Megatron-Bridge's recipes choose."""
     return Fp8Recipe.MXFP8 if gpu.architecture == "blackwell" else Fp8Recipe.TENSORWISE
+
+
+def given_pipeline_split(cfg: ParallelConfig) -> PipelineSplit | None:
+    """The split the configuration's own fields name: ``layout`` with a pipeline layout,
+    ``uneven`` with first/last stage layers, else its ``pipeline_split`` (None: automatic)."""
+    if cfg.pipeline_layout is not None:
+        return PipelineSplit.LAYOUT
+    if cfg.first_stage_layers is not None or cfg.last_stage_layers is not None:
+        return PipelineSplit.UNEVEN
+    return cfg.pipeline_split
 
 
 def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
@@ -606,7 +714,8 @@ def resolve_config(
             "distributed_optimizer": cfg.distributed_optimizer and not cfg.fsdp,
             "schedule": cfg.schedule_,
             "fp8_recipe": fp8,
-            "pipeline_split": cfg.pipeline_split or auto_pipeline_split(model, cfg.pp, cfg.vpp),
+            "pipeline_split": (given_pipeline_split(cfg)
+                               or auto_pipeline_split(model, cfg.pp, cfg.vpp)),
             "recompute_layers": cfg.recompute_layers if cfg.recompute is Recompute.FULL else None,
         }
     )

@@ -57,7 +57,13 @@ from tune_cp.oracle.inventory import (
     mamba_scan_flops_per_token,
     mtp_kind,
 )
-from tune_cp.oracle.memory import ParamUnits, param_units, stage_counts_by_kind, stage_params
+from tune_cp.oracle.memory import (
+    ParamUnits,
+    param_units,
+    split_fields,
+    stage_counts_by_kind,
+    stage_params,
+)
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -119,14 +125,41 @@ RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
 DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
 SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
-SPLIT_CODE = {PipelineSplit.EVEN: 0, PipelineSplit.EMBEDDING_LOSS: 1}
+#: pipeline splits by code, with their values (split, first stage layers, last stage layers,
+#: layout): 0 even, 1 embedding_loss, the splits without values next, and every split with
+#: values (uneven, layout) gets the next code the first time this process meets it
+#: (:func:`split_code`; the codes never leave the process)
+SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
+_SPLIT_KEYS: list[SplitKey] = [(s, None, None, None) for s in PipelineSplit
+                               if s not in (PipelineSplit.UNEVEN, PipelineSplit.LAYOUT)]
+_SPLIT_INDEX: dict[SplitKey, int] = {k: i for i, k in enumerate(_SPLIT_KEYS)}
+SPLIT_CODE = {k[0]: i for i, k in enumerate(_SPLIT_KEYS)}
+
+
+def split_code(cfg: ParallelConfig) -> int:
+    """The code of a resolved configuration's split with its values (:data:`_SPLIT_KEYS`)."""
+    assert cfg.pipeline_split is not None
+    key = (cfg.pipeline_split, *split_fields(cfg))
+    code = _SPLIT_INDEX.get(key)
+    if code is None:
+        code = _SPLIT_INDEX[key] = len(_SPLIT_KEYS)
+        _SPLIT_KEYS.append(key)
+    return code
+
+
 FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
             Fp8Recipe.MXFP8: 3}
 MODULE_BITS = {"core_attn": 1, "layernorm": 2, "mlp": 4, "moe": 8, "moe_act": 16,
                "shared_experts": 32, "mla_up_proj": 64}
 _CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
 _CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
-_CODE_SPLIT = {v: k for k, v in SPLIT_CODE.items()}
+
+
+def split_config(code: int) -> dict[str, Any]:
+    """The ``ParallelConfig`` fields of split ``code`` (:func:`split_code`)."""
+    split, first, last, layout = _SPLIT_KEYS[code]
+    return {"pipeline_split": split, "first_stage_layers": first, "last_stage_layers": last,
+            "pipeline_layout": layout}
 
 
 # ============================================================================ config batch
@@ -145,6 +178,12 @@ class RunTraits:
     reduce-scatter run between the GEMMs.
     ``fp8_rowwise``: the FP8 recipe is torchao's row-wise scaling (see
     :data:`CAST_BYTES_PER_ELEMENT`); ignored without FP8.
+    ``moe_capacity_factor``: token-drop MoE padded to this capacity factor (Megatron-LM
+    ``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``, tune-cp
+    ``--moe-token-drop C``): every expert processes, and the all-to-all moves, ``C`` times the
+    balanced token copies (padding included), so the expert GEMMs, their element-wise work and
+    the dispatch bytes scale by ``C``; None: 1 (dropless, or a published row whose capacity is
+    not stated).
     ``moe_dropless``: MoE layers route without a capacity limit (Megatron-Core's default,
     ``--moe-expert-capacity-factor`` unset): each layer copies its token counts to the host, so
     the host cannot run ahead of the GPU across it (:func:`host_exposed`, and at every pipeline
@@ -173,6 +212,7 @@ class RunTraits:
     moe_dropless: bool = True
     cuda_graph_scope: tuple[str, ...] = ()
     moe_a2a_overlap: bool = False
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         bad = sorted(set(self.cuda_graph_scope) - set(GRAPH_BITS))
@@ -196,7 +236,7 @@ class ConfigBatch:
     Codes: ``recompute`` 0 none / 1 selective / 2 full; ``recompute_method`` 0 uniform /
     1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
     :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
-    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss; ``fp8`` -1 none /
+    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss / :func:`split_code`; ``fp8`` -1 none /
     0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
     :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
     """
@@ -231,6 +271,8 @@ class ConfigBatch:
     graph_mask: np.ndarray | None = None
     #: RunTraits.moe_a2a_overlap (None: all False)
     a2a_overlap: np.ndarray | None = None
+    #: RunTraits.moe_capacity_factor, 1.0 when None (None: all 1.0)
+    capacity: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -269,13 +311,14 @@ class ConfigBatch:
             fsdp=arr(lambda c: c.fsdp, bool),
             dispatcher=arr(lambda c: DISPATCH_CODE[c.dispatcher]),
             schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
-            split=arr(lambda c: SPLIT_CODE[c.pipeline_split]),
+            split=arr(split_code),
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
             dropless=np.array([t.moe_dropless for t in traits], dtype=bool),
             graph_mask=np.array([t.graph_mask for t in traits], dtype=np.int64),
             a2a_overlap=np.array([t.moe_a2a_overlap for t in traits], dtype=bool),
+            capacity=np.array([t.moe_capacity_factor or 1.0 for t in traits], dtype=np.float64),
             grad_fp32=arr(lambda c: c.grad_reduce_in_fp32, bool),
         )
 
@@ -309,6 +352,7 @@ class ConfigBatch:
         moe_dropless: Any = True,
         cuda_graph_mask: Any = 0,
         moe_a2a_overlap: Any = False,
+        moe_capacity_factor: Any = 1.0,
     ) -> ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
@@ -348,6 +392,7 @@ class ConfigBatch:
             tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
             graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
+            capacity=b(moe_capacity_factor, np.float64),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -359,6 +404,8 @@ class ConfigBatch:
             cuda_graph_scope=() if self.graph_mask is None else tuple(
                 k for k, bit in GRAPH_BITS.items() if int(self.graph_mask[i]) & bit),
             moe_a2a_overlap=False if self.a2a_overlap is None else bool(self.a2a_overlap[i]),
+            moe_capacity_factor=(None if self.capacity is None or self.capacity[i] == 1.0
+                                 else float(self.capacity[i])),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -379,7 +426,7 @@ class ConfigBatch:
             grad_reduce_in_fp32=True if self.grad_fp32 is None else bool(self.grad_fp32[i]),
             dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
             schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
-            fp8_recipe=fp8, pipeline_split=_CODE_SPLIT[int(self.split[i])],
+            fp8_recipe=fp8, **split_config(int(self.split[i])),
         )
 
 
@@ -683,9 +730,10 @@ def _stage_layers(
     """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
     model's own :class:`oracle.memory.StageCounts` (``stage_counts_by_kind``: the one per-stage
     composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
-    counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, _CODE_SPLIT[split], 1,
+    split_, first, last, layout = _SPLIT_KEYS[split]
+    counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, split_, 1,
                                   _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
-                                  None if k < 0 else k)
+                                  None if k < 0 else k, first, last, layout)
 
     def arr(get: Any) -> np.ndarray:
         return np.array([get(c) for c in counts], dtype=np.int64)
@@ -821,6 +869,9 @@ def build_work(
     for ops in block_gemms(model, T, Tsp, tp, ep, etp).values():
         for op in ops:
             gemm(op.slot, op.m, op.n, op.k, op.count)
+    # token-drop padded to a capacity factor: the experts' GEMMs run on C x the token copies
+    cap = np.ones(n) if b.capacity is None else b.capacity
+    M[:, EXP_SLOTS] = M[:, EXP_SLOTS] * cap[:, None]
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -843,7 +894,8 @@ def build_work(
     width = model.moe_latent_size or h
     if model.is_moe:
         fe_loc = np.ceil(model.expert_ffn_hidden_size / etp)
-        rows = Tsp * k * etp  # token copies this rank's experts process
+        # token copies this rank's experts process (x the capacity factor under token-drop)
+        rows = Tsp * k * etp * cap
         fs = model.num_shared_experts * model.shared_expert_ffn_hidden_size
         fs_loc = np.ceil(fs / tp) if fs else np.zeros(n)
     else:
@@ -985,7 +1037,8 @@ def build_work(
         span = b.etp * b.ep
         per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
         ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
-        disp = Tsp * k * width * BF16  # bytes one rank dispatches (bf16 token copies)
+        # bytes one rank dispatches (bf16 token copies; padded to the capacity under token-drop)
+        disp = Tsp * k * width * BF16 * cap
         a2a_intra = disp * (ep_local - 1) / ep
         a2a_inter = disp * (ep - ep_local) / ep
         nodes = ep / ep_local

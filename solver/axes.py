@@ -14,6 +14,10 @@ Two tables, and every list of axis names in tune-cp is derived from them:
   FSDP) and ``recompute`` four (one recompute option); ``sequence_parallel`` (derived from tp)
   and ``grad_reduce_in_fp32`` / ``fp8_param_gather`` (fixed per search) are knobs but not axes.
 
+A third table, :data:`RUN_KNOBS`, declares the framework run settings (CUDA-graph scope, MoE
+all-to-all overlap, token-drop): fields of ``solver/settings.py::RunSettings``, not of the
+configuration, with their flags and framework spellings.
+
 Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`,
 :data:`BASELINE_KEYS`, :data:`COMBINATION_AXES` (the planner's schema), :data:`ATTRIBUTION_FIELDS`
 (the search's attribution changes). ``cli.py`` generates its configuration flags from
@@ -50,6 +54,7 @@ class FlagKind(StrEnum):
     FLAG = "flag"  # --fsdp (a flag without value; ``negated``: stores False into the field)
     SWITCH = "switch"  # --sequence-parallel / --no-sequence-parallel (unset: derived)
     MODULES = "modules"  # --recompute-modules core_attn,mlp (comma separated)
+    TEXT = "text"  # --pipeline-layout 'Et*3|(tt|)*29,m|L' (a string, as given)
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,27 @@ KNOBS: tuple[Knob, ...] = (
          kind=FlagKind.FLAG, baseline=False, megatron="fp8_param_gather",
          bridge="mixed_precision.fp8_param_gather"),
     Knob("pipeline_split", "pipeline_split", "pipeline-split",
-         "Layer split  [default: even when layers divide, else embedding_loss]",
+         "Layer split: even, embedding_loss (embedding and loss as layer slots), light_first / "
+         "light_last / light_ends (the end stages one layer per virtual stage lighter), uneven "
+         "(--first/last-stage-layers), layout (--pipeline-layout)  [default: even when layers "
+         "divide, else embedding_loss]",
          kind=FlagKind.CHOICE, choices=PipelineSplit, attributed=True),
+    Knob("first_stage_layers", None, "first-stage-layers",
+         "Uneven split: decoder layers of the first pipeline stage, all its virtual stages "
+         "(Megatron-LM --decoder-first-pipeline-num-layers)", hi=MAX_STAGES, baseline=False,
+         megatron="decoder_first_pipeline_num_layers",
+         bridge="model.num_layers_in_first_pipeline_stage"),
+    Knob("last_stage_layers", None, "last-stage-layers",
+         "Uneven split: decoder layers of the last pipeline stage (Megatron-LM "
+         "--decoder-last-pipeline-num-layers)", hi=MAX_STAGES, baseline=False,
+         megatron="decoder_last_pipeline_num_layers",
+         bridge="model.num_layers_in_last_pipeline_stage"),
+    Knob("pipeline_layout", None, "pipeline-layout",
+         "Hand-written layout (Megatron-LM --pipeline-model-parallel-layout), e.g. "
+         "'Et*3|(tt|)*29,m|L': E embedding, t decoder layer, m MTP layer, L loss, | next "
+         "virtual stage; pp x vpp stages", kind=FlagKind.TEXT, baseline=False,
+         megatron="pipeline_model_parallel_layout",
+         bridge="model.pipeline_model_parallel_layout"),
 )
 
 KNOB: dict[str, Knob] = {k.field: k for k in KNOBS}
@@ -189,7 +213,9 @@ AXIS_TABLE: tuple[Axis, ...] = (
     Axis("ep", "divisors of the expert count (1 for a dense model)"),
     Axis("etp", "from the policy: {1, tp}, tp, or divisors of the expert FFN width"),
     Axis("mbs", "1, 2, 4, 8 up to the global batch"),
-    Axis("pipeline_split", "automatic (even when the layers divide, else embedding_loss)"),
+    Axis("pipeline_split", "automatic (even when the layers divide, else embedding_loss) and "
+                           "the light splits (light_first, light_last, light_ends) where they "
+                           "exist"),
     Axis("schedule", "from vpp (zero-bubble when asked)"),
     Axis("fp8_recipe", "from the training precision (every FP8 recipe when asked)"),
     Axis("dispatcher", "alltoall (flex when asked)"),
@@ -214,3 +240,56 @@ COMBINATION_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.combinable
 ATTRIBUTION_FIELDS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.attributed)
 # every axis sets at least one knob, and every knob's axis exists
 assert {k.axis for k in KNOBS} - {None} == set(AXES)
+
+
+@dataclass(frozen=True)
+class RunKnob:
+    """One framework run setting of ``solver/settings.py::RunSettings`` (not a
+    ``ParallelConfig`` field: fixed for a whole check, search or plan, never searched), with its
+    flag and the frameworks' spellings (the exporters and readers in ``formats/`` write and read
+    these names; ``formats/keys.py`` has the readers' key types).
+
+    ``field``: the ``RunSettings`` field; ``flag``: the command-line flag (``--`` + spelling);
+    ``kind``: ``FLAG`` with ``negated`` False is a ``--x/--no-x`` switch here; ``metavar``: the
+    value's name; ``megatron``: Megatron-LM flags (``arguments.py`` at ``d98e8a64dd``);
+    ``primus``: Primus keys (``trainer_base.yaml`` / ``language_model.yaml`` at ``fd1eeabbad``);
+    ``bridge``: Megatron-Bridge ``ConfigContainer`` fields (``067f987df0``).
+    """
+
+    field: str
+    flag: str
+    help: str
+    metavar: str
+    megatron: tuple[str, ...]
+    primus: tuple[str, ...]
+    bridge: tuple[str, ...]
+
+
+#: The framework run settings the published recipes vary, in the order their flags are listed.
+RUN_KNOBS: tuple[RunKnob, ...] = (
+    RunKnob("cuda_graph_scope", "cuda-graph-scope",
+            "CUDA graphs: per-layer parts, comma separated (attn,mlp,moe_router,"
+            "moe_preprocess: Megatron-LM --cuda-graph-impl transformer_engine "
+            "--cuda-graph-modules ...), full_iteration (--cuda-graph-impl full_iteration), or "
+            "none  [default: none]",
+            "attn,mlp,moe_router,moe_preprocess|full_iteration|none",
+            megatron=("--cuda-graph-impl", "--cuda-graph-modules", "--cuda-graph-scope"),
+            primus=("external_cuda_graph", "enable_cuda_graph", "cuda_graph_scope"),
+            bridge=("model.cuda_graph_impl", "model.cuda_graph_modules")),
+    RunKnob("moe_a2a_overlap", "moe-a2a-overlap",
+            "Overlap the MoE dispatch/combine all-to-all of one micro-batch with another's "
+            "computation (Megatron-LM --overlap-moe-expert-parallel-comm --delay-wgrad-compute; "
+            "needs ep > 1, no full recompute, interleaving when pp > 1)  [default: off]",
+            "", megatron=("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"),
+            primus=("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"),
+            bridge=("comm_overlap.overlap_moe_expert_parallel_comm",
+                    "comm_overlap.delay_wgrad_compute")),
+    RunKnob("moe_capacity_factor", "moe-token-drop",
+            "Token-drop MoE: each expert's input padded to this capacity factor (Megatron-LM "
+            "--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity)  [default: "
+            "dropless]", "CAPACITY_FACTOR",
+            megatron=("--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"),
+            primus=("moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity"),
+            bridge=("model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity")),
+)
+RUN_KNOB: dict[str, RunKnob] = {k.field: k for k in RUN_KNOBS}

@@ -10,7 +10,11 @@ placeholder pandas whose ``Index`` and ``Series`` are empty classes, then gives 
 module that imports the real pandas on its first use, so the ``*_series`` helpers still work
 (``tests/test_cli_startup.py`` calls one). When pandas is already loaded, nothing is replaced.
 
-Every tune-cp module takes ``cp_model`` and ``cp_model_helper`` from here.
+Every tune-cp module takes ``cp_model`` and ``cp_model_helper`` from here, and builds its
+models as :class:`CpModel`: ``cp_model.CpModel`` whose pre-PEP8 names (``NewIntVar``,
+``AddElement``, ...) are aliases defined once on the class, not wrapped anew on each instance
+(OR-Tools' ``CpModel.__init__`` walks ``dir(self)`` and wraps about sixty methods every time:
+a few milliseconds per model, and the enumeration builds one per slice).
 """
 
 from __future__ import annotations
@@ -49,4 +53,29 @@ def _import_cp_model() -> types.ModuleType:
 cp_model = _import_cp_model()
 from ortools.sat.python import cp_model_helper  # noqa: E402  (loaded by cp_model above)
 
-__all__ = ["cp_model", "cp_model_helper"]
+
+class CpModel(cp_model.CpModel):
+    """``cp_model.CpModel`` with its pre-PEP8 method names as class attributes (the same
+    methods, without the per-instance deprecation wrappers)."""
+
+    def _add_pre_pep8_methods(self) -> None:  # the aliases are on the class
+        pass
+
+
+def _pre_pep8_aliases() -> None:
+    base = cp_model.CpModel
+    # the names OR-Tools 9.15's CpModel._add_pre_pep8_methods wraps
+    names = [n for n in dir(base) if n.startswith(("add_", "new_", "clear_"))
+             and callable(getattr(base, n))]
+    names += ["add", "clone", "get_bool_var_from_proto_index", "get_int_var_from_proto_index",
+              "get_interval_var_from_proto_index", "minimize", "maximize", "has_objective",
+              "model_stats", "validate", "export_to_file"]
+    for n in names:
+        alias = cp_model.snake_case_to_camel_case(n)
+        if alias not in CpModel.__dict__:
+            setattr(CpModel, alias, getattr(base, n))
+
+
+_pre_pep8_aliases()
+
+__all__ = ["CpModel", "cp_model", "cp_model_helper"]

@@ -24,7 +24,7 @@ from tune_cp.solver.constraints import (
     SoftObjective,
     compile_expr,
 )
-from tune_cp.solver.cpsat import cp_model
+from tune_cp.solver.cpsat import cp_model, cp_model_helper
 from tune_cp.solver.model import LegalityModel
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import RULES
@@ -90,22 +90,48 @@ def sort_key(space: SearchSpace, candidate: Mapping[str, Any]) -> tuple[int, ...
 
 class _Collector(cp_model.CpSolverSolutionCallback):
     """Reads each solution: the raw value of every axis in ``AXES`` order (the value of tp, pp,
-    cp, vpp, ep, etp, mbs; the domain index of the others) and the peak bytes."""
+    cp, vpp, ep, etp, mbs; the domain index of the others) and the peak bytes.
+
+    Values are read by variable index (``SolutionIntegerValue``), each memory total from its
+    linear form (variable indices, coefficients, offset) flattened once: the same numbers as
+    ``Value`` of each expression, without converting the expressions at every solution."""
 
     def __init__(self, lm: LegalityModel) -> None:
         super().__init__()
-        self.slots = [(i, lm.ar.as_var(v)) for i, v in enumerate(lm.axis.values())
+        self.slots = [(i, lm.ar.as_var(v).index) for i, v in enumerate(lm.axis.values())
                       if isinstance(v, Sym)]
         self.template = [v if isinstance(v, int) else 0 for v in lm.axis.values()]
-        self.mem = lm.memory if ("hbm" in lm.families) else None
         self.rows: list[tuple[tuple[int, ...], int]] = []
+        #: scenario (a constant, or a variable index), and per scenario the slots' totals
+        self.scenario: tuple[bool, int] | None = None
+        self.totals: dict[int, list[tuple[tuple[tuple[int, int], ...], int]]] = {}
+        if "hbm" in lm.families:
+            mem = lm.memory
+            sc = mem.scenario
+            self.scenario = ((True, lm.ar.as_var(sc).index) if isinstance(sc, Sym)
+                             else (False, sc))
+            for s in mem.scenarios:
+                self.totals[s] = [_linear_form(t[s]) for t in mem.totals]
 
     def on_solution_callback(self) -> None:
+        value = self.SolutionIntegerValue
         vals = list(self.template)
         for i, v in self.slots:
-            vals[i] = self.Value(v)
-        peak = self.mem.peak(lambda x: self.Value(x.expr)) if self.mem else -1
+            vals[i] = value(v)
+        peak = -1
+        if self.scenario is not None:
+            is_var, s = self.scenario
+            forms = self.totals[value(s) if is_var else s]
+            peak = max(off + sum(c * value(j) for j, c in terms) for terms, off in forms)
         self.rows.append((tuple(vals), peak))
+
+
+def _linear_form(x: Any) -> tuple[tuple[tuple[int, int], ...], int]:
+    """((variable index, coefficient), ...), offset) of an integer or a :class:`Sym`."""
+    if isinstance(x, int):
+        return (), x
+    f = cp_model_helper.FlatIntExpr(x.expr)
+    return tuple(zip([v.index for v in f.vars], f.coeffs, strict=True)), f.offset
 
 
 def single_solve_solver(time_limit_s: float | None = None) -> cp_model.CpSolver:

@@ -49,15 +49,14 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import compile_expr
-from tune_cp.solver.cpsat import cp_model
+from tune_cp.solver.cpsat import CpModel, cp_model
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import (
     FP8_ARCHITECTURES_MX,
     RULES,
-    hybrid_split_ok,
     layers_per_chunk,
     mamba_cp_ok,
-    split_slots,
+    split_problem,
     tp_shape_ok,
     training_precision,
 )
@@ -94,6 +93,8 @@ class OracleCache:
         self.stages: dict[tuple[Any, ...], list[M.StageCounts]] = {}
         #: decoder layers of the largest chunk per (pp, vpp, split index)
         self.chunk_max: dict[tuple[int, int, int], int] = {}
+        #: whether the split is legal per (pp, vpp, split index) (``split_ok``)
+        self.split_legal: dict[tuple[int, int, int], bool] = {}
 
     def resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
@@ -160,7 +161,7 @@ class LegalityModel:
             raise ValueError(f"unknown families {sorted(unknown)}; choose from {list(RULES)}")
         self.families = tuple(f for f in RULES if f in wanted)
         self.cache = oracle_cache(problem)
-        self.cp = cp_model.CpModel()
+        self.cp = CpModel()
         self.ar = Arith(self.cp)
         self.ar.linear_division = self.ar.record_relations = enforced
         self._axes()
@@ -191,7 +192,7 @@ class LegalityModel:
         self.etp_pairs = [(t, e) for t in sp.tp for e in sp.etp_values(t)]
         ar.allow([self.tp, self.etp], self.etp_pairs)  # the etp policy (the space, not a rule)
         self.mbs = ar.var(sp.mbs, "mbs")
-        self.split_i = ar.var(range(len(sp.pipeline_split)), "split_i")
+        self.split_i = ar.var(self._split_domain(), "split_i")
         self.sched_i = ar.var(range(len(sp.schedule)), "sched_i")
         self.fp8_i = ar.var(range(len(sp.fp8_recipe)), "fp8_i")
         self.disp_i = ar.var(range(len(sp.dispatcher)), "disp_i")
@@ -204,6 +205,21 @@ class LegalityModel:
             "schedule": self.sched_i, "fp8_recipe": self.fp8_i, "dispatcher": self.disp_i,
             "optimizer": self.opt_i, "recompute": self.rc,
         }
+
+    def _split_domain(self) -> list[int]:
+        """The split indices of the space; in an enforced model with the ``pipeline_split``
+        family, only those legal at some (pp, vpp) of the space (the light splits exist at few
+        geometries, and a slice of one pp often admits none of them: fewer values to branch
+        on, the same solutions)."""
+        sp = self.p.space
+        every = list(range(len(sp.pipeline_split)))
+        if not (self.enforced and "pipeline_split" in self.families):
+            return every
+        kept = [i for i in every if any(
+            split_ok(self, p, v, SPLITS.index(self._resolved(
+                pp=p, vpp=v, pipeline_split=sp.pipeline_split[i]).pipeline_split))
+            for p in sp.pp for v in sp.vpp)]
+        return kept or every[:1]
 
     def family_predicate(self, keys: Sequence[Value], fn: Callable[..., bool],
                          stem: str) -> Value:
@@ -371,10 +387,13 @@ def enc_sequence_length(m: LegalityModel) -> Value:
 
 
 def split_ok(m: LegalityModel, pp: int, vpp: int, split: int) -> bool:
-    """pp x vpp divides the layer slots of the split and is at most the layer count."""
-    slots = split_slots(m.p.model, SPLITS[split])
-    return (slots % (pp * vpp) == 0 and pp * vpp <= m.p.model.num_layers
-            and hybrid_split_ok(m.p.model, vpp, SPLITS[split]))
+    """The split is legal at pp x vpp (``solver.rules.split_problem``; the uneven and layout
+    splits need their values, which the search space never holds)."""
+    key = (pp, vpp, split)
+    got = m.cache.split_legal.get(key)
+    if got is None:
+        got = m.cache.split_legal[key] = split_problem(m.p.model, pp, vpp, SPLITS[split]) is None
+    return got
 
 
 def enc_pipeline_split(m: LegalityModel) -> Value:
@@ -776,8 +795,6 @@ class MemoryEncoding:
                     if sl is None:
                         sl = m.cache.stages[key] = self._stage_counts(pp_, v, SPLITS[s], mc, cd)
                     stage_lists[key] = sl
-        self.n_rows = len({tuple((st.as_vector(), st.recompute_groups) for st in sl)
-                           for sl in stage_lists.values()})
         self.n_slots = max(len(sl) for sl in stage_lists.values())
         self.n_groups = max((len(st.recompute_groups) for sl in stage_lists.values() for st in sl),
                             default=0)
@@ -785,12 +802,17 @@ class MemoryEncoding:
         gw = len(M.KINDS)  # a recompute group: layers per kind
         zero = M.StageCounts(0, **dict.fromkeys(M.VECTOR_FIELDS, 0), recompute_groups=())
 
+        vectors: dict[int, tuple[int, ...]] = {}  # as_vector per stage (by id: all kept alive)
+
         def flat(*key: int) -> tuple[int, ...]:
             sl = stage_lists[key]
             out: list[int] = []
             for j in range(self.n_slots):
                 st = sl[min(j, len(sl) - 1)] if sl else zero
-                out += st.as_vector()
+                vec = vectors.get(id(st))
+                if vec is None:
+                    vec = vectors[id(st)] = st.as_vector()
+                out += vec
                 for g in range(self.n_groups):
                     out += st.recompute_groups[g] if g < len(st.recompute_groups) else (0,) * gw
             return tuple(out)

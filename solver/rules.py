@@ -20,8 +20,9 @@ expert_tensor_parallel   etp divides the expert FFN; MoE with biases needs etp =
 sequence_parallel        MoE with tp > 1 needs sequence parallelism
 sequence_length          seq divisible by 2 cp (context parallel) and seq / cp by tp (SP);
                          Mamba heads over tp x cp, Mamba groups over tp x cp or cp over them
-pipeline_split           layers split evenly over pp x vpp virtual stages; a hybrid Mamba model:
-                         even split, no virtual stages
+pipeline_split           layers split evenly over pp x vpp virtual stages (with embedding and
+                         loss as slots, uneven end stages, or a layout: ``split_problem``); a
+                         hybrid Mamba model: even split, no virtual stages
 virtual_pipeline         vpp > 1 needs pp > 1 and the interleaved schedule; the interleaved
                          schedule needs a micro-batch count that is a multiple of pp
 schedule                 zero-bubble: no recomputation, pp > 1, vpp in {1, 2}, untied
@@ -53,10 +54,15 @@ from tune_cp.oracle.memory import (
     MemoryReport,
     max_chunk_layers,
     memory_report,
+    pipeline_chunks,
+    split_fields,
+    uneven_stage_layers,
 )
 from tune_cp.oracle.specs import (
     GIB,
+    LIGHT_TRIM,
     ClusterSpec,
+    Dispatcher,
     Fp8Recipe,
     ModelSpec,
     ParallelConfig,
@@ -67,6 +73,7 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
     nodes_text,
+    parse_pipeline_layout,
 )
 from tune_cp.solver.axes import AXES
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
@@ -268,7 +275,7 @@ def expert_layout(ctx: RuleContext) -> list[Violation]:
         out.append(Violation("expert_layout", f"pp x ep x etp ({c.pp} x {c.ep} x {c.etp_} = {prod}) "
                              f"must divide the {w} GPUs so the expert-data-parallel size is whole; "
                              f"{hint}", ("ep", "etp") if legal_ep else ("etp",)))
-    return out
+    return out + setting_violations(ctx, "expert_layout")
 
 
 def expert_tensor_parallel(ctx: RuleContext) -> list[Violation]:
@@ -328,25 +335,111 @@ def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
     return model.num_layers + 2 + model.num_mtp_layers
 
 
+def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
+                  first: int | None = None, last: int | None = None,
+                  layout: str | None = None) -> str | None:
+    """Why the split of ``pp x vpp`` virtual stages is illegal (one line naming the values and
+    what would be legal), or None. The one home of the split's legality: the rule
+    :func:`pipeline_split` and the CP-SAT model (``solver/model.py::split_ok``) call it.
+
+    ``even`` / ``embedding_loss``: the layers (or layer slots) divide over ``pp x vpp``; under
+    ``embedding_loss`` a virtual stage may hold only the embedding or only the loss (Megatron-Core
+    ``get_num_layers_to_build`` asserts ``>= 0`` layers; Meta's Llama 3 405B runs that way).
+    ``uneven`` / light splits (Megatron-Core ``TransformerConfig.__post_init__``): pp > 1; the
+    first / last stage layers positive and divisible by vpp; the rest divisible by the middle
+    stages and each middle stage's share by vpp (with no middle stage, first + last = layers).
+    A light split that gives the same stages as the even or embedding_loss split is left to
+    that split (one configuration, one name). ``layout``
+    (``pipeline_parallel_layer_layout.py::validate_layer_layout``): ``pp x vpp`` stages, the
+    embedding first and the loss last, once each, every decoder and MTP layer, MTP after the
+    decoder layers in a rank's last virtual stage."""
+    virtual = pp * vpp
+    L = model.num_layers
+    if not hybrid_split_ok(model, vpp, split):
+        legal_pp = [p for p in divisors(L) if p <= L]
+        return (f"{model.name} is a hybrid Mamba model: Megatron-Core splits its {L}-layer "
+                f"pattern evenly over pp stages without virtual stages (vpp {vpp}, {split.value} "
+                f"split given); use vpp 1, the even split and pp in {fmt_set(legal_pp)}")
+    if split in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+        slots = split_slots(model, split)
+        if slots % virtual == 0:
+            return None
+        what = ("num_layers" if split is PipelineSplit.EVEN else
+                "num_layers + embedding + loss" + (" + MTP" if model.num_mtp_layers else ""))
+        legal_pp = [p for p in divisors(slots) if slots % (p * vpp) == 0]
+        return (f"{what} ({slots}) must split evenly over pp x vpp = {pp} x {vpp} = {virtual} "
+                f"virtual stages ({split.value} split); with vpp {vpp} choose pp in "
+                f"{fmt_set(legal_pp)}")
+    if split is PipelineSplit.LAYOUT:
+        return _layout_problem(model, pp, vpp, layout)
+    if pp == 1:
+        return f"the {split.value} split needs pp > 1 (first and last stage are one at pp 1)"
+    ends = uneven_stage_layers(L, pp, vpp, split, first, last)
+    if ends is None:
+        a, b = LIGHT_TRIM[split]
+        legal_pp = [p for p in divisors(L // vpp + a + b) if p > 1] if L % vpp == 0 else []
+        return (f"the {split.value} split needs num_layers / vpp + {a + b} ({L} / {vpp}"
+                f"{'' if L % vpp == 0 else ', not whole'}) to divide over pp ({pp}); with vpp "
+                f"{vpp} choose pp in {fmt_set(legal_pp)}")
+    f, la = ends
+    if f is None and la is None:
+        return ("the uneven split needs first and/or last stage layers (Megatron-LM "
+                "--decoder-first/last-pipeline-num-layers)")
+    for name, n in (("first", f), ("last", la)):
+        if n is not None and (n < 1 or n % vpp):
+            return (f"the {name} stage's {n} layers ({split.value} split) must be positive and "
+                    f"divisible by vpp ({vpp}) (Megatron-Core num_layers_in_{name}_pipeline_stage)")
+    middle_ranks = pp - (f is not None) - (la is not None)
+    middle = L - (f or 0) - (la or 0)
+    if middle < 0 or (middle_ranks == 0 and middle):
+        return (f"first + last stage layers ({(f or 0) + (la or 0)}) must "
+                f"{'equal' if middle_ranks == 0 else 'be at most'} num_layers ({L})")
+    if middle_ranks and (middle % middle_ranks or (middle // middle_ranks) % vpp):
+        return (f"the {middle} layers between the first and last stage ({split.value} split) "
+                f"must divide over the {middle_ranks} middle stages in multiples of vpp ({vpp})")
+    if split in LIGHT_TRIM:
+        chunks = pipeline_chunks(L, model.num_mtp_layers, pp, vpp, split)
+        for other in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+            if (split_problem(model, pp, vpp, other) is None
+                    and pipeline_chunks(L, model.num_mtp_layers, pp, vpp, other) == chunks):
+                return (f"the {split.value} split gives the same stages as the {other.value} "
+                        f"split at pp {pp} x vpp {vpp}; use {other.value}")
+    return None
+
+
+def _layout_problem(model: ModelSpec, pp: int, vpp: int, layout: str | None) -> str | None:
+    """:func:`split_problem` of a hand-written layout."""
+    if layout is None:
+        return ("the layout split needs a layout (Megatron-LM --pipeline-model-parallel-layout, "
+                "tune-cp --pipeline-layout)")
+    stages = parse_pipeline_layout(layout)
+    if len(stages) != pp * vpp:
+        return (f"the layout has {len(stages)} virtual stages but pp x vpp = {pp} x {vpp} = "
+                f"{pp * vpp}; give pp in {fmt_set(divisors(len(stages)))} with vpp = {len(stages)} / pp")
+    flat = "".join(stages)
+    mtp = model.num_mtp_layers
+    if flat[:1] != "E" or flat[-1:] != "L" or flat.count("E") != 1:
+        return "the layout must begin with the embedding (E) and end with the loss (L), one E"
+    if flat.count("L") != 1:
+        return ("the layout's several loss slots (MTP loss split) are not modelled; give one L, "
+                "last")
+    if flat.count("t") != model.num_layers or flat.count("m") != mtp:
+        return (f"the layout has {flat.count('t')} decoder layers (t) and {flat.count('m')} MTP "
+                f"layers (m); {model.name} has {model.num_layers} and {mtp}")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        return "the layout must place every decoder layer (t) before the MTP layers (m)"
+    for v, st in enumerate(stages):
+        if "m" in st and v // pp != vpp - 1:
+            return (f"the layout's MTP layers must be in a rank's last virtual stage (Megatron-"
+                    f"Core), not virtual stage {v}")
+    return None
+
+
 def pipeline_split(ctx: RuleContext) -> list[Violation]:
-    c, m = ctx.cfg, ctx.model
+    c = ctx.cfg
     assert c.pipeline_split is not None
-    virtual = c.pp * c.vpp
-    slots = split_slots(m, c.pipeline_split)
-    if not hybrid_split_ok(m, c.vpp, c.pipeline_split):
-        legal_pp = [p for p in divisors(m.num_layers) if p <= m.num_layers]
-        return [Violation("pipeline_split", f"{m.name} is a hybrid Mamba model: Megatron-Core "
-                          f"splits its {m.num_layers}-layer pattern evenly over pp stages without "
-                          f"virtual stages (vpp {c.vpp}, {c.pipeline_split.value} split given); "
-                          f"use vpp 1, the even split and pp in {fmt_set(legal_pp)}")]
-    if slots % virtual == 0 and virtual <= m.num_layers:
-        return []
-    what = ("num_layers" if c.pipeline_split is PipelineSplit.EVEN else
-            "num_layers + embedding + loss" + (" + MTP" if m.num_mtp_layers else ""))
-    legal_pp = [p for p in divisors(slots) if p * c.vpp <= m.num_layers and slots % (p * c.vpp) == 0]
-    return [Violation("pipeline_split", f"{what} ({slots}) must split evenly over pp x vpp = "
-                      f"{c.pp} x {c.vpp} = {virtual} virtual stages ({c.pipeline_split.value} "
-                      f"split); with vpp {c.vpp} choose pp in {fmt_set(legal_pp)}")]
+    problem = split_problem(ctx.model, c.pp, c.vpp, c.pipeline_split, *split_fields(c))
+    return [] if problem is None else [Violation("pipeline_split", problem)]
 
 
 def virtual_pipeline(ctx: RuleContext) -> list[Violation]:
@@ -366,7 +459,7 @@ def virtual_pipeline(ctx: RuleContext) -> list[Violation]:
                                  f"micro-batches (ga = {m}) to be a multiple of pp ({c.pp}); "
                                  f"change gbs or mbs so that ga is in "
                                  f"{fmt_set(c.pp * i for i in range(1, 5))}..."))
-    return out
+    return out + setting_violations(ctx, "virtual_pipeline")
 
 
 def schedule(ctx: RuleContext) -> list[Violation]:
@@ -392,7 +485,7 @@ def layers_per_chunk(model: ModelSpec, cfg: ParallelConfig) -> int:
     chunks the memory model counts, not ``ceil(slots / (pp vpp))``)."""
     assert cfg.pipeline_split is not None
     return max_chunk_layers(model.num_layers, model.num_mtp_layers, cfg.pp, cfg.vpp,
-                            cfg.pipeline_split)
+                            cfg.pipeline_split, *split_fields(cfg))
 
 
 def recompute(ctx: RuleContext) -> list[Violation]:
@@ -420,7 +513,7 @@ def recompute(ctx: RuleContext) -> list[Violation]:
         if c.fp8_recipe is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"}:
             out.append(Violation("recompute", "recompute modules moe_act and layernorm are not "
                                  "supported with the delayed FP8 recipe; use tensorwise or drop them"))
-    return out
+    return out + setting_violations(ctx, "recompute")
 
 
 FP8_ARCHITECTURES_MX = frozenset({"blackwell", "cdna4"})
@@ -460,7 +553,7 @@ def dispatcher(ctx: RuleContext) -> list[Violation]:
     if c.dispatcher == "flex" and (not ctx.model.is_moe or c.ep == 1):
         return [Violation("dispatcher", "the flex (DeepEP) dispatcher needs an MoE model with "
                           f"ep > 1 (ep is {c.ep}); use alltoall")]
-    return []
+    return setting_violations(ctx, "dispatcher")
 
 
 def batch(ctx: RuleContext) -> list[Violation]:
@@ -546,6 +639,55 @@ def hbm(ctx: RuleContext) -> list[Violation]:
 
 #: Families in check order. ``batch`` and ``hbm`` need the earlier ones to hold to be meaningful.
 #: The order is also the order of the sequential removal counts of a search.
+def setting_violations(ctx: RuleContext, family: str) -> list[Violation]:
+    """What Megatron-Core refuses of this layout under the run's framework settings
+    (``RunSettings``: CUDA graphs, MoE all-to-all overlap, token-drop), as violations of
+    ``family`` (``recompute``, ``dispatcher``, ``expert_layout``, ``virtual_pipeline``: the
+    family of the axis to change). Sources: Megatron-Core ``transformer/transformer_config.py``
+    ``__post_init__`` at ``d98e8a64dd``. A search takes the same conditions out of its space
+    (``solver/settings.py::narrow_space``), so the CP-SAT model needs no encoder of its own."""
+    c, o, out = ctx.cfg, ctx.settings.options, []
+    if not (o.cuda_graph_scope or o.moe_a2a_overlap or o.moe_capacity_factor is not None):
+        return out
+    if family == "recompute" and c.recompute is Recompute.FULL:
+        if o.per_layer_graphs:
+            out.append(Violation("recompute", "full recomputation with per-layer CUDA graphs "
+                                 f"(--cuda-graph-scope {','.join(o.cuda_graph_scope)}) is refused "
+                                 "by Megatron-Core ('full recompute is only supported with full "
+                                 "iteration CUDA graph'); use selective or no recomputation, or "
+                                 "full_iteration graphs"))
+        if o.moe_a2a_overlap:
+            out.append(Violation("recompute", "full recomputation with --moe-a2a-overlap is "
+                                 "refused by Megatron-Core ('disable full recomputation when "
+                                 "enabling overlap_moe_expert_parallel_comm'); use selective or "
+                                 "no recomputation"))
+    if (family == "recompute" and o.moe_a2a_overlap and c.recompute is Recompute.SELECTIVE
+            and "moe" in c.recompute_modules):
+        out.append(Violation("recompute", "the moe recompute module with --moe-a2a-overlap is "
+                             "refused by Megatron-Core ('disable moe in recompute_modules when "
+                             "enabling overlap_moe_expert_parallel_comm'); drop it"))
+    if family == "expert_layout" and o.moe_a2a_overlap and c.ep == 1:
+        out.append(Violation("expert_layout", "--moe-a2a-overlap needs ep > 1 (Megatron-Core: "
+                             "'overlap_moe_expert_parallel_comm is only supported with expert "
+                             "model parallelism')", ("ep",)))
+    if family == "dispatcher":
+        if o.moe_a2a_overlap and c.dispatcher is Dispatcher.ALLGATHER:
+            out.append(Violation("dispatcher", "--moe-a2a-overlap needs the alltoall or flex "
+                                 "dispatcher (Megatron-Core: 'overlap_moe_expert_parallel_comm is "
+                                 "supported with alltoall/flex token dispatcher')"))
+        if o.moe_capacity_factor is not None and c.dispatcher is Dispatcher.FLEX:
+            out.append(Violation("dispatcher", "--moe-token-drop pads expert inputs, which the "
+                                 "flex (DeepEP) dispatcher refuses (Megatron-Core: 'Flex token "
+                                 "dispatcher with deepep backend does not support "
+                                 "moe_pad_expert_input_to_capacity'); use alltoall"))
+    if family == "virtual_pipeline" and o.moe_a2a_overlap and c.pp > 1 and c.vpp == 1:
+        out.append(Violation("virtual_pipeline", "--moe-a2a-overlap with pp > 1 needs virtual "
+                             "stages (Megatron-Core: 'virtual_pipeline_model_parallel_size must "
+                             "be specified when pipeline_model_parallel_size > 1'); use vpp > 1",
+                             ("vpp",)))
+    return out
+
+
 RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "world_size": world_size,
     "tensor_parallel": tensor_parallel,

@@ -35,6 +35,8 @@ from pydantic import Field, model_validator
 
 from tune_cp.oracle.memory import max_chunk_layers
 from tune_cp.oracle.specs import (
+    LIGHT_SPLITS,
+    SEARCHED_LIGHT_SPLITS,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -273,26 +275,43 @@ def recompute_layer_values(k_max: int) -> tuple[int, ...]:
     return tuple(sorted({*exact, *(p for p in powers if p <= k_max), k_max}))
 
 
+#: the splits the search space may hold (the uneven and layout splits need values it has not)
+SEARCHED_SPLITS: tuple[PipelineSplit, ...] = (
+    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS)
+
+
 def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],
                          vpp_values: tuple[int, ...]) -> int:
     """Decoder layers of the largest virtual stage over the pp x vpp domain (at least 1)."""
     best = 1
     for pp, vpp in product(pp_values, vpp_values):
-        for split in PipelineSplit:
+        for split in SEARCHED_SPLITS:
             best = max(best, max_chunk_layers(model.num_layers, model.num_mtp_layers, pp, vpp, split))
     return best
 
 
-def vpp_domain(model: ModelSpec, pp_values: tuple[int, ...]) -> tuple[int, ...]:
-    """1, and every vpp > 1 some pp > 1 of the domain splits the layers for (even or
-    embedding_loss split): pp x vpp divides the layer slots and is at most the layer count."""
+def vpp_domain(model: ModelSpec, pp_values: tuple[int, ...],
+               light: bool = False) -> tuple[int, ...]:
+    """1, and every vpp > 1 some pp > 1 of the domain splits the layers for: pp x vpp divides
+    the layer slots (even or embedding_loss split; a virtual stage may hold only the embedding
+    or the loss), or, with ``light``, vpp divides the layers and ``layers / vpp + 1`` or
+    ``+ 2`` divides over pp with a non-empty lightened end (the light splits). The default
+    space does not add the light splits' own vpp values (it tries them at the others': their
+    enumeration time)."""
     out = {1}
-    for split in PipelineSplit:
+    L = model.num_layers
+    for split in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
         slots = split_slots(model, split)
         for pp in pp_values:
             if pp == 1:
                 continue
-            out |= {v for v in range(2, model.num_layers // pp + 1) if slots % (pp * v) == 0}
+            out |= {v for v in range(2, slots // pp + 1) if slots % (pp * v) == 0}
+    if light:
+        for pp in pp_values:
+            if pp == 1:
+                continue
+            out |= {v for v in divisors(L) if v > 1 and any(
+                (L // v + t) % pp == 0 and (L // v + t) // pp > 1 for t in (1, 2))}
     return tuple(sorted(out))
 
 
@@ -329,7 +348,7 @@ def default_space(
     fp8_recipes: bool = False,
     optimizers: tuple[OptimizerChoice, ...] = (OptimizerChoice.DISTRIBUTED,),
     dispatchers: tuple[Dispatcher, ...] = (Dispatcher.ALLTOALL,),
-    pipeline_splits: tuple[PipelineSplit | None, ...] = (None,),
+    pipeline_splits: tuple[PipelineSplit | None, ...] | None = None,
     grad_reduce_in_fp32: bool = True,
 ) -> SearchSpace:
     """The space a search starts from (module docstring); ``fixed`` pins axes to one value.
@@ -354,6 +373,8 @@ def default_space(
     # a hybrid Mamba model has neither virtual stages nor full recomputation (solver/rules.py
     # pipeline_split and recompute reject every such candidate): the space does not offer them
     # (full recomputation still when ``full_recompute_layers`` asks for it: the rule's tests)
+    if pipeline_splits is None:  # the automatic split, and the light ones (not for hybrids)
+        pipeline_splits = (None,) if model.is_hybrid else (None, *SEARCHED_LIGHT_SPLITS)
     vpp = (1,) if model.is_hybrid else vpp_domain(model, pp)
     k_max = max_layers_per_chunk(model, pp, vpp)
     ks = full_recompute_layers or recompute_layer_values(k_max)

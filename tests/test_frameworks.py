@@ -614,17 +614,14 @@ def test_megatron_fsdp_strategies():
 
 def test_unmodeled_flags_are_noted_not_dropped_silently():
     run = parse_megatron_args(
-        "--bf16 --decoder-first-pipeline-num-layers 3 --fp8-param-gather "
+        "--bf16 --fp8-param-gather "
         "--no-overlap-p2p-communication --moe-expert-capacity-factor 1.25 --optimizer adam",
         model=load_model("llama3-8b"))
     assert run.notes == [
-        "--decoder-first-pipeline-num-layers 3: uneven first/last pipeline stages are not "
-        "modeled (tune-cp splits evenly or with the embedding and loss as layer slots)",
         "--no-overlap-p2p-communication: without p2p overlap Megatron-LM needs pp > 2 for "
         "virtual stages; tune-cp assumes the overlap",
-        "--moe-expert-capacity-factor 1.25: token dropping at an expert capacity is not modeled "
-        "(dropless assumed)",
-    ]
+    ]  # a capacity factor is a run setting now (RunOptions), without effect on a dense model
+    assert run.options.moe_capacity_factor is None
     assert run.unknown == []
     assert run.config.fp8_param_gather is False  # a bf16 run has no FP8 parameters to gather
 
@@ -1035,7 +1032,9 @@ PRIMUS_EXAMPLES = (Path(__file__).parent / "data" / "primus_examples" / "example
     ("qwen2.5_7B-BF16-pretrain", (1, 1, 1, "none", None)),
     ("qwen3_30B_A3B-BF16-pretrain", (1, 1, 8, "full", 5)),
     ("deepseek_v2_lite-BF16-pretrain", (1, 1, 8, "none", None)),
-    ("deepseek_v3-BF16-pretrain", (1, 16, 8, "full", 2)),  # recompute_layer_ids
+    # recompute_layer_ids; its layout "Et*1|t*1|t*2|...|t*1,L" is 32 virtual stages (vpp 2)
+    # whose first holds layer 0 only, of which it recomputes 1
+    ("deepseek_v3-BF16-pretrain", (1, 16, 8, "full", 1)),
     ("grok1-BF16-pretrain", (1, 4, 8, "full", 4)),  # block 8 > the 4 layers of a chunk
     ("mixtral_8x22B_v0.1-BF16-pretrain", (1, 4, 8, "full", 0)),
     ("gpt_oss_20B-BF16-pretrain", (1, 1, 8, "none", None)),
@@ -1051,6 +1050,8 @@ def test_primus_mi355x_examples_check(name, layout):
         assert c.sequence_parallel is True  # written sequence_parallel: 1
     if name.startswith("deepseek_v3"):
         assert m.vocab_size == 129280 and m.mla is not None
+        assert (c.vpp, c.pipeline_split) == (2, PipelineSplit.LAYOUT)
+        assert c.pipeline_layout is not None and c.pipeline_layout.startswith("Et*1|t*1|t*2|")
     assert m.vocab_size > 1000
 
 
@@ -1090,7 +1091,10 @@ def test_primus_layout_that_is_the_embedding_loss_split(tmp_path):
             "Et*4|" + "t*6|" * 14 + "t*6,L"}}}})
     exp.write_text(other)
     run = parse_primus_config(exp, model=load_model("qwen3-235b-a22b"), env={})
-    assert any("custom pipeline layouts are not modeled" in n for n in run.notes)
+    # another layout is the layout split itself (its stages: oracle.memory.pipeline_chunks)
+    assert run.config.pipeline_split is PipelineSplit.LAYOUT
+    assert run.config.pipeline_layout == "Et*4|" + "t*6|" * 14 + "t*6,L"
+    assert run.config.vpp == 4
 
 
 def test_fp4_is_exported_and_read_back_as_fp4():

@@ -306,8 +306,9 @@ def test_small_nemotron_h_config_checks(tmp_path, run_cli):
 def test_hybrid_space_offers_no_virtual_stages_nor_full_recompute():
     """solver/space.py::default_space no longer offers vpp > 1 or full recomputation for a
     hybrid model (the rules reject all of them): nemotron-h-8b on 1 x 8 h100 (seq 8192, gbs
-    768) goes from 81,408 candidates (21,412 removed by pipeline_split, 3,952 by recompute) to
-    256, with the same 36 feasible configurations."""
+    768) goes from 94,976 candidates (25,652 removed by pipeline_split, 3,952 by recompute; the
+    vpp domain of a transformer with 52 layers: 1, 2, 3, 9, 13, 26, 27) to 256, with the same 36
+    feasible configurations."""
     from tune_cp.solver.feasible import enumerate_feasible
     from tune_cp.solver.space import (
         NO_RECOMPUTE,
@@ -326,8 +327,8 @@ def test_hybrid_space_offers_no_virtual_stages_nor_full_recompute():
             for k in recompute_layer_values(max_layers_per_chunk(m, sp.pp, vpp))]
     old = sp.model_copy(update={"vpp": vpp, "recompute": (NO_RECOMPUTE, *full)})
     before, after = enumerate_feasible(m, cl, tr, old), enumerate_feasible(m, cl, tr, sp)
-    assert (before.space_size, after.space_size) == (81_408, 256)
-    assert before.removed["pipeline_split"] == 21_412 and before.removed["recompute"] == 3_952
+    assert (before.space_size, after.space_size) == (94_976, 256)
+    assert before.removed["pipeline_split"] == 25_652 and before.removed["recompute"] == 3_952
     assert len(before.configs) == len(after.configs) == 36
     assert {f.config for f in before.configs} == {f.config for f in after.configs}
 

@@ -10,6 +10,7 @@ from tune_cp.oracle.specs import (
     ConfigError,
     Dispatcher,
     Fp8Recipe,
+    PipelineSplit,
     Recompute,
     Schedule,
     TrainingSpec,
@@ -30,7 +31,9 @@ def test_mixtral_4_nodes_default_space():
     assert sp.tp == (1, 2, 4, 8)  # divisors of 32 within the 8-GPU node
     assert sp.pp == (1, 2, 4, 8, 16, 32)  # divisors of 32, at most 56 layers
     assert sp.cp == (1, 2, 4, 8, 16, 32)
-    assert sp.vpp == (1, 2, 4, 7, 14, 28)  # pp x vpp divides 56 (even) or 58 (embedding_loss)
+    # pp x vpp divides 56 (even) or 58 (embedding_loss: pp 2 x vpp 29 gives one slot per
+    # virtual stage, the first the embedding alone, the last the loss alone)
+    assert sp.vpp == (1, 2, 4, 7, 14, 28, 29)
     assert sp.ep == (1, 2, 4, 8) and sp.etp_policy is EtpPolicy.ONE_OR_TP
     assert sp.etp_values(4) == (1, 4) and sp.etp_values(1) == (1,)
     assert sp.mbs == (1, 2, 4, 8)
@@ -40,8 +43,10 @@ def test_mixtral_4_nodes_default_space():
     assert sp.full_layers == tuple(range(1, 57))
     assert sp.optimizer == (OptimizerChoice.DISTRIBUTED,)
     assert sp.dispatcher == (Dispatcher.ALLTOALL,) and sp.schedule == (None,)
-    assert sp.fp8_recipe == (None,) and sp.pipeline_split == (None,)
-    assert sp.size() == sum(len(sp.etp_values(t)) for t in sp.tp) * 6 * 6 * 6 * 4 * 4 * 58
+    # the automatic split and the searched light ones (oracle.specs.SEARCHED_LIGHT_SPLITS)
+    assert sp.fp8_recipe == (None,) and sp.pipeline_split == (
+        None, PipelineSplit.LIGHT_LAST, PipelineSplit.LAST_TO_FIRST)
+    assert sp.size() == sum(len(sp.etp_values(t)) for t in sp.tp) * 6 * 6 * 7 * 4 * 4 * 58 * 3
 
 
 def test_dense_and_mla_models():
