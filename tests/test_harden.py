@@ -227,3 +227,13 @@ def test_torchrun_sizes_beyond_int64_are_a_note_not_an_internal_error(run_cli, t
     code, out, err = run_cli("check", "--megatron-args", script, "--gpu", "h100", "--nodes", "1")
     assert code in (0, 1), err
     assert "is not a number of GPUs per node" in out and len(max(out.splitlines(), key=len)) < 2000
+
+
+@pytest.mark.parametrize("out", ["/proc/s.csv", "/nonexistent/dir/s.csv", "/dev/full"])
+def test_sweep_output_that_cannot_be_written_is_refused_first(run_cli, tmp_path, out):
+    """``sweep GRID --out /proc/s.csv`` used to run the grid and fail writing (internal error:
+    FileNotFoundError for the temporary file beside it)."""
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\nmodels: [llama3-8b]\ngpus: [h100]\nnodes: [1]\n")
+    code, _, err = run_cli("sweep", grid, "--out", out, "--no-progress")
+    one_line_error(code, err, "--out")
