@@ -55,6 +55,7 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Schedule,
     TrainingSpec,
+    nodes_text,
 )
 from tune_cp.oracle.uncertainty import Interval, load_residuals
 from tune_cp.oracle.work import ConfigBatch
@@ -623,7 +624,7 @@ def describe_model(m: ModelSpec) -> str:
 
 def describe_cluster(c: ClusterSpec) -> str:
     g = c.gpu
-    return (f"{c.num_nodes} nodes x {c.gpus_per_node} {g.name} ({c.world_size} GPUs): "
+    return (f"{nodes_text(c.num_nodes)} x {c.gpus_per_node} {g.name} ({c.world_size} GPUs): "
             f"{g.hbm_bytes / 2**30:.0f} GiB HBM, {g.peak_bf16_flops / 1e12:.0f} BF16 TFLOP/s, "
             f"scale-up {g.scale_up_bytes_per_s / 1e9:.0f} GB/s within {c.scale_up_gpus} GPUs, "
             f"NIC {g.nic_bytes_per_s / 1e9:.0f} GB/s per GPU")

@@ -157,7 +157,8 @@ def ranking_lines(result: SearchResult) -> Iterator[dict[str, Any]]:
                "config": config_json(ranked.configs[i], training), "legal": True,
                "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
                "tokens_per_s_per_gpu": float(ranked.tokens[i]),
-               "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
+               "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank} | (
+                   {"interval": ranked.intervals[i].to_json()} if ranked.intervals else {})
 
 
 def trial_json(t: Trial) -> dict[str, Any]:

@@ -804,11 +804,16 @@ class RayEngine:
 
 
 def output_format(path: str) -> str:
+    """The table's format from ``--out``'s extension, once the path can be written (checked
+    before any scenario runs: the rows are written atomically beside it)."""
+    from tune_cp.oracle.inputs import check_output_path
+
     ext = Path(path).suffix.lower()
     if ext not in FORMATS:
         raise ConfigError(f"--out {path!r}: the file must end in .csv or .parquet")
     if ext == ".parquet":
         require_pyarrow()
+    check_output_path(path, "--out", tuple(FORMATS))
     return ext
 
 

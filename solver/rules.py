@@ -72,6 +72,7 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Schedule,
     TrainingSpec,
+    nodes_text,
     parse_pipeline_layout,
 )
 from tune_cp.solver.axes import AXES
@@ -156,7 +157,7 @@ def world_size(ctx: RuleContext) -> list[Violation]:
     c, w = ctx.cfg, ctx.world
     assert c.dp is not None
     prod = c.tp * c.pp * c.cp
-    where = f"the {w} GPUs ({ctx.cluster.num_nodes} nodes x {ctx.cluster.gpus_per_node})"
+    where = f"the {w} GPUs ({nodes_text(ctx.cluster.num_nodes)} x {ctx.cluster.gpus_per_node})"
     if w % prod:
         tp_ok = [t for t in divisors(w) if w % (t * c.pp * c.cp) == 0
                  and tp_shape_ok(ctx.model, t)
