@@ -7,16 +7,14 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -183,27 +181,6 @@ class Progress:
         fill = round(self.WIDTH * done / total)
         self._draw(f"{self.label} [{'#' * fill}{'.' * (self.WIDTH - fill)}] {done}/{total} "
                    f"{what} ({time.monotonic() - self.t0:.0f} s)")
-
-    @contextlib.contextmanager
-    def ticking(self, what: str) -> Iterator[None]:
-        """Redraw ``what`` with the elapsed seconds every half second while the block runs."""
-        stop = threading.Event()
-
-        def tick() -> None:
-            while not stop.wait(0.5):
-                self._draw(f"{self.label}: {what} ({time.monotonic() - self.t0:.0f} s)")
-
-        worker = threading.Thread(target=tick, daemon=True) if self.on else None
-        if worker:
-            self._draw(f"{self.label}: {what}")
-            worker.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            if worker:
-                worker.join()
-            self.close()
 
     def close(self) -> None:
         if self.on:
@@ -636,8 +613,32 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+def package_version() -> str:
+    """The installed distribution's version; from a checkout that is not installed (the package
+    on PYTHONPATH), the ``version`` of the ``pyproject.toml`` beside this file."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tune-cp")
+    except PackageNotFoundError:
+        pyproject = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml")
+        try:
+            with open(pyproject, encoding="utf-8") as fh:
+                found = re.search(r'(?m)^version\s*=\s*"([^"]+)"', fh.read())
+        except OSError:
+            found = None
+        return f"{found.group(1)} (not installed)" if found else "unknown (not installed)"
+
+
+def print_version(ctx: click.Context, _param: Any, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"tune-cp, version {package_version()}")
+        ctx.exit()
+
+
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="tune-cp")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=print_version, help="Show the version and exit.")
 def main() -> None:
     """Find the fastest legal configuration of a distributed LLM training run.
 
@@ -764,6 +765,14 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
                                               seq_len, gbs, precision, defaults)
         cfg = build_config(config)
+        taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
+                 if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
+                 and ctx.get_parameter_source(k.param) is click.core.ParameterSource.DEFAULT
+                 and (k.param != "dispatcher" or model.is_moe)
+                 and (k.param != "recompute_method" or cfg.recompute is Recompute.FULL)]
+        if taken:
+            defaults.append(" ".join(taken) + " (flag defaults; what they derive is on the "
+                            "config line)")
     else:
         model = run.require_model()
         n = nodes or run.num_nodes
@@ -797,6 +806,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                                         for k, v in overrides.items()))
         settings = imported_options(ctx, run, settings, notes)
     check_options(model, settings)
+    if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
+        defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
     as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8
     if as_run is not training:
         defaults.append(f"--precision fp8 (the FP8 recipe {cfg.fp8_recipe and cfg.fp8_recipe.value} "
@@ -942,6 +953,22 @@ def parse_baseline(text: str) -> ParallelConfig:
     return build("--baseline", ParallelConfig, **values)
 
 
+def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
+                          cluster: ClusterSpec, training: TrainingSpec) -> None:
+    """A ``--baseline`` whose tp x pp x cp does not divide the cluster is no layout (its data
+    parallel size would be a fraction): refused in one line naming the sizes that divide
+    (``solver.rules.world_size``'s message), not reported with a rounded-down DP."""
+    from tune_cp.oracle.specs import resolve_config
+    from tune_cp.solver.rules import RuleContext, world_size
+
+    if cluster.world_size % (cfg.tp * cfg.pp * cfg.cp) == 0:
+        return
+    ctx = RuleContext(model=model, cluster=cluster, training=training,
+                      cfg=resolve_config(cfg, model, cluster, training))
+    for v in world_size(ctx):
+        fail(f"--baseline {text!r}: {v.message}")
+
+
 @main.command("search")
 @cluster_options
 @click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
@@ -959,10 +986,11 @@ def parse_baseline(text: str) -> ParallelConfig:
               help="Keep every full-recompute depth that fits, not only the shallowest.")
 @lm_options
 @click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
-              help="Write every evaluated candidate as JSON lines (.jsonl): first each "
-                   "configuration the baseline, seed, LLM and attribution steps judged (legal or "
-                   "not, with its violations), then every configuration of the exhaustive "
-                   "ranking, best first (phase \"exhaustive ranking\", with its rank).")
+              help="Write the candidates as JSON lines (.jsonl): first each configuration the "
+                   "baseline, seed, LLM and attribution steps judged (legal or not, with its "
+                   "violations; of each set the LLM phase narrowed, the best, which it judged), "
+                   "then every configuration of the exhaustive ranking, best first (phase "
+                   "\"exhaustive ranking\", with its rank, projection and 80% interval).")
 @click.option("--timings", is_flag=True, help="Add wall-clock seconds per phase to the report.")
 @click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
@@ -1007,6 +1035,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     check_options(model, settings)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text) if baseline_text else None
+    if baseline is not None:
+        check_baseline_layout(baseline_text or "", baseline, model, cluster, training)
     planner = LmFlags(flags)
     if trials_out is not None:
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
@@ -1148,13 +1178,18 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
 
         plan_plot(plans, plot_path, tokens)
     if as_json:
-        emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch,
+        from tune_cp.agent.search import ANSWER_RULE
+
+        emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch, "rule": ANSWER_RULE,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
+                   "run_settings": run_settings_json(settings.options),
                    "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
-               + (f", {tokens:.3g} tokens" if tokens else ""))
+               + (f", {tokens:.3g} tokens" if tokens else "")
+               + (f"; run settings: {settings.options.label()}"
+                  if settings.options.label() else ""))
     for p in plans:
         click.echo("")
         if p.min_nodes is None:
@@ -1190,8 +1225,11 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
         if note:
             click.echo(f"  note: {note}")
     click.echo("")
+    from tune_cp.agent.search import ANSWER_RULE
+
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
-               "GPU-hours x price. Each row is the exhaustive search's best configuration.")
+               "GPU-hours x price. Each row is the answer of the exhaustive search at that node "
+               f"count, by the search's rule: {ANSWER_RULE}.")
     click.echo("Left out: the seed phase's extra selective-recompute sets (mlp on dense models, "
                "moe_act+layernorm on MoE) and, on MoE models, the other token dispatchers, which "
                "`tune-cp search` also tries at one node count and which can be a little faster.")
@@ -1253,7 +1291,10 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
                              gpus_per_node=gpus_per_node or gpu.gpus_per_node,
                              model=load_model(model_name) if model_name else None, nodes=nodes,
                              config=log_config)
-        result = calibrate_from_logs(runs, out_path)
+        bar = Progress("calibrate")
+        result = calibrate_from_logs(runs, out_path,
+                                     progress=lambda d, t: bar.bar(d, t, "fit iterations"))
+        bar.close()
         if as_json:
             emit_json(result.to_json())
             return
@@ -1263,8 +1304,10 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     if not exists(runs_path):
         fail(f"--runs {runs_path!r}: no such file")
     check_regular_file(runs_path, "--runs file")
-    with Progress("calibrate").ticking(f"fitting the time model on {runs_path}"):
-        report = calibrate(runs_path, out_path)
+    bar = Progress("calibrate")
+    report = calibrate(runs_path, out_path,
+                       progress=lambda d, t: bar.bar(d, t, f"fit iterations on {runs_path}"))
+    bar.close()
     if not report.rows_used:
         fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
              f"represented ({len(report.rows_skipped)} rows skipped)")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tune_cp.solver.axes import COMBINATION_AXES
 
@@ -27,17 +27,23 @@ API_KEY_ENVS = ("TUNE_CP_LM_API_KEY", "OPENAI_API_KEY")
 
 
 class ConstraintHint(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built on first use (the LLM phase)
+
     expr: str = Field(description="a hard constraint over the axes, e.g. 'ep*etp<=8' or 'cp==1'")
     rationale: str = ""
 
 
 class ObjectiveHint(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built on first use (the LLM phase)
+
     expr: str = Field(description="a condition the user prefers, e.g. 'ep*etp<=8'")
     weight: float = Field(default=0.1, description="0..0.5: share of throughput worth giving up")
     rationale: str = ""
 
 
 class CombinationHint(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built on first use (the LLM phase)
+
     settings: dict[str, int | str | bool | None] = Field(
         description=(f"axis -> value to try together, e.g. {{'tp': 2, 'ep': 4, 'mbs': 2}}; "
                      f"axes: {', '.join(COMBINATION_AXES)}")
@@ -47,6 +53,8 @@ class CombinationHint(BaseModel):
 
 class PlannerHints(BaseModel):
     """What the planner may say: nothing else is read."""
+
+    model_config = ConfigDict(defer_build=True)
 
     hard_constraints: list[ConstraintHint] = []
     soft_objectives: list[ObjectiveHint] = []

@@ -3,9 +3,16 @@ fits and, over a range of node counts, the best configuration's projected throug
 to train a number of tokens, GPU-hours and cost.
 
 Each point is the exhaustive search of :mod:`agent.search` without the agent phases: the
-feasible set (CP-SAT) ranked by the oracle. Formulas: cluster tokens/s = tokens/s/GPU x GPUs;
-time to train T tokens = T / cluster tokens/s; GPU-hours = GPUs x time / 3600; cost = GPU-hours x
-price per GPU-hour.
+feasible set (CP-SAT) ranked by the oracle, its configuration chosen by the search's answer rule
+(``agent.search.choose_answer``, :data:`~agent.search.ANSWER_RULE`: the highest lower bound of
+the 80% interval, near ties to the least exotic). Formulas: cluster tokens/s = tokens/s/GPU x
+GPUs; time to train T tokens = T / cluster tokens/s; GPU-hours = GPUs x time / 3600; cost =
+GPU-hours x price per GPU-hour.
+
+Work is shared across node counts: each node count is enumerated once (the smallest-cluster
+search and the table read the same enumeration); the tables CP-SAT's models read that do not
+depend on the cluster are shared by every enumeration of one model (``solver.model.oracle_cache``),
+as is the pipeline split of each pp x vpp (``oracle.memory.pipeline_chunks``).
 """
 
 from __future__ import annotations
@@ -15,8 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tune_cp.agent.serialize import config_json
-from tune_cp.oracle.specs import ClusterSpec, GpuSpec, ModelSpec, Precision, TrainingSpec
-from tune_cp.solver.feasible import enumerate_feasible
+from tune_cp.oracle.specs import (
+    ClusterSpec,
+    GpuSpec,
+    ModelSpec,
+    Precision,
+    TrainingSpec,
+    nodes_text,
+)
+from tune_cp.solver.feasible import Enumeration, enumerate_feasible
 from tune_cp.solver.settings import RunSettings, narrow_space
 from tune_cp.solver.space import default_space
 
@@ -52,46 +66,72 @@ class GpuPlan:
     note: str = ""
 
 
-def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
-               training: TrainingSpec, tokens: float | None, price: float | None,
-               settings: RunSettings, grad_reduce_in_fp32: bool = True) -> PlanPoint:
-    from tune_cp.oracle.projection import score_configs
-    from tune_cp.oracle.work import ConfigBatch
-
-    cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
+def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,
+          grad_reduce_in_fp32: bool = True) -> Enumeration:
+    """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up)
     # what the framework run settings refuse stays out of the space (solver/settings.py)
     space, enum_settings = narrow_space(space, settings)
     # the removal counts are not shown: without them the enumeration costs about 40% less
-    enum = enumerate_feasible(model, cluster, training, space, settings=enum_settings,
+    return enumerate_feasible(model, cluster, training, space, settings=enum_settings,
                               count_removed=False)
+
+
+def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
+               training: TrainingSpec, tokens: float | None, price: float | None,
+               settings: RunSettings, grad_reduce_in_fp32: bool = True,
+               enum: Enumeration | None = None) -> PlanPoint:
+    """One row: the feasible set at ``nodes`` (``enum``: its :func:`probe`, when done already),
+    ranked by the oracle, and the configuration the search's answer rule picks."""
+    from tune_cp.agent.search import choose_answer, rank_feasible
+
+    cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
+    if enum is None:
+        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32)
     world = cluster.world_size
     if enum.empty:
         return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
-    configs = [fc.config for fc in enum.configs]
-    scores = score_configs(model, cluster, training,
-                           ConfigBatch.from_configs(configs, settings.traits),
-                           settings.calibration)
-    tok = scores["tokens_per_s_per_gpu"]
-    i = max(range(len(configs)), key=lambda j: (tok[j], -j))
-    per_gpu = float(tok[i])
-    from tune_cp.oracle.uncertainty import residuals_for
-
-    interval = residuals_for(settings.calibration).interval(model, cluster, training, configs[i],
-                                                            per_gpu).to_json()
+    ranked = rank_feasible(model, cluster, training, enum, (), settings.calibration,
+                           settings.traits)
+    i = choose_answer(ranked)
+    cfg = ranked.configs[i]
+    per_gpu = float(ranked.tokens[i])
     cluster_tps = per_gpu * world
     seconds = tokens / cluster_tps if tokens else None
     gpu_hours = world * seconds / SECONDS_PER_HOUR if seconds is not None else None
     return PlanPoint(
-        gpu=gpu.name, nodes=nodes, gpus=world, feasible=len(configs),
-        config=config_json(configs[i], training), tokens_per_s_per_gpu=per_gpu,
-        mfu=float(scores["mfu"][i]), peak_bytes=enum.configs[i].peak_bytes,
+        gpu=gpu.name, nodes=nodes, gpus=world, feasible=len(ranked.configs),
+        config=config_json(cfg, training), tokens_per_s_per_gpu=per_gpu,
+        mfu=float(ranked.scores["mfu"][i]), peak_bytes=int(ranked.peak_bytes[i]),
         cluster_tokens_per_s=cluster_tps,
         days=seconds / SECONDS_PER_DAY if seconds is not None else None,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
-        interval=interval,
+        interval=ranked.intervals[i].to_json(),
     )
+
+
+#: Bytes per parameter of the model state under Megatron's mixed precision (bf16 weight 2,
+#: fp32 main gradient 4, fp32 master weight and Adam's two moments 12; Megatron-Core
+#: ``distrib_optimizer.py``): only the starting guess of the smallest-cluster search, which the
+#: enumerations then confirm or correct (activations, buffers and options are left out).
+GUESS_STATE_BYTES_PER_PARAM = 18
+
+
+def guess_nodes(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, settings: RunSettings,
+                max_nodes: int) -> int:
+    """Where the smallest-cluster search starts: the power of two of nodes (at most
+    ``max_nodes``) at or above the model state spread over every GPU's usable HBM. A guess:
+    the search gallops from it to a bracket of powers of two (infeasible below, feasible above)
+    and bisects, as it would from 1 node, with fewer enumerations for large models."""
+    from tune_cp.oracle.params import total_params
+    from tune_cp.solver.rules import hbm_limit_bytes
+
+    state = total_params(model) * GUESS_STATE_BYTES_PER_PARAM
+    per_node = max(1, hbm_limit_bytes(gpu.hbm_bytes, settings.memory_margin) * gpus_per_node)
+    need = max(1, -(-state // per_node))
+    top = 1 << (max(1, max_nodes).bit_length() - 1)  # the largest power of two <= max_nodes
+    return min(1 << (need - 1).bit_length(), top)
 
 
 def node_counts(min_nodes: int, max_nodes: int, points: int) -> list[int]:
@@ -129,7 +169,8 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
     def plan_gpu(g_index: int, gpu: GpuSpec, gpn: int) -> GpuPlan:
         training = training_for(gpu)
         price = (prices or {}).get(gpu.name)
-        cache: dict[int, PlanPoint] = {}
+        cache: dict[int, Enumeration] = {}  # each node count enumerated once
+        rows: dict[int, PlanPoint] = {}
         table: list[int] | None = None  # the table's node counts, once the smallest is known
 
         def estimate() -> int:
@@ -138,25 +179,39 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                     else max(guess, len(cache) + 1))
             return sum(counts) + here + guess * (len(gpus) - g_index - 1)
 
-        def point(n: int) -> PlanPoint:
+        def feasible(n: int) -> bool:
             if n not in cache:
                 if progress:
-                    progress(sum(counts) + len(cache), estimate(),
-                             f"{gpu.name}: {n} node{'s' if n != 1 else ''}")
-                cache[n] = plan_point(model, gpu, n, gpn, training, tokens, price, settings,
-                                      grad_reduce_in_fp32)
-            return cache[n]
+                    progress(sum(counts) + len(cache), estimate(), f"{gpu.name}: {nodes_text(n)}")
+                cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpn)
+                cache[n] = probe(model, cluster, training, settings, grad_reduce_in_fp32)
+            return not cache[n].empty
+
+        def point(n: int) -> PlanPoint:
+            if n not in rows:
+                feasible(n)
+                rows[n] = plan_point(model, gpu, n, gpn, training, tokens, price, settings,
+                                     grad_reduce_in_fp32, enum=cache[n])
+            return rows[n]
 
         try:
-            lo, hi = 0, 1
-            while hi <= max_nodes and not point(hi).feasible:
+            # a bracket lo < smallest <= hi of powers of two (lo infeasible or 0, hi feasible),
+            # galloping from the guess: up while infeasible, down while feasible
+            hi = guess_nodes(model, gpu, gpn, settings, max_nodes)
+            if feasible(hi):
+                lo = hi // 2
+                while lo >= 1 and feasible(lo):
+                    hi, lo = lo, lo // 2
+            else:
                 lo, hi = hi, hi * 2
+                while hi <= max_nodes and not feasible(hi):
+                    lo, hi = hi, hi * 2
             if hi > max_nodes:
                 return GpuPlan(gpu.name, gpn, None, [], price,
                                f"no feasible configuration up to {max_nodes} nodes")
             while hi - lo > 1:  # smallest feasible in (lo, hi]
                 mid = (lo + hi) // 2
-                if point(mid).feasible:
+                if feasible(mid):
                     hi = mid
                 else:
                     lo = mid

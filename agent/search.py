@@ -55,6 +55,7 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Schedule,
     TrainingSpec,
+    nodes_text,
 )
 from tune_cp.oracle.uncertainty import Interval, load_residuals, residuals_for
 from tune_cp.oracle.work import ConfigBatch
@@ -70,7 +71,7 @@ from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axi
 from tune_cp.solver.explain import Explanation, explain_infeasible
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible
 from tune_cp.solver.rules import RULES, training_precision
-from tune_cp.solver.settings import RunSettings, SettingsView, narrow_space
+from tune_cp.solver.settings import RunSettings, SettingsView, narrow_space, options_problem
 from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -461,6 +462,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     when nothing is legal."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    problem = options_problem(model, opts.settings.options)  # run settings no layout can fix
+    if problem:
+        raise ConfigError(problem)
     refused = training_precision(cluster, training)
     if refused:  # no layout can fix it: say so before enumerating
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
@@ -620,7 +624,7 @@ def describe_model(m: ModelSpec) -> str:
 
 def describe_cluster(c: ClusterSpec) -> str:
     g = c.gpu
-    return (f"{c.num_nodes} nodes x {c.gpus_per_node} {g.name} ({c.world_size} GPUs): "
+    return (f"{nodes_text(c.num_nodes)} x {c.gpus_per_node} {g.name} ({c.world_size} GPUs): "
             f"{g.hbm_bytes / 2**30:.0f} GiB HBM, {g.peak_bf16_flops / 1e12:.0f} BF16 TFLOP/s, "
             f"scale-up {g.scale_up_bytes_per_s / 1e9:.0f} GB/s within {c.scale_up_gpus} GPUs, "
             f"NIC {g.nic_bytes_per_s / 1e9:.0f} GB/s per GPU")

@@ -157,7 +157,8 @@ def ranking_lines(result: SearchResult) -> Iterator[dict[str, Any]]:
                "config": config_json(ranked.configs[i], training), "legal": True,
                "violations": [], "peak_bytes": int(ranked.peak_bytes[i]),
                "tokens_per_s_per_gpu": float(ranked.tokens[i]),
-               "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank}
+               "adjusted_tokens_per_s_per_gpu": float(ranked.adjusted[i]), "rank": rank} | (
+                   {"interval": ranked.intervals[i].to_json()} if ranked.intervals else {})
 
 
 def trial_json(t: Trial) -> dict[str, Any]:
@@ -292,4 +293,5 @@ def sweep_settings_json(s: Settings) -> dict[str, Any]:
     return {"constraints": list(s.constraints), "preferences": list(s.preferences),
             "memory_margin": s.memory_margin, "grad_reduce_in_bf16": s.grad_reduce_in_bf16,
             "overheads": dict(s.overheads), "calibration": s.calibration} | (
-        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {})
+        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {}) | {
+        k: list(v) if isinstance(v, tuple) else v for k, v in s.run_options}

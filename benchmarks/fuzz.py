@@ -1,7 +1,7 @@
 """A fuzz campaign against the command line, one subprocess per case (issue 16).
 
     python benchmarks/fuzz.py [--cases N] [--seed S] [--timeout 60] [--memory-gib 1]
-                              [--light] [--no-runaway] [--batch N]
+                              [--light] [--no-runaway] [--batch N] [--only KIND,...]
 
 Cases come from ``tests/fuzzing.py`` (malformed flags, files, expressions, output paths; and,
 unless ``--light``, searches of extreme models and cluster sizes and mutated Primus YAMLs),
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fuzzing import Case, cases, defects  # noqa: E402
+from tests.fuzzing import HEAVY, LIGHT, Case, cases, defects  # noqa: E402
 
 
 def runaway_cases(tmp: Path) -> list[Case]:
@@ -74,6 +74,12 @@ def runaway_cases(tmp: Path) -> list[Case]:
     return [Case("runaway", tuple(x)) for x in lines]
 
 
+#: The children's environment: the caller's PYTHONPATH (where ``tune_cp`` is importable, e.g. a
+#: link to this checkout) and the checkout itself (``tests.fuzzing``).
+ENV = os.environ | {"PYTHONPATH": os.pathsep.join(
+    x for x in (os.environ.get("PYTHONPATH"), str(ROOT)) if x)}
+
+
 def limit(memory_bytes: int):
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
@@ -93,7 +99,7 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
         p = subprocess.run([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
                            capture_output=True, text=True, timeout=timeout_s,
                            stdin=subprocess.DEVNULL, preexec_fn=limit(memory_bytes),
-                           env=os.environ | {"PYTHONPATH": str(ROOT)})
+                           env=ENV)
     except subprocess.TimeoutExpired:
         return {"case": case, "code": "timeout", "wall_s": time.monotonic() - t0,
                 "cpu_s": None, "defects": ["ran past the time limit"], "err": ""}
@@ -137,9 +143,7 @@ for args in cases:
                       "wall_s": time.monotonic() - t0}), flush=True)
 """
 
-LIGHT_KINDS = frozenset(("int flag", "float flag", "overhead", "model file", "gpu file",
-                         "calibration file", "primus file", "constraint", "prefer",
-                         "output path", "baseline", "price", "runs file"))
+LIGHT_KINDS = frozenset(LIGHT)
 
 
 def run_batch(batch: list[Case], cwd: Path, timeout_s: float, memory_bytes: int) -> list[dict]:
@@ -150,7 +154,7 @@ def run_batch(batch: list[Case], cwd: Path, timeout_s: float, memory_bytes: int)
     p = subprocess.run([sys.executable, "-c", BATCH, str(listing), str(timeout_s)], cwd=cwd,
                        capture_output=True, text=True, stdin=subprocess.DEVNULL,
                        preexec_fn=limit(memory_bytes),
-                       env=os.environ | {"PYTHONPATH": str(ROOT)},
+                       env=ENV,
                        timeout=timeout_s * (len(batch) + 1))
     lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     out = []
@@ -180,10 +184,17 @@ def main() -> None:
                     "clusters or mutated Primus YAMLs)")
     ap.add_argument("--batch", type=int, default=1,
                     help="light cases per process (1: a process per case)")
+    ap.add_argument("--only", default=None, metavar="KIND,...",
+                    help="keep only the cases of these kinds (e.g. 'heavy' for every kind that "
+                    "does real work)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         todo = cases(args.seed, args.cases, tmp, heavy=not args.light)
+        if args.only:
+            keep = {k.strip() for k in args.only.split(",")}
+            keep = (keep - {"heavy"}) | (set(HEAVY) if "heavy" in keep else set())
+            todo = [c for c in todo if c.kind in keep]
         if not args.no_runaway:
             todo += runaway_cases(tmp)
         results = []

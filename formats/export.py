@@ -57,6 +57,7 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
     compute_precision,
+    nodes_text,
     resolve_config,
 )
 
@@ -140,7 +141,7 @@ def _header(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: P
     elif c.recompute is Recompute.SELECTIVE:
         recompute += f" ({', '.join(c.recompute_modules)})"
     return [
-        f"{prefix}tune-cp: {model.name} on {cluster.num_nodes} nodes x {cluster.gpus_per_node} "
+        f"{prefix}tune-cp: {model.name} on {nodes_text(cluster.num_nodes)} x {cluster.gpus_per_node} "
         f"{cluster.gpu.name} ({cluster.world_size} GPUs), seq {training.seq_len}, "
         f"gbs {training.global_batch_size}, {precision}",
         f"{prefix}{c.label()}, mbs {c.mbs}, ga {c.ga}, recompute {recompute}, {sharding}"
@@ -813,7 +814,7 @@ def to_nemo_overrides(
     lines += [
         "# Megatron-Bridge recipe overrides: Python assignments on the ConfigContainer `cfg` a "
         "recipe returns",
-        f"# run on {cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs (e.g. a NeMo-Run "
+        f"# run on {nodes_text(cluster.num_nodes)} x {cluster.gpus_per_node} GPUs (e.g. a NeMo-Run "
         f"executor with nodes={cluster.num_nodes}, ntasks_per_node={cluster.gpus_per_node})",
         "import torch",
         "from megatron.bridge.training.mixed_precision import bf16_mixed, bf16_with_nvfp4_mixed",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import shlex
 from collections.abc import Mapping
@@ -487,11 +488,17 @@ class RawArgs:
         return read_value(self, dest, ALL_KEYS[dest], self.values[dest])
 
 
+#: Longest value an error message repeats (longer ones are cut, with "...").
+MAX_SHOWN_CHARS = 60
+
+
 def _show(value: Any) -> str:
     if isinstance(value, list):
-        return " ".join(str(v) for v in value)
-    return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(
-        value, bool) else str(value)
+        text = " ".join(str(v) for v in value)
+    else:
+        text = repr(value) if isinstance(value, str) else str(value).lower() if isinstance(
+            value, bool) else str(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
 
 
 def fmt_value(value: Any) -> str:
@@ -526,17 +533,23 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
             isinstance(value, int) or (isinstance(value, str) and WHOLE_NUMBER.fullmatch(value))
         ):
             raise raw.fail(dest, value, f"not a whole number; give an integer of at least {key.lo}")
+        if isinstance(value, str) and len(value.lstrip("+-")) > MAX_INT_DIGITS:
+            raise raw.fail(dest, value, f"more than {MAX_INT_DIGITS} digits; give an integer of "
+                           f"at least {key.lo} that fits in 64 bits")
         number = int(value)
         if number < key.lo:
             raise raw.fail(dest, value, f"must be at least {key.lo}")
         return number
     if key.kind is Kind.FLOAT:
         try:
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, str) and len(value) > 64):
                 raise ValueError
-            return float(value)
-        except (TypeError, ValueError):
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
             raise raw.fail(dest, value, "not a number") from None
+        if not math.isfinite(number):
+            raise raw.fail(dest, value, "not a finite number")
+        return number
     if key.kind is Kind.BOOL:
         if isinstance(value, str) and value.lower() in TRUE_WORDS:
             return TRUE_WORDS[value.lower()]
@@ -777,14 +790,16 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
 
 
 def _launcher_size(raw: RawArgs, name: str, value: str) -> None:
-    if WHOLE_NUMBER.fullmatch(value) and int(value) >= 1:
+    if WHOLE_NUMBER.fullmatch(value) and len(value.lstrip("+-")) <= MAX_INT_DIGITS \
+            and int(value) >= 1:
         if name.lstrip("-").startswith("nnodes"):
             raw.num_nodes = int(value)
         else:
             raw.gpus_per_node = int(value)
         return
     what = "nodes" if name.lstrip("-").startswith("nnodes") else "GPUs per node"
-    raw.note(f"torchrun {name} {value!r} is not a number of {what}; give it to tune-cp directly")
+    raw.note(f"torchrun {name} {_show(value)} is not a number of {what}; give it to tune-cp "
+             "directly")
 
 
 # ----------------------------------------------------------------------------- Primus YAML

@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import statistics
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,22 +113,27 @@ def read_log(path: str | Path) -> LogMeasurement:
     except OSError as e:
         raise ConfigError(f"--log {str(path)!r}: cannot read it ({e.strerror})") from None
     lines = [_clean(x) for x in text.splitlines()]
-    megatron = [(int(m.group(1)), m.group(3)) for x in lines if (m := _MEGATRON_ITER.search(x))
-                and _ELAPSED.search(m.group(3))]
+    num, whole = _readers(path)
+    megatron = [(whole(m.group(1), "iteration"), m.group(3)) for x in lines
+                if (m := _MEGATRON_ITER.search(x)) and _ELAPSED.search(m.group(3))]
     titan = [m for x in lines if (m := _TITAN_STEP.search(x))]
     if megatron:
         out = LogMeasurement(str(path), "megatron", len(megatron), 0)
-        elapsed = [(i, float(_ELAPSED.search(s).group(1))) for i, s in megatron]  # type: ignore
+        elapsed = [(i, num(_ELAPSED.search(s).group(1), "elapsed time per iteration (ms)"))  # type: ignore
+                   for i, s in megatron]
         step_ms, out.used = _median_after_warmup(elapsed)
         out.step_time_s = step_ms / 1000 if step_ms else None
-        tf = [(i, float(m.group(1))) for i, s in megatron if (m := _TFLOPS.search(s))]
+        tf = [(i, num(m.group(1), "TFLOP/s/GPU")) for i, s in megatron if (m := _TFLOPS.search(s))]
         out.tflops_per_gpu = _median_after_warmup(tf)[0]
-        tok = [(i, float(m.group(1))) for i, s in megatron if (m := _TOKENS.search(s))]
+        tok = [(i, num(m.group(1), "tokens/s/GPU")) for i, s in megatron
+               if (m := _TOKENS.search(s))]
         out.tokens_per_s_per_gpu = _median_after_warmup(tok)[0]
-        gbs = [int(m.group(1)) for _, s in megatron if (m := _GBS.search(s))]
+        gbs = [whole(m.group(1), "global batch size") for _, s in megatron
+               if (m := _GBS.search(s))]
         out.global_batch_size = gbs[-1] if gbs else None
-        peaks = [float(m.group(2)) for x in lines if (m := _MEMORY.search(x))]
-        hip = [float(m.group(1)) for _, s in megatron if (m := _HIP_MEM.search(s))]
+        peaks = [num(m.group(2), "max allocated (MB)") for x in lines if (m := _MEMORY.search(x))]
+        hip = [num(m.group(1), "hip mem usage (GB)") for _, s in megatron
+               if (m := _HIP_MEM.search(s))]
         if peaks:
             out.peak_bytes, out.peak_kind = int(max(peaks) * MIB), "max allocated"
         elif hip:  # Primus divides by 1024**3 and prints "GB"
@@ -138,8 +144,8 @@ def read_log(path: str | Path) -> LogMeasurement:
             out.args["bf16"] = "True"  # initialize.py prints it under --bf16
         for x in lines:
             if m := _WORLD.search(x):
-                out.world_size = int(m.group(1))
-                out.sizes = {k.replace("-model", "").replace("-", "_"): int(v)
+                out.world_size = whole(m.group(1), "world size")
+                out.sizes = {k.replace("-model", "").replace("-", "_"): whole(v, k + " size")
                              for k, v in _SIZE.findall(m.group(2))}
                 break
         if out.world_size is None and "world_size" in out.args:
@@ -149,23 +155,60 @@ def read_log(path: str | Path) -> LogMeasurement:
         # one line per rank is common; keep the first line of each step
         by_step: dict[int, re.Match[str]] = {}
         for m in titan:
-            by_step.setdefault(int(m.group(1)), m)
+            by_step.setdefault(whole(m.group(1), "step"), m)
         steps = sorted(by_step)
         out = LogMeasurement(str(path), "torchtitan", len(steps), 0)
-        tps = [(s, float(by_step[s].group(5).replace(",", ""))) for s in steps]
+        tps = [(s, num(by_step[s].group(5).replace(",", ""), "tps")) for s in steps]
         out.tokens_per_s_per_gpu, out.used = _median_after_warmup(tps)
         out.tflops_per_gpu = _median_after_warmup(
-            [(s, float(by_step[s].group(6).replace(",", ""))) for s in steps])[0]
-        mfu = _median_after_warmup([(s, float(by_step[s].group(7))) for s in steps])[0]
+            [(s, num(by_step[s].group(6).replace(",", ""), "tflops")) for s in steps])[0]
+        mfu = _median_after_warmup([(s, num(by_step[s].group(7), "mfu")) for s in steps])[0]
         out.mfu = mfu / 100 if mfu is not None else None
-        out.peak_bytes = int(max(float(by_step[s].group(3)) for s in steps) * GIB)
+        out.peak_bytes = int(max(num(by_step[s].group(3), "memory (GiB)") for s in steps) * GIB)
         out.peak_kind = "peak reserved"
         return out
     raise ConfigError(f"--log {str(path)!r}: no training iteration line found (Megatron-LM "
                       "'elapsed time per iteration (ms)' or torchtitan 'step: N  loss: ...  tps:')")
 
 
+#: Longest number a log line may spell (digits and point): a larger one is no measurement.
+MAX_LOG_NUMBER_CHARS = 24
+#: Most digits of a whole number in a log (int64 has 19).
+MAX_LOG_INT_DIGITS = 19
+
+
+def _readers(path: str | Path) -> tuple[Callable[[str, str], float], Callable[[str, str], int]]:
+    """The number readers of one log: a finite decimal of at most
+    :data:`MAX_LOG_NUMBER_CHARS` characters, a whole number of at most
+    :data:`MAX_LOG_INT_DIGITS` digits; anything else is a one-line ConfigError naming the log,
+    the field and the value."""
+    import math
+
+    def fail(text: str, what: str, legal: str) -> ConfigError:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        return ConfigError(f"--log {str(path)!r}: {what} {shown!r} is not {legal}")
+
+    def num(text: str, what: str) -> float:
+        try:
+            value = float(text) if len(text) <= MAX_LOG_NUMBER_CHARS else math.inf
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise fail(text, what, f"a finite number of at most {MAX_LOG_NUMBER_CHARS} "
+                       "characters")
+        return value
+
+    def whole(text: str, what: str) -> int:
+        if len(text) > MAX_LOG_INT_DIGITS:
+            raise fail(text, what, f"a whole number of at most {MAX_LOG_INT_DIGITS} digits")
+        return int(text)
+
+    return num, whole
+
+
 def _int_or_none(text: str) -> int | None:
+    if len(text) > MAX_LOG_INT_DIGITS:
+        return None
     try:
         return int(text)
     except ValueError:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,15 +227,28 @@ def table_constants(
     """Per-row constant arrays of a calibration table."""
     software = software or [REFERENCE_SOFTWARE] * len(archs)
     keys = list(zip(archs, software, strict=True))
-    per = {k: table.constants(*k) for k in set(keys)}
-    return {c.name: np.array([per[k][c.name] for k in keys]) for c in CONSTANTS}
+    uniq = sorted(set(keys))
+    where = {k: i for i, k in enumerate(uniq)}
+    rows = np.fromiter((where[k] for k in keys), dtype=np.intp, count=len(keys))
+    per = [table.constants(*k) for k in uniq]
+    # one row of every constant per distinct (architecture, software), then one per run row
+    values = np.array([[p[c.name] for c in CONSTANTS] for p in per], dtype=float)[rows]
+    return {c.name: values[:, j] for j, c in enumerate(CONSTANTS)}
 
 
 # ---------------------------------------------------------------------------- the fit
 
 
-def fit(prep: PreparedRows, iterations: int = 40) -> tuple[Layout, np.ndarray, dict[str, Any]]:
-    """Levenberg-Marquardt MAP fit (see module docstring). Returns layout, theta and stats."""
+#: The fit's outer (robust reweighting) rounds.
+FIT_ROUNDS = 4
+
+
+def fit(prep: PreparedRows, iterations: int = 40,
+        progress: Callable[[int, int], None] | None = None
+        ) -> tuple[Layout, np.ndarray, dict[str, Any]]:
+    """Levenberg-Marquardt MAP fit (see module docstring). Returns layout, theta and stats.
+    ``progress(done, total)``: called after each iteration (``total``: the most there can be,
+    :data:`FIT_ROUNDS` x ``iterations``; a round that converges early counts in full)."""
     layout = make_layout(prep.archs, prep.software)
     theta = layout.prior_theta()
     prior, sigma = layout.prior_theta(), layout.sigma()
@@ -248,19 +261,34 @@ def fit(prep: PreparedRows, iterations: int = 40) -> tuple[Layout, np.ndarray, d
     def full(th: np.ndarray, rw: np.ndarray) -> np.ndarray:
         return np.concatenate([rw * resid_data(th) / ROW_NOISE, (th - prior) / sigma])
 
+    n, k = len(prep.rows), len(theta)
+    tiled: list[Work] = []  # every row's work once per parameter, built on first use
+
+    def jacobian(th: np.ndarray, rw: np.ndarray, r: np.ndarray, eps: float) -> np.ndarray:
+        """``(full(th + eps e_j, rw) - r) / eps`` for every j, the k perturbed projections in
+        one ``timing`` call over the rows stacked k times (``concat_work``; elementwise, so each
+        column is what ``full`` gives)."""
+        if not tiled:
+            tiled.append(concat_work([prep.work] * k))
+        thetas = np.repeat(th[None, :], k, axis=0) + eps * np.eye(k)
+        per = [table_constants(table_for_theta(layout, t), prep.archs, prep.software)
+               for t in thetas]
+        consts = {name: np.concatenate([c[name] for c in per]) for name in per[0]}
+        step = timing(tiled[0], consts)["step_time_s"].reshape(k, n)
+        res = np.log(prep.tokens_per_step / step / prep.world) - logm
+        cols = np.concatenate([rw * res / ROW_NOISE, (thetas - prior) / sigma], axis=1)
+        return ((cols - r) / eps).T
+
     lam = 1e-2
     robust = np.ones(len(prep.rows))
-    for _outer in range(4):
+    for outer in range(FIT_ROUNDS):
         rw = prep.weight * robust
         r = full(theta, rw)
         cost = float(r @ r)
-        for _ in range(iterations):
-            eps = 1e-4
-            J = np.empty((len(r), len(theta)))
-            for j in range(len(theta)):
-                t2 = theta.copy()
-                t2[j] += eps
-                J[:, j] = (full(t2, rw) - r) / eps
+        for it in range(iterations):
+            if progress:
+                progress(outer * iterations + it, FIT_ROUNDS * iterations)
+            J = jacobian(theta, rw, r, 1e-4)
             A = J.T @ J
             gvec = J.T @ r
             improved = False
@@ -279,6 +307,8 @@ def fit(prep: PreparedRows, iterations: int = 40) -> tuple[Layout, np.ndarray, d
                 break
         res = resid_data(theta)
         robust = 1.0 / np.sqrt(1.0 + (res / ROBUST_SCALE) ** 2)
+    if progress:
+        progress(FIT_ROUNDS * iterations, FIT_ROUNDS * iterations)
     res = resid_data(theta)
     pred = np.exp(res + logm)
     stats = {
@@ -352,7 +382,8 @@ class CalibrationReport:
 
 
 def calibrate_rows(
-    rows: list[RunRow], source_label: str = "runs", exclude_sources: Iterable[str] = ()
+    rows: list[RunRow], source_label: str = "runs", exclude_sources: Iterable[str] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationReport:
     """Fit on already-parsed rows (``exclude_sources``: source ids left out, for
     leave-one-source-out validation)."""
@@ -370,7 +401,7 @@ def calibrate_rows(
         prep, table_constants(table_from_json(prior_table()), prep.archs, prep.software)
     )
     prior_mape = float(np.mean(np.abs(prior_pred / prep.measured - 1)))
-    layout, theta, stats = fit(prep)
+    layout, theta, stats = fit(prep, progress=progress)
     header = {
         "runs_file": source_label,
         "date": utc_now(),
@@ -413,14 +444,15 @@ def calibrate_rows(
 
 
 def calibrate(
-    runs_csv_path: str | Path, out_path: str | Path | None = None
+    runs_csv_path: str | Path, out_path: str | Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationReport:
     """Fit the constants on a runs CSV (the columns of published_runs.csv) and, when
     ``out_path`` is given, write the calibration JSON there (load it with
     ``project(..., calib=out_path)``)."""
     path = Path(runs_csv_path)
     rows = read_runs(path)
-    report = calibrate_rows(rows, source_label=path.name)
+    report = calibrate_rows(rows, source_label=path.name, progress=progress)
     if out_path is not None:
         out = Path(out_path)
         out.write_text(json.dumps(report.table.to_json(), indent=2) + "\n")

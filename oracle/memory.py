@@ -374,6 +374,18 @@ def pipeline_chunks(
     num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
     first: int | None = None, last: int | None = None, layout: str | None = None,
 ) -> list[list[Chunk]]:
+    """:func:`_pipeline_chunks`, remembered: the split depends on none of the cluster, batch or
+    recomputation, so every enumeration of a search or a plan shares it (fresh lists each call;
+    the chunks are frozen)."""
+    return [list(stage) for stage in _pipeline_chunks(num_layers, num_mtp, pp, vpp, split, first,
+                                                      last, layout)]
+
+
+@lru_cache(maxsize=8192)
+def _pipeline_chunks(
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None, layout: str | None = None,
+) -> list[list[Chunk]]:
     """Chunks of every physical stage: ``result[stage][j]`` is virtual stage ``j * pp + stage``
     (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...).
 

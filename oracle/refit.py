@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,8 @@ class ClusterCalibration:
 
 def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
                         published: str | Path = PUBLISHED_RUNS,
-                        user_weight: float = USER_ROW_WEIGHT) -> ClusterCalibration:
+                        user_weight: float = USER_ROW_WEIGHT,
+                        progress: Callable[[int, int], None] | None = None) -> ClusterCalibration:
     """Refit on the published runs plus the logs' rows weighted ``user_weight`` (module
     docstring); write the calibration JSON to ``out_path`` when given."""
     user = [r.row for r in runs if r.row is not None]
@@ -270,7 +272,7 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     prep = prepare(prior + user)
     n_user = len(user)
     prep.weight[-n_user:] *= user_weight
-    layout, theta, stats = fit(prep)
+    layout, theta, stats = fit(prep, progress=progress)
     shipped = load_calibration()
     header = {
         "runs_file": Path(published).name, "logs": [r.row_id for r in user],

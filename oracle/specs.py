@@ -24,6 +24,11 @@ skip_plugin_scan()  # before the first model is built: tune-cp uses no pydantic 
 GIB = 2**30
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
+
+
+def nodes_text(n: int) -> str:
+    """``1 node``, ``4 nodes``: a node count in words, for messages and reports."""
+    return f"{n} node{'' if n == 1 else 's'}"
 #: Most decoder layers a model may have: four times the deepest published one (Llama 3.1 405B,
 #: 126). The pipeline-stage tables grow with the layer count; at 512 a search with its
 #: explanation ends in seconds, at 100,000 it ran for minutes (issue 16).
@@ -489,7 +494,7 @@ class ClusterSpec(Spec):
     @model_validator(mode="after")
     def _world_size(self) -> ClusterSpec:
         if self.num_nodes * self.gpus_per_node > MAX_GPUS:
-            raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs = "
+            raise ValueError(f"{nodes_text(self.num_nodes)} x {self.gpus_per_node} GPUs = "
                              f"{self.num_nodes * self.gpus_per_node:,} GPUs; at most {MAX_GPUS:,} "
                              f"GPUs in all")
         return self

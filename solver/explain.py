@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from tune_cp.oracle.specs import GIB, ClusterSpec, ConfigError, Recompute
+from tune_cp.oracle.specs import GIB, ClusterSpec, ConfigError, Recompute, nodes_text
 from tune_cp.solver.cpsat import cp_model
 from tune_cp.solver.feasible import single_solve_solver, solved_axes
 from tune_cp.solver.model import LegalityModel
@@ -120,7 +120,7 @@ class Explanation:
                        f"above the limit of {self.limit_bytes / GIB:.1f} GiB")
         fixes = []
         if self.min_nodes is not None:
-            fixes.append(f"needs at least {self.min_nodes} nodes of {self.gpu} at this batch")
+            fixes.append(f"needs at least {nodes_text(self.min_nodes)} of {self.gpu} at this batch")
         elif self.max_nodes is not None:
             fixes.append(f"fewer nodes fit this global batch, e.g. {self.max_nodes} "
                          f"node{'s' if self.max_nodes != 1 else ''} of {self.gpu}"

@@ -163,7 +163,7 @@ class LegalityModel:
         self.cache = oracle_cache(problem)
         self.cp = CpModel()
         self.ar = Arith(self.cp)
-        self.ar.linear_division = self.ar.record_relations = enforced
+        self.ar.linear_division = self.ar.record_relations = self.ar.direct_tables = enforced
         self._axes()
         self._derived()
         self.ok: dict[str, Value] = {}

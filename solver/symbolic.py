@@ -12,13 +12,17 @@ are plain ``int``, so constant parts of a formula fold away.
 
 :meth:`Arith.lookup` tabulates any function of a few small-domain variables (units per
 (tp, ep, etp), stage coefficients per pipeline geometry): one ``AddAllowedAssignments`` defines a
-row index, one ``AddElement`` per output column defines its value.
+row index, one ``AddElement`` per output column defines its value; with ``direct_tables``
+(enumeration models, solved without presolve) one ``AddAllowedAssignments`` over the keys and
+the output columns defines the columns (columns that are affine functions of one another share
+one variable).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import product
+from math import gcd
 from operator import itemgetter
 from typing import Any, Union
 
@@ -42,6 +46,11 @@ class Arith:
         self._cse: dict[tuple[Any, ...], Any] = {}
         #: floor division by a constant as two linear constraints (else AddDivisionEquality)
         self.linear_division = False
+        #: tables over the keys and the output columns themselves (else a row index and one
+        #: element per column): less to propagate while enumerating without presolve, but
+        #: OR-Tools 9.15's presolve takes tens of seconds on wide tables, so only for models
+        #: solved without it
+        self.direct_tables = False
         #: required predicates (``predicate(required=True)``) recorded as relations (keys'
         #: canonical forms, allowed rows); later lookups leave out the rows they refuse
         self.record_relations = False
@@ -201,10 +210,26 @@ class Arith:
         if len(outputs) == 1:
             self.allow(keys, [a[:-1] for a in assignments])
             return tuple(outputs[0])
-        row = self.var(range(len(outputs)), f"{stem}_row")
-        self.allow([*keys, row], assignments)
-        return tuple(self.element(row, [o[c] for o in outputs], f"{stem}{c}")
-                     for c in range(n_cols))
+        if not self.direct_tables:
+            row = self.var(range(len(outputs)), f"{stem}_row")
+            self.allow([*keys, row], assignments)
+            return tuple(self.element(row, [o[c] for o in outputs], f"{stem}{c}")
+                         for c in range(n_cols))
+        # one table over the keys and the distinct column shapes (no row index, no element
+        # constraints): columns that are affine functions of one another with integer factors
+        # share a shape variable (``affine_shape``), so fewer variables are value-encoded
+        shapes: dict[tuple[int, ...], int] = {}
+        forms: list[tuple[tuple[int, ...], int, int]] = []
+        for c in range(n_cols):
+            shape, scale, offset = affine_shape([o[c] for o in outputs])
+            if scale:
+                shapes.setdefault(shape, len(shapes))
+            forms.append((shape, scale, offset))
+        base = [self.var(shape, f"{stem}{j}") for j, shape in enumerate(shapes)]
+        rows = [(*a[:-1], *(shape[a[-1]] for shape in shapes)) for a in assignments]
+        self.allow([*keys, *base], rows)
+        return tuple(base[shapes[shape]] * scale + offset if scale else offset
+                     for shape, scale, offset in forms)
 
     def element(self, index: Value, values: Sequence[int], stem: str) -> Value:
         """``values[index]``: an affine expression of ``index`` when the values are (a 0/1
@@ -327,6 +352,24 @@ class Arith:
         self.model.AddLinearExpressionInDomain(x.expr, dom).OnlyEnforceIf(b.expr)
         self.model.AddLinearExpressionInDomain(x.expr, dom.complement()).OnlyEnforceIf(b.expr.Not())
         return b
+
+
+def affine_shape(col: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
+    """``(shape, scale, offset)`` with ``col[i] == offset + scale * shape[i]`` for every row i:
+    ``offset = col[0]``, ``scale`` the gcd of the differences from it, signed so that the first
+    nonzero difference is positive (``scale == 0``: a constant column, ``shape == ()``). Two
+    columns are affine functions of each other with integer factors exactly when their shapes
+    are equal."""
+    offset = col[0]
+    diffs = [v - offset for v in col]
+    scale = 0
+    for d in diffs:
+        scale = gcd(scale, d)
+    if scale == 0:
+        return (), 0, offset
+    if next(d for d in diffs if d) < 0:
+        scale = -scale
+    return tuple(d // scale for d in diffs), scale, offset
 
 
 def _getter(idx: Sequence[int]) -> Callable[[Sequence[int]], tuple[int, ...]]:

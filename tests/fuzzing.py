@@ -20,6 +20,8 @@ from pathlib import Path
 #: Cheap settings: a check or a search that fails before its work starts.
 CHECK = ("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
 SEARCH = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+#: A plan of one node count (one enumeration per GPU) when its other flags are valid.
+PLAN = ("plan", "--model", "llama3-8b", "--max-nodes", "1", "--points", "1")
 
 BAD_NUMBERS = ("nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "-1", "0", "", " ",
                "１", "٤", "1_0", "+4", "0x10", "9" * 30, "9" * 5000, "abc", "1.5", "1e-400",
@@ -69,6 +71,172 @@ def _model_files() -> list[tuple[str, bytes]]:
     for value in (-1, 0, 1e308, "x", None, [1]):
         out.append((".json", json.dumps({"defaults": {"gemm_efficiency_bf16": value}}).encode()))
     return out
+
+
+#: A Hugging Face NemotronHForCausalLM config.json (a small hybrid: Mamba, attention, MLP and
+#: MoE layers, MTP), the start of the hostile hybrid files (issue 14).
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+              "hybrid_override_pattern": "M-M*EMEM*-ME", "num_hidden_layers": 12,
+              "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4,
+              "head_dim": 128, "intermediate_size": 8192, "mlp_hidden_act": "relu2",
+              "ssm_state_size": 128, "mamba_num_heads": 64, "mamba_head_dim": 64,
+              "n_groups": 8, "conv_kernel": 4, "chunk_size": 128, "vocab_size": 131072,
+              "n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 1024,
+              "moe_shared_expert_intermediate_size": 2048, "moe_latent_size": 512,
+              "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1,
+              "tie_word_embeddings": False, "layer_norm_epsilon": 1e-5}
+#: A DeepSeek-V3-shaped config.json (MLA), the start of the hostile MLA files.
+DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 2048, "num_attention_heads": 16,
+            "num_hidden_layers": 8, "vocab_size": 129280, "intermediate_size": 8192,
+            "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 512,
+            "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 512,
+            "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "num_nextn_predict_layers": 1}
+#: A GPU file (the catalog's entry format).
+GPU = {"name": "g", "hbm_gib": 80, "peak_bf16_tflops": 900, "hbm_tb_per_s": 3,
+       "scale_up_gb_per_s": 450, "scale_up_domain_gpus": 8, "nic_gb_per_s": 50}
+#: Values put where a number belongs (JSON text: NaN and Infinity are written as literals).
+HOSTILE_VALUES = ("NaN", "Infinity", "-Infinity", "1e999", "-1", "0", "0.5", '"8k"', '"abc"',
+                  '"high"', "9" * 400, "null", "true", "[]", "{}", '"1"', "1e18", "-1e308",
+                  "[1, 2]", '{"a": 1}', "2147483648", "18446744073709551616")
+
+
+def _mutated_json(base: dict, rng: random.Random, drop: float = 0.2) -> bytes:
+    """``base`` as JSON text with one or two values replaced by a ``HOSTILE_VALUES`` literal
+    (written verbatim, so NaN/Infinity/huge integers reach the reader) or a key dropped."""
+    data = dict(base)
+    marks: dict[str, str] = {}
+    for _ in range(rng.randint(1, 2)):
+        key = rng.choice(sorted(data))
+        if rng.random() < drop:
+            data.pop(key, None)
+            continue
+        mark = f"@@{len(marks)}@@"
+        data[key] = mark
+        marks[json.dumps(mark)] = rng.choice(HOSTILE_VALUES)
+    text = json.dumps(data)
+    for mark, value in marks.items():
+        text = text.replace(mark, value)
+    return text.encode()
+
+
+def _hybrid_file(rng: random.Random) -> bytes:
+    """A hostile NemotronH config.json: a mutated value, a bad hybrid pattern, or Mamba heads
+    that groups do not divide."""
+    pick = rng.random()
+    if pick < 0.6:
+        return _mutated_json(NEMOTRON_H, rng)
+    cfg = dict(NEMOTRON_H)
+    if pick < 0.8:
+        pattern = "".join(rng.choice("M*-E?x ") for _ in range(rng.choice((0, 1, 12, 13, 5000))))
+        cfg["hybrid_override_pattern"] = pattern
+        cfg["num_hidden_layers"] = rng.choice((len(pattern), 12))
+    else:
+        cfg["mamba_num_heads"] = rng.choice((63, 10, 1, 2**20))
+        cfg["n_groups"] = rng.choice((8, 3, 2**21))
+        cfg.pop(rng.choice(("n_groups", "mamba_num_heads", "ssm_state_size", "x")), None)
+    return json.dumps(cfg).encode()
+
+
+#: Megatron-LM argument fragments the "megatron args" cases are assembled from.
+MEGATRON_TOKENS = ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+                   "--seq-length", "--max-position-embeddings", "--micro-batch-size",
+                   "--global-batch-size", "--tensor-model-parallel-size",
+                   "--pipeline-model-parallel-size", "--context-parallel-size",
+                   "--expert-model-parallel-size", "--num-experts", "--moe-router-topk",
+                   "--moe-layer-freq", "--hybrid-override-pattern", "--hybrid-layer-pattern",
+                   "--mamba-num-heads", "--mamba-num-groups", "--vocab-size", "--bf16", "--fp8-format",
+                   "--fp8-param-gather", "--recompute-granularity", "--recompute-num-layers",
+                   "--num-layers-per-virtual-pipeline-stage", "--group-query-attention",
+                   "--num-query-groups", "--multi-latent-attention", "--kv-lora-rank",
+                   "--mtp-num-layers", "--swiglu", "--untie-embeddings-and-output-weights",
+                   "--no-such-flag", "--decoder-first-pipeline-num-layers", "torchrun",
+                   "--nnodes", "--nproc-per-node", "pretrain_gpt.py", "\\\n", "$X", "${Y:-8}",
+                   "\"", "'", "`", "$(", ";", "|", "&&", "#", "=", "--", "-", "\n")
+
+
+def _megatron_line(rng: random.Random) -> str:
+    """A malformed Megatron-LM launch: flags with hostile or missing values, shell noise."""
+    base = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 "
+            "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 "
+            "--vocab-size 32000 --bf16")
+    parts = [base] if rng.random() < 0.7 else []
+    for _ in range(rng.randint(1, 8)):
+        tok = rng.choice(MEGATRON_TOKENS)
+        value = rng.choice((*BAD_NUMBERS[:20], "8", "2", "e4m3", "hybrid", "full", "M-*E",
+                            "'[1]*4'", "'([0]*3+[1]*1)*1'", "''", "9" * 25, ""))
+        parts.append(f"{tok} {value}" if rng.random() < 0.8 else tok)
+    if rng.random() < 0.1:
+        parts.append("--num-layers " * rng.randint(100, 3000))
+    return " ".join(parts)
+
+
+def _log_text(rng: random.Random, root: Path) -> bytes:
+    """A hostile training log: one of the shipped logs (tests/data/logs) mutated (numbers
+    replaced by hostile ones, lines cut, duplicated or shuffled), or garbage."""
+    pick = rng.random()
+    if pick < 0.1:
+        return rng.choice((b"", bytes(range(256)) * 8, b"\n" * 10000,
+                           b"iteration 1/ 2 |" * 5000, "ιteration ３/ ４ |".encode()))
+    logs = sorted((root / "tests/data/logs").glob("*.log"))
+    lines = rng.choice(logs).read_text().splitlines()
+    for _ in range(rng.randint(1, 6)):
+        if not lines:
+            break
+        i = rng.randrange(len(lines))
+        nums = list(re.finditer(r"\d+(?:\.\d+)?", lines[i]))
+        what = rng.random()
+        if nums and what < 0.6:
+            n = rng.choice(nums)
+            bad = rng.choice(("nan", "inf", "0", "-1", "9" * 400, "1e999", "0.0", "", "abc",
+                              "1" * 25, "00000"))
+            lines[i] = lines[i][:n.start()] + bad + lines[i][n.end():]
+        elif what < 0.75:
+            lines.pop(i)
+        elif what < 0.9:
+            lines[i:i] = [lines[i]] * rng.randint(1, 50)
+        else:
+            rng.shuffle(lines)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _runs_csv(rng: random.Random, root: Path) -> bytes:
+    """A runs CSV: the header and a few rows of benchmarks/published_runs.csv with cells
+    replaced by hostile values (NaN, inf, strings, huge numbers), or a broken header."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO((root / "benchmarks/published_runs.csv").read_text())))
+    head, body = rows[0], rng.sample(rows[1:], k=min(4, len(rows) - 1))
+    numeric = [i for i, c in enumerate(head) if c in (
+        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+        "vocab_size", "num_experts", "moe_topk", "num_gpus", "gpus_per_node", "seq_len",
+        "global_batch_size", "micro_batch_size", "tp", "pp", "vpp", "cp", "ep", "etp", "dp",
+        "tokens_per_sec_per_gpu", "model_tflops_per_gpu", "mfu_pct", "step_time_s", "peak_mem")]
+    for row in body:
+        for _ in range(rng.randint(1, 3)):
+            i = rng.choice(numeric)
+            if i < len(row):
+                row[i] = rng.choice(("nan", "inf", "-inf", "Infinity", "1e999", "-1", "0", "abc",
+                                     "9" * 400, "1e18", "", "1,5", "0x10", "NaN"))
+    if rng.random() < 0.1:
+        head = head[:rng.randrange(len(head))]
+    out = io.StringIO()
+    csv.writer(out).writerows([head, *body])
+    return out.getvalue().encode()
+
+
+def _grid_yaml(rng: random.Random) -> str:
+    """A hostile sweep grid (one field replaced), most failing before any search runs."""
+    fields = {"name": "g", "models": "[llama3-8b]", "gpus": "[h100]", "nodes": "[1]",
+              "seq_len": "4096", "global_batch": "128", "precision": "bf16", "tokens": "1.0e12",
+              "price_per_gpu_hour": "{h100: 2.5}", "constraints": '["cp == 1", "pp == 1"]'}
+    key = rng.choice([*sorted(fields), "nosuch"])
+    fields[key] = rng.choice(("nan", ".inf", "-1", "0", "[]", "{}", "'8k'", "9" * 400, "~",
+                              "[" * 300 + "]" * 300, "[nan]", "[.inf]", "[1048577]",
+                              "[llama3-8b, /dev/zero]", "[/nonexistent.json]", "{a: 1}",
+                              "['tp ** 99999']", "[h100, h100]", "fp16", "&a [*a]"))
+    return "\n".join(f"{k}: {v}" for k, v in fields.items()) + "\n"
 
 
 @dataclass(frozen=True)
@@ -148,11 +316,7 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
                  "/sys/x.png", ".png", "/"]
     out: list[Case] = []
     for _ in range(n):
-        kind = rng.choice(("int flag", "float flag", "overhead", "model file", "gpu file",
-                           "calibration file", "primus file", "constraint", "prefer",
-                           "output path", "baseline", "price", "runs file")
-                          + (("model search", "cluster size", "primus mutation") if heavy
-                             else ()))
+        kind = rng.choice(LIGHT + (HEAVY if heavy else ()))
         js = ("--json",) if rng.random() < 0.5 else ()
         bad = rng.choice(BAD_NUMBERS)
         if kind == "int flag":
@@ -208,11 +372,124 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
         elif kind == "primus mutation":
             args = ("check", "--primus-config", _primus_mutants(tmp, rng, root), "--gpu",
                     "mi355x", "--nodes", rng.choice(("4", "1")), *js)
-        else:  # runs file
+        elif kind == "runs file":
             args = ("calibrate", "--runs", rng.choice(paths + specials), "--out",
                     rng.choice(out_paths + ["ok.json"]), *js)
+        elif kind in ("hybrid file", "mla file", "number file"):
+            if kind == "hybrid file":
+                content = _hybrid_file(rng)
+            elif kind == "mla file":
+                content = _mutated_json(DEEPSEEK, rng, drop=0.5)
+            else:
+                content = _mutated_json(rng.choice((MIXTRAL, GPU)), rng)
+            p = tmp / f"{kind[:3]}{rng.randrange(10**9)}.json"
+            p.write_bytes(content)
+            flag = "--gpu" if b'"hbm_gib"' in content or b"peak_bf16" in content else "--model"
+            other = ("--model", "llama3-8b") if flag == "--gpu" else ("--gpu", "h100")
+            args = ("check", flag, str(p), *other, "--nodes", rng.choice(("1", "2")), *js)
+        elif kind == "megatron args":
+            line = _megatron_line(rng)
+            if rng.random() < 0.3:
+                p = tmp / f"launch{rng.randrange(10**9)}.sh"
+                p.write_text("#!/bin/bash\nARGS=(\n" + line.replace(" --", "\n  --") + "\n)\n"
+                             "torchrun pretrain_gpt.py ${ARGS[@]}\n")
+                line = str(p)
+            args = ("check", "--megatron-args", line, "--gpu", "h100",
+                    *rng.choice(((), ("--nodes", "1"), ("--nodes", "2"))),
+                    *rng.choice(((), ("--model", "llama3-8b"), ("--tp", "3"))), *js)
+        elif kind == "log":
+            p = tmp / f"run{rng.randrange(10**9)}.log"
+            p.write_bytes(_log_text(rng, root))
+            extra = rng.choice(((), ("--model", "mixtral-8x7b"), ("--model", "llama3-8b"),
+                                ("--config", str(root / "tests/data/logs/"
+                                                 "torchtitan_llama3_8b_fsdp8.toml")),
+                                ("--config", rng.choice(paths + specials)),
+                                ("--nodes", rng.choice(("1", "2", "0", "nan")))))
+            args = ("calibrate", "--log", str(p), "--gpu", rng.choice(("h100", "mi300x", "nan")),
+                    *extra, *rng.choice(((), ("--out", rng.choice(out_paths + ["ok.json"])))),
+                    *js)
+        elif kind == "runs csv":
+            p = tmp / f"runs{rng.randrange(10**9)}.csv"
+            p.write_bytes(_runs_csv(rng, root))
+            args = ("calibrate", "--runs", str(p), *js)
+        elif kind == "fp8 param gather":
+            base = rng.choice((CHECK, SEARCH))
+            args = (*base, "--fp8-param-gather",
+                    *rng.choice(((), ("--precision", "fp8"), ("--precision", "fp4"),
+                                 ("--fp8-recipe", "tensorwise"), ("--fp8-recipe", "blockwise"),
+                                 ("--precision", "fp8", "--fsdp"),
+                                 ("--precision", "fp8", "--no-distributed-optimizer"))),
+                    # a search fails on its output path before the work starts
+                    *(() if base is CHECK else ("--pareto", "out.txt")), *js)
+        elif kind == "subcommand":
+            args = rng.choice((
+                ("models", rng.choice(("--json", "--nosuch", "x", "--json=1"))),
+                ("gpus", rng.choice(("--json", "extra", "--help"))),
+                ("--version",), ("nosuch",), ("calibrate",), ("check",), ("plan",),
+                ("sweep",), ("sweep", "/dev/zero", "--out", "x.csv"),
+                ("check", "--model", "llama3-8b"), ("check", "--nodes", "1"),
+                (*SEARCH, "--verify", rng.choice(("0", "21", "nan", "3")), "--verify-dir",
+                 rng.choice(("/proc/x", "/dev/full", str(fifo), "/etc/passwd/d")), *js),
+                (*CHECK, "--export", rng.choice(("megatron", "primus", "nemo", "nosuch")),
+                 "--tp", rng.choice(("1", "3", "8", "16")), *js),
+                (*SEARCH, "--top", rng.choice(BAD_NUMBERS)),
+                (*SEARCH, "--workers", rng.choice(BAD_NUMBERS)),
+                (*SEARCH, "--lm", rng.choice(("x", "/", "openai/", "a/b")), "--pareto", "x.txt"),
+                (*SEARCH, "--lm-timeout", rng.choice(BAD_NUMBERS)),
+                (*PLAN, "--gpu", rng.choice((",", "h100,,", " ", "h100,h100")), *js),
+                (*PLAN, "--tokens", rng.choice(BAD_NUMBERS), *js),
+                ("plan", "--model", "llama3-8b", "--points", rng.choice(BAD_NUMBERS), *js),
+                ("plan", "--model", "llama3-8b", "--max-nodes", rng.choice(BAD_NUMBERS), *js),
+            ))
+        elif kind == "sweep grid":
+            p = tmp / f"grid{rng.randrange(10**9)}.yaml"
+            p.write_text(_grid_yaml(rng))
+            args = ("sweep", str(p), "--out", rng.choice(("s.csv", "s.json", "/proc/s.csv",
+                                                          "s.parquet", "")), "--no-progress",
+                    *js)
+        elif kind == "hybrid search":
+            m = dict(NEMOTRON_H)
+            for _ in range(rng.randint(0, 2)):
+                key, values = rng.choice(HYBRID_EXTREMES)
+                m[key] = rng.choice(values)
+                if key == "hybrid_override_pattern":
+                    m["num_hidden_layers"] = len(m[key])
+            p = tmp / f"hyb{rng.randrange(10**9)}.json"
+            p.write_text(json.dumps(m))
+            model = rng.choice((str(p), "nemotron-3-nano", "nemotron-h-8b", "nemotron-3-super"))
+            args = ("--model", model, "--gpu", rng.choice(("h100", "b200", "mi355x")),
+                    "--nodes", rng.choice(("1", "2", "8")),
+                    *rng.choice(((), ("--precision", "fp8", "--fp8-param-gather"),
+                                 ("--constraint", "cp==1"), ("--all-recompute-levels",))), *js)
+        else:  # plan run
+            args = ("plan", "--model", rng.choice(("llama3-8b", "mixtral-8x7b", "nemotron-3-nano",
+                                                   "deepseek-v3")),
+                    "--gpu", rng.choice(("h100", "h100,b200", "mi355x,h100", "a100")),
+                    "--points", rng.choice(("1", "2", "3")),
+                    "--max-nodes", rng.choice(("1", "4", "16", "64")),
+                    *rng.choice(((), ("--tokens", "1e12"), ("--precision", "fp8"),
+                                 ("--precision", "fp8", "--fp8-param-gather"),
+                                 ("--tokens", "1e12", "--price-per-gpu-hour", "3"))), *js)
         out.append(Case(kind, args))
     return out
+
+
+#: The kinds whose runs stop at input checking or a check (cheap), and those that do real work
+#: (searches, plans, sweeps of hostile but legal inputs).
+LIGHT = ("int flag", "float flag", "overhead", "model file", "gpu file", "calibration file",
+         "primus file", "constraint", "prefer", "output path", "baseline", "price", "runs file",
+         "hybrid file", "mla file", "number file", "megatron args", "fp8 param gather",
+         "subcommand")
+#: ("log": a log that reads refits the time model, tens of seconds)
+HEAVY = ("model search", "cluster size", "primus mutation", "runs csv", "sweep grid",
+         "hybrid search", "plan run", "log")
+#: (key, values) a "hybrid search" case sets in the NemotronH config.json.
+HYBRID_EXTREMES = (("hybrid_override_pattern", ("M", "E", "*", "-", "M" * 200, "ME" * 64,
+                                                "*" * 3 + "M" * 3, "MEMEM*E" * 20)),
+                   ("mamba_num_heads", (8, 256, 4096)), ("n_groups", (1, 2, 64)),
+                   ("ssm_state_size", (1, 16, 4096)), ("n_routed_experts", (1, 2, 1024)),
+                   ("num_experts_per_tok", (1, 16)), ("moe_latent_size", (0, 1, 8192)),
+                   ("num_nextn_predict_layers", (0, 2, 8)), ("chunk_size", (1, 4096)))
 
 
 def strict_json(text: str) -> bool:

@@ -5,6 +5,7 @@ line, or print invalid JSON under ``--json``. ``benchmarks/fuzz.py`` runs a larg
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from tune_cp import cli
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 16
 CASES = 300
+#: What an error line may name besides the command line's own flags and values: a flag (one
+#: the line lacks, or one inside --megatron-args or a launch script), or a quoted key or value.
+NAMED = re.compile(r"--[a-z][a-z0-9-]+|'[^']+'|\"[^\"]+\"")
 
 
 def test_fuzz_campaign(tmp_path, monkeypatch):
@@ -30,9 +34,10 @@ def test_fuzz_campaign(tmp_path, monkeypatch):
         codes[code] = codes.get(code, 0) + 1
         for d in defects(code, stdout, stderr, case.args):
             found.append(f"{d}: {case.line()} -> {stderr.strip()[:200]}")
-        if code == 2:  # the error names the flag or file it is about
+        if code == 2:  # the error names the flag, key, file or value it is about
             named = [a for a in case.args if a.startswith("--") and a[2:] in stderr.replace(
-                "_", "-")] or [a for a in case.args if a and a[:30] in stderr]
+                "_", "-")] or [a for a in case.args if a and a[:30] in stderr] or \
+                NAMED.findall(stderr.removeprefix("tune-cp: error: "))
             if not named:
                 found.append(f"names nothing: {case.line()} -> {stderr.strip()[:200]}")
     assert not found, "\n".join(found[:20])

@@ -381,11 +381,22 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
                 raise ConfigError(f"{key!r} must be a positive integer, got {value!r}")
             return value
 
+        heads_keys, groups_keys = ("mamba_num_heads",), ("n_groups", "mamba_n_groups")
+        num_heads, num_groups = size(heads_keys, 128), size(groups_keys, 8)
+        if num_heads % num_groups:  # named by the config.json keys, not MambaSpec's fields
+
+            def named(keys: tuple[str, ...]) -> str:
+                key = next((k for k in keys if cfg.get(k) is not None), None)
+                return repr(key) if key else f"{keys[0]!r} (NemotronHConfig default)"
+
+            raise ConfigError(f"config.json {named(heads_keys)} ({num_heads}) must be a multiple "
+                              f"of {named(groups_keys)} ({num_groups}): each group of B and C "
+                              f"serves a whole number of Mamba heads")
         out["mamba"] = MambaSpec(
             state_dim=size(("ssm_state_size",), 128),
             head_dim=size(("mamba_head_dim",), 64),
-            num_heads=size(("mamba_num_heads",), 128),
-            num_groups=size(("n_groups", "mamba_n_groups"), 8),
+            num_heads=num_heads,
+            num_groups=num_groups,
             conv_kernel=size(("conv_kernel", "mamba_d_conv"), 4),
             chunk_size=size(("chunk_size", "mamba_chunk_size"), 128),
         )
