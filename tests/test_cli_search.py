@@ -95,7 +95,7 @@ def test_search_with_bf16_gradients_agrees_with_check(run_json):
     for row in data["top"]:
         args = ["check", *BASE, "--grad-reduce-in-bf16", "--tp", row["tp"], "--pp", row["pp"],
                 "--vpp", row["vpp"], "--cp", row["cp"], "--mbs", row["mbs"],
-                "--recompute", row["recompute"]]
+                "--recompute", row["recompute"], "--pipeline-split", row["pipeline_split"]]
         if row["recompute"] == "full":
             args += ["--recompute-method", row["recompute_method"],
                      "--recompute-layers", row["recompute_layers"]]

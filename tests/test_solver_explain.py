@@ -68,11 +68,13 @@ def test_batch_conflict_suggests_the_nearest_global_batch():
 
 
 def test_unusual_node_size_suggests_the_usual_one():
-    """Mixtral 8x22B on 4 x 3 MI355X: 12 GPUs leave no data-parallel size dividing gbs 512 (pp
-    needs a divisor of 56 layers, tp one of 8 KV heads); 4 x 8 fits."""
+    """Mixtral 8x22B on 4 x 5 MI355X: 20 GPUs leave no data-parallel size dividing gbs 512 (the
+    factor 5 must go to pp, and 56 layers split over 5 or 10 stages neither evenly nor with one
+    end stage a layer lighter or heavier; tp takes a divisor of 8 KV heads); 4 x 8 fits. (4 x 3
+    fits since PP3 with a light last stage, 19 + 19 + 18 layers, is a searched split.)"""
     m, cl, tr = setting("mixtral-8x22b", "mi355x", 4, 8192, 512)
-    three = cl.model_copy(update={"gpus_per_node": 3})
-    why = explain_infeasible(Problem(m, three, tr, default_space(m, three, tr)))
+    five = cl.model_copy(update={"gpus_per_node": 5})
+    why = explain_infeasible(Problem(m, five, tr, default_space(m, five, tr)))
     assert not why.feasible and "batch" in why.conflict
     assert "--gpus-per-node 8 (usual mi355x node)" in why.relaxations
 
