@@ -101,8 +101,6 @@ def test_search_with_bf16_gradients_agrees_with_check(run_json):
                      "--recompute-layers", row["recompute_layers"]]
         if row["recompute"] == "selective":
             args += ["--recompute-modules", ",".join(row["recompute_modules"])]
-        if row.get("pipeline_split"):  # the searched light splits (last_to_first, ...)
-            args += ["--pipeline-split", row["pipeline_split"]]
         code, chk = run_json(*args)
         assert code == 0, chk
         assert {k: chk["config"][k] for k in chk["config"]} == \
