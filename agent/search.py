@@ -71,7 +71,7 @@ from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axi
 from tune_cp.solver.explain import Explanation, explain_infeasible
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible
 from tune_cp.solver.rules import RULES, training_precision
-from tune_cp.solver.settings import RunSettings, SettingsView, narrow_space
+from tune_cp.solver.settings import RunSettings, SettingsView, narrow_space, options_problem
 from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -462,6 +462,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     when nothing is legal."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    problem = options_problem(model, opts.settings.options)  # run settings no layout can fix
+    if problem:
+        raise ConfigError(problem)
     refused = training_precision(cluster, training)
     if refused:  # no layout can fix it: say so before enumerating
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))

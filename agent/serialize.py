@@ -293,4 +293,5 @@ def sweep_settings_json(s: Settings) -> dict[str, Any]:
     return {"constraints": list(s.constraints), "preferences": list(s.preferences),
             "memory_margin": s.memory_margin, "grad_reduce_in_bf16": s.grad_reduce_in_bf16,
             "overheads": dict(s.overheads), "calibration": s.calibration} | (
-        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {})
+        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {}) | {
+        k: list(v) if isinstance(v, tuple) else v for k, v in s.run_options}

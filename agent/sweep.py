@@ -96,7 +96,9 @@ class GridError(ConfigError):
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
-                "allow_cross_scale_up", "name")
+                "allow_cross_scale_up", "name",
+                # the framework run settings (solver/axes.py::RUN_KNOBS; RunSettings fields)
+                "cuda_graph_scope", "moe_a2a_overlap", "moe_capacity_factor")
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")
 
@@ -112,6 +114,8 @@ class Settings:
     overheads: tuple[tuple[str, float], ...] = ()
     calibration: str | None = None
     allow_cross_scale_up: bool = False
+    #: the framework run settings, as ``oracle.memory.RunOptions`` fields (None: the defaults)
+    run_options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,7 +353,18 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     calib = data.get("calibration")
     if calib is not None and (not isinstance(calib, str) or not Path(calib).is_file()):
         raise GridError(f"grid key 'calibration': {_show(calib)} is not a file")
-    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross)
+    from pydantic import ValidationError
+
+    from tune_cp.oracle.memory import RunOptions
+    from tune_cp.oracle.specs import validation_message
+
+    given = {k: data[k] for k in RunOptions.model_fields if data.get(k) is not None}
+    try:
+        opts = RunOptions(**given)
+    except ValidationError as e:
+        raise GridError(f"grid run settings: {validation_message(e)}") from None
+    run = tuple((k, getattr(opts, k)) for k in given)
+    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -498,7 +513,8 @@ def scenario_inputs(sc: Scenario):
     given = {"memory_margin": st.memory_margin} if st.memory_margin is not None else {}
     settings = RunSettings(constraints=st.constraints, overheads=_overheads(st.overheads),
                            calibration=st.calibration,
-                           allow_cross_scale_up=st.allow_cross_scale_up, **given)
+                           allow_cross_scale_up=st.allow_cross_scale_up, **given,
+                           **dict(st.run_options))
     opts = SearchOptions(
         settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),

@@ -622,6 +622,12 @@ GROUP_HINTS = {
     "activations": "recompute more (full recompute), a smaller micro-batch, or more tp/cp/pp",
     "runtime": "lower the runtime overheads (--overhead) or use a GPU with more HBM",
 }
+#: The activations hint when the run settings refuse full recomputation (per-layer CUDA graphs,
+#: the MoE all-to-all overlap: ``setting_violations``).
+NO_FULL_RECOMPUTE_HINT = ("recompute more (selective modules: the run settings refuse full "
+                          "recompute), a smaller micro-batch, or more tp/cp/pp")
+
+
 def hbm(ctx: RuleContext) -> list[Violation]:
     mem = ctx.memory
     limit = ctx.limit_bytes
@@ -631,10 +637,13 @@ def hbm(ctx: RuleContext) -> list[Violation]:
     terms = [t for t in TERM_GROUPS[group] if mem.peak.terms[t]]
     parts = ", ".join(f"{t} {gib(mem.peak.terms[t])}" for t in terms)
     name = group.replace("_", " ")
+    o = ctx.settings.options
+    hint = (NO_FULL_RECOMPUTE_HINT if group == "activations"
+            and (o.per_layer_graphs or o.moe_a2a_overlap) else GROUP_HINTS[group])
     return [Violation("hbm", f"stage {mem.peak_stage} needs {gib(mem.peak_bytes)} but the limit "
                       f"is {gib(limit)} ({gib(mem.hbm_bytes)} HBM of {ctx.cluster.gpu.name} x "
                       f"(1 - {ctx.memory_margin:g} margin)); {name} dominates ({parts}): "
-                      f"{GROUP_HINTS[group]}")]
+                      f"{hint}")]
 
 
 #: Families in check order. ``batch`` and ``hbm`` need the earlier ones to hold to be meaningful.

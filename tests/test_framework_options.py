@@ -358,3 +358,19 @@ def test_check_from_args_reads_the_settings(run_json):
     code, data = run_json("check", "--model", "mixtral-8x22b", "--nodes", "4",
                           "--megatron-args", args, "--no-moe-a2a-overlap")
     assert data["run_settings"]["moe_a2a_overlap"] is False
+
+
+def test_sweep_grid_takes_the_run_settings(tmp_path):
+    from tune_cp.agent.sweep import GridError, load_grid, scenario_inputs
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text("models: [mixtral-8x7b]\ngpus: [h100]\nnodes: [2]\n"
+                    "cuda_graph_scope: attn,moe_router\nmoe_capacity_factor: 1.0\n")
+    (sc,) = load_grid(str(grid)).scenarios
+    _, _, opts = scenario_inputs(sc)
+    assert opts.settings.options == RunOptions(cuda_graph_scope=("attn", "moe_router"),
+                                               moe_capacity_factor=1.0)
+    grid.write_text("models: [mixtral-8x7b]\ngpus: [h100]\nnodes: [2]\n"
+                    "cuda_graph_scope: full_iteration,attn\n")
+    with pytest.raises(GridError, match="full_iteration"):
+        load_grid(str(grid))
