@@ -312,6 +312,8 @@ def row_model(row: dict[str, str]) -> tuple[ModelSpec | None, str | None]:
     for key in ("num_layers", "hidden_size", "num_attention_heads"):
         if cols[key] is None:
             return None, f"{key} missing and model {name!r} not in the catalog"
+        if cols[key] < 1:  # a head dimension would divide by it
+            return None, f"{key} {cols[key]} is not a positive integer"
     donor = _family_donor(name)
     donor_spec = model_entries()[donor].to_spec() if donor else None
     h, a = cols["hidden_size"], cols["num_attention_heads"]

@@ -237,3 +237,19 @@ def test_sweep_output_that_cannot_be_written_is_refused_first(run_cli, tmp_path,
     grid.write_text("name: g\nmodels: [llama3-8b]\ngpus: [h100]\nnodes: [1]\n")
     code, _, err = run_cli("sweep", grid, "--out", out, "--no-progress")
     one_line_error(code, err, "--out")
+
+
+def test_runs_row_with_zero_heads_is_skipped_with_its_reason(tmp_path):
+    """A runs CSV row outside the catalog with num_attention_heads 0 used to be an internal
+    error (ZeroDivisionError computing the head dimension); the row is skipped, saying why."""
+    import csv
+    import io
+
+    from tune_cp.formats.runs import row_model
+
+    rows = list(csv.DictReader(io.StringIO((ROOT / "benchmarks/published_runs.csv").read_text())))
+    row = dict(rows[0], model="not-a-catalog-model", num_layers="4", hidden_size="1024",
+               num_attention_heads="0", vocab_size="32000", notes="", moe_notes="",
+               completeness="")
+    spec, reason = row_model(row)
+    assert spec is None and reason == "num_attention_heads 0 is not a positive integer"
