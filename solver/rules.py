@@ -378,9 +378,12 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
     if ends is None:
         a, b = LIGHT_TRIM[split]
         legal_pp = [p for p in divisors(L // vpp + a + b) if p > 1] if L % vpp == 0 else []
-        return (f"the {split.value} split needs num_layers / vpp + {a + b} ({L} / {vpp}"
-                f"{'' if L % vpp == 0 else ', not whole'}) to divide over pp ({pp}); with vpp "
-                f"{vpp} choose pp in {fmt_set(legal_pp)}")
+        per = (f"{L} / {vpp} + {a + b} = {L // vpp + a + b}" if L % vpp == 0 else
+               f"{L} / {vpp} is not whole")
+        fix = (f"with vpp {vpp} choose pp in {fmt_set(legal_pp)}" if legal_pp else
+               f"choose vpp in {fmt_set(divisors(L))} (divisors of num_layers {L})")
+        return (f"the {split.value} split needs num_layers / vpp + {a + b} ({per}) to divide "
+                f"over pp ({pp}); {fix}")
     f, la = ends
     if f is None and la is None:
         return ("the uneven split needs first and/or last stage layers (Megatron-LM "

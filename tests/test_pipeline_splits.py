@@ -242,3 +242,14 @@ def test_check_an_illegal_uneven_split_exits_1(run_cli):
                            "1024", "--tp", "8", "--pp", "16", "--seq-len", "8192", "--first-stage-layers",
                            "7", "--last-stage-layers", "7")
     assert "uneven split: first stage 7, last stage 7 layers" in out
+
+
+def test_light_split_refusal_names_the_count_and_what_divides():
+    """Llama 3 8B (32 layers), light_last: 4 stages of which the last is one layer lighter need
+    (32 + 1) / 4 whole, so pp must divide 33 (3, 11, 33); with vpp 3, 32 / 3 is not whole and
+    no pp helps: the refusal names the divisors of 32 for vpp instead of an empty pp set."""
+    m = load_model("llama3-8b")
+    assert ("(32 / 1 + 1 = 33) to divide over pp (4); with vpp 1 choose pp in {3, 11, 33}"
+            in split_problem(m, 4, 1, P.LIGHT_LAST))
+    assert ("(32 / 3 is not whole) to divide over pp (4); choose vpp in {1, 2, 4, 8, 16, 32}"
+            in split_problem(m, 4, 3, P.LIGHT_LAST))
