@@ -202,6 +202,15 @@ def run_option_args(model: ModelSpec, o: RunOptions | None) -> list[tuple[str, A
     elif o.cuda_graph_scope:
         out += [("cuda_graph_impl", PER_LAYER_GRAPH_IMPL),
                 ("cuda_graph_modules", list(o.cuda_graph_scope))]
+    return out + moe_run_args(model, o)
+
+
+def moe_run_args(model: ModelSpec, o: RunOptions) -> list[tuple[str, Any]]:
+    """The MoE run settings as Megatron-LM argument names, which Primus takes unchanged: the
+    all-to-all overlap (``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``) and
+    token-drop (``--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity``); nothing
+    for a dense model or the defaults."""
+    out: list[tuple[str, Any]] = []
     if model.is_moe and o.moe_a2a_overlap:
         out += [("overlap_moe_expert_parallel_comm", True), ("delay_wgrad_compute", True)]
     if model.is_moe and o.moe_capacity_factor is not None:
@@ -577,12 +586,7 @@ def primus_option_overrides(model: ModelSpec, o: RunOptions | None) -> list[tupl
                 ("check_for_nan_in_loss_and_grad", False)]
     elif o.cuda_graph_scope:
         out += [("external_cuda_graph", True), ("cuda_graph_scope", list(o.cuda_graph_scope))]
-    if model.is_moe and o.moe_a2a_overlap:
-        out += [("overlap_moe_expert_parallel_comm", True), ("delay_wgrad_compute", True)]
-    if model.is_moe and o.moe_capacity_factor is not None:
-        out += [("moe_expert_capacity_factor", float(o.moe_capacity_factor)),
-                ("moe_pad_expert_input_to_capacity", True)]
-    return out
+    return out + moe_run_args(model, o)
 
 
 def to_primus_overrides(
