@@ -23,11 +23,15 @@ print(json.dumps({"code": code, "heavy": heavy}))
 """
 
 
+def fresh_python(code: str, *args: str) -> str:
+    """What ``python -c CODE ARGS`` prints in a fresh interpreter (from the checkout root)."""
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
 def loaded(*args: str) -> tuple[int, list[str]]:
     """Exit code of ``tune-cp ARGS`` in a fresh interpreter and the heavy libraries it loaded."""
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(HEAVY)],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
-    out = json.loads(proc.stdout.splitlines()[-1])
+    out = json.loads(fresh_python(PROBE, json.dumps(args), json.dumps(HEAVY)).splitlines()[-1])
     return out["code"], out["heavy"]
 
 
@@ -55,9 +59,7 @@ def test_cp_model_without_pandas_still_has_its_pandas_helpers():
              "import pandas as pd\n"
              "xs = cp_model.CpModel().new_int_var_series('x', pd.Index(range(3)), 0, 5)\n"
              "print(type(xs).__name__, len(xs))")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
-                          text=True, check=True)
-    assert proc.stdout.split() == ["Series", "3"]
+    assert fresh_python(probe).split() == ["Series", "3"]
 
 
 class _Terminal:
@@ -117,6 +119,4 @@ def test_specs_build_without_the_pydantic_plugin_scan():
              "ParallelConfig\nload_model('llama3-8b')\n"
              "try:\n    ParallelConfig(tp=0)\nexcept ValueError:\n    print('refused')\n"
              "print('importlib.metadata' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
-                          text=True, check=True)
-    assert proc.stdout.split() == ["refused", "False"]
+    assert fresh_python(probe).split() == ["refused", "False"]
