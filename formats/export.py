@@ -490,6 +490,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     default differs from what tune-cp modeled are always written (sequence_parallel,
     use_distributed_optimizer, the recompute keys, fp8)."""
     zero_bubble = c.schedule_ is Schedule.ZERO_BUBBLE
+    first, last = end_stage_layers(model, c)
     out: list[tuple[str, Any]] = [
         (KNOB_DEST["tp"], c.tp),
         (KNOB_DEST["pp"], c.pp),
@@ -502,8 +503,8 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
          c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
         ("account_for_loss_in_pipeline_split", c.pipeline_split is PipelineSplit.EMBEDDING_LOSS),
         *((dest, v) for dest, v in (
-            (KNOB_DEST["first_stage_layers"], end_stage_layers(model, c)[0]),
-            (KNOB_DEST["last_stage_layers"], end_stage_layers(model, c)[1]),
+            (KNOB_DEST["first_stage_layers"], first),
+            (KNOB_DEST["last_stage_layers"], last),
             (KNOB_DEST["pipeline_layout"], c.pipeline_layout)) if v is not None),
         *_batch_args(model, training, c),
     ]
@@ -643,6 +644,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
                      c: ParallelConfig) -> list[tuple[str, str]]:
     """(field path, Python expression) pairs on a Megatron-Bridge ``ConfigContainer``."""
     emb_loss = c.pipeline_split is PipelineSplit.EMBEDDING_LOSS
+    first, last = end_stage_layers(model, c)
     out: list[tuple[str, str]] = [
         (KNOB_BRIDGE["tp"], repr(c.tp)),
         (KNOB_BRIDGE["pp"], repr(c.pp)),
@@ -652,8 +654,8 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     out += [
         (KNOB_BRIDGE["vpp"], repr(c.vpp if c.vpp > 1 else None)),
         (KNOB_BRIDGE["pipeline_layout"], repr(c.pipeline_layout)),
-        (KNOB_BRIDGE["first_stage_layers"], repr(end_stage_layers(model, c)[0])),
-        (KNOB_BRIDGE["last_stage_layers"], repr(end_stage_layers(model, c)[1])),
+        (KNOB_BRIDGE["first_stage_layers"], repr(first)),
+        (KNOB_BRIDGE["last_stage_layers"], repr(last)),
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
         ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
         (KNOB_BRIDGE["cp"], repr(c.cp)),
