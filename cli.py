@@ -326,8 +326,7 @@ def check_options(model: Any, settings: RunSettings) -> None:
         fail(problem)
 
 
-def imported_options(ctx: click.Context, run: Any, settings: RunSettings,
-                     notes: list[str]) -> RunSettings:
+def imported_options(ctx: click.Context, run: Any, settings: RunSettings) -> RunSettings:
     """The run settings of an imported launch (CUDA graphs, all-to-all overlap, token-drop),
     under the flags given explicitly."""
     from tune_cp.oracle.memory import RunOptions
@@ -804,7 +803,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if overrides:
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
-        settings = imported_options(ctx, run, settings, notes)
+        settings = imported_options(ctx, run, settings)
     check_options(model, settings)
     if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
