@@ -150,11 +150,23 @@ class LegalityModel:
     """
 
     def __init__(self, problem: Problem, families: Iterable[str] | None = None, *,
-                 enforced: bool = False) -> None:
+                 enforced: bool = False, none_option: bool | None = None,
+                 none_fits: Sequence[tuple[int, ...]] | None = None) -> None:
         self.p = problem
         #: every family literal will be fixed true (enumeration): tables may then leave out key
         #: combinations an enabled family refuses (the solutions stay the same)
         self.enforced = enforced
+        #: no recomputation is an option of the search (``recompute_dominance`` compares with
+        #: it): default, whether the space has it; a part of a slice without that option
+        #: (``feasible.recompute_parts``) is told True when the whole space has it
+        self.none_option = problem.space.has_no_recompute if none_option is None else none_option
+        #: the layouts (raw values of the axes before ``recompute``, ``AXES`` order) where no
+        #: recomputation passes every family: the solutions of the slice's no-recomputation
+        #: model (``feasible.solve_slice``). Given to an enforced model without that option,
+        #: "no recomputation fits" is these layouts refused (``MemoryEncoding.fits_none``)
+        #: instead of a third evaluation of the memory
+        self.none_fits = none_fits
+        assert none_fits is None or enforced
         wanted = set(RULES if families is None else families)
         unknown = wanted - set(RULES)
         if unknown:
@@ -606,7 +618,8 @@ class MemoryEncoding:
         self.limit = p.limit_bytes
         self.dominance = "recompute_dominance" in m.families
         #: no recomputation is an option beside others: it dominates them when it fits
-        self.by_none = self.dominance and p.space.has_no_recompute and len(p.space.recompute) > 1
+        self.by_none = self.dominance and m.none_option and any(
+            o.kind is not Recompute.NONE for o in p.space.recompute)
         self._units()
         self._geometry()
         self.totals, self.fits = self._fits("row", self.au)
@@ -619,9 +632,22 @@ class MemoryEncoding:
 
     @cached_property
     def fits_none(self) -> Value:
-        """Whether no recomputation fits (built when the dominance needs it)."""
+        """Whether no recomputation fits (built when the dominance needs it). With the
+        model's ``none_fits`` layouts (an enforced model, whose options are all dominated where
+        no recomputation fits): those layouts refused, and 0."""
         assert self.by_none
-        return self._fits("none", self.au_none)[1]
+        if self.m.none_fits is None:
+            return self._fits("none", self.au_none)[1]
+        m = self.m
+        layout = [v for k, v in m.axis.items() if k != "recompute"]
+        live = [i for i, v in enumerate(layout) if not isinstance(v, int)]
+        rows = {tuple(r[i] for i in live) for r in m.none_fits
+                if all(r[i] == v for i, v in enumerate(layout) if isinstance(v, int))}
+        if rows and not live:
+            m.cp.AddBoolOr([])  # the one layout has no recomputation fitting: nothing kept
+        elif rows:
+            m.cp.AddForbiddenAssignments([m.ar.as_var(layout[i]) for i in live], sorted(rows))
+        return 0
 
     @cached_property
     def au_none(self) -> M.ActivationUnits:

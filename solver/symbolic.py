@@ -362,14 +362,12 @@ def affine_shape(col: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
     are equal."""
     offset = col[0]
     diffs = [v - offset for v in col]
-    scale = 0
-    for d in diffs:
-        scale = gcd(scale, d)
+    scale = gcd(*diffs)
     if scale == 0:
         return (), 0, offset
     if next(d for d in diffs if d) < 0:
         scale = -scale
-    return tuple(d // scale for d in diffs), scale, offset
+    return tuple([d // scale for d in diffs]), scale, offset
 
 
 def _getter(idx: Sequence[int]) -> Callable[[Sequence[int]], tuple[int, ...]]:
