@@ -325,17 +325,21 @@ def recompute_parts(space: SearchSpace, families: Sequence[str]
                     ) -> list[tuple[SearchSpace, bool | None]]:
     """The CP-SAT models a slice is enumerated with: ``(space, none_option)`` for
     :class:`LegalityModel`. With ``recompute_dominance`` on and no recomputation an option
-    beside others, two models: no recomputation alone (it needs no dominance memory: nothing
-    dominates it), and the other options (told that no recomputation is an option, so that it
-    dominates them where it fits); about a third less CP-SAT time than one model of both
-    (docs/solver.md, "Speed"). Else the slice's space itself."""
+    beside others, one model per group of options: no recomputation alone (nothing dominates
+    it: it needs no dominance memory), the options other than full block recompute (no smaller
+    K to compare with), and full block recompute (every K of the space, so the next smaller K
+    is the space's); the last two are told that no recomputation is an option, so that it
+    dominates them where it fits. Each model is smaller than one of all the options: about
+    half the CP-SAT deterministic time (docs/solver.md, "Speed"). Else the slice's space
+    itself."""
     rc = space.recompute
     none = tuple(o for o in rc if o.kind is Recompute.NONE)
     if "recompute_dominance" not in families or not none or len(none) == len(rc):
         return [(space, None)]
-    rest = tuple(o for o in rc if o.kind is not Recompute.NONE)
+    other = tuple(o for o in rc if o.kind is not Recompute.NONE and not o.is_full_block)
+    block = tuple(o for o in rc if o.is_full_block)
     return [(space.with_domains(recompute=none), None),
-            (space.with_domains(recompute=rest), True)]
+            *((space.with_domains(recompute=g), True) for g in (other, block) if g)]
 
 
 #: The problem and families of the enumeration a worker process serves (set before the fork,
