@@ -318,8 +318,8 @@ def run_settings(flags: dict[str, Any]) -> RunSettings:
 
 def check_options(model: Any, settings: RunSettings) -> None:
     """Refuse (one line, exit 2) framework run settings Megatron-Core refuses for ``model``
-    whatever the layout (``solver/settings.py::options_problem``)."""
-    from tune_cp.solver.settings import options_problem
+    whatever the layout (``solver/rules.py::options_problem``)."""
+    from tune_cp.solver.rules import options_problem
 
     problem = options_problem(model, settings.options)
     if problem:

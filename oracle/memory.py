@@ -197,7 +197,7 @@ class RunOptions(Spec):
     token-drop MoE with every expert's input padded to this capacity factor
     (``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``); None: dropless.
     What Megatron-Core refuses among them alone is refused here (one line); what depends on the
-    model or the layout: ``solver/settings.py::options_problem`` and ``solver/rules.py``.
+    model or the layout: ``solver/rules.py`` (``options_problem``, family ``run_settings``).
     """
 
     cuda_graph_scope: tuple[str, ...] = ()
