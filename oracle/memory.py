@@ -97,6 +97,7 @@ from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the
 from tune_cp.oracle.specs import (
     GIB,
     LIGHT_TRIM,
+    MAX_MOE_CAPACITY_FACTOR,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -202,7 +203,7 @@ class RunOptions(Spec):
 
     cuda_graph_scope: tuple[str, ...] = ()
     moe_a2a_overlap: bool = False
-    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=MAX_MOE_CAPACITY_FACTOR)
 
     @field_validator("cuda_graph_scope", mode="before")
     @classmethod

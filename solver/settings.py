@@ -35,9 +35,11 @@ class RunSettings(Spec):
     The framework run settings (``solver/axes.py::RUN_KNOBS``, :class:`oracle.memory.RunOptions`):
     ``cuda_graph_scope`` (``--cuda-graph-scope``; ``()``: none), ``moe_a2a_overlap``
     (``--moe-a2a-overlap``), ``moe_capacity_factor`` (``--moe-token-drop C``; None: dropless).
-    They reach every projection as :attr:`traits` and every memory computation as
-    ``overheads.run`` (kept equal to them here), so the check, the search's CP-SAT tables, the
-    seed phase, the ranking and the explanation all see the same settings.
+    They are stored once, as ``overheads.run`` (the one per-run object every memory
+    computation receives: the check, the CP-SAT tables, the Python loop), and read as
+    :attr:`options`; every projection gets :attr:`traits`, derived from them. They are given by
+    name (``RunSettings(moe_a2a_overlap=True)``, ``with_(cuda_graph_scope="attn")``): a name
+    given sets that field of ``overheads.run`` (over the ``overheads`` given with it).
     """
 
     overheads: MemoryOverheads = Field(default_factory=MemoryOverheads)
@@ -45,24 +47,23 @@ class RunSettings(Spec):
     allow_cross_scale_up: bool = False
     constraints: tuple[HardConstraint, ...] = ()
     calibration: str | None = None
-    cuda_graph_scope: tuple[str, ...] = ()
-    moe_a2a_overlap: bool = False
-    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
 
     @model_validator(mode="before")
     @classmethod
     def _options(cls, data: Any) -> Any:
-        """Validate the run options (:class:`RunOptions`) and put them on the overheads."""
-        if not isinstance(data, dict):
+        """The run options given by name (:data:`RUN_OPTION_NAMES`), validated as a
+        :class:`RunOptions`, set on ``overheads.run``."""
+        if not isinstance(data, dict) or not set(data) & set(RUN_OPTION_NAMES):
             return data
-        names = RunOptions.model_fields
-        opts = RunOptions(**{k: data[k] for k in names if k in data})
-        ov = data.get("overheads") or MemoryOverheads()
+        given = {k: data[k] for k in RUN_OPTION_NAMES if k in data}
+        rest = {k: v for k, v in data.items() if k not in given}
+        ov = rest.get("overheads") or MemoryOverheads()
         if isinstance(ov, dict):
             ov = MemoryOverheads(**ov)
-        if isinstance(ov, MemoryOverheads) and ov.run != opts:
-            ov = ov.model_copy(update={"run": opts})
-        return data | {"overheads": ov, "cuda_graph_scope": opts.cuda_graph_scope}
+        if not isinstance(ov, MemoryOverheads):
+            return data  # the field's own validation says what is wrong
+        run = RunOptions(**(dict(ov.run) | given))
+        return rest | {"overheads": ov.model_copy(update={"run": run})}
 
     @property
     def options(self) -> RunOptions:
@@ -88,12 +89,17 @@ class RunSettings(Spec):
         return as_constraints(v) if isinstance(v, Sequence) else v
 
     def with_(self, **changes: Any) -> RunSettings:
-        """A copy with ``changes`` (validated)."""
+        """A copy with ``changes`` (validated; settings names, :data:`SETTINGS_FIELDS`). A new
+        ``overheads`` brings its own ``run``; run options given by name are set on it."""
         return RunSettings(**(dict(self) | changes))
 
 
-#: The settings field names (what ``Problem.replace`` and the views pass to the settings).
-SETTINGS_FIELDS: tuple[str, ...] = tuple(RunSettings.model_fields)
+#: The run options' names (fields of ``overheads.run``), which the settings also take by name.
+RUN_OPTION_NAMES: tuple[str, ...] = tuple(RunOptions.model_fields)
+#: The names a run's settings are given by: the fields, and the run options (what
+#: ``Problem.replace`` passes to the settings, and what ``cli.py::SETTINGS_FLAGS`` has a flag
+#: for).
+SETTINGS_FIELDS: tuple[str, ...] = (*RunSettings.model_fields, *RUN_OPTION_NAMES)
 
 
 class SettingsView:

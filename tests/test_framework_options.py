@@ -41,7 +41,7 @@ from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate
 from tune_cp.solver.rules import options_problem, settings_space_problem
-from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings
 from tune_cp.solver.space import default_space
 
 MIB, GIB = 2**20, 2**30
@@ -65,7 +65,7 @@ def ov(**run) -> MemoryOverheads:
 
 def test_every_run_setting_has_a_knob_and_a_time_bit():
     assert [k.field for k in RUN_KNOBS] == list(RunOptions.model_fields)
-    assert set(RunOptions.model_fields) <= set(RunSettings.model_fields)
+    assert set(RunOptions.model_fields) <= set(SETTINGS_FIELDS)
     assert set(PER_LAYER_GRAPH_SCOPES) | {FULL_ITERATION} == set(GRAPH_BITS)
 
 
@@ -79,7 +79,15 @@ def test_settings_reach_the_memory_and_the_time_side():
     # a copy with other changes keeps them; the defaults are the old defaults
     assert s.with_(memory_margin=0.1).overheads.run == s.overheads.run
     assert RunSettings().overheads == MemoryOverheads()
-    assert RunSettings(cuda_graph_scope="none").cuda_graph_scope == ()
+    assert RunSettings(cuda_graph_scope="none").options.cuda_graph_scope == ()
+    # stored once: the options given by name are overheads.run, given with other overheads
+    both = RunSettings(overheads=MemoryOverheads(fragmentation=0.1), moe_a2a_overlap=True)
+    assert both.overheads == MemoryOverheads(fragmentation=0.1,
+                                             run=RunOptions(moe_a2a_overlap=True))
+    assert RunSettings(overheads=both.overheads) == both
+    assert both.with_(moe_capacity_factor=1.0).options == RunOptions(moe_a2a_overlap=True,
+                                                                      moe_capacity_factor=1.0)
+    assert "moe_a2a_overlap" not in RunSettings.model_fields
 
 
 # ------------------------------------------------------------------ memory by hand
