@@ -301,10 +301,10 @@ assert _RC == len(AXES) - 1
 
 #: The families besides memory that read the recompute option: each accepts no recomputation
 #: wherever it accepts another option (zero-bubble needs no recomputation; K and module checks
-#: concern the other options), so a layout whose no-recomputation configuration fails one of
-#: them fails it with every option (``tests/test_solver_slices.py`` checks this on the Python
-#: rules).
-NONE_NEVER_STRICTER: frozenset[str] = frozenset({"schedule", "recompute"})
+#: concern the other options; the run settings refuse full recomputation or the moe module),
+#: so a layout whose no-recomputation configuration fails one of them fails it with every
+#: option (``tests/test_solver_slices.py`` checks this on the Python rules).
+NONE_NEVER_STRICTER: frozenset[str] = frozenset({"schedule", "recompute", "run_settings"})
 
 
 def none_from_solutions(families: Sequence[str]) -> bool:

@@ -241,3 +241,11 @@ def test_no_recomputation_is_never_refused_where_another_option_passes(name):
         passed += 1
         assert passes(cand | {"recompute": none}), cand
     assert passed
+    # the run settings' refusals that read the recompute option never refuse none of it
+    from tune_cp.solver.rules import SETTING_REFUSALS
+
+    on_rc = [r for r in SETTING_REFUSALS if "recompute" in r.fields]
+    assert on_rc and all(set(r.fields) <= {"recompute", "recompute_modules"} for r in on_rc)
+    for r in on_rc:
+        values = {"recompute": Recompute.NONE, "recompute_modules": ()}
+        assert not r.refuses(*(values[f] for f in r.fields))
