@@ -52,13 +52,17 @@ def problem_for(model_name: str, gpu_name: str, nodes: int) -> Problem:
 
 
 def cold() -> None:
-    """Forget the memoised oracle tables (the solver's and the oracle's stage counts) so that each
-    timed enumeration starts as the first one of a process would."""
+    """Forget the memoised oracle tables (the solver's and the oracle's stage counts) and the
+    memoised table analysis (``solver/symbolic.py``) so that each timed enumeration starts as
+    the first one of a process would."""
     from tune_cp.oracle.memory import stage_counts_by_kind
+    from tune_cp.solver import symbolic
     from tune_cp.solver.model import _CACHES
 
     _CACHES.clear()
     stage_counts_by_kind.cache_clear()
+    symbolic._PLANS.clear()
+    symbolic._SHAPES.clear()
 
 
 def main() -> None:

@@ -96,6 +96,9 @@ class OracleCache:
         self.chunk_max: dict[tuple[int, int, int], int] = {}
         #: whether the split is legal per (pp, vpp, split index) (``split_ok``)
         self.split_legal: dict[tuple[int, int, int], bool] = {}
+        #: a geometry row's stage counts as one flat tuple, per (stage-count key, slots,
+        #: recompute groups) (``MemoryEncoding._geometry``)
+        self.flat: dict[tuple[Any, ...], tuple[int, ...]] = {}
 
     def resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
@@ -818,12 +821,16 @@ class MemoryEncoding:
         if m.enforced and "recompute" in m.families:
             # the recompute family keeps K within the layers of one virtual stage: only the
             # (option, largest chunk) pairs some geometry allows with it can occur
-            pairs = sorted({
-                (r, chunk_max(a, b, c))
-                for a, b, c in product(_domain(m.pp), _domain(m.vpp), _domain(m.split))
-                for per in (layers_per_chunk(model, m._resolved(
-                    pp=a, vpp=b, pipeline_split=SPLITS[c])),)
-                for r in _domain(m.rc) if recompute_k_ok(opts[r], per)})
+            rcs = _domain(m.rc)
+            allowed: dict[int, list[int]] = {}  # the options recompute allows, per chunk size
+            got: set[tuple[int, int]] = set()
+            for a, b, c in product(_domain(m.pp), _domain(m.vpp), _domain(m.split)):
+                per = layers_per_chunk(model, m._resolved(pp=a, vpp=b, pipeline_split=SPLITS[c]))
+                if per not in allowed:
+                    allowed[per] = [r for r in rcs if recompute_k_ok(opts[r], per)]
+                cm = chunk_max(a, b, c)
+                got.update((r, cm) for r in allowed[per])
+            pairs = sorted(got)
         codes = ar.lookup([m.rc, cmax], code, "code", tuples=pairs)
         sat = ar.lookup([m.pp, m.vpp], lambda a, b: (M.inflight_saturation(a, b),), "sat")[0]
         mcap = ar.lookup([m.ga, sat], lambda g, st: (min(g, st),), "mcap")[0]
@@ -861,9 +868,17 @@ class MemoryEncoding:
         zero = M.StageCounts(0, **dict.fromkeys(M.VECTOR_FIELDS, 0), recompute_groups=())
 
         vectors: dict[int, tuple[int, ...]] = {}  # as_vector per stage (by id: all kept alive)
+        flat_memo = m.cache.flat
 
         def flat(*key: int) -> tuple[int, ...]:
-            sl = stage_lists[key]
+            sl = stage_lists[key]  # the cache's stage counts of the key, or [] (no geometry)
+            memo_key = (key, bool(sl), self.n_slots, self.n_groups)
+            got = flat_memo.get(memo_key)
+            if got is None:
+                got = flat_memo[memo_key] = flat_row(sl)
+            return got
+
+        def flat_row(sl: list[M.StageCounts]) -> tuple[int, ...]:
             out: list[int] = []
             for j in range(self.n_slots):
                 st = sl[min(j, len(sl) - 1)] if sl else zero

@@ -335,7 +335,9 @@ class Arith:
 #: geometry of one pp for every tp, the units of a slice for both its recompute parts).
 #: In memory only, for this process, the latest :data:`PLAN_MEMO` kept.
 _PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-PLAN_MEMO = 4096
+PLAN_MEMO = 2048
+#: tables of more cells (rows x columns) than this are not kept
+PLAN_MEMO_CELLS = 40_000
 
 
 def _plan(rows: list[tuple[int, ...]], outs: list[tuple[int, ...]]
@@ -373,9 +375,11 @@ def _plan(rows: list[tuple[int, ...]], outs: list[tuple[int, ...]]
             if p not in proj:
                 proj[p] = out_of(o)
         plan.append((subset, cols, proj))
-    if len(_PLANS) >= PLAN_MEMO:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[memo_key] = got = (constants, plan)
+    got = (constants, plan)
+    if len(rows) * n_out <= PLAN_MEMO_CELLS:
+        if len(_PLANS) >= PLAN_MEMO:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[memo_key] = got
     return got
 
 
