@@ -150,6 +150,10 @@ class PipelineSplit(StrEnum):
     LAYOUT = "layout"
 
 
+#: layer slots the ``embedding_loss`` split adds besides the decoder and MTP layers: the
+#: embedding and the loss, one each (Megatron-LM ``--account-for-embedding-in-pipeline-split``,
+#: ``--account-for-loss-in-pipeline-split``)
+EMBEDDING_LOSS_SLOTS = 2
 #: the light splits: uneven splits whose end stages' layers follow from (layers, pp, vpp)
 LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.LIGHT_FIRST, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS,
