@@ -108,6 +108,9 @@ MATRIX: list[Case] = [
     Case("mx7-tp1-ep8-drop1.25", MX7, ep=8, capacity_factor=1.25),
     Case("mx7-tp2-ep4-etp1-drop2", MX7, tp=2, ep=4, etp=1, capacity_factor=2.0),
     Case("qwen-pp2-ep8-last-drop1.5", QW, nodes=2, pp=2, ep=8, stage=1, capacity_factor=1.5),
+    # a middle stage (no loss): the peak is the MoE backward, dropless-balanced and at C 1.5
+    Case("mx7-pp4-ep8-middle", MX7, nodes=4, pp=4, ep=8, stage=1),
+    Case("mx7-pp4-ep8-middle-drop1.5", MX7, nodes=4, pp=4, ep=8, stage=1, capacity_factor=1.5),
 ]
 
 

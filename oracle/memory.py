@@ -791,15 +791,19 @@ def dense_backward_bytes(model: ModelSpec, x: ActShape) -> int:
     return BF16_BYTES * x.t * up + _backward_common(model, x)
 
 
-def moe_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+def moe_backward_bytes(model: ModelSpec, x: ActShape, capacity_ppm: int = 0) -> int:
     """Backward working set of an MoE layer: the gradient of the experts' fc1 output (``rows x
     2 f_e / etp`` with ``rows = t_sp k etp`` dispatched tokens), the gradient of the permuted
     tokens on their way back (``t_sp x h`` per top-k copy is folded into one more ``t_sp x h``
     as measured) and :func:`_backward_common`. Measured on Megatron-Core 0.16.1 (Mixtral 8x7B,
-    4k tokens, ep 8: 539 MB measured vs 537 MB here), about half one layer's stored activations."""
+    4k tokens, ep 8: 539 MB measured vs 537 MB here), about half one layer's stored activations.
+    Under token-drop the experts' rows are the capacity (``capacity_ppm``,
+    :func:`capacity_scale_ppm`), and so is their fc1 gradient: measured at capacity factor 1.5
+    on a Mixtral 8x7B middle stage (``mx7-pp4-ep8-middle-drop1.5``), 740.3 MB above the stored
+    activations vs 505.4 MB dropless, the fc1 gradient 1.5 x 469.8 MB."""
     fe = P.cdiv(model.expert_ffn_hidden_size, x.etp)
     up = (2 if model.gated_mlp else 1) * fe
-    rows = x.t_sp * model.moe_top_k * x.etp
+    rows = x.t_sp * model.moe_top_k * x.etp * (PPM + capacity_ppm) // PPM
     return BF16_BYTES * rows * up + BF16_BYTES * x.t_sp * model.hidden_size + _backward_common(model, x)
 
 
@@ -1017,7 +1021,7 @@ def activation_units(
         embedding_backward=emb_bwd,
         moe_layer=moe,
         dense_backward=dense_backward_bytes(model, x) if model.ffn_hidden_size else 0,
-        moe_backward=moe_backward_bytes(model, x) if model.is_moe else 0,
+        moe_backward=moe_backward_bytes(model, x, drop_ppm) if model.is_moe else 0,
         sp_buffer=sp_gather_buffer_bytes(model, x),
         moe_imbalance=moe_extra,
         ckpt_input=BF16_BYTES * x.t_sp * h,

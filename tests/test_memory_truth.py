@@ -57,6 +57,13 @@ KNOWN: dict[tuple[str, str], str] = {
     ("l8b-pp4-vpp2-layout-first", "micro_peak"): _EMB_BWD,
     ("l405b-pp16-light-ends-first", "micro_peak"): _TP8_BWD,
     ("l405b-pp16-light-ends-second", "micro_peak"): _TP8_BWD,
+    ("mx7-pp4-ep8-middle", "micro_peak"): "MoE-backward peak of a middle stage: the second "
+    "t_sp x h gradient moe_backward_bytes folds in is not alive there (33.5 MB, +2.2 %, the "
+    "safe side)",
+    ("mx7-tp2-ep4-etp1-drop2", "micro_peak"): "capacity factor 2 at tp 2, etp 1: tune-cp's "
+    "capacity-sized MoE backward working set (503.3 MB) now exceeds the logits, but the measured "
+    "MoE-backward phase peaks 354.5 MB above the stored activations, below the loss peak "
+    "(+5.6 %, the safe side; the tp 1 middle stage at C 1.5 needs the full working set)",
 }
 _DS_BIAS = ("DeepSeek's expert-score-correction bias is an fp32 buffer in Megatron-Core, a "
             "parameter in oracle/params.py (256 per MoE layer): +2 B weights, +4 B gradients, "
