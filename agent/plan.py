@@ -24,6 +24,7 @@ from typing import Any
 from tune_cp.agent.serialize import config_json
 from tune_cp.oracle.specs import (
     ClusterSpec,
+    ConfigError,
     GpuSpec,
     ModelSpec,
     Precision,
@@ -31,7 +32,8 @@ from tune_cp.oracle.specs import (
     nodes_text,
 )
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible
-from tune_cp.solver.settings import RunSettings, narrow_space
+from tune_cp.solver.rules import settings_space_problem
+from tune_cp.solver.settings import RunSettings
 from tune_cp.solver.space import default_space
 
 SECONDS_PER_HOUR = 3600.0
@@ -71,10 +73,13 @@ def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settin
     """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up)
-    # what the framework run settings refuse stays out of the space (solver/settings.py)
-    space, enum_settings = narrow_space(space, settings)
+    # what the framework run settings refuse is the family run_settings; settings that leave
+    # no recomputation option or dispatcher at all are an input error
+    problem = settings_space_problem(space, settings.options)
+    if problem:
+        raise ConfigError(problem)
     # the removal counts are not shown: without them the enumeration costs about 40% less
-    return enumerate_feasible(model, cluster, training, space, settings=enum_settings,
+    return enumerate_feasible(model, cluster, training, space, settings=settings,
                               count_removed=False)
 
 

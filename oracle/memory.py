@@ -97,6 +97,7 @@ from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the
 from tune_cp.oracle.specs import (
     GIB,
     LIGHT_TRIM,
+    MAX_MOE_CAPACITY_FACTOR,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -197,12 +198,12 @@ class RunOptions(Spec):
     token-drop MoE with every expert's input padded to this capacity factor
     (``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``); None: dropless.
     What Megatron-Core refuses among them alone is refused here (one line); what depends on the
-    model or the layout: ``solver/settings.py::options_problem`` and ``solver/rules.py``.
+    model or the layout: ``solver/rules.py`` (``options_problem``, family ``run_settings``).
     """
 
     cuda_graph_scope: tuple[str, ...] = ()
     moe_a2a_overlap: bool = False
-    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=MAX_MOE_CAPACITY_FACTOR)
 
     @field_validator("cuda_graph_scope", mode="before")
     @classmethod

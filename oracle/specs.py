@@ -22,6 +22,9 @@ from tune_cp.oracle._plugins import skip_plugin_scan
 skip_plugin_scan()  # before the first model is built: tune-cp uses no pydantic plugins
 
 GIB = 2**30
+#: Largest MoE expert capacity factor a run setting may give (``RunOptions.moe_capacity_factor``,
+#: ``--moe-token-drop``; a sweep grid's ``moe_capacity_factor``): an input bound, not a rule.
+MAX_MOE_CAPACITY_FACTOR = 64.0
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
 
