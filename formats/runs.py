@@ -56,10 +56,6 @@ Rules (each documented where it is applied):
   overlap) apply to any row. Other rows:
   no CUDA graphs, no all-to-all overlap (the recipes' partial CUDA-graph scopes of other
   releases are not transcribed: their saving is inside the fitted per-operation host time).
-* **Recipe batch layouts** (:data:`BRIDGE_RECIPE_BATCH_LAYOUTS`): where the release branch's
-  performance recipe ran other virtual stages or micro-batch sizes than the summary table prints
-  (Qwen3-30B-A3B on H100, 25.09 and 25.11), the row is read with the recipe's values (note on
-  the row).
 * **Recompute**: ``full`` -> full (``recompute_num_layers N`` and ``method block|uniform`` when
   given, else every layer); ``selective modules [..]`` -> those modules; torchtitan's per-op
   selective AC (recomputes every second matmul) -> selective ``mlp`` (the module closest to half
@@ -158,24 +154,6 @@ BRIDGE_RECIPE_SETTINGS: tuple[tuple[str, tuple[str, ...], str | None, tuple[int,
     ("deepseek-v3", ("b200",), None, (25, 11), (25, 12),
      {"moe_a2a_overlap": True},
      "Megatron-Bridge cb62f8620 (2025-11-21) DEEPSEEK_V3_B200_BASE_CONFIG moe_a2a_overlap=True"),
-)
-
-#: Megatron-Bridge performance-recipe layouts that differ from what the performance summary's
-#: table prints for the same release, by (catalog model, GPUs, first release, last release,
-#: ParallelConfig fields the recipe ran, source): the row is read with the recipe's values and
-#: says so in a note. Qwen3-30B-A3B on H100: the summary prints VP 24 for 25.09 and 25.11 and
-#: MBS 2 for 25.11, while the release branches' recipes run 12 virtual stages (its Qwen3-235B
-#: row prints the recipe's vp 4 as VP 4) and, from 25.11, one sequence per micro-batch.
-BRIDGE_RECIPE_BATCH_LAYOUTS: tuple[tuple[str, tuple[str, ...], tuple[int, int], tuple[int, int],
-                                         dict[str, int], str], ...] = (
-    ("qwen3-30b-a3b", ("h100",), (25, 9), (25, 10), {"vpp": 12},
-     "Megatron-Bridge r0.1.0 (NeMo 25.09) scripts/performance/configs/qwen3/"
-     "qwen3_30b_a3b_llm_pretrain.yaml perf_matrix h100: pp 2, vp 12, fp8_cs mbs 2"),
-    ("qwen3-30b-a3b", ("h100",), (25, 11), (25, 12), {"vpp": 12, "mbs": 1},
-     "Megatron-Bridge r0.2.0 (NeMo 25.11) scripts/performance/configs/qwen3/"
-     "workload_base_configs.py QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG: pp 2, vpp 12, no "
-     "micro_batch_size (WorkloadBaseConfig default 1; micro_batch_size=2 removed by 8aed9a229, "
-     "2025-11-21)"),
 )
 
 GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "deepseek", "gptoss", "kimi")
@@ -473,21 +451,6 @@ def recipe_layout(row: dict[str, str], model: ModelSpec, pp: int, vpp: int) -> s
     return BRIDGE_DEEPSEEK_V3_LAYOUTS.get((pp, vpp))
 
 
-def recipe_batch_layout(row: dict[str, str], model_name: str,
-                        gpu_name: str) -> tuple[dict[str, int], str] | None:
-    """The :data:`BRIDGE_RECIPE_BATCH_LAYOUTS` entry of a Megatron-Bridge row's release, as
-    (fields, source), or None."""
-    if "megatron-bridge" not in row.get("framework", "").lower():
-        return None
-    rel = row_release(row)
-    if rel is None:
-        return None
-    for name, gpus, first, last, fields_, src in BRIDGE_RECIPE_BATCH_LAYOUTS:
-        if name == model_name and gpu_name in gpus and first <= rel <= last:
-            return fields_, src
-    return None
-
-
 def recipe_fragmentation(row: dict[str, str], model: ModelSpec, fsdp: bool) -> float | None:
     """0 where the recipe runs PyTorch's allocator with ``expandable_segments:True`` (Megatron-
     Bridge ``scripts/performance/utils/executors.py::PERF_ENV_VARS``; its ``perf_plugins.py``
@@ -716,12 +679,6 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         out.notes.append("etp = 1 (Megatron-Bridge MoE recipe default)")
     mbs_stated = _int(row.get("micro_batch_size", ""))
     mbs = mbs_stated or 1
-    batch_layout = recipe_batch_layout(row, model.name, gname)
-    if batch_layout:
-        fields_, src = batch_layout
-        vpp, mbs = fields_.get("vpp", vpp), fields_.get("mbs", mbs)
-        out.notes.append(f"{', '.join(f'{k} {v}' for k, v in fields_.items())} (the release's "
-                         f"recipe, not the summary table: {src})")
     if world % (tp * pp * cp):
         out.reason = f"num_gpus {world} not divisible by tp*pp*cp = {tp * pp * cp}"
         return

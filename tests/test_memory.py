@@ -391,13 +391,10 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
     """benchmarks/memory.py's second table: the published runs (measured, recompute column
     blank) tune-cp still calls out of memory once the framework recipe's memory settings
     (formats.runs.recipe_settings: Megatron-Bridge bf16 gradients, FP8 parameters, DeepSeek-V3
-    selective recompute, expandable segments) are applied; 45 from the columns alone (below). AMD's
+    selective recompute, expandable segments) are applied; 46 from the columns alone. AMD's
     Llama 3.1 70B FP8 FSDP64 mbs 4 row (436, 3.3x the MI325X's HBM without recomputation) is
     read with full recomputation since issue 12 round 3 (formats/runs.py::
-    UNSTATED_RECOMPUTE_MEMORY_FACTOR), so it fits and is no longer on either list. Qwen3-30B-A3B
-    on H100 in 25.11 (row 259) is read with its release recipe's mbs 1 since issue 12 round 4
-    (formats/runs.py::BRIDGE_RECIPE_BATCH_LAYOUTS; the table's mbs 2 needs 89.2 GiB by the
-    columns), so it fits too: 45 from the columns."""
+    UNSTATED_RECOMPUTE_MEMORY_FACTOR), so it fits and is no longer on either list."""
     import csv
     from pathlib import Path
 
@@ -420,5 +417,5 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
             if r.recipe_fragmentation is not None else M.MemoryOverheads()
         if M.memory_report(r.model, r.cluster, r.training, r.recipe_cfg(), ov).peak_bytes > hbm:
             over.append(r.row_id)
-    assert len(over_cols) == 45
+    assert len(over_cols) == 46
     assert over == ["231", "252", "264", "290", "299", "303"]
