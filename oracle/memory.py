@@ -95,6 +95,7 @@ from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the
     norm_stats_bytes,
 )
 from tune_cp.oracle.specs import (
+    EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
     MAX_MOE_CAPACITY_FACTOR,
@@ -406,7 +407,7 @@ def _pipeline_chunks(
     n_virtual = pp * vpp
     chunks: list[Chunk] = []
     if split is PipelineSplit.EMBEDDING_LOSS:
-        slots = num_layers + 2 + num_mtp
+        slots = num_layers + EMBEDDING_LOSS_SLOTS + num_mtp
         for v in range(n_virtual):
             lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
             layers = tuple(i - 1 for i in range(lo, hi) if 1 <= i <= num_layers)

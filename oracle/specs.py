@@ -150,10 +150,19 @@ class PipelineSplit(StrEnum):
     LAYOUT = "layout"
 
 
+#: layer slots the ``embedding_loss`` split adds besides the decoder and MTP layers: the
+#: embedding and the loss, one each (Megatron-LM ``--account-for-embedding-in-pipeline-split``,
+#: ``--account-for-loss-in-pipeline-split``)
+EMBEDDING_LOSS_SLOTS = 2
 #: the light splits: uneven splits whose end stages' layers follow from (layers, pp, vpp)
 LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.LIGHT_FIRST, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS,
     PipelineSplit.LAST_TO_FIRST)
+#: the splits whose layer lists follow from (layers, pp, vpp) alone: every split but ``uneven``
+#: and ``layout``, which need values (the search space's splits: ``solver/space.py``; the codes
+#: every batch of the vectorised path starts with: ``oracle/work.py::VALUELESS_SPLIT_KEYS``)
+VALUELESS_SPLITS: tuple[PipelineSplit, ...] = (
+    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS)
 #: the light splits a search tries beside the automatic one (``solver/space.py::default_space``):
 #: the last stage lighter (its output layer, loss and MTP layers cost time: Llama 3 8B's output
 #: layer is ~2.4 decoder layers of GEMM work), both ends lighter (Meta's Llama 3 405B balance)

@@ -67,6 +67,7 @@ from tune_cp.oracle.memory import (
 )
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
+    VALUELESS_SPLITS,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -128,13 +129,12 @@ DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLE
 SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
 #: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
 SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
-#: The splits without values, by code: 0 even, 1 embedding_loss, the light splits next. Every
-#: batch's split table (:attr:`ConfigBatch.split_keys`) starts with them; the splits with values
-#: (uneven, layout) follow in the batch's own table (:func:`split_table`).
-VALUELESS_SPLITS: tuple[SplitKey, ...] = tuple(
-    (s, None, None, None) for s in PipelineSplit
-    if s not in (PipelineSplit.UNEVEN, PipelineSplit.LAYOUT))
-SPLIT_CODE = {k[0]: i for i, k in enumerate(VALUELESS_SPLITS)}
+#: The splits without values (``oracle/specs.py::VALUELESS_SPLITS``), by code: 0 even,
+#: 1 embedding_loss, the light splits next. Every batch's split table
+#: (:attr:`ConfigBatch.split_keys`) starts with them; the splits with values (uneven, layout)
+#: follow in the batch's own table (:func:`split_table`).
+VALUELESS_SPLIT_KEYS: tuple[SplitKey, ...] = tuple((s, None, None, None) for s in VALUELESS_SPLITS)
+SPLIT_CODE = {k[0]: i for i, k in enumerate(VALUELESS_SPLIT_KEYS)}
 
 
 def split_key(cfg: ParallelConfig) -> SplitKey:
@@ -144,10 +144,10 @@ def split_key(cfg: ParallelConfig) -> SplitKey:
 
 
 def split_table(configs: Sequence[ParallelConfig]) -> tuple[SplitKey, ...]:
-    """The split table of a batch of ``configs``: :data:`VALUELESS_SPLITS`, then each split
+    """The split table of a batch of ``configs``: :data:`VALUELESS_SPLIT_KEYS`, then each split
     with values the configurations use, in the order they first appear (a code is a position
     in it)."""
-    keys = dict.fromkeys(VALUELESS_SPLITS)
+    keys = dict.fromkeys(VALUELESS_SPLIT_KEYS)
     for c in configs:
         keys.setdefault(split_key(c))
     return tuple(keys)
@@ -282,7 +282,7 @@ class ConfigBatch:
     capacity: np.ndarray | None = None
     #: the splits (with their values) the codes of ``split`` name: this batch's own table
     #: (:func:`split_table`), so a code means the same in every process and needs no registry
-    split_keys: tuple[SplitKey, ...] = VALUELESS_SPLITS
+    split_keys: tuple[SplitKey, ...] = VALUELESS_SPLIT_KEYS
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -694,7 +694,11 @@ class ScheduleWork:
     and the MoE facts the host terms need: ``has_moe``, ``moe_sync`` (:func:`moe_host_sync`;
     0 under a full-iteration CUDA graph), ``local_experts`` per rank; the run settings:
     ``graph_<part>`` = 1 when :attr:`RunTraits.cuda_graph_scope` captures the part
-    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`)."""
+    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`);
+    ``current_scaling`` = 1 when the linears are quantised with Transformer Engine's per-tensor
+    current scaling (FP8 tensorwise, not torchao row-wise): every quantised operand costs the
+    host :data:`oracle.host.CURRENT_SCALING_EXTRA_KERNELS` more launches
+    (:func:`oracle.host.current_scaling_ops`)."""
 
     m: np.ndarray
     vpp: np.ndarray
@@ -709,6 +713,7 @@ class ScheduleWork:
     graph_moe_preprocess: np.ndarray
     graph_full_iteration: np.ndarray
     a2a_overlap: np.ndarray
+    current_scaling: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -1178,6 +1183,8 @@ def build_work(
         local_experts=np.ceil(E / ep) if model.is_moe else np.zeros(n),
         **{f"graph_{part}": ((gmask & bit) > 0).astype(f64) for part, bit in GRAPH_BITS.items()},
         a2a_overlap=np.zeros(n) if b.a2a_overlap is None else b.a2a_overlap.astype(f64),
+        current_scaling=((prec == 1) & (b.fp8 == FP8_CODE[Fp8Recipe.TENSORWISE])
+                         & ~rowwise).astype(f64),
     )
     return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
                 tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,

@@ -65,6 +65,7 @@ from tune_cp.oracle.memory import (
     uneven_stage_layers,
 )
 from tune_cp.oracle.specs import (
+    EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
     ClusterSpec,
@@ -338,7 +339,7 @@ def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
     layers under ``embedding_loss``."""
     if split is PipelineSplit.EVEN:
         return model.num_layers
-    return model.num_layers + 2 + model.num_mtp_layers
+    return model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers
 
 
 def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
