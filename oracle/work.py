@@ -694,7 +694,11 @@ class ScheduleWork:
     and the MoE facts the host terms need: ``has_moe``, ``moe_sync`` (:func:`moe_host_sync`;
     0 under a full-iteration CUDA graph), ``local_experts`` per rank; the run settings:
     ``graph_<part>`` = 1 when :attr:`RunTraits.cuda_graph_scope` captures the part
-    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`)."""
+    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`);
+    ``current_scaling`` = 1 when the linears are quantised with Transformer Engine's per-tensor
+    current scaling (FP8 tensorwise, not torchao row-wise): every quantised operand costs the
+    host :data:`oracle.host.CURRENT_SCALING_EXTRA_KERNELS` more launches
+    (:func:`oracle.host.current_scaling_ops`)."""
 
     m: np.ndarray
     vpp: np.ndarray
@@ -709,6 +713,7 @@ class ScheduleWork:
     graph_moe_preprocess: np.ndarray
     graph_full_iteration: np.ndarray
     a2a_overlap: np.ndarray
+    current_scaling: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -1178,6 +1183,8 @@ def build_work(
         local_experts=np.ceil(E / ep) if model.is_moe else np.zeros(n),
         **{f"graph_{part}": ((gmask & bit) > 0).astype(f64) for part, bit in GRAPH_BITS.items()},
         a2a_overlap=np.zeros(n) if b.a2a_overlap is None else b.a2a_overlap.astype(f64),
+        current_scaling=((prec == 1) & (b.fp8 == FP8_CODE[Fp8Recipe.TENSORWISE])
+                         & ~rowwise).astype(f64),
     )
     return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
                 tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,
