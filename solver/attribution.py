@@ -114,10 +114,18 @@ def walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),
             v = verdicts[key] = not RULES[fams[j]](context(node, assign))
         return v
 
+    etp_depth = pos["etp"]
+    sizes: dict[tuple[int, Any], int] = {}
+
     def size(d: int, assign: dict[str, Any]) -> int:
-        n = 1
-        for a in WALK_ORDER[d:]:
-            n *= len(domain(a, assign))
+        """Candidates below depth d (the etp domain depends on tp: keyed on it above etp)."""
+        k = (d, assign.get("tp") if d <= etp_depth else None)
+        n = sizes.get(k)
+        if n is None:
+            n = 1
+            for a in WALK_ORDER[d:]:
+                n *= len(domain(a, assign))
+            sizes[k] = n
         return n
 
     memo: dict[tuple[Any, ...], dict[str, int]] = {}
@@ -195,43 +203,67 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
     sp = problem.space
     reading = [f for f in families if f not in MEMORY_FAMILIES
                and "recompute" in family_axes(problem, f)]
-    cache: dict[tuple[Any, ...], bool] = {}
-
-    def allowed(kept: Any, option: Any) -> bool:
-        trial = dict(kept.candidate, recompute=option)
-        ctx = None
-        for f in reading:
-            key = (f, *(trial[a] for a in family_axes(problem, f)))
-            v = cache.get(key)
-            if v is None:
-                if ctx is None:
-                    ctx = problem.context(problem.vary(kept.config, "recompute", option))
-                v = cache[key] = not RULES[f](ctx)
-            if not v:
-                return False
-        return True
-
-    by_none = sp.has_no_recompute and len(sp.recompute) > 1
+    options = list(sp.recompute)
+    # per family: the axes it reads besides recompute; its verdicts per value of those axes,
+    # one slot per option of the space (None: not evaluated yet)
+    fam_rest = [tuple(a for a in family_axes(problem, f) if a != "recompute") for f in reading]
+    verdicts: list[dict[tuple[Any, ...], list[bool | None]]] = [{} for _ in reading]
+    others = [i for i, o in enumerate(options) if o.kind is not Recompute.NONE]
+    by_none = sp.has_no_recompute and len(options) > 1
     axes = sorted({a for f in reading for a in family_axes(problem, f)} - {"recompute"})
     counts: dict[tuple[Any, ...], int] = {}
     total = 0
     for f in kept:
-        rc = f.candidate["recompute"]
+        cand = f.candidate
+        rc = cand["recompute"]
         if by_none and rc.kind is Recompute.NONE:
-            key: tuple[Any, ...] = ("none", *(f.candidate[a] for a in axes))
+            key: tuple[Any, ...] = ("none", *(cand[a] for a in axes))
             if key not in counts:
-                counts[key] = sum(1 for o in sp.recompute
-                                  if o.kind is not Recompute.NONE and allowed(f, o))
+                counts[key] = _allowed_count(problem, reading, fam_rest, verdicts, f,
+                                             options, others)
         elif rc.is_full_block:
-            key = ("k", rc.method, rc.layers, *(f.candidate[a] for a in axes))
+            key = ("k", rc.method, rc.layers, *(cand[a] for a in axes))
             if key not in counts:
-                counts[key] = sum(1 for o in sp.recompute
-                                  if o.is_full_block and o.method is rc.method
-                                  and o.layers > rc.layers and allowed(f, o))
+                larger = [i for i, o in enumerate(options)
+                          if o.is_full_block and o.method is rc.method and o.layers > rc.layers]
+                counts[key] = _allowed_count(problem, reading, fam_rest, verdicts, f,
+                                             options, larger)
         else:
             continue
         total += counts[key]
     return total
+
+
+def _allowed_count(problem: Problem, reading: Sequence[str],
+                   fam_rest: Sequence[tuple[str, ...]],
+                   verdicts: list[dict[tuple[Any, ...], list[bool | None]]], kept: Any,
+                   options: Sequence[Any], idx: Sequence[int]) -> int:
+    """How many of ``options[i]`` (i in ``idx``) every family of ``reading`` allows in place of
+    ``kept``'s recompute option (each family's verdict memoised on the axes it reads)."""
+    cand = kept.candidate
+    rows = []
+    for j, rest in enumerate(fam_rest):
+        k = tuple([cand[a] for a in rest])
+        row = verdicts[j].get(k)
+        if row is None:
+            row = verdicts[j][k] = [None] * len(options)
+        rows.append(row)
+    n = 0
+    ctxs: dict[int, RuleContext] = {}
+    for i in idx:
+        for j, row in enumerate(rows):
+            v = row[i]
+            if v is None:
+                ctx = ctxs.get(i)
+                if ctx is None:
+                    ctx = ctxs[i] = problem.context(
+                        problem.vary(kept.config, "recompute", options[i]))
+                v = row[i] = not RULES[reading[j]](ctx)
+            if not v:
+                break
+        else:
+            n += 1
+    return n
 
 
 def attribution_walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),

@@ -281,11 +281,17 @@ SEARCHED_SPLITS: tuple[PipelineSplit, ...] = VALUELESS_SPLITS
 
 def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],
                          vpp_values: tuple[int, ...]) -> int:
-    """Decoder layers of the largest virtual stage over the pp x vpp domain (at least 1)."""
+    """Decoder layers of the largest virtual stage over the pp x vpp domain (at least 1).
+
+    No virtual stage holds more than the model's layers, so the loop stops once one holds them
+    all (pp 1, vpp 1 does: the default space's domains start there): the other pairs, most of
+    them illegal, are not split."""
     best = 1
     for pp, vpp in product(pp_values, vpp_values):
         for split in SEARCHED_SPLITS:
             best = max(best, max_chunk_layers(model.num_layers, model.num_mtp_layers, pp, vpp, split))
+            if best >= model.num_layers:
+                return best
     return best
 
 
