@@ -27,6 +27,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,12 @@ def _to_theta(name: str, value: float) -> float:
     return math.log(min(max(value, d.lower), d.upper))
 
 
-def _from_theta(name: str, theta: np.ndarray | float) -> np.ndarray:
+def _from_theta(name: str, theta: np.ndarray | float) -> np.ndarray | float:
     d = _def(name)
+    if isinstance(theta, float):  # one value (the fit's tables): the same arithmetic, no arrays
+        if d.kind == "fraction":
+            return 1.0 / (1.0 + math.exp(-theta))
+        return min(max(math.exp(theta), d.lower), d.upper)
     if d.kind == "fraction":
         return 1.0 / (1.0 + np.exp(-np.asarray(theta)))
     return np.clip(np.exp(np.asarray(theta)), d.lower, d.upper)
@@ -186,9 +191,16 @@ def make_layout(archs: Iterable[str], software: Iterable[str] = ()) -> Layout:
     return Layout(entries, present, stacks)
 
 
+@lru_cache(maxsize=1)
+def _prior_table() -> dict[str, Any]:
+    """:func:`oracle.constants.prior_table`, built once (read, never changed, by
+    :func:`table_for_theta`, which the fit calls once per parameter per iteration)."""
+    return prior_table()
+
+
 def table_for_theta(layout: Layout, theta: np.ndarray) -> CalibrationTable:
     """The calibration table a parameter vector stands for (priors elsewhere)."""
-    base = prior_table()
+    base = _prior_table()
     defaults = dict(base["defaults"])
     archs: dict[str, dict[str, float]] = {a: dict(v) for a, v in base["architectures"].items()}
     software: dict[str, dict[str, float]] = {}
