@@ -32,6 +32,7 @@ from tune_cp.oracle import params as P
 from tune_cp.oracle.inputs import check_output_path, one_line
 from tune_cp.oracle.specs import (
     GIB,
+    MAX_MOE_CAPACITY_FACTOR,
     ClusterSpec,
     ConfigError,
     ModelSpec,
@@ -292,7 +293,7 @@ SETTINGS_FLAGS: dict[str, Callable] = {
         "moe_a2a_overlap", default=False, help=RUN_KNOB["moe_a2a_overlap"].help),
     "moe_capacity_factor": click.option(
         f"--{RUN_KNOB['moe_capacity_factor'].flag}", "moe_capacity_factor",
-        type=FiniteFloatRange(0.0, 64.0, min_open=True), default=None,
+        type=FiniteFloatRange(0.0, MAX_MOE_CAPACITY_FACTOR, min_open=True), default=None,
         metavar=RUN_KNOB["moe_capacity_factor"].metavar,
         help=RUN_KNOB["moe_capacity_factor"].help),
 }
@@ -318,8 +319,8 @@ def run_settings(flags: dict[str, Any]) -> RunSettings:
 
 def check_options(model: Any, settings: RunSettings) -> None:
     """Refuse (one line, exit 2) framework run settings Megatron-Core refuses for ``model``
-    whatever the layout (``solver/settings.py::options_problem``)."""
-    from tune_cp.solver.settings import options_problem
+    whatever the layout (``solver/rules.py::options_problem``)."""
+    from tune_cp.solver.rules import options_problem
 
     problem = options_problem(model, settings.options)
     if problem:
@@ -334,7 +335,7 @@ def imported_options(ctx: click.Context, run: Any, settings: RunSettings) -> Run
     given = {f for f in RunOptions.model_fields
              if ctx.get_parameter_source(f) is not click.core.ParameterSource.DEFAULT}
     taken = {f: getattr(run.options, f) for f in RunOptions.model_fields if f not in given}
-    if taken == {f: getattr(settings, f) for f in taken}:
+    if taken == {f: getattr(settings.options, f) for f in taken}:
         return settings
     return build("settings", settings.with_, **taken)
 

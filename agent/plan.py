@@ -28,6 +28,7 @@ from typing import Any
 from tune_cp.agent.serialize import config_json
 from tune_cp.oracle.specs import (
     ClusterSpec,
+    ConfigError,
     GpuSpec,
     ModelSpec,
     Precision,
@@ -41,7 +42,8 @@ from tune_cp.solver.feasible import (
     enumerate_problem,
 )
 from tune_cp.solver.problem import Problem
-from tune_cp.solver.settings import RunSettings, narrow_space
+from tune_cp.solver.rules import settings_space_problem
+from tune_cp.solver.settings import RunSettings
 from tune_cp.solver.space import default_space
 
 SECONDS_PER_HOUR = 3600.0
@@ -78,13 +80,16 @@ class GpuPlan:
 
 def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  settings: RunSettings, grad_reduce_in_fp32: bool = True) -> Problem:
-    """The search's problem at ``cluster``: its default space, narrowed by the run settings."""
+    """The search's problem at ``cluster``: its default space under the run settings."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up)
-    # what the framework run settings refuse stays out of the space (solver/settings.py)
-    space, enum_settings = narrow_space(space, settings)
+    # what the framework run settings refuse is the family run_settings; settings that leave
+    # no recomputation option or dispatcher at all are an input error
+    problem = settings_space_problem(space, settings.options)
+    if problem:
+        raise ConfigError(problem)
     return Problem(model=model, cluster=cluster, training=training, space=space,
-                   settings=enum_settings)
+                   settings=settings)
 
 
 def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,

@@ -70,8 +70,13 @@ from tune_cp.solver.axes import (
 from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from tune_cp.solver.explain import Explanation, explain_infeasible
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible
-from tune_cp.solver.rules import RULES, training_precision
-from tune_cp.solver.settings import RunSettings, SettingsView, narrow_space, options_problem
+from tune_cp.solver.rules import (
+    RULES,
+    options_problem,
+    settings_space_problem,
+    training_precision,
+)
+from tune_cp.solver.settings import RunSettings, SettingsView
 from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
 
 MAX_PREFERENCE_WEIGHT = 0.5
@@ -471,9 +476,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
-    # the framework run settings take what Megatron-Core refuses with them out of the space
-    space, enum_settings = narrow_space(space, opts.settings)
-    enum = enumerate_feasible(model, cluster, training, space, settings=enum_settings,
+    # what Megatron-Core refuses under the framework run settings is the family run_settings;
+    # settings that leave no recomputation option or dispatcher at all are an input error
+    problem = settings_space_problem(space, opts.settings.options)
+    if problem:
+        raise ConfigError(problem)
+    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
                               families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
@@ -766,10 +774,9 @@ def _explore_subset(model, cluster, training, opts, space, ev, hard, settings, p
     if pinned_rc:
         families = tuple(f for f in (families or RULES) if f != "recompute_dominance")
     narrowed = opts.settings.with_(constraints=tuple(opts.constraints) + tuple(hard))
-    try:  # what the framework run settings refuse stays out (as in the exhaustive search)
-        sub, narrowed = narrow_space(sub, narrowed)
-    except ConfigError as e:
-        return f"rejected: {e}"
+    problem = settings_space_problem(sub, narrowed.options)  # as in the exhaustive search
+    if problem:
+        return f"rejected: {problem}"
     enum = enumerate_feasible(model, cluster, training, sub, settings=narrowed,
                               families=families, count_removed=False)
     configs = [fc.config for fc in enum.configs]

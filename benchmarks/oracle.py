@@ -62,7 +62,8 @@ def main() -> int:
         g = grid(model_name, nodes)
         base = ConfigBatch.from_arrays(model, cluster, training, **g)
         reps = max(1, 200_000 // len(base))
-        big = ConfigBatch(**{k: np.tile(v, reps) for k, v in vars(base).items()})
+        big = ConfigBatch(**{k: np.tile(v, reps) if isinstance(v, np.ndarray) else v
+                             for k, v in vars(base).items()})
         score_configs(model, cluster, training, big)  # warm caches
         t0 = time.perf_counter()
         res = score_configs(model, cluster, training, big)

@@ -36,8 +36,10 @@ from tune_cp.formats.model import (
     compare_model,
 )
 from tune_cp.oracle.memory import FULL_ITERATION, PER_LAYER_GRAPH_SCOPES, RunOptions
+from tune_cp.oracle.params import VOCAB_DIVISIBLE_BY
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
+    EMBEDDING_LOSS_SLOTS,
     SELECTIVE_MODULES,
     ClusterSpec,
     ConfigError,
@@ -114,8 +116,6 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
     },
 }
 
-EMBEDDING_LOSS_SLOTS = 2  # --account-for-*: the embedding and the loss count as one layer each
-MEGATRON_VOCAB_DIVISOR = 128  # --make-vocab-size-divisible-by default, which tune-cp assumes
 UNFUSED_ATTENTION = frozenset({"unfused", "local"})  # attention backends that store the scores
 PRIMUS_ZB_ALGORITHMS = frozenset({"zero-bubble", "zerobubble", "zero-bubble-heuristic",
                                   "zerobubble-heuristic"})
@@ -805,8 +805,8 @@ def _unmodeled_notes(r: _Reader) -> None:
             if value not in entry.neutral:
                 r.raw.note(f"{r.raw.said(dest, value, quote=False)}: {entry.why}")
     divisor = r.get("make_vocab_size_divisible_by", state=False)
-    if divisor is not None and divisor != MEGATRON_VOCAB_DIVISOR:
+    if divisor is not None and divisor != VOCAB_DIVISIBLE_BY:
         r.raw.note(f"{r.label('make_vocab_size_divisible_by')} {divisor}: tune-cp pads the "
-                   f"vocabulary to a multiple of {MEGATRON_VOCAB_DIVISOR} x tp")
+                   f"vocabulary to a multiple of {VOCAB_DIVISIBLE_BY} x tp")
 
 

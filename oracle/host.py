@@ -11,6 +11,13 @@ much of their time the GPU cannot hide.
   excess over the GPU time is ``kernel_overhead``. Small micro-batches of fine-grained MoE models
   (many local experts, little work per expert) become host-bound. The pipeline chunk boundaries
   of such a stage: :func:`oracle.schedule.chunk_boundary_host`.
+* **FP8 current scaling**: Transformer Engine quantises every GEMM operand of a per-tensor
+  current-scaling recipe with three launches (amax, scale, cast) where the other recipes use one,
+  and quantises a grouped GEMM's experts one by one (:func:`current_scaling_host_time`); the
+  extra launches are host time like every other operation of the layer.
+* **Combined 1F1B schedule** (MoE all-to-all overlap): every layer part is a schedule node with
+  its own stream events and its own autograd call in backward
+  (:func:`combined_schedule_host_time`).
 """
 
 from __future__ import annotations
@@ -54,6 +61,21 @@ GRAPH_BITS = {"attn": 1, "mlp": 2, "moe_router": 4, "moe_preprocess": 8, "full_i
 #: wait, up to two flash-attention calls (the load-balanced halves of the step's block) and the
 #: softmax-LSE / output correction; order-of-magnitude count.
 CP_OPS_PER_RING_STEP = 6.0
+
+#: Extra host launches per quantised GEMM operand under FP8 per-tensor current scaling
+#: ("FP8-CS", tensorwise): Transformer Engine's ``Float8CurrentScalingQuantizer::quantize_impl``
+#: (``transformer_engine/pytorch/csrc/quantizer.cpp``) launches ``nvte_compute_amax``,
+#: ``nvte_compute_scale_from_amax`` and ``nvte_quantize_v2`` for every tensor (the scale of the
+#: tensor being cast is needed before the cast), where delayed scaling (scale from the amax
+#: history, amax recorded by the cast kernel) and the block-scaled recipes (MXFP8, blockwise:
+#: ``Float8BlockQuantizer::quantize``, ``MXFP8Quantizer``) launch one kernel. A grouped GEMM's
+#: inputs are quantised expert by expert: ``multi_tensor_quantize_impl``
+#: (``extensions/cast.cpp``, behind GroupedLinear's ``split_quantize``) has a fused
+#: multi-tensor kernel only for delayed scaling ("Quantize kernels individually" otherwise).
+#: So each quantised operand costs 3 - 1 = 2 more launches, counted once per operand quantised
+#: in forward (each linear's input) and once per operand quantised in backward (each linear's
+#: output gradient, cast and transposed together for dgrad and wgrad).
+CURRENT_SCALING_EXTRA_KERNELS = 2.0
 
 
 def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any,
@@ -103,6 +125,50 @@ def mamba_host_time(kernel_overhead_s: Any, graphs: dict[str, Any] | None = None
     if graphs is not None:
         ops = ops * (1.0 - np.asarray(graphs["graph_full_iteration"]))
     return 3.0 * ops * np.asarray(kernel_overhead_s, dtype=np.float64)
+
+
+def current_scaling_host_time(quantised_fwd: Any, current_scaling: Any,
+                              kernel_overhead_s: Any) -> np.ndarray:
+    """Extra host time of one layer part's forward and backward under FP8 per-tensor current
+    scaling: ``2 x quantised_fwd x CURRENT_SCALING_EXTRA_KERNELS x kernel_overhead_s`` when
+    ``current_scaling`` (0/1) is set: ``quantised_fwd`` operands are quantised in forward (the
+    inputs of the part's low-precision linears, one per local expert for each grouped linear)
+    and as many output gradients in backward (:data:`CURRENT_SCALING_EXTRA_KERNELS`). 0 for
+    BF16, delayed scaling and the block-scaled recipes. Worked example: a MoE layer with 16
+    local experts (QKV and output projection, expert fc1 and fc2: 2 + 2 x 16 = 34 quantised
+    inputs) at 10 us: 2 x 34 x 2 x 10 us = 1.36 ms."""
+    return (2.0 * np.asarray(quantised_fwd, dtype=np.float64) * CURRENT_SCALING_EXTRA_KERNELS
+            * np.asarray(current_scaling, dtype=np.float64)
+            * np.asarray(kernel_overhead_s, dtype=np.float64))
+
+
+#: Schedule nodes per layer in Megatron-Core's combined 1F1B schedule
+#: (``--overlap-moe-expert-parallel-comm``, Megatron-Bridge ``moe_a2a_overlap``):
+#: ``TransformerLayerSchedulePlan._build_callable_nodes``
+#: (``megatron/core/models/common/model_chunk_schedule_plan.py``) builds attn, post_attn,
+#: moe_dispatch, mlp and moe_combine nodes for a MoE layer, and only attn and mlp for a dense
+#: layer (the others are ``NoopScheduleNode``).
+COMBINED_SCHEDULE_NODES = {"moe": 5.0, "dense": 2.0}
+#: Host operations of one schedule node per direction (``megatron/core/pipeline_parallel/
+#: utils.py``, ``ScheduleNode._forward`` / ``_backward``): the stream hand-over of
+#: ``stream_acquire_context`` (an event wait and an event record), the stream switch, the
+#: view-less aliases of its inputs and outputs (``make_viewless``) forward; in backward the same
+#: event pair, a separate autograd-engine call (``Variable._execution_engine.run_backward``) for
+#: the node and ``record_stream`` of its output gradients; order-of-magnitude count, 4 each way.
+COMBINED_NODE_OPS = 4.0
+
+
+def combined_schedule_host_time(moe: bool, a2a_overlap: Any, full_iteration: Any,
+                                kernel_overhead_s: Any) -> np.ndarray:
+    """Extra host time of one layer's forward and backward inside Megatron-Core's combined 1F1B
+    schedule: ``2 x nodes x COMBINED_NODE_OPS x kernel_overhead_s`` when ``a2a_overlap`` (0/1)
+    is set (:data:`COMBINED_SCHEDULE_NODES`: 5 nodes per MoE layer, 2 per dense layer); nothing
+    under a full-iteration CUDA graph (``full_iteration``, 0/1: the nodes are captured).
+    Worked example: a MoE layer at 10 us: 2 x 5 x 4 x 10 us = 0.4 ms; a dense layer 0.16 ms."""
+    nodes = COMBINED_SCHEDULE_NODES["moe" if moe else "dense"]
+    on = np.asarray(a2a_overlap, dtype=np.float64) * (
+        1.0 - np.asarray(full_iteration, dtype=np.float64))
+    return 2.0 * nodes * COMBINED_NODE_OPS * on * np.asarray(kernel_overhead_s, dtype=np.float64)
 
 
 def host_exposed(host: Any, gpu: Any, p: Any) -> np.ndarray:

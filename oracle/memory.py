@@ -95,8 +95,10 @@ from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the
     norm_stats_bytes,
 )
 from tune_cp.oracle.specs import (
+    EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
+    MAX_MOE_CAPACITY_FACTOR,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -197,12 +199,12 @@ class RunOptions(Spec):
     token-drop MoE with every expert's input padded to this capacity factor
     (``--moe-expert-capacity-factor C --moe-pad-expert-input-to-capacity``); None: dropless.
     What Megatron-Core refuses among them alone is refused here (one line); what depends on the
-    model or the layout: ``solver/settings.py::options_problem`` and ``solver/rules.py``.
+    model or the layout: ``solver/rules.py`` (``options_problem``, family ``run_settings``).
     """
 
     cuda_graph_scope: tuple[str, ...] = ()
     moe_a2a_overlap: bool = False
-    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=MAX_MOE_CAPACITY_FACTOR)
 
     @field_validator("cuda_graph_scope", mode="before")
     @classmethod
@@ -423,7 +425,7 @@ def chunk_spans(
     """
     n_virtual = pp * vpp
     if split is PipelineSplit.EMBEDDING_LOSS:
-        slots = num_layers + 2 + num_mtp
+        slots = num_layers + EMBEDDING_LOSS_SLOTS + num_mtp
         out: list[Span] = []
         for v in range(n_virtual):
             lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual

@@ -22,6 +22,9 @@ from tune_cp.oracle._plugins import skip_plugin_scan
 skip_plugin_scan()  # before the first model is built: tune-cp uses no pydantic plugins
 
 GIB = 2**30
+#: Largest MoE expert capacity factor a run setting may give (``RunOptions.moe_capacity_factor``,
+#: ``--moe-token-drop``; a sweep grid's ``moe_capacity_factor``): an input bound, not a rule.
+MAX_MOE_CAPACITY_FACTOR = 64.0
 MAX_DIM = 1 << 24  # no real transformer dimension comes near 16 Mi; larger values are typos
 MAX_GPUS = 1 << 20
 
@@ -147,10 +150,19 @@ class PipelineSplit(StrEnum):
     LAYOUT = "layout"
 
 
+#: layer slots the ``embedding_loss`` split adds besides the decoder and MTP layers: the
+#: embedding and the loss, one each (Megatron-LM ``--account-for-embedding-in-pipeline-split``,
+#: ``--account-for-loss-in-pipeline-split``)
+EMBEDDING_LOSS_SLOTS = 2
 #: the light splits: uneven splits whose end stages' layers follow from (layers, pp, vpp)
 LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.LIGHT_FIRST, PipelineSplit.LIGHT_LAST, PipelineSplit.LIGHT_ENDS,
     PipelineSplit.LAST_TO_FIRST)
+#: the splits whose layer lists follow from (layers, pp, vpp) alone: every split but ``uneven``
+#: and ``layout``, which need values (the search space's splits: ``solver/space.py``; the codes
+#: every batch of the vectorised path starts with: ``oracle/work.py::VALUELESS_SPLIT_KEYS``)
+VALUELESS_SPLITS: tuple[PipelineSplit, ...] = (
+    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS)
 #: the light splits a search tries beside the automatic one (``solver/space.py::default_space``):
 #: the last stage lighter (its output layer, loss and MTP layers cost time: Llama 3 8B's output
 #: layer is ~2.4 decoder layers of GEMM work), both ends lighter (Meta's Llama 3 405B balance)

@@ -40,6 +40,8 @@ from tune_cp.oracle.host import (
     GRAPH_BITS,
     a2a_sync_exponent,
     attention_host_time,
+    combined_schedule_host_time,
+    current_scaling_host_time,
     host_exposed,
     layer_host_time,
     mamba_host_time,
@@ -207,6 +209,25 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     host_dense = host_dense - hyb * host_attn
     host_moe = host_moe - hyb * host_attn
     host_mamba = mamba_host_time(kern, graphs)
+    # FP8 per-tensor current scaling: 2 more launches per quantised operand (amax, scale) in
+    # every part a CUDA graph does not capture (host.current_scaling_host_time)
+    q_low = np.where(low, cnt, 0.0)
+    cs = sch.current_scaling * (1.0 - sch.graph_full_iteration)
+    cs_attn = current_scaling_host_time(slots(q_low, ATTN_SLOTS), cs * (1.0 - sch.graph_attn),
+                                        kern)
+    cs_mlp = current_scaling_host_time(slots(q_low, MLP_SLOTS), cs * (1.0 - sch.graph_mlp), kern)
+    cs_moe = current_scaling_host_time(slots(q_low, EXP_SLOTS + SH_SLOTS + LAT_SLOTS), cs, kern)
+    cs_mamba = current_scaling_host_time(slots(q_low, MAMBA_SLOTS), cs, kern)
+    host_dense = host_dense + nh * cs_attn + cs_mlp
+    host_moe = host_moe + nh * cs_attn + cs_moe
+    # the combined 1F1B schedule (--overlap-moe-expert-parallel-comm) runs every layer part as
+    # its own schedule node (host.combined_schedule_host_time)
+    host_dense = host_dense + combined_schedule_host_time(
+        False, sch.a2a_overlap, sch.graph_full_iteration, kern)
+    host_moe = host_moe + combined_schedule_host_time(
+        True, sch.a2a_overlap, sch.graph_full_iteration, kern)
+    host_attn = host_attn + cs_attn
+    host_mamba = host_mamba + cs_mamba
 
     # ---- TP
     t_tp = collective_time(w.tp.tensor_bytes, w.tp.n, ring(w.tp.intra, w.tp.local), alpha)

@@ -67,6 +67,7 @@ from tune_cp.oracle.memory import (
 )
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
+    VALUELESS_SPLITS,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -126,26 +127,30 @@ RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
 DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
 SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
-#: pipeline splits by code, with their values (split, first stage layers, last stage layers,
-#: layout): 0 even, 1 embedding_loss, the splits without values next, and every split with
-#: values (uneven, layout) gets the next code the first time this process meets it
-#: (:func:`split_code`; the codes never leave the process)
+#: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
 SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
-_SPLIT_KEYS: list[SplitKey] = [(s, None, None, None) for s in PipelineSplit
-                               if s not in (PipelineSplit.UNEVEN, PipelineSplit.LAYOUT)]
-_SPLIT_INDEX: dict[SplitKey, int] = {k: i for i, k in enumerate(_SPLIT_KEYS)}
-SPLIT_CODE = {k[0]: i for i, k in enumerate(_SPLIT_KEYS)}
+#: The splits without values (``oracle/specs.py::VALUELESS_SPLITS``), by code: 0 even,
+#: 1 embedding_loss, the light splits next. Every batch's split table
+#: (:attr:`ConfigBatch.split_keys`) starts with them; the splits with values (uneven, layout)
+#: follow in the batch's own table (:func:`split_table`).
+VALUELESS_SPLIT_KEYS: tuple[SplitKey, ...] = tuple((s, None, None, None) for s in VALUELESS_SPLITS)
+SPLIT_CODE = {k[0]: i for i, k in enumerate(VALUELESS_SPLIT_KEYS)}
 
 
-def split_code(cfg: ParallelConfig) -> int:
-    """The code of a resolved configuration's split with its values (:data:`_SPLIT_KEYS`)."""
+def split_key(cfg: ParallelConfig) -> SplitKey:
+    """A resolved configuration's split with its values."""
     assert cfg.pipeline_split is not None
-    key = (cfg.pipeline_split, *split_fields(cfg))
-    code = _SPLIT_INDEX.get(key)
-    if code is None:
-        code = _SPLIT_INDEX[key] = len(_SPLIT_KEYS)
-        _SPLIT_KEYS.append(key)
-    return code
+    return (cfg.pipeline_split, *split_fields(cfg))
+
+
+def split_table(configs: Sequence[ParallelConfig]) -> tuple[SplitKey, ...]:
+    """The split table of a batch of ``configs``: :data:`VALUELESS_SPLIT_KEYS`, then each split
+    with values the configurations use, in the order they first appear (a code is a position
+    in it)."""
+    keys = dict.fromkeys(VALUELESS_SPLIT_KEYS)
+    for c in configs:
+        keys.setdefault(split_key(c))
+    return tuple(keys)
 
 
 FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
@@ -156,9 +161,9 @@ _CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
 _CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
 
 
-def split_config(code: int) -> dict[str, Any]:
-    """The ``ParallelConfig`` fields of split ``code`` (:func:`split_code`)."""
-    split, first, last, layout = _SPLIT_KEYS[code]
+def split_config(key: SplitKey) -> dict[str, Any]:
+    """The ``ParallelConfig`` fields of a split with its values (:func:`split_key`)."""
+    split, first, last, layout = key
     return {"pipeline_split": split, "first_stage_layers": first, "last_stage_layers": last,
             "pipeline_layout": layout}
 
@@ -237,7 +242,8 @@ class ConfigBatch:
     Codes: ``recompute`` 0 none / 1 selective / 2 full; ``recompute_method`` 0 uniform /
     1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
     :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
-    1 interleaved / 2 zero-bubble; ``split`` 0 even / 1 embedding_loss / :func:`split_code`; ``fp8`` -1 none /
+    1 interleaved / 2 zero-bubble; ``split`` a position in :attr:`split_keys` (0 even /
+    1 embedding_loss: :data:`SPLIT_CODE`); ``fp8`` -1 none /
     0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
     :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
     """
@@ -274,6 +280,9 @@ class ConfigBatch:
     a2a_overlap: np.ndarray | None = None
     #: RunTraits.moe_capacity_factor, 1.0 when None (None: all 1.0)
     capacity: np.ndarray | None = None
+    #: the splits (with their values) the codes of ``split`` name: this batch's own table
+    #: (:func:`split_table`), so a code means the same in every process and needs no registry
+    split_keys: tuple[SplitKey, ...] = VALUELESS_SPLIT_KEYS
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -293,6 +302,8 @@ class ConfigBatch:
         for c in configs:
             if c.dp is None or c.ga is None or c.pipeline_split is None:
                 raise ConfigError("resolve_config() the configuration before projecting it")
+        table = split_table(configs)
+        code = {k: i for i, k in enumerate(table)}
         def arr(get: Any, dtype: Any = np.int64) -> np.ndarray:
             return np.array([get(c) for c in configs], dtype=dtype)
         return cls(
@@ -312,7 +323,7 @@ class ConfigBatch:
             fsdp=arr(lambda c: c.fsdp, bool),
             dispatcher=arr(lambda c: DISPATCH_CODE[c.dispatcher]),
             schedule=arr(lambda c: SCHEDULE_CODE[c.schedule_]),
-            split=arr(split_code),
+            split=arr(lambda c: code[split_key(c)]), split_keys=table,
             fp8=arr(lambda c: FP8_CODE[c.fp8_recipe]),
             tp_overlap=np.array([t.tp_comm_overlap for t in traits], dtype=bool),
             fp8_rowwise=np.array([t.fp8_rowwise for t in traits], dtype=bool),
@@ -380,7 +391,8 @@ class ConfigBatch:
 
                 code = FP8_CODE[default_fp8_recipe(cluster.gpu)]
             fp8 = code
-        split_ = np.where(model.num_layers % (pp_ * vpp_) == 0, 0, 1)
+        split_ = np.where(model.num_layers % (pp_ * vpp_) == 0, SPLIT_CODE[PipelineSplit.EVEN],
+                          SPLIT_CODE[PipelineSplit.EMBEDDING_LOSS])
         sched_ = np.where(vpp_ > 1, 1, 0) if schedule is None else b(schedule)
         layers_ = np.where(rc_ == 2, b(recompute_layers), -1)
         return cls(
@@ -427,7 +439,7 @@ class ConfigBatch:
             grad_reduce_in_fp32=True if self.grad_fp32 is None else bool(self.grad_fp32[i]),
             dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
             schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
-            fp8_recipe=fp8, **split_config(int(self.split[i])),
+            fp8_recipe=fp8, **split_config(self.split_keys[int(self.split[i])]),
         )
 
 
@@ -682,7 +694,11 @@ class ScheduleWork:
     and the MoE facts the host terms need: ``has_moe``, ``moe_sync`` (:func:`moe_host_sync`;
     0 under a full-iteration CUDA graph), ``local_experts`` per rank; the run settings:
     ``graph_<part>`` = 1 when :attr:`RunTraits.cuda_graph_scope` captures the part
-    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`)."""
+    (:data:`oracle.host.GRAPH_BITS`), ``a2a_overlap`` (:attr:`RunTraits.moe_a2a_overlap`);
+    ``current_scaling`` = 1 when the linears are quantised with Transformer Engine's per-tensor
+    current scaling (FP8 tensorwise, not torchao row-wise): every quantised operand costs the
+    host :data:`oracle.host.CURRENT_SCALING_EXTRA_KERNELS` more launches
+    (:func:`oracle.host.current_scaling_ops`)."""
 
     m: np.ndarray
     vpp: np.ndarray
@@ -697,6 +713,7 @@ class ScheduleWork:
     graph_moe_preprocess: np.ndarray
     graph_full_iteration: np.ndarray
     a2a_overlap: np.ndarray
+    current_scaling: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -728,12 +745,12 @@ class Work:
 @lru_cache(maxsize=65536)
 def _stage_layers(
     kinds: tuple[int, ...], mtp_kind: int, num_mtp: int, pp: int, vpp: int,
-    split: int, recompute: int, method: int, k: int,
+    split: SplitKey, recompute: int, method: int, k: int,
 ) -> StageLayers:
     """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
     model's own :class:`oracle.memory.StageCounts` (``stage_counts_by_kind``: the one per-stage
     composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
-    split_, first, last, layout = _SPLIT_KEYS[split]
+    split_, first, last, layout = split
     counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, split_, 1,
                                   _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
                                   None if k < 0 else k, first, last, layout)
@@ -1084,7 +1101,7 @@ def build_work(
                              b.recompute_layers)
     kinds, mkind = kind_index(model), KINDS.index(mtp_kind(model))
     tables = [_stage_layers(kinds, mkind, model.num_mtp_layers, int(pp_), int(vpp_),
-                            int(split_), int(rc_), int(meth_), int(k_))
+                            b.split_keys[int(split_)], int(rc_), int(meth_), int(k_))
               for pp_, vpp_, split_, rc_, meth_, k_ in uniq]
 
     def per_stage(name: str) -> np.ndarray:
@@ -1166,6 +1183,8 @@ def build_work(
         local_experts=np.ceil(E / ep) if model.is_moe else np.zeros(n),
         **{f"graph_{part}": ((gmask & bit) > 0).astype(f64) for part, bit in GRAPH_BITS.items()},
         a2a_overlap=np.zeros(n) if b.a2a_overlap is None else b.a2a_overlap.astype(f64),
+        current_scaling=((prec == 1) & (b.fp8 == FP8_CODE[Fp8Recipe.TENSORWISE])
+                         & ~rowwise).astype(f64),
     )
     return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
                 tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,

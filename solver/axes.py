@@ -249,7 +249,8 @@ class RunKnob:
     flag and the frameworks' spellings (the exporters and readers in ``formats/`` write and read
     these names; ``formats/keys.py`` has the readers' key types).
 
-    ``field``: the ``RunSettings`` field; ``flag``: the command-line flag (``--`` + spelling);
+    ``field``: the ``oracle.memory.RunOptions`` field (given to ``RunSettings`` by that name,
+    stored as its ``overheads.run``); ``flag``: the command-line flag (``--`` + spelling);
     ``kind``: ``FLAG`` with ``negated`` False is a ``--x/--no-x`` switch here; ``metavar``: the
     value's name; ``megatron``: Megatron-LM flags (``arguments.py`` at ``d98e8a64dd``);
     ``primus``: Primus keys (``trainer_base.yaml`` / ``language_model.yaml`` at ``fd1eeabbad``);

@@ -56,6 +56,7 @@ FAMILY_WORDS: dict[str, str] = {
     "recompute": "the recompute options",
     "precision": "the precision",
     "dispatcher": "the MoE dispatcher",
+    "run_settings": "the framework run settings (CUDA graphs, MoE all-to-all overlap, token-drop)",
     "batch": "the global batch (gbs = mbs x ga x dp)",
     "extra": "the extra constraints",
     "recompute_dominance": "recompute dominance",

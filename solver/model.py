@@ -56,6 +56,7 @@ from tune_cp.solver.rules import (
     RULES,
     layers_per_chunk,
     mamba_cp_ok,
+    setting_refusals,
     split_problem,
     tp_shape_ok,
     training_precision,
@@ -489,6 +490,36 @@ def enc_dispatcher(m: LegalityModel) -> Value:
                           lambda d, e: ds[d] is not Dispatcher.FLEX or (moe and e > 1), "disp")
 
 
+def enc_run_settings(m: LegalityModel) -> Value:
+    """What Megatron-Core refuses of the layout under the run settings: the refusals of
+    ``rules.SETTING_REFUSALS`` that apply, one table per group of axes they read (the same
+    ``refuses`` functions the rule ``run_settings`` calls); 1 without run settings."""
+    refusals = setting_refusals(m.p.settings.options)
+    if not refusals:
+        return 1
+    opts, ds = m.p.space.recompute, m.p.space.dispatcher
+    # each field a refusal reads: the axis it comes from and its value at a domain position
+    read: dict[str, tuple[str, Callable[[int], Any]]] = {
+        "ep": ("ep", lambda e: e), "pp": ("pp", lambda p: p), "vpp": ("vpp", lambda v: v),
+        "recompute": ("recompute", lambda r: opts[r].kind),
+        "recompute_modules": ("recompute", lambda r: opts[r].modules),
+        "dispatcher": ("dispatcher", lambda d: ds[d]),
+    }
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for r in refusals:
+        axes = tuple(dict.fromkeys(read[f][0] for f in r.fields))
+        groups.setdefault(axes, []).append(r)
+    parts = []
+    for axes, group in groups.items():
+        def ok(*key: int, axes: tuple[str, ...] = axes, group: list[Any] = group) -> bool:
+            at = dict(zip(axes, key, strict=True))
+            return not any(r.refuses(*(read[f][1](at[read[f][0]]) for f in r.fields))
+                           for r in group)
+
+        parts.append(m.family_predicate([m.axis[a] for a in axes], ok, "run_" + "_".join(axes)))
+    return m.ar.all_of(parts, "run_settings")
+
+
 def enc_batch(m: LegalityModel) -> Value:
     """mbs x dp divides the global batch (then ga = gbs / (mbs dp) exactly)."""
     gbs = m.p.training.global_batch_size
@@ -538,6 +569,7 @@ ENCODERS: dict[str, Callable[[LegalityModel], Value]] = {
     "recompute": enc_recompute,
     "precision": enc_precision,
     "dispatcher": enc_dispatcher,
+    "run_settings": enc_run_settings,
     "batch": enc_batch,
     "extra": enc_extra,
     "recompute_dominance": enc_recompute_dominance,

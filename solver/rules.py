@@ -31,6 +31,9 @@ recompute                full: 1..layers-per-chunk layers (not in hybrid Mamba m
                          selective modules that exist
 precision                FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4
 dispatcher               the DeepEP ``flex`` dispatcher needs an MoE model with ep > 1
+run_settings             what Megatron-Core refuses of the layout under the framework run
+                         settings (CUDA graphs, MoE all-to-all overlap, token-drop):
+                         ``SETTING_REFUSALS``
 batch                    gbs = mbs x ga x dp
 extra                    the user's or the agent's extra hard constraints (``solver/constraints``)
 recompute_dominance      search only: recomputation costs time and only saves memory, so drop a
@@ -48,10 +51,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from tune_cp.oracle.memory import (
+    FULL_ITERATION,
     TERM_GROUPS,
     MemoryReport,
+    RunOptions,
     max_chunk_layers,
     memory_report,
     pipeline_chunks,
@@ -59,6 +65,7 @@ from tune_cp.oracle.memory import (
     uneven_stage_layers,
 )
 from tune_cp.oracle.specs import (
+    EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
     ClusterSpec,
@@ -275,7 +282,7 @@ def expert_layout(ctx: RuleContext) -> list[Violation]:
         out.append(Violation("expert_layout", f"pp x ep x etp ({c.pp} x {c.ep} x {c.etp_} = {prod}) "
                              f"must divide the {w} GPUs so the expert-data-parallel size is whole; "
                              f"{hint}", ("ep", "etp") if legal_ep else ("etp",)))
-    return out + setting_violations(ctx, "expert_layout")
+    return out
 
 
 def expert_tensor_parallel(ctx: RuleContext) -> list[Violation]:
@@ -332,7 +339,7 @@ def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
     layers under ``embedding_loss``."""
     if split is PipelineSplit.EVEN:
         return model.num_layers
-    return model.num_layers + 2 + model.num_mtp_layers
+    return model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers
 
 
 def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
@@ -462,7 +469,7 @@ def virtual_pipeline(ctx: RuleContext) -> list[Violation]:
                                  f"micro-batches (ga = {m}) to be a multiple of pp ({c.pp}); "
                                  f"change gbs or mbs so that ga is in "
                                  f"{fmt_set(c.pp * i for i in range(1, 5))}..."))
-    return out + setting_violations(ctx, "virtual_pipeline")
+    return out
 
 
 def schedule(ctx: RuleContext) -> list[Violation]:
@@ -516,7 +523,7 @@ def recompute(ctx: RuleContext) -> list[Violation]:
         if c.fp8_recipe is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"}:
             out.append(Violation("recompute", "recompute modules moe_act and layernorm are not "
                                  "supported with the delayed FP8 recipe; use tensorwise or drop them"))
-    return out + setting_violations(ctx, "recompute")
+    return out
 
 
 FP8_ARCHITECTURES_MX = frozenset({"blackwell", "cdna4"})
@@ -556,7 +563,157 @@ def dispatcher(ctx: RuleContext) -> list[Violation]:
     if c.dispatcher == "flex" and (not ctx.model.is_moe or c.ep == 1):
         return [Violation("dispatcher", "the flex (DeepEP) dispatcher needs an MoE model with "
                           f"ep > 1 (ep is {c.ep}); use alltoall")]
-    return setting_violations(ctx, "dispatcher")
+    return []
+
+
+# ------------------------------------------------ run_settings: the framework run settings
+#
+# What Megatron-Core refuses under the framework run settings (``RunSettings``: CUDA graphs,
+# MoE all-to-all overlap, token-drop). Sources: Megatron-Core ``transformer/transformer_config.py``
+# ``__post_init__`` and Megatron-LM ``docs/user-guide/features/cuda_graph.md`` at ``d98e8a64dd``.
+# Refused alone: ``oracle/memory.py::RunOptions`` validators; with the model whatever the layout
+# (exit 2 before any check or search): :func:`options_problem`; with the layout: the family
+# ``run_settings``, one row of :data:`SETTING_REFUSALS` per condition, which the rule
+# :func:`run_settings` evaluates on a configuration and the CP-SAT model tabulates over the
+# axes (``solver/model.py::enc_run_settings``).
+
+
+def options_problem(model: ModelSpec, options: RunOptions) -> str | None:
+    """What Megatron-Core refuses in these run settings for ``model`` whatever the layout (one
+    line, the CLI's exit 2), or None. What depends on the layout is the family
+    ``run_settings`` (:data:`SETTING_REFUSALS`)."""
+    scope = options.cuda_graph_scope
+    if not model.is_moe:
+        if options.moe_a2a_overlap:
+            return (f"--moe-a2a-overlap overlaps the MoE all-to-all, but {model.name} is a dense "
+                    "model (Megatron-Core: 'overlap_moe_expert_parallel_comm is only supported "
+                    "with expert model parallelism'); drop it")
+        if options.moe_capacity_factor is not None:
+            return (f"--moe-token-drop sets an expert capacity, but {model.name} is a dense model "
+                    "with no experts; drop it")
+        moe_parts = [x for x in scope if x.startswith("moe_")]
+        if moe_parts:
+            return (f"--cuda-graph-scope {','.join(moe_parts)} captures MoE parts, but "
+                    f"{model.name} is a dense model (Megatron-Core: 'moe cuda graph is only "
+                    "supported for MoE'); choose from attn,mlp or full_iteration")
+        return None
+    if "mlp" in scope and model.num_dense_layers == 0 and not model.is_hybrid:
+        return (f"--cuda-graph-scope mlp captures dense MLP layers, but every layer of "
+                f"{model.name} is MoE (Megatron-Core: 'mlp cuda graph is only supported for dense "
+                "layers'); use moe_router (with moe_preprocess) instead")
+    if FULL_ITERATION in scope and options.moe_capacity_factor is None:
+        return (f"--cuda-graph-scope full_iteration on the MoE model {model.name} needs static "
+                "expert shapes: a dropless layer copies its token counts to the host, which a "
+                "graph cannot capture (Megatron-LM cuda_graph.md: 'MoE expert dispatch involves "
+                "dynamic shapes and cannot be captured'; its full-iteration MoE recipe adds "
+                "--moe-paged-stash, which tune-cp does not model); add --moe-token-drop 1.0 or "
+                "capture attn,moe_router,moe_preprocess")
+    if options.moe_a2a_overlap and "mlp" in scope:
+        return ("--moe-a2a-overlap with a per-layer mlp graph is refused by Megatron-Core "
+                "('CUDA graph scope on moe and mlp is not supported with "
+                "overlap_moe_expert_parallel_comm'); drop mlp from --cuda-graph-scope")
+    if options.moe_a2a_overlap and model.num_mtp_layers > 1:
+        return (f"--moe-a2a-overlap supports at most one MTP layer (Megatron-Core: 'MTP supports "
+                f"at most one layer when enabling overlap_moe_expert_parallel_comm'); "
+                f"{model.name} has {model.num_mtp_layers}")
+    return None
+
+
+@dataclass(frozen=True)
+class SettingRefusal:
+    """One layout condition of a framework run setting: when ``applies(options)``, a
+    configuration whose ``fields`` (``ParallelConfig`` field names, in this order) make
+    ``refuses(*values)`` true is illegal, with ``message(options)``; ``axes``: the
+    configuration axes the message is about (:class:`Violation`)."""
+
+    fields: tuple[str, ...]
+    applies: Callable[[RunOptions], bool]
+    refuses: Callable[..., bool]
+    message: Callable[[RunOptions], str]
+    axes: tuple[str, ...] = ()
+
+
+#: Every layout condition of the run settings, in the order check reports them.
+SETTING_REFUSALS: tuple[SettingRefusal, ...] = (
+    SettingRefusal(
+        ("ep",), lambda o: o.moe_a2a_overlap, lambda ep: ep == 1,
+        lambda o: ("--moe-a2a-overlap needs ep > 1 (Megatron-Core: "
+                   "'overlap_moe_expert_parallel_comm is only supported with expert model "
+                   "parallelism')"), ("ep",)),
+    SettingRefusal(
+        ("pp", "vpp"), lambda o: o.moe_a2a_overlap, lambda pp, vpp: pp > 1 and vpp == 1,
+        lambda o: ("--moe-a2a-overlap with pp > 1 needs virtual stages (Megatron-Core: "
+                   "'virtual_pipeline_model_parallel_size must be specified when "
+                   "pipeline_model_parallel_size > 1'); use vpp > 1"), ("vpp",)),
+    SettingRefusal(
+        ("recompute",), lambda o: o.per_layer_graphs, lambda rc: rc is Recompute.FULL,
+        lambda o: ("full recomputation with per-layer CUDA graphs (--cuda-graph-scope "
+                   f"{','.join(o.cuda_graph_scope)}) is refused by Megatron-Core ('full "
+                   "recompute is only supported with full iteration CUDA graph'); use selective "
+                   "or no recomputation, or full_iteration graphs")),
+    SettingRefusal(
+        ("recompute",), lambda o: o.moe_a2a_overlap, lambda rc: rc is Recompute.FULL,
+        lambda o: ("full recomputation with --moe-a2a-overlap is refused by Megatron-Core "
+                   "('disable full recomputation when enabling overlap_moe_expert_parallel_comm'"
+                   "); use selective or no recomputation")),
+    SettingRefusal(
+        ("recompute", "recompute_modules"), lambda o: o.moe_a2a_overlap,
+        lambda rc, mods: rc is Recompute.SELECTIVE and "moe" in mods,
+        lambda o: ("the moe recompute module with --moe-a2a-overlap is refused by Megatron-Core "
+                   "('disable moe in recompute_modules when enabling "
+                   "overlap_moe_expert_parallel_comm'); drop it")),
+    SettingRefusal(
+        ("dispatcher",), lambda o: o.moe_a2a_overlap, lambda d: d is Dispatcher.ALLGATHER,
+        lambda o: ("--moe-a2a-overlap needs the alltoall or flex dispatcher (Megatron-Core: "
+                   "'overlap_moe_expert_parallel_comm is supported with alltoall/flex token "
+                   "dispatcher')")),
+    SettingRefusal(
+        ("dispatcher",), lambda o: o.moe_capacity_factor is not None,
+        lambda d: d is Dispatcher.FLEX,
+        lambda o: ("--moe-token-drop pads expert inputs, which the flex (DeepEP) dispatcher "
+                   "refuses (Megatron-Core: 'Flex token dispatcher with deepep backend does not "
+                   "support moe_pad_expert_input_to_capacity'); use alltoall")),
+)
+#: The search axis of each field a refusal reads (``recompute_modules`` is part of the
+#: ``recompute`` option).
+SETTING_FIELD_AXIS: dict[str, str] = {"ep": "ep", "pp": "pp", "vpp": "vpp",
+                                      "recompute": "recompute", "recompute_modules": "recompute",
+                                      "dispatcher": "dispatcher"}
+#: The search axes the family reads (``FAMILY_AXES``).
+SETTING_AXES: tuple[str, ...] = tuple(a for a in AXES if a in SETTING_FIELD_AXIS.values())
+
+
+def setting_refusals(options: RunOptions) -> tuple[SettingRefusal, ...]:
+    """The refusals that apply under ``options`` (none for the defaults)."""
+    return tuple(r for r in SETTING_REFUSALS if r.applies(options))
+
+
+def refused_by_settings(options: RunOptions, **values: Any) -> list[SettingRefusal]:
+    """The applicable refusals that ``values`` (``ParallelConfig`` field names) break; a
+    refusal reading a field not given is not evaluated."""
+    return [r for r in setting_refusals(options)
+            if all(f in values for f in r.fields) and r.refuses(*(values[f] for f in r.fields))]
+
+
+def settings_space_problem(space: Any, options: RunOptions) -> str | None:
+    """Why the run settings leave a search space no recomputation option or no dispatcher at
+    all (one line: an input error, exit 2), or None. A search checks it before enumerating."""
+    for what, values in (
+            ("recomputation options", [{"recompute": r.kind, "recompute_modules": r.modules}
+                                       for r in space.recompute]),
+            ("dispatchers", [{"dispatcher": d} for d in space.dispatcher])):
+        if all(refused_by_settings(options, **v) for v in values):
+            return (f"the run settings ({options.label()}) leave no {what} in the search "
+                    "space; drop one of them or widen the space")
+    return None
+
+
+def run_settings(ctx: RuleContext) -> list[Violation]:
+    """What Megatron-Core refuses of this layout under the run's framework settings
+    (:data:`SETTING_REFUSALS`)."""
+    c, o = ctx.cfg, ctx.settings.options
+    return [Violation("run_settings", r.message(o), r.axes)
+            for r in refused_by_settings(o, **{f: getattr(c, f) for f in SETTING_FIELD_AXIS})]
 
 
 def batch(ctx: RuleContext) -> list[Violation]:
@@ -626,7 +783,7 @@ GROUP_HINTS = {
     "runtime": "lower the runtime overheads (--overhead) or use a GPU with more HBM",
 }
 #: The activations hint when the run settings refuse full recomputation (per-layer CUDA graphs,
-#: the MoE all-to-all overlap: ``setting_violations``).
+#: the MoE all-to-all overlap: :data:`SETTING_REFUSALS`).
 NO_FULL_RECOMPUTE_HINT = ("recompute more (selective modules: the run settings refuse full "
                           "recompute), a smaller micro-batch, or more tp/cp/pp")
 
@@ -640,9 +797,9 @@ def hbm(ctx: RuleContext) -> list[Violation]:
     terms = [t for t in TERM_GROUPS[group] if mem.peak.terms[t]]
     parts = ", ".join(f"{t} {gib(mem.peak.terms[t])}" for t in terms)
     name = group.replace("_", " ")
-    o = ctx.settings.options
     hint = (NO_FULL_RECOMPUTE_HINT if group == "activations"
-            and (o.per_layer_graphs or o.moe_a2a_overlap) else GROUP_HINTS[group])
+            and refused_by_settings(ctx.settings.options, recompute=Recompute.FULL)
+            else GROUP_HINTS[group])
     return [Violation("hbm", f"stage {mem.peak_stage} needs {gib(mem.peak_bytes)} but the limit "
                       f"is {gib(limit)} ({gib(mem.hbm_bytes)} HBM of {ctx.cluster.gpu.name} x "
                       f"(1 - {ctx.memory_margin:g} margin)); {name} dominates ({parts}): "
@@ -651,55 +808,6 @@ def hbm(ctx: RuleContext) -> list[Violation]:
 
 #: Families in check order. ``batch`` and ``hbm`` need the earlier ones to hold to be meaningful.
 #: The order is also the order of the sequential removal counts of a search.
-def setting_violations(ctx: RuleContext, family: str) -> list[Violation]:
-    """What Megatron-Core refuses of this layout under the run's framework settings
-    (``RunSettings``: CUDA graphs, MoE all-to-all overlap, token-drop), as violations of
-    ``family`` (``recompute``, ``dispatcher``, ``expert_layout``, ``virtual_pipeline``: the
-    family of the axis to change). Sources: Megatron-Core ``transformer/transformer_config.py``
-    ``__post_init__`` at ``d98e8a64dd``. A search takes the same conditions out of its space
-    (``solver/settings.py::narrow_space``), so the CP-SAT model needs no encoder of its own."""
-    c, o, out = ctx.cfg, ctx.settings.options, []
-    if not (o.cuda_graph_scope or o.moe_a2a_overlap or o.moe_capacity_factor is not None):
-        return out
-    if family == "recompute" and c.recompute is Recompute.FULL:
-        if o.per_layer_graphs:
-            out.append(Violation("recompute", "full recomputation with per-layer CUDA graphs "
-                                 f"(--cuda-graph-scope {','.join(o.cuda_graph_scope)}) is refused "
-                                 "by Megatron-Core ('full recompute is only supported with full "
-                                 "iteration CUDA graph'); use selective or no recomputation, or "
-                                 "full_iteration graphs"))
-        if o.moe_a2a_overlap:
-            out.append(Violation("recompute", "full recomputation with --moe-a2a-overlap is "
-                                 "refused by Megatron-Core ('disable full recomputation when "
-                                 "enabling overlap_moe_expert_parallel_comm'); use selective or "
-                                 "no recomputation"))
-    if (family == "recompute" and o.moe_a2a_overlap and c.recompute is Recompute.SELECTIVE
-            and "moe" in c.recompute_modules):
-        out.append(Violation("recompute", "the moe recompute module with --moe-a2a-overlap is "
-                             "refused by Megatron-Core ('disable moe in recompute_modules when "
-                             "enabling overlap_moe_expert_parallel_comm'); drop it"))
-    if family == "expert_layout" and o.moe_a2a_overlap and c.ep == 1:
-        out.append(Violation("expert_layout", "--moe-a2a-overlap needs ep > 1 (Megatron-Core: "
-                             "'overlap_moe_expert_parallel_comm is only supported with expert "
-                             "model parallelism')", ("ep",)))
-    if family == "dispatcher":
-        if o.moe_a2a_overlap and c.dispatcher is Dispatcher.ALLGATHER:
-            out.append(Violation("dispatcher", "--moe-a2a-overlap needs the alltoall or flex "
-                                 "dispatcher (Megatron-Core: 'overlap_moe_expert_parallel_comm is "
-                                 "supported with alltoall/flex token dispatcher')"))
-        if o.moe_capacity_factor is not None and c.dispatcher is Dispatcher.FLEX:
-            out.append(Violation("dispatcher", "--moe-token-drop pads expert inputs, which the "
-                                 "flex (DeepEP) dispatcher refuses (Megatron-Core: 'Flex token "
-                                 "dispatcher with deepep backend does not support "
-                                 "moe_pad_expert_input_to_capacity'); use alltoall"))
-    if family == "virtual_pipeline" and o.moe_a2a_overlap and c.pp > 1 and c.vpp == 1:
-        out.append(Violation("virtual_pipeline", "--moe-a2a-overlap with pp > 1 needs virtual "
-                             "stages (Megatron-Core: 'virtual_pipeline_model_parallel_size must "
-                             "be specified when pipeline_model_parallel_size > 1'); use vpp > 1",
-                             ("vpp",)))
-    return out
-
-
 RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "world_size": world_size,
     "tensor_parallel": tensor_parallel,
@@ -714,6 +822,7 @@ RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "recompute": recompute,
     "precision": precision,
     "dispatcher": dispatcher,
+    "run_settings": run_settings,
     "batch": batch,
     "extra": extra,
     "recompute_dominance": recompute_dominance,
@@ -744,6 +853,7 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "recompute": ("pp", "vpp", "pipeline_split", "recompute", "fp8_recipe"),
     "precision": ("fp8_recipe",),
     "dispatcher": ("ep", "dispatcher"),
+    "run_settings": SETTING_AXES,
     "batch": ("tp", "pp", "cp", "mbs"),
     "extra": (),  # the axes the constraints name (see solver.constraints.HardConstraint.axes)
     "recompute_dominance": ALL_AXES,

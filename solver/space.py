@@ -35,8 +35,8 @@ from pydantic import Field, model_validator
 
 from tune_cp.oracle.memory import max_chunk_layers
 from tune_cp.oracle.specs import (
-    LIGHT_SPLITS,
     SEARCHED_LIGHT_SPLITS,
+    VALUELESS_SPLITS,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -276,8 +276,7 @@ def recompute_layer_values(k_max: int) -> tuple[int, ...]:
 
 
 #: the splits the search space may hold (the uneven and layout splits need values it has not)
-SEARCHED_SPLITS: tuple[PipelineSplit, ...] = (
-    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS)
+SEARCHED_SPLITS: tuple[PipelineSplit, ...] = VALUELESS_SPLITS
 
 
 def max_layers_per_chunk(model: ModelSpec, pp_values: tuple[int, ...],

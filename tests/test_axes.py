@@ -68,13 +68,13 @@ def test_every_knob_has_its_flag_on_check() -> None:
 
 
 def test_every_setting_has_one_flag_shared_by_search_check_and_plan() -> None:
-    from tune_cp.solver.settings import RunSettings
+    from tune_cp.solver.settings import SETTINGS_FIELDS
 
-    assert set(cli.SETTINGS_FLAGS) == set(RunSettings.model_fields)
+    assert set(cli.SETTINGS_FLAGS) == set(SETTINGS_FIELDS)
     helps = {}
     for command in ("search", "check", "plan"):
         params = {p.name: p for p in cli.main.commands[command].params}
-        for name in RunSettings.model_fields:
+        for name in SETTINGS_FIELDS:
             p = params[name]
             helps.setdefault(name, (p.opts, p.help))
             assert (p.opts, p.help) == helps[name], (command, name)

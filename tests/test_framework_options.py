@@ -30,6 +30,7 @@ from tune_cp.oracle.memory import (
 from tune_cp.oracle.projection import project
 from tune_cp.oracle.specs import (
     ClusterSpec,
+    Dispatcher,
     ParallelConfig,
     Precision,
     TrainingSpec,
@@ -39,7 +40,8 @@ from tune_cp.solver.axes import RUN_KNOBS
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate
-from tune_cp.solver.settings import RunSettings, narrow_space, options_problem
+from tune_cp.solver.rules import options_problem, settings_space_problem
+from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings
 from tune_cp.solver.space import default_space
 
 MIB, GIB = 2**20, 2**30
@@ -63,7 +65,7 @@ def ov(**run) -> MemoryOverheads:
 
 def test_every_run_setting_has_a_knob_and_a_time_bit():
     assert [k.field for k in RUN_KNOBS] == list(RunOptions.model_fields)
-    assert set(RunOptions.model_fields) <= set(RunSettings.model_fields)
+    assert set(RunOptions.model_fields) <= set(SETTINGS_FIELDS)
     assert set(PER_LAYER_GRAPH_SCOPES) | {FULL_ITERATION} == set(GRAPH_BITS)
 
 
@@ -77,7 +79,15 @@ def test_settings_reach_the_memory_and_the_time_side():
     # a copy with other changes keeps them; the defaults are the old defaults
     assert s.with_(memory_margin=0.1).overheads.run == s.overheads.run
     assert RunSettings().overheads == MemoryOverheads()
-    assert RunSettings(cuda_graph_scope="none").cuda_graph_scope == ()
+    assert RunSettings(cuda_graph_scope="none").options.cuda_graph_scope == ()
+    # stored once: the options given by name are overheads.run, given with other overheads
+    both = RunSettings(overheads=MemoryOverheads(fragmentation=0.1), moe_a2a_overlap=True)
+    assert both.overheads == MemoryOverheads(fragmentation=0.1,
+                                             run=RunOptions(moe_a2a_overlap=True))
+    assert RunSettings(overheads=both.overheads) == both
+    assert both.with_(moe_capacity_factor=1.0).options == RunOptions(moe_a2a_overlap=True,
+                                                                      moe_capacity_factor=1.0)
+    assert "moe_a2a_overlap" not in RunSettings.model_fields
 
 
 # ------------------------------------------------------------------ memory by hand
@@ -152,36 +162,60 @@ def test_cpsat_tables_see_the_run_settings():
     space = default_space(m, cl, tr, fixed={"mbs": 1, "cp": 1})
     plain = Problem(model=m, cluster=cl, training=tr, space=space)
     settings = RunSettings(cuda_graph_scope=("attn", "mlp"))
-    narrowed, with_implied = narrow_space(space, settings)
-    assert all(r.kind != "full" for r in narrowed.recompute)
-    p = Problem(model=m, cluster=cl, training=tr, space=narrowed, settings=with_implied)
+    p = Problem(model=m, cluster=cl, training=tr, space=space, settings=settings)
     a, b = enumerate_problem(p), reference_enumerate(p)
     assert len(a) > 0
+    assert all(f.config.recompute != "full" for f in a.configs)
     assert [(f.candidate, f.peak_bytes) for f in a.configs] == \
         [(f.candidate, f.peak_bytes) for f in b.configs]
+    # the family run_settings removes what the graphs refuse, and the counts add up
+    assert a.removed == b.removed and a.removed["run_settings"] > 0
+    assert a.space_size - sum(a.removed.values()) == len(a)
     for f in a.configs[:: max(1, len(a) // 10)]:
         assert memory_report(m, cl, tr, f.config, p.overheads).peak_bytes == f.peak_bytes
     # the same layouts cost more with graphs than without
     before = {f.config: f.peak_bytes for f in enumerate_problem(plain).configs}
+    assert enumerate_problem(plain).removed["run_settings"] == 0
     common = [f for f in a.configs if f.config in before]
     assert common and all(f.peak_bytes > before[f.config] for f in common)
 
 
-def test_a2a_overlap_narrows_the_space_as_megatron_core_refuses():
+def test_a2a_overlap_removes_what_megatron_core_refuses():
     m = load_model("mixtral-8x7b")
     cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=2, gpus_per_node=8)
     tr = TrainingSpec(seq_len=4096, global_batch_size=64)
-    space = default_space(m, cl, tr, fixed={"mbs": 1})
-    sp, s = narrow_space(space, RunSettings(moe_a2a_overlap=True))
-    p = Problem(model=m, cluster=cl, training=tr, space=sp, settings=s)
-    got = enumerate_problem(p, count_removed=False).configs
-    assert got
-    for f in got:
+    space = default_space(m, cl, tr, fixed={"mbs": 1}, dispatchers=tuple(Dispatcher))
+    p = Problem(model=m, cluster=cl, training=tr, space=space,
+                settings=RunSettings(moe_a2a_overlap=True))
+    got = enumerate_problem(p)
+    assert got.configs and got.removed["run_settings"] > 0
+    assert got.space_size - sum(got.removed.values()) == len(got)
+    for f in got.configs:
         c = f.config
         assert c.ep > 1 and c.recompute != "full" and "moe" not in c.recompute_modules
         assert c.pp == 1 or c.vpp > 1
-    # the defaults change nothing
-    assert narrow_space(space, RunSettings()) == (space, RunSettings())
+        assert c.dispatcher != "allgather"
+    # the plain Python loop agrees, count for count
+    small = p.replace(space=space.with_domains(tp=(1, 2), pp=(1, 2)))
+    a, b = enumerate_problem(small), reference_enumerate(small)
+    assert [(f.candidate, f.peak_bytes) for f in a.configs] == \
+        [(f.candidate, f.peak_bytes) for f in b.configs]
+    assert a.removed == b.removed and a.removed["run_settings"] > 0
+
+
+def test_settings_that_empty_a_domain_are_an_input_error():
+    m = load_model("mixtral-8x7b")
+    cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=2, gpus_per_node=8)
+    tr = TrainingSpec(seq_len=4096, global_batch_size=64)
+    space = default_space(m, cl, tr)
+    full = tuple(r for r in space.recompute if r.kind == "full")
+    assert settings_space_problem(space, RunOptions(moe_a2a_overlap=True)) is None
+    assert "leave no recomputation options" in settings_space_problem(
+        space.with_domains(recompute=full), RunOptions(cuda_graph_scope=("attn",)))
+    assert "leave no dispatchers" in settings_space_problem(
+        space.with_domains(dispatcher=(Dispatcher.FLEX,)), RunOptions(moe_capacity_factor=1.0))
+    # the defaults refuse nothing
+    assert settings_space_problem(space.with_domains(recompute=full), RunOptions()) is None
 
 
 # ------------------------------------------------------------------ time direction
@@ -254,16 +288,16 @@ def test_layout_refusals_are_rule_violations(run_json):
                           "--ep", "8", "--recompute", "full", "--cuda-graph-scope",
                           "attn,moe_router", "--moe-a2a-overlap", "--dispatcher", "allgather")
     assert code == 1
-    rules = sorted(v["rule"] for v in data["violations"])
-    assert rules == ["dispatcher", "recompute", "recompute"]
+    # the family run_settings (solver/rules.py::SETTING_REFUSALS), one violation per refusal
+    assert [v["rule"] for v in data["violations"]] == ["run_settings"] * 3
+    assert "per-layer CUDA graphs" in data["violations"][0]["message"]
     code, data = run_json("check", "--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2",
                           "--ep", "1", "--pp", "2", "--moe-a2a-overlap")
     assert code == 1
-    assert sorted(v["rule"] for v in data["violations"]) == ["expert_layout",
-                                                             "virtual_pipeline"]
+    assert [v["rule"] for v in data["violations"]] == ["run_settings"] * 2
     code, data = run_json("check", "--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2",
                           "--ep", "8", "--dispatcher", "flex", "--moe-token-drop", "1.0")
-    assert code == 1 and [v["rule"] for v in data["violations"]] == ["dispatcher"]
+    assert code == 1 and [v["rule"] for v in data["violations"]] == ["run_settings"]
 
 
 def test_options_problem_is_none_for_the_defaults():

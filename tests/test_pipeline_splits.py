@@ -253,3 +253,26 @@ def test_light_split_refusal_names_the_count_and_what_divides():
             in split_problem(m, 4, 1, P.LIGHT_LAST))
     assert ("(32 / 3 is not whole) to divide over pp (4); choose vpp in {1, 2, 4, 8, 16, 32}"
             in split_problem(m, 4, 3, P.LIGHT_LAST))
+
+
+def test_split_codes_belong_to_the_batch():
+    """A batch names its splits with values (uneven, layout) in its own table: the same
+    configuration gets the same code and projection whatever other batches came before."""
+    from tune_cp.oracle.projection import score_configs
+    from tune_cp.oracle.work import SPLIT_CODE, VALUELESS_SPLIT_KEYS, ConfigBatch
+
+    m, cl, tr = setting("llama3.1-405b", "h100", 1024, 8192, 2048)
+    uneven = resolved(m, cl, tr, tp=8, pp=16, first_stage_layers=6, last_stage_layers=8)
+    other = resolved(m, cl, tr, tp=8, pp=16, first_stage_layers=7, last_stage_layers=7)
+    even = resolved(m, cl, tr, tp=8, pp=16, pipeline_split="embedding_loss")
+    a = ConfigBatch.from_configs([uneven, even])
+    b = ConfigBatch.from_configs([other, uneven])
+    assert a.split_keys == (*VALUELESS_SPLIT_KEYS, (P.UNEVEN, 6, 8, None))
+    assert b.split_keys == (*VALUELESS_SPLIT_KEYS, (P.UNEVEN, 7, 7, None), (P.UNEVEN, 6, 8, None))
+    assert list(a.split) == [len(VALUELESS_SPLIT_KEYS), SPLIT_CODE[P.EMBEDDING_LOSS]]
+    assert ConfigBatch.from_configs([even]).split_keys == VALUELESS_SPLIT_KEYS
+    assert [a.config(i) for i in range(2)] == [uneven, even]
+    assert b.config(0) == other and b.config(1) == uneven
+    ta = score_configs(m, cl, tr, a)["step_time_s"]
+    tb = score_configs(m, cl, tr, b)["step_time_s"]
+    assert ta[0] == tb[1]

@@ -373,6 +373,47 @@ def test_layer_host_time_hand_worked() -> None:
     assert layer_host_time(True, 16, 10e-6) == pytest.approx(3.48e-3)
 
 
+def test_current_scaling_host_launches_hand_worked() -> None:
+    from tune_cp.oracle.host import CURRENT_SCALING_EXTRA_KERNELS, current_scaling_host_time
+
+    # Transformer Engine's current scaling: amax + scale + cast per quantised operand, 2 more
+    # launches than one cast; a MoE layer with 16 local experts quantises 2 + 2 x 16 = 34
+    # inputs forward and 34 output gradients backward: 2 x 34 x 2 x 10 us = 1.36 ms
+    assert CURRENT_SCALING_EXTRA_KERNELS == 2.0
+    assert current_scaling_host_time(34, 1.0, 10e-6) == pytest.approx(1.36e-3)
+    assert current_scaling_host_time(34, 0.0, 10e-6) == 0.0
+    # Qwen3-30B-A3B on 16 H100s, EP8 (16 local experts): only tensorwise FP8 sets the flag,
+    # and it costs host time: the dropless layers' exposed host time grows
+    m, c, t = setup("qwen3-30b-a3b", "h100", 2, 4096, 512, "fp8")
+    flags, host = [], []
+    consts = constants_arrays(load_calibration(None), "hopper", 1)
+    for code, rowwise in ((1, False), (2, False), (1, True)):
+        w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, ep=8, mbs=1, fp8=code,
+                                                         fp8_rowwise=rowwise))
+        flags.append(float(w.schedule.current_scaling[0]))
+        host.append(float(timing(w, consts)["kernel_overhead"][0]))
+    assert flags == [1.0, 0.0, 0.0]
+    assert host[0] > host[1]
+
+
+def test_combined_schedule_node_host_time_hand_worked() -> None:
+    from tune_cp.oracle.host import (
+        COMBINED_NODE_OPS,
+        COMBINED_SCHEDULE_NODES,
+        combined_schedule_host_time,
+    )
+
+    # Megatron-Core's combined 1F1B schedule: 5 schedule nodes per MoE layer (attn, post_attn,
+    # moe_dispatch, mlp, moe_combine), 2 per dense layer, 4 host operations per node and
+    # direction: 2 x 5 x 4 x 10 us = 0.4 ms, 2 x 2 x 4 x 10 us = 0.16 ms
+    assert (COMBINED_SCHEDULE_NODES, COMBINED_NODE_OPS) == ({"moe": 5.0, "dense": 2.0}, 4.0)
+    assert combined_schedule_host_time(True, 1.0, 0.0, 10e-6) == pytest.approx(0.4e-3)
+    assert combined_schedule_host_time(False, 1.0, 0.0, 10e-6) == pytest.approx(0.16e-3)
+    # no overlap schedule, or the whole step captured in one CUDA graph: nothing
+    assert combined_schedule_host_time(True, 0.0, 0.0, 10e-6) == 0.0
+    assert combined_schedule_host_time(True, 1.0, 1.0, 10e-6) == 0.0
+
+
 def test_host_exposed_is_a_smooth_maximum() -> None:
     from tune_cp.oracle.host import host_exposed
 

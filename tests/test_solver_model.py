@@ -24,7 +24,7 @@ def test_one_encoder_per_rule_family():
     assert set(FAMILY_AXES) == set(RULES)
     assert all(set(ax) <= set(AXES) for ax in FAMILY_AXES.values())
     assert set(LEGALITY) | set(SEARCH_ONLY) == set(RULES)
-    assert STRUCTURAL[-1] == "dispatcher" and "batch" not in STRUCTURAL
+    assert STRUCTURAL[-1] == "run_settings" and "batch" not in STRUCTURAL
 
 
 def _random_candidate(space, rng):
