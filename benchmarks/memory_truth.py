@@ -334,6 +334,7 @@ class SavedCounter:
     active: bool = True
     seen: dict[int, str] = field(default_factory=dict)
     bytes_by: dict[str, int] = field(default_factory=dict)
+    _refs: dict[int, object] = field(default_factory=dict)
 
     def pack(self, t):
         if isinstance(t, torch.Tensor) and self.active:
@@ -344,7 +345,15 @@ class SavedCounter:
                     print(f"   saved {self.region:<12} {tuple(t.shape)} {t.dtype} {st.nbytes():,}")
                 self.seen[k] = self.region
                 self.bytes_by[self.region] = self.bytes_by.get(self.region, 0) + st.nbytes()
+                # a storage freed during the forward (a saved tensor of a graph branch that
+                # dies, e.g. the router's) gives its key back to the allocator: forget it, so a
+                # later storage at the same address is counted (it stays counted itself)
+                self._refs[k] = weakref.ref(st, lambda _r, k=k: self._forget(k))
         return t
+
+    def _forget(self, k: int) -> None:
+        self.seen.pop(k, None)
+        self._refs.pop(k, None)
 
     @staticmethod
     def unpack(t):
@@ -521,7 +530,8 @@ def init_groups(world: int, rank: int, tp: int, pp: int, vpp: int, cp: int, ep: 
 
 
 def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_len: int,
-                       stage_pp: int, vpp: int, split: PipelineSplit, unfused_swiglu: bool):
+                       stage_pp: int, vpp: int, split: PipelineSplit, unfused_swiglu: bool,
+                       capacity_factor: float | None = None):
     from megatron.core.transformer.transformer_config import (
         MLATransformerConfig,
         TransformerConfig,
@@ -576,6 +586,15 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
     elif split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
         kw.update(account_for_embedding_in_pipeline_split=True,
                   account_for_loss_in_pipeline_split=True)
+    elif split is PipelineSplit.LAYOUT and stage_pp > 1:
+        kw["pipeline_model_parallel_layout"] = cfg.pipeline_layout
+    elif split not in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS) and stage_pp > 1:
+        # uneven and the light splits: the end stages' counts as Megatron-LM's
+        # --decoder-first/last-pipeline-num-layers (tune-cp derives the light ones)
+        first, last = M.uneven_stage_layers(num_layers, stage_pp, vpp, split,
+                                            cfg.first_stage_layers, cfg.last_stage_layers)
+        kw.update(num_layers_in_first_pipeline_stage=first,
+                  num_layers_in_last_pipeline_stage=last)
     if m.is_moe:
         kw.update(
             num_moe_experts=m.num_experts,
@@ -587,8 +606,9 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
             moe_router_load_balancing_type="none",
             moe_permute_fusion=False,
             # balanced routing with static shapes: every expert gets exactly t k / E tokens
-            # (FakeTensorMode cannot follow data-dependent token counts)
-            moe_expert_capacity_factor=1.0,
+            # (FakeTensorMode cannot follow data-dependent token counts); a token-drop case
+            # pads every expert to its capacity factor instead
+            moe_expert_capacity_factor=capacity_factor or 1.0,
             moe_pad_expert_input_to_capacity=True,
         )
         if m.num_dense_layers:
@@ -694,12 +714,18 @@ def build_gpt(m: ModelSpec, config, pre: bool, post: bool, torch_norm: bool, vp_
 
     spec = block_spec(m, config, torch_norm, vp_stage, pp_rank)
     mtp_spec = None
-    if m.num_mtp_layers and post:
+    # MTP where Megatron-Core builds it: the last stage, or under a layout the virtual stage
+    # with the ``m`` (get_gpt_mtp_block_spec returns None elsewhere)
+    if m.num_mtp_layers and (post or config.pipeline_model_parallel_layout is not None):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
 
         mtp_spec = get_gpt_mtp_block_spec(config, layer_spec(m, torch_norm),
                                           use_transformer_engine=False, vp_stage=vp_stage)
-        _swap(mtp_spec, torch_norm)
+        # the block spec is a submodules dataclass: swap inside each MTP layer's spec (its
+        # enorm, hnorm and final norm; torch's RMSNorm would make them fp32 parameters, where
+        # Transformer Engine's norms and Megatron-LM's Float16Module give bf16 ones)
+        for ls in getattr(mtp_spec, "layer_specs", None) or []:
+            _swap(ls, torch_norm)
     return GPTModel(
         config=config, transformer_layer_spec=spec,
         # Megatron-LM pads the vocabulary to a multiple of 128 x tp before building the model
@@ -780,7 +806,7 @@ def measure_model_state(c: Case, opts) -> dict:
     from megatron.core import parallel_state as ps
 
     config = transformer_config(m, cfg, m.num_layers, training.seq_len, cfg.pp, cfg.vpp,
-                                cfg.pipeline_split, opts.unfused_swiglu)
+                                cfg.pipeline_split, opts.unfused_swiglu, c.capacity_factor)
     with FakeTensorMode(allow_non_fake_inputs=True):
         chunks = []
         for j in range(cfg.vpp):
@@ -789,6 +815,12 @@ def measure_model_state(c: Case, opts) -> dict:
             post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
             chunks.append(build_gpt(m, config, pre, post, opts.torch_norm, vp_stage=vp))
         layers = sum(len(ch.decoder.layers) for ch in chunks)
+        # per local chunk: the global numbers of its decoder layers (Megatron's
+        # get_transformer_layer_offset + 1 ...), MTP layers, embedding, output layer
+        per_chunk = [dict(layers=[int(ly.layer_number) for ly in ch.decoder.layers],
+                          mtp=len(ch.mtp.layers) if getattr(ch, "mtp", None) is not None else 0,
+                          embedding=hasattr(ch, "embedding"),
+                          output=hasattr(ch, "output_layer")) for ch in chunks]
         wrapped, opt = wrap_ddp_optimizer(config, chunks, cfg.distributed_optimizer,
                                           cfg.grad_reduce_in_fp32)
         params = [p for ch in chunks for p in ch.parameters()]
@@ -806,7 +838,8 @@ def measure_model_state(c: Case, opts) -> dict:
             o.optimizer.step()
         master, state = optimizer_bytes(opt)
     return dict(decoder_layers=layers, weights=weights, gradients=grads,
-                optimizer=master + state, params=sum(p.numel() for p in params))
+                optimizer=master + state, params=sum(p.numel() for p in params),
+                per_chunk=per_chunk)
 
 
 def measure_activations(c: Case, opts) -> dict:
@@ -839,7 +872,7 @@ def measure_activations(c: Case, opts) -> dict:
         cfg1 = cfg1.model_copy(update={"recompute_method": RecomputeMethod.UNIFORM,
                                        "recompute_layers": 1})
     config = transformer_config(mm, cfg1, mm.num_layers, training.seq_len, 1, 1,
-                                PipelineSplit.EVEN, opts.unfused_swiglu)
+                                PipelineSplit.EVEN, opts.unfused_swiglu, c.capacity_factor)
     pre, post = bool(sc.has_embedding), bool(sc.has_output)
     s_loc = c.mbs * training.seq_len // cfg.cp
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -936,6 +969,68 @@ def measure_activations(c: Case, opts) -> dict:
         mtp=int(bool(getattr(model, "mtp", None)))))
 
 
+def measure_chunk(c: Case, opts) -> dict:
+    """The bytes saved for backward by one micro-batch through one model chunk of the stage
+    (``c.chunk``), built as Megatron builds it in the pipeline (the case's own split, layout
+    included), with the tensor it receives from the previous virtual stage: the hidden states,
+    or after a standalone MTP stage the main and MTP hidden states concatenated (Megatron-Core
+    ``GPTModel._postprocess`` returns ``cat`` there, and the loss chunk splits it again)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m, cluster, training, cfg = resolved_case(c)
+    world = cluster.world_size
+    init_groups(world, rank_of(cfg, world, c.stage), cfg.tp, cfg.pp, cfg.vpp, cfg.cp, cfg.ep,
+                cfg.etp_)
+    from megatron.core import parallel_state as ps
+
+    config = transformer_config(m, cfg, m.num_layers, training.seq_len, cfg.pp, cfg.vpp,
+                                cfg.pipeline_split, opts.unfused_swiglu, c.capacity_factor)
+    vp = c.chunk if cfg.vpp > 1 else None
+    first, last, layout = M.split_fields(cfg)
+    flat = sorted((ch for st in M.pipeline_chunks(m.num_layers, m.num_mtp_layers, cfg.pp, cfg.vpp,
+                                                  cfg.pipeline_split, first, last, layout)
+                   for ch in st), key=lambda ch: ch.virtual_stage)
+    v = c.chunk * cfg.pp + c.stage
+    after_mtp = v > 0 and flat[v - 1].mtp_layers > 0 and not flat[v - 1].has_output
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
+        post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
+        model = build_gpt(m, config, pre, post, opts.torch_norm, vp_stage=vp)
+        wrapped, _ = wrap_ddp_optimizer(config, [model], cfg.distributed_optimizer,
+                                        cfg.grad_reduce_in_fp32)
+        exclude = {_key(p) for p in model.parameters()}
+        for w in wrapped:
+            for b in w.buffers + w.expert_parallel_buffers:
+                exclude.add(_key(b.grad_data))
+                if b.param_data is not None:
+                    exclude.add(_key(b.param_data))
+        counter = SavedCounter(exclude)
+        tracker = LiveTracker()
+        hooks = [_region_hooks(ly, "layers", counter, tracker) for ly in model.decoder.layers]
+        if getattr(model, "mtp", None) is not None:
+            hooks.append(_region_hooks(model.mtp, "mtp", counter, tracker))
+        seq, b = training.seq_len // cfg.cp, c.mbs
+        tokens = torch.zeros(b, seq, dtype=torch.long)
+        pos = torch.arange(seq).unsqueeze(0).expand(b, -1)
+        labels = torch.zeros(b, seq, dtype=torch.long)
+        if not pre:
+            s_in = (seq // cfg.tp if cfg.sp else seq) * (1 + m.num_mtp_layers if after_mtp else 1)
+            hidden = torch.zeros(s_in, b, m.hidden_size, dtype=BF16, requires_grad=True)
+            model.set_input_tensor(hidden)
+        # under the tracker as in measure_activations (a dispatch mode: the torch.compile'd
+        # router helpers run eagerly on the fake tensors)
+        with tracker, torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            out = model(tokens, pos, None, labels=labels if post else None)
+            loss = out.float().sum()
+            counter.active = False
+            loss.backward()
+        for h in hooks:
+            for x in h:
+                x.remove()
+        del loss, out
+    return dict(saved=counter.bytes_by, received_concat=after_mtp, pre=pre, post=post)
+
+
 def _region_hooks(mod, name, counter: SavedCounter, tracker: LiveTracker):
     state = {}
 
@@ -967,7 +1062,8 @@ def run_case(c: Case, opts) -> dict:
                {k: getattr(c, k) for k in c.__dataclass_fields__})
     try:
         ms = measure_model_state(c, opts)
-        act = measure_activations(c, opts)
+        act = None if c.state_only else measure_activations(c, opts)
+        chunk = None if c.chunk is None else measure_chunk(c, opts)
     except ImportError:
         raise
     except Exception as e:  # a configuration class that cannot be built: record why
@@ -975,9 +1071,16 @@ def run_case(c: Case, opts) -> dict:
             raise
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return row
-    saved = act["saved"]
     meas = dict(weights=ms["weights"], gradients=ms["gradients"], optimizer=ms["optimizer"],
                 decoder_layers=ms["decoder_layers"])
+    if chunk is not None:  # one model chunk's saved bytes, all regions
+        meas["chunk_saved"] = sum(chunk["saved"].values())
+        row["chunk_saved_by"] = chunk["saved"]
+    if act is None:  # model state only
+        row.update(measured=meas, tune_cp=tunecp_figures(c), layers_per_chunk=ms["per_chunk"],
+                   seconds=round(time.time() - t0, 1))
+        return row
+    saved = act["saved"]
     for k in ("layer_dense", "layer_moe", "embedding", "mtp"):
         if k in saved:
             meas[k] = saved[k]
@@ -991,7 +1094,8 @@ def run_case(c: Case, opts) -> dict:
     row.update(measured=meas, tune_cp=pred, peak_at=act["peak_at"],
                peak_by_phase=act["peak_by_phase"],
                forward_peak=act["forward_peak"], forward_peak_at=act["forward_peak_at"],
-               built_kinds=act["kinds"], seconds=round(time.time() - t0, 1))
+               built_kinds=act["kinds"], layers_per_chunk=ms["per_chunk"],
+               seconds=round(time.time() - t0, 1))
     return row
 
 
@@ -1009,7 +1113,12 @@ def print_row(row: dict, flush: bool = False) -> None:
         d = "" if not p else f"{(p - v) / v * 100 if v else 0:+.2f}%"
         print(f"   {k:<16}{v:>16,}{p if p is not None else '-':>16,}{d:>9}" if p is not None
               else f"   {k:<16}{v:>16,}{'-':>16}")
-    print(f"   peak at: {row['peak_at']}   ({row['seconds']} s)", flush=flush)
+    for j, ch in enumerate(row.get("layers_per_chunk", [])):
+        ly = ch["layers"]
+        span = f"layers {ly[0]}-{ly[-1]}" if ly else "no layers"
+        print(f"   chunk {j}: {span}{' +emb' if ch['embedding'] else ''}"
+              f"{' +mtp' * ch['mtp']}{' +output' if ch['output'] else ''}")
+    print(f"   peak at: {row.get('peak_at', '-')}   ({row['seconds']} s)", flush=flush)
 
 
 def main(argv=None) -> int:
@@ -1027,6 +1136,12 @@ def main(argv=None) -> int:
     ap.add_argument("--recompute", default="none")
     ap.add_argument("--recompute-method", default="block")
     ap.add_argument("--split", default="even")
+    ap.add_argument("--first-stage-layers", type=int, default=None)
+    ap.add_argument("--last-stage-layers", type=int, default=None)
+    ap.add_argument("--layout", default=None, help="pipeline_model_parallel_layout")
+    ap.add_argument("--capacity-factor", type=float, default=None, help="token-drop MoE")
+    ap.add_argument("--state-only", action="store_true", help="model state only")
+    ap.add_argument("--chunk", type=int, default=None, help="also one local chunk's saved bytes")
     ap.add_argument("--torch-norm", action="store_true", help="torch's composite RMSNorm")
     ap.add_argument("--unfused-swiglu", action="store_true", help="Megatron's unfused SwiGLU")
     ap.add_argument("--check-kernels", action="store_true")
@@ -1073,7 +1188,9 @@ def main(argv=None) -> int:
                 if getattr(opts, k) is not None},
              etp=opts.etp, seq_len=opts.seq_len, recompute=opts.recompute,
              recompute_method=opts.recompute_method, recompute_layers=opts.recompute_layers,
-             split=opts.split)
+             split=opts.split, first_stage_layers=opts.first_stage_layers,
+             last_stage_layers=opts.last_stage_layers, layout=opts.layout,
+             capacity_factor=opts.capacity_factor, state_only=opts.state_only, chunk=opts.chunk)
     row = run_case(c, opts)
     print_row(row)
     return 0 if "error" not in row else 1

@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:
 
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.inventory import kind_index
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ParallelConfig,
@@ -57,6 +58,19 @@ class Case:
     split: str = "even"
     modules: tuple[str, ...] = ()
     distributed_optimizer: bool = True
+    #: the uneven split's end stages (Megatron-Core ``num_layers_in_first/last_pipeline_stage``)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    #: a hand-written split (Megatron-Core ``pipeline_model_parallel_layout``)
+    layout: str | None = None
+    #: token-drop MoE padded to this capacity factor (``RunOptions.moe_capacity_factor``;
+    #: None: the harness's balanced routing, capacity factor 1 with padding)
+    capacity_factor: float | None = None
+    #: measure the model state only (the stage's layers, weights, gradients, optimizer)
+    state_only: bool = False
+    #: also measure what one micro-batch saves in this local model chunk, built in the
+    #: pipeline as Megatron builds it (``chunk_saved``)
+    chunk: int | None = None
 
 
 def case_from_json(d: dict) -> Case:
@@ -78,9 +92,19 @@ def resolved_case(c: Case):
         recompute_layers=c.recompute_layers,
         pipeline_split=PipelineSplit(c.split),
         distributed_optimizer=c.distributed_optimizer,
+        first_stage_layers=c.first_stage_layers, last_stage_layers=c.last_stage_layers,
+        pipeline_layout=c.layout,
         **({"recompute_modules": c.modules} if c.modules else {}),
     )
     return m, cluster, training, resolve_config(cfg, m, cluster, training)
+
+
+def case_overheads(c: Case) -> M.MemoryOverheads:
+    """The memory overheads the case runs with: the defaults, and the token-drop capacity
+    factor as a run setting (``RunOptions.moe_capacity_factor``)."""
+    if c.capacity_factor is None:
+        return M.MemoryOverheads()
+    return M.MemoryOverheads(run=M.RunOptions(moe_capacity_factor=c.capacity_factor))
 
 
 def small_build(c: Case) -> dict:
@@ -100,11 +124,16 @@ def tunecp_figures(c: Case) -> dict[str, int]:
     over one micro-batch (``combine`` on that build's counts, model state and the runtime terms
     the harness cannot see left out)."""
     m, cluster, training, cfg = resolved_case(c)
-    st = M.memory_report(m, cluster, training, cfg).stages[c.stage]
-    au = M.activation_units(m, training, cfg)
+    ov = case_overheads(c)
+    st = M.memory_report(m, cluster, training, cfg, ov).stages[c.stage]
+    au = M.activation_units(m, training, cfg, ov)
     b = small_build(c)
     out = dict(decoder_layers=st.decoder_layers, weights=st.terms["weights"],
                gradients=st.terms["gradients"], optimizer=st.terms["optimizer"])
+    if c.chunk is not None:
+        out["chunk_saved"] = chunk_saved(c)
+    if c.state_only:
+        return out
     full = cfg.recompute is Recompute.FULL  # a checkpointed layer keeps only its input
     # a checkpointed layer keeps its input and a reference to the stage's cached RoPE table,
     # which the small build's one checkpoint is the only holder of (MLA computes its rotary
@@ -118,14 +147,53 @@ def tunecp_figures(c: Case) -> dict[str, int]:
         out["embedding"] = au.embedding
     if b["post"]:
         out["output"] = au.output
+    if b["mtp"]:  # the output side and the MTP module together (the harness books MTP's
+        # final norm, logits and loss under output, tune-cp under mtp_extra)
+        out["output_mtp"] = (au.output + au.mtp_heads + m.num_mtp_layers
+                             * (au.mtp_extra + (au.moe_layer if m.is_moe else au.dense_layer)))
     out["micro_peak"] = micro_peak(c)
     return out
+
+
+def chunk_saved(c: Case) -> int:
+    """tune-cp's saved bytes of one micro-batch in model chunk ``c.chunk`` of the stage: the
+    terms of ``combine``'s ``activations`` and ``logits_loss`` for one in-flight micro-batch
+    of that chunk alone (its layers of each kind, the embedding, the MTP layers with their
+    extras, the output side with the MTP heads it computes)."""
+    m, _cluster, training, cfg = resolved_case(c)
+    au = M.activation_units(m, training, cfg, case_overheads(c))
+    first, last, layout = M.split_fields(cfg)
+    ch = M.pipeline_chunks(m.num_layers, m.num_mtp_layers, cfg.pp, cfg.vpp, cfg.pipeline_split,
+                           first, last, layout)[c.stage][c.chunk]
+    kinds = kind_index(m)
+    per_kind = (au.dense_layer, au.moe_layer, au.attention_layer, au.mamba_layer)
+    mtp_layer = au.moe_layer if m.is_moe else au.dense_layer
+    return (sum(per_kind[kinds[i]] for i in ch.layers) + ch.has_embedding * au.embedding
+            + ch.mtp_layers * (mtp_layer + au.mtp_extra)
+            + ch.has_output * (au.output + au.mtp_heads))
+
+
+def tunecp_chunks(c: Case) -> list[dict]:
+    """The model chunks of the case's stage as ``oracle.memory.pipeline_chunks`` splits them, in
+    the harness's shape for Megatron-Core's build (``layers_per_chunk``): the 1-based global
+    numbers of each chunk's decoder layers (Megatron's ``layer_number``: offset from
+    ``get_transformer_layer_offset`` plus the ``get_num_layers_to_build`` layers), its MTP
+    layers, whether it builds a word embedding (the embedding chunk, or an MTP chunk's own
+    copy: ``GPTModel`` builds one where ``pre_process or mtp_process``) and the output layer."""
+    m, _cluster, _training, cfg = resolved_case(c)
+    first, last, layout = M.split_fields(cfg)
+    chunks = M.pipeline_chunks(m.num_layers, m.num_mtp_layers, cfg.pp, cfg.vpp,
+                               cfg.pipeline_split, first, last, layout)[c.stage]
+    return [dict(layers=[i + 1 for i in ch.layers], mtp=ch.mtp_layers,
+                 embedding=ch.has_embedding or ch.mtp_layers > 0, output=ch.has_output)
+            for ch in chunks]
 
 
 def micro_peak(c: Case) -> int:
     m, cluster, training, cfg = resolved_case(c)
     cfg1 = cfg.model_copy(update={"pp": 1, "vpp": 1})
-    au = M.activation_units(m, training, cfg1)
+    run = case_overheads(c).run
+    au = M.activation_units(m, training, cfg1, case_overheads(c))
     pu = M.param_units(m, cfg.tp, 1, cfg.ep, cfg.etp_)
     sh = M.sharding(m, cluster, cfg)
     b = small_build(c)
@@ -140,7 +208,7 @@ def micro_peak(c: Case) -> int:
         has_dense=int(nd > 0), has_moe=int(nm > 0), has_layers=1,
         recompute_groups=((1, 0), (0, 1)) if rec and nd and nm else ((nd, nm),) if rec else ())
     ov = M.MemoryOverheads(fragmentation=0.0, runtime_context_bytes=0,
-                           collective_bytes_per_group=0, dispatcher_buffer_bytes=0)
+                           collective_bytes_per_group=0, dispatcher_buffer_bytes=0, run=run)
     t = M.combine(sc, pu, au, sh, ov)
     # the small build runs as one pipeline stage without a context-parallel ring
     return (sum(t[k] for k in M.TRANSIENT_TERMS) - t["pipeline_buffers"] - t["cp_buffers"]
@@ -149,7 +217,16 @@ def micro_peak(c: Case) -> int:
 
 JSON_PATH = ROOT / "benchmarks" / "memory_truth.json"
 ORDER = ("weights", "gradients", "optimizer", "layer_dense", "layer_moe", "embedding", "output",
-         "micro_peak")
+         "output_mtp", "chunk_saved", "micro_peak")
+
+
+def measured_terms(row: dict) -> dict[str, int]:
+    """A row's measured figures, with the output side and the MTP module together
+    (``output_mtp``: the harness books MTP's final norm, logits and loss under ``output``)."""
+    meas = dict(row["measured"])
+    if "mtp" in meas and "output" in meas:
+        meas["output_mtp"] = meas["output"] + meas["mtp"]
+    return meas
 
 
 def rescore(doc: dict) -> dict:
@@ -170,8 +247,9 @@ def table(doc: dict) -> list[str]:
             lines.append(f"| {c['name']} | not built: {row.get('error', '?')} |" + " |" * len(ORDER))
             continue
         cells = [c["name"]]
+        meas = measured_terms(row)
         for k in ORDER:
-            v, p = row["measured"].get(k), row["tune_cp"].get(k)
+            v, p = meas.get(k), row["tune_cp"].get(k)
             cells.append("" if v is None or p is None else f"{(p - v) / v * 100:+.2f}%")
         cells.append(row.get("peak_at", ""))
         lines.append("| " + " | ".join(cells) + " |")

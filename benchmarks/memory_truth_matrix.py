@@ -13,6 +13,12 @@ from benchmarks.memory_truth_cases import Case
 
 L8, L70, MX7, MX22, QW, DS = ("llama3-8b", "llama3-70b", "mixtral-8x7b", "mixtral-8x22b",
                               "qwen3-30b-a3b", "deepseek-v3")
+L405 = "llama3.1-405b"
+#: Llama 3 8B over 8 virtual stages: the embedding alone, 32 layers, the loss alone
+L8_LAYOUT = "E|t*6|t*5|t*5|t*5|t*5|t*6|L"
+#: DeepSeek-V3 at pp 16 vpp 2 as Megatron-Core's MoE README partitions it (61 layers + 1 MTP)
+DS_LAYOUT = "Et*3|(tt|)*29,m|L"
+
 MATRIX: list[Case] = [
     Case("l8b-tp1", L8),
     Case("l8b-tp2-sp", L8, tp=2),
@@ -66,6 +72,45 @@ MATRIX: list[Case] = [
          split="embedding_loss"),
     Case("dsv3-pp16-full-k1-middle", DS, nodes=32, pp=16, ep=8, stage=7,
          split="embedding_loss", recompute="full", recompute_layers=1),
+    # uneven end stages (Megatron-Core num_layers_in_first/last_pipeline_stage), with and
+    # without virtual stages; the light split of Meta's Llama 3.1 405B (7 + 14 x 8 + 7 layers)
+    # on Meta's layout (TP8 PP16 DP64, seq 8192)
+    Case("l8b-pp4-uneven-first", L8, pp=4, stage=0, split="uneven", first_stage_layers=6,
+         last_stage_layers=10),
+    Case("l8b-pp4-uneven-middle", L8, pp=4, stage=1, split="uneven", first_stage_layers=6,
+         last_stage_layers=10),
+    Case("l8b-pp4-uneven-last", L8, pp=4, stage=3, split="uneven", first_stage_layers=6,
+         last_stage_layers=10),
+    Case("l8b-pp4-vpp2-uneven-first", L8, pp=4, vpp=2, stage=0, split="uneven",
+         first_stage_layers=6, last_stage_layers=6),
+    Case("l8b-pp4-vpp2-uneven-last", L8, pp=4, vpp=2, stage=3, split="uneven",
+         first_stage_layers=6, last_stage_layers=6),
+    Case("l405b-pp16-light-ends-first", L405, nodes=1024, tp=8, pp=16, stage=0,
+         split="light_ends", seq_len=8192),
+    Case("l405b-pp16-light-ends-second", L405, nodes=1024, tp=8, pp=16, stage=1,
+         split="light_ends", seq_len=8192),
+    Case("l405b-pp16-light-ends-last", L405, nodes=1024, tp=8, pp=16, stage=15,
+         split="light_ends", seq_len=8192),
+    # hand-written layouts (pipeline_model_parallel_layout): an embedding-only and a loss-only
+    # virtual stage (Llama-like); DeepSeek-V3's own (MTP standalone on rank 14, the final norm
+    # with the last decoder layer on rank 13, the loss alone on rank 15's second chunk)
+    Case("l8b-pp4-vpp2-layout-first", L8, pp=4, vpp=2, stage=0, split="layout",
+         layout=L8_LAYOUT, chunk=0),
+    Case("l8b-pp4-vpp2-layout-last", L8, pp=4, vpp=2, stage=3, split="layout",
+         layout=L8_LAYOUT, chunk=1),
+    # (stages 14 and 15: the second chunk measured in the pipeline, the MTP alone and the
+    # loss with the MTP head)
+    *[Case(f"dsv3-layout-pp16-vpp2-stage{s}", DS, nodes=32, pp=16, vpp=2, ep=8, stage=s,
+           split="layout", layout=DS_LAYOUT, state_only=True, chunk=1 if s >= 14 else None)
+      for s in (0, 13, 14, 15)],
+    # token-drop MoE padded to a capacity factor (moe_expert_capacity_factor with
+    # moe_pad_expert_input_to_capacity)
+    Case("mx7-tp1-ep8-drop1.25", MX7, ep=8, capacity_factor=1.25),
+    Case("mx7-tp2-ep4-etp1-drop2", MX7, tp=2, ep=4, etp=1, capacity_factor=2.0),
+    Case("qwen-pp2-ep8-last-drop1.5", QW, nodes=2, pp=2, ep=8, stage=1, capacity_factor=1.5),
+    # a middle stage (no loss): the peak is the MoE backward, dropless-balanced and at C 1.5
+    Case("mx7-pp4-ep8-middle", MX7, nodes=4, pp=4, ep=8, stage=1),
+    Case("mx7-pp4-ep8-middle-drop1.5", MX7, nodes=4, pp=4, ep=8, stage=1, capacity_factor=1.5),
 ]
 
 

@@ -5,9 +5,9 @@
 For each case (model defaults for sequence length and global batch from the catalog, the
 default search space, every family on): the raw space size, the feasible-set size, the CP-SAT
 models solved (of the slices of the space), CP-SAT's time on one core (model build + enumeration +
-decoding + removal counts, one worker, one process) and, with ``--workers N`` (N > 1), the
-wall time with the slices spread over N processes; and the plain Python loop
-(``solver/reference.py``) on the same space. A space larger than ``--python-cap`` raw
+decoding + removal counts, one worker, one process; wall time, and the process's CPU time)
+and, with ``--workers N`` (N > 1), the wall time with the slices spread over N processes; and
+the plain Python loop (``solver/reference.py``) on the same space. A space larger than ``--python-cap`` raw
 candidates is not looped over: the loop runs on a uniform random sample of that many
 candidates and its time and feasible count are scaled to the whole space (marked ``~``).
 """
@@ -52,13 +52,17 @@ def problem_for(model_name: str, gpu_name: str, nodes: int) -> Problem:
 
 
 def cold() -> None:
-    """Forget the memoised oracle tables (the solver's and the oracle's stage counts) so that each
-    timed enumeration starts as the first one of a process would."""
+    """Forget the memoised oracle tables (the solver's and the oracle's stage counts) and the
+    memoised table analysis (``solver/symbolic.py``) so that each timed enumeration starts as
+    the first one of a process would."""
     from tune_cp.oracle.memory import stage_counts_by_kind
+    from tune_cp.solver import symbolic
     from tune_cp.solver.model import _CACHES
 
     _CACHES.clear()
     stage_counts_by_kind.cache_clear()
+    symbolic._PLANS.clear()
+    symbolic._SHAPES.clear()
 
 
 def main() -> None:
@@ -71,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     par = args.workers > 1
     head = (f"{'model':14} {'gpu':7} {'nodes':>5} {'GPUs':>5} {'raw space':>11} {'feasible':>9} "
-            f"{'slices':>6} {'1 core s':>9} {'(build':>7} {'solve':>6} {'decode':>6} "
+            f"{'slices':>6} {'1 core s':>9} {'CPU s':>6} {'(build':>7} {'solve':>6} {'decode':>6} "
             f"{'counts)':>7}" + (f" {f'{args.workers} procs s':>12}" if par else "") +
             f" {'python s':>10} {'python feasible':>15} {'python ran on':>14}")
     print(head)
@@ -79,9 +83,9 @@ def main() -> None:
     for name, gpu, nodes in CASES[:2] if args.quick else CASES:
         p = problem_for(name, gpu, nodes)
         cold()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         e = enumerate_problem(p)
-        cp_s = time.perf_counter() - t0
+        cp_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
         multi = ""
         if par:
             cold()
@@ -102,10 +106,12 @@ def main() -> None:
             assert [f.candidate for f in r.configs] == [f.candidate for f in e.configs]
         t = e.timings
         print(f"{name:14} {gpu:7} {nodes:>5} {p.cluster.world_size:>5} {size:>11,} {len(e):>9,} "
-              f"{f'{e.slices - e.skipped}/{e.slices}':>6} {cp_s:>9.2f} {t['build']:>7.2f} {t['solve']:>6.2f} "
+              f"{f'{e.slices - e.skipped}/{e.slices}':>6} {cp_s:>9.2f} {cpu_s:>6.2f} {t['build']:>7.2f} {t['solve']:>6.2f} "
               f"{t['decode']:>6.2f} {t['attribution']:>7.2f}{multi} "
               f"{py:>10} {found:>15} {visited:>14}", flush=True)
-    print("cp-sat: each run starts without memoised tables; one worker, every family on (recompute_dominance: none when it fits, else the "
+    print("cp-sat: each run starts without memoised tables; 1 core s: wall time of one worker "
+          "(build, solve, decode, counts: its parts), CPU s: the process's CPU time for it "
+          "(what it costs on a shared machine); one worker, every family on (recompute_dominance: none when it fits, else the "
           "smallest fitting K), the space sliced by pp (and tp when ep varies), one CP-SAT model "
           "per slice (slices: models solved / slices; the removal counts' walk skips slices "
           "where nothing passes the legality rules);"

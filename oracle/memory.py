@@ -560,6 +560,9 @@ class StageCounts:
     inflight_mamba: int = 0
     has_attention: int = 0
     has_mamba: int = 0
+    #: model chunks on the stage that build the MTP's own copy of the word embeddings: a chunk
+    #: with MTP layers that is not the embedding chunk (:func:`mtp_embedding_params`)
+    mtp_embeddings: int = 0
     #: layers of each kind (KINDS order) fully recomputed on the stage per micro-batch (the time
     #: model's recompute term; not tabulated by the solver)
     recomputed: tuple[int, ...] = ()
@@ -576,7 +579,7 @@ VECTOR_FIELDS: tuple[str, ...] = (
     "inflight_dense", "inflight_moe", "inflight_ckpt", "inflight_embedding", "inflight_output",
     "inflight_mtp", "inflight_microbatches", "has_dense", "has_moe", "has_layers",
     "attention_layers", "mamba_layers", "inflight_attention", "inflight_mamba",
-    "has_attention", "has_mamba",
+    "has_attention", "has_mamba", "mtp_embeddings",
 )
 #: per-kind fields of :class:`StageCounts`: (layers, in-flight layer activations, present)
 KIND_FIELDS: dict[LayerKind, tuple[str, str, str]] = {
@@ -655,6 +658,7 @@ def stage_counts_by_kind(
                 inflight_mtp=mtp_in,
                 inflight_microbatches=max(inflight) if inflight else 0,
                 has_layers=int(sum(per_kind) + mtp > 0),
+                mtp_embeddings=sum(1 for ch in chunks if ch.mtp_layers and not ch.has_embedding),
                 recompute_groups=_pareto_groups(groups),
                 recomputed=tuple(redo),
                 **fields,
@@ -728,7 +732,7 @@ class ParamUnits:
     output: int
     mtp_extra: int
     largest_layer: int  # for FSDP's gathered-layer buffers
-    mtp_embedding: int  # the last stage's copy of the word embeddings for MTP (pp > 1)
+    mtp_embedding: int  # the MTP chunk's copy of the word embeddings (pp > 1; StageCounts.mtp_embeddings)
     #: the attention block inside a ``dense``/``moe`` layer: ``attention`` for a transformer,
     #: 0 in a hybrid model (its attention is a layer of its own, counted by
     #: ``StageCounts.attention_layers``)
@@ -766,12 +770,16 @@ def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamU
 
 
 def mtp_embedding_params(model: ModelSpec, tp: int, pp: int) -> int:
-    """Multi-token prediction embeds the shifted tokens on the last pipeline stage, so with
-    ``pp > 1`` that stage holds its own copy of the word embeddings (Megatron-Core ``GPTModel``
-    builds ``LanguageModelEmbedding`` where ``mtp_process``; its gradient is all-reduced with
-    the first stage's). Measured: DeepSeek-V3 pp 16, last stage, 926,679,040 parameters
-    (``benchmarks/memory_truth.py``). Memory only: :func:`stage_params`, which the time model
-    shares, leaves it out."""
+    """Multi-token prediction embeds the shifted tokens in the model chunk that holds the MTP
+    layers, so with ``pp > 1`` that chunk has its own copy of the word embeddings
+    (Megatron-Core ``GPTModel`` builds ``LanguageModelEmbedding`` where ``pre_process or
+    mtp_process``; its gradient is all-reduced with the first stage's). The MTP chunk is the
+    last virtual stage, or under a layout the one with the ``m`` (``mtp_on_this_rank``;
+    DeepSeek-V3's ``Et*3|(tt|)*29,m|L`` puts it on rank 14, not on the loss stage):
+    ``StageCounts.mtp_embeddings`` counts the copies per stage. Measured: DeepSeek-V3 pp 16,
+    926,679,040 parameters on the last stage (``embedding_loss``) and on stage 14 of the
+    layout above (``benchmarks/memory_truth.py``). Memory only: :func:`stage_params`, which the
+    time model shares, leaves it out."""
     if not model.num_mtp_layers or pp == 1:
         return 0
     return P.embedding_params(model, tp)
@@ -800,15 +808,19 @@ def dense_backward_bytes(model: ModelSpec, x: ActShape) -> int:
     return BF16_BYTES * x.t * up + _backward_common(model, x)
 
 
-def moe_backward_bytes(model: ModelSpec, x: ActShape) -> int:
+def moe_backward_bytes(model: ModelSpec, x: ActShape, capacity_ppm: int = 0) -> int:
     """Backward working set of an MoE layer: the gradient of the experts' fc1 output (``rows x
     2 f_e / etp`` with ``rows = t_sp k etp`` dispatched tokens), the gradient of the permuted
     tokens on their way back (``t_sp x h`` per top-k copy is folded into one more ``t_sp x h``
     as measured) and :func:`_backward_common`. Measured on Megatron-Core 0.16.1 (Mixtral 8x7B,
-    4k tokens, ep 8: 539 MB measured vs 537 MB here), about half one layer's stored activations."""
+    4k tokens, ep 8: 539 MB measured vs 537 MB here), about half one layer's stored activations.
+    Under token-drop the experts' rows are the capacity (``capacity_ppm``,
+    :func:`capacity_scale_ppm`), and so is their fc1 gradient: measured at capacity factor 1.5
+    on a Mixtral 8x7B middle stage (``mx7-pp4-ep8-middle-drop1.5``), 740.3 MB above the stored
+    activations vs 505.4 MB dropless, the fc1 gradient 1.5 x 469.8 MB."""
     fe = P.cdiv(model.expert_ffn_hidden_size, x.etp)
     up = (2 if model.gated_mlp else 1) * fe
-    rows = x.t_sp * model.moe_top_k * x.etp
+    rows = x.t_sp * model.moe_top_k * x.etp * (PPM + capacity_ppm) // PPM
     return BF16_BYTES * rows * up + BF16_BYTES * x.t_sp * model.hidden_size + _backward_common(model, x)
 
 
@@ -932,6 +944,9 @@ class ActivationUnits:
     mamba_layer: int = 0
     attention_backward: int = 0
     mamba_backward: int = 0
+    #: the MTP heads the loss chunk computes per micro-batch (all MTP layers: output-layer
+    #: input and fp32 logits each); ``mtp_extra`` is the rest of an MTP layer, in its own chunk
+    mtp_heads: int = 0
     # run settings (0 without them): CUDA-graph static buffers per layer of each kind and
     # in-flight micro-batch, the all-to-all overlap's second dispatch buffers
     graph_dense: int = 0
@@ -998,11 +1013,15 @@ def activation_units(
     output_input = BF16_BYTES * x.t_sp * h
     logits_fp32 = FP32_BYTES * x.t * vocab_loc
     output = final_norm + output_input + logits_fp32 + labels
-    mtp = 0
+    mtp = mtp_heads = 0
     if model.num_mtp_layers:
-        # enorm and hnorm inputs, the [2h] eh_proj input, its own final norm and fp32 logits
-        mtp = 4 * BF16_BYTES * x.t_sp * h + final_norm + output_input + logits_fp32
+        # the MTP layer (its chunk): enorm and hnorm inputs, the [2h] eh_proj input, its own
+        # final norm
+        mtp = 4 * BF16_BYTES * x.t_sp * h + final_norm
         mtp += sum(block[b] for b in mtp_extra_blocks(model))
+        # its head (the loss chunk: GPTModel._postprocess runs the shared output layer on
+        # each MTP hidden state there, after the chunk's own): output-layer input, fp32 logits
+        mtp_heads = model.num_mtp_layers * (output_input + logits_fp32)
     kv_w = (
         P.cdiv(model.num_attention_heads, cfg.tp)
         * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim)
@@ -1019,7 +1038,7 @@ def activation_units(
         embedding_backward=emb_bwd,
         moe_layer=moe,
         dense_backward=dense_backward_bytes(model, x) if model.ffn_hidden_size else 0,
-        moe_backward=moe_backward_bytes(model, x) if model.is_moe else 0,
+        moe_backward=moe_backward_bytes(model, x, drop_ppm) if model.is_moe else 0,
         sp_buffer=sp_gather_buffer_bytes(model, x),
         moe_imbalance=moe_extra,
         ckpt_input=BF16_BYTES * x.t_sp * h,
@@ -1027,6 +1046,7 @@ def activation_units(
         output=output,
         logits_transient=BF16_BYTES * x.t * vocab_loc,
         mtp_extra=mtp,
+        mtp_heads=mtp_heads,
         cp_buffers=cp_buffers,
         pipeline_buffers=2 * BF16_BYTES * x.t_sp * h if cfg.pp > 1 else 0,
         rope_table=rope_table_bytes(model, training, cfg.cp),
@@ -1216,12 +1236,12 @@ def combine(
     evaluates this very function on CP-SAT expressions."""
     is_moe = pu.moe_nonexpert > 0  # an MoE layer always has a router
     dense_params, expert_params = stage_params(c, pu, is_moe)
-    dense_params = dense_params + c.has_output * pu.mtp_embedding
+    dense_params = dense_params + c.mtp_embeddings * pu.mtp_embedding
     all_params = dense_params + expert_params
     t: dict[str, int] = dict.fromkeys(TERMS, 0)
     gb = grad_bytes(sh.grad_reduce_in_fp32)
     linear_params = (all_params - c.has_embedding * pu.embedding
-                     - c.has_output * (pu.output + pu.mtp_embedding))
+                     - c.has_output * pu.output - c.mtp_embeddings * pu.mtp_embedding)
     if sh.fsdp:
         sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
             expert_params, sh.expert_group, sh.expert_pad
@@ -1253,6 +1273,9 @@ def combine(
         + c.inflight_ckpt * au.ckpt_input
         + c.inflight_embedding * au.embedding
         + c.inflight_mtp * (mtp_layer + au.mtp_extra)
+        # the MTP heads run on the loss chunk (a standalone MTP chunk of a layout sends its
+        # hidden states there; otherwise MTP and loss share the last chunk)
+        + c.inflight_output * au.mtp_heads
         + c.has_layers * au.rope_table
     )
     t["routing_imbalance"] = (c.inflight_moe + (c.inflight_mtp if is_moe else 0)) * au.moe_imbalance

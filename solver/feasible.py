@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from tune_cp.oracle.specs import ClusterSpec, ConfigError, ModelSpec, ParallelConfig, TrainingSpec
+from tune_cp.oracle.specs import (
+    ClusterSpec,
+    ConfigError,
+    ModelSpec,
+    ParallelConfig,
+    Recompute,
+    TrainingSpec,
+)
 from tune_cp.solver.attribution import PROBE_AXES, attribute, attribution_walk
 from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import (
@@ -244,30 +251,98 @@ def solve_slice(problem: Problem, families: Sequence[str],
     a :class:`LegalityModel` of the sub-space (every family, the same memory tables restricted
     to the slice, constants folded), every literal true. ``time_limit_s``: CP-SAT's wall-clock
     limit; raises :class:`EnumerationTooLong` when the enumeration does not finish within it."""
-    t0 = time.perf_counter()
     sub = problem.replace(space=problem.space.fix(**fixed)) if fixed else problem
-    lm = LegalityModel(sub, families, enforced=True)
-    for lit in lm.lit.values():
-        lm.cp.Add(lit == 1)
-    lm.add_search_strategy()
-    t1 = time.perf_counter()
-    solver = cp_model.CpSolver()
-    enumeration_parameters(solver)
-    if time_limit_s is not None:
-        if time_limit_s <= 0:
-            raise _too_long(problem, 0)
-        solver.parameters.max_time_in_seconds = time_limit_s
-    col = _Collector(lm)
-    status = solver.Solve(lm.cp, col)
-    if status == cp_model.MODEL_INVALID:  # numbers beyond 64 bits: an input error, one line
-        m = lm.p.model
-        raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, vocab "
-                          f"{m.vocab_size}) is too large for the solver's 64-bit arithmetic "
-                          f"({' '.join(lm.cp.Validate().split())[:200]})")
-    if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
-        # FEASIBLE / UNKNOWN while enumerating: stopped by the time limit before the end
-        raise _too_long(problem, len(col.rows))
-    return SliceResult(dict(fixed), col.rows, t1 - t0, time.perf_counter() - t1)
+    rows: list[tuple[tuple[int, ...], int]] = []
+    build_s = solve_s = 0.0
+    start = time.perf_counter()
+    none_fits: list[tuple[int, ...]] | None = None
+    for part, none_option in recompute_parts(sub.space, families):
+        t0 = time.perf_counter()
+        lm = LegalityModel(sub.replace(space=part) if part is not sub.space else sub, families,
+                           enforced=True, none_option=none_option,
+                           none_fits=none_fits if none_option else None)
+        for lit in lm.lit.values():
+            lm.cp.Add(lit == 1)
+        lm.add_search_strategy()
+        t1 = time.perf_counter()
+        solver = cp_model.CpSolver()
+        enumeration_parameters(solver)
+        if time_limit_s is not None:
+            left = time_limit_s - (t1 - start)
+            if left <= 0:
+                raise _too_long(problem, len(rows))
+            solver.parameters.max_time_in_seconds = left
+        col = _Collector(lm)
+        status = solver.Solve(lm.cp, col)
+        if status == cp_model.MODEL_INVALID:  # numbers beyond 64 bits: an input error, one line
+            m = lm.p.model
+            raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, vocab "
+                              f"{m.vocab_size}) is too large for the solver's 64-bit arithmetic "
+                              f"({' '.join(lm.cp.Validate().split())[:200]})")
+        if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
+            # FEASIBLE / UNKNOWN while enumerating: stopped by the time limit before the end
+            raise _too_long(problem, len(rows) + len(col.rows))
+        if part is sub.space:
+            rows += col.rows
+        else:  # the part's recompute indices -> the space's
+            if none_option is None and none_from_solutions(families):
+                none_fits = [raw[:_RC] for raw, _ in col.rows]
+            index = [sub.space.recompute.index(o) for o in part.recompute]
+            rows += [((*raw[:_RC], index[raw[_RC]]), peak) for raw, peak in col.rows]
+        build_s += t1 - t0
+        solve_s += time.perf_counter() - t1
+    return SliceResult(dict(fixed), rows, build_s, solve_s)
+
+
+#: Position of the recompute option in a solution's raw values (``AXES`` order: the last).
+_RC = AXES.index("recompute")
+assert _RC == len(AXES) - 1
+
+
+#: The families besides memory that read the recompute option: each accepts no recomputation
+#: wherever it accepts another option (zero-bubble needs no recomputation; K and module checks
+#: concern the other options; the run settings refuse full recomputation or the moe module),
+#: so a layout whose no-recomputation configuration fails one of them fails it with every
+#: option (``tests/test_solver_slices.py`` checks this on the Python rules).
+NONE_NEVER_STRICTER: frozenset[str] = frozenset({"schedule", "recompute", "run_settings"})
+
+
+def none_from_solutions(families: Sequence[str]) -> bool:
+    """Whether the other options' model may take "no recomputation fits" from the solutions of
+    the no-recomputation model (:func:`solve_slice`): with ``hbm`` on, those solutions are the
+    layouts where no recomputation passes every family; for a configuration that passes the
+    families besides memory, that is exactly "no recomputation fits" as long as no family
+    refuses no recomputation where it accepts another option (:data:`NONE_NEVER_STRICTER`)."""
+    from tune_cp.solver.attribution import MEMORY_FAMILIES
+    from tune_cp.solver.rules import FAMILY_AXES
+
+    reads_rc = {f for f in families if f not in MEMORY_FAMILIES
+                and "recompute" in FAMILY_AXES[f]}
+    return "hbm" in families and reads_rc <= NONE_NEVER_STRICTER
+
+
+def recompute_parts(space: SearchSpace, families: Sequence[str]
+                    ) -> list[tuple[SearchSpace, bool | None]]:
+    """The CP-SAT models a slice is enumerated with: ``(space, none_option)`` for
+    :class:`LegalityModel`. With ``recompute_dominance`` on and no recomputation an option
+    beside others, one model per group of options: no recomputation alone (nothing dominates
+    it: it needs no dominance memory), the options other than full block recompute (no smaller
+    K to compare with), and full block recompute (every K of the space, so the next smaller K
+    is the space's); the last two are told that no recomputation is an option, so that it
+    dominates them where it fits. Each model is smaller than one of all the options: about
+    half the CP-SAT deterministic time (docs/solver.md, "Speed"). Only where experts multiply
+    the layouts (more than one ep value, as :func:`default_slice_axes`): a dense space has few
+    feasible configurations per slice, and each part searches the slice's layouts again
+    (Llama 3.1 405B on 16 H100 nodes: 1.2 -> 1.6 s). Else the slice's space itself."""
+    rc = space.recompute
+    none = tuple(o for o in rc if o.kind is Recompute.NONE)
+    if ("recompute_dominance" not in families or not none or len(none) == len(rc)
+            or len(space.ep) == 1):
+        return [(space, None)]
+    other = tuple(o for o in rc if o.kind is not Recompute.NONE and not o.is_full_block)
+    block = tuple(o for o in rc if o.is_full_block)
+    return [(space.with_domains(recompute=none), None),
+            *((space.with_domains(recompute=g), True) for g in (other, block) if g)]
 
 
 #: The problem and families of the enumeration a worker process serves (set before the fork,

@@ -96,6 +96,9 @@ class OracleCache:
         self.chunk_max: dict[tuple[int, int, int], int] = {}
         #: whether the split is legal per (pp, vpp, split index) (``split_ok``)
         self.split_legal: dict[tuple[int, int, int], bool] = {}
+        #: a geometry row's stage counts as one flat tuple, per (stage-count key, slots,
+        #: recompute groups) (``MemoryEncoding._geometry``)
+        self.flat: dict[tuple[Any, ...], tuple[int, ...]] = {}
 
     def resolved(self, **fields: Any) -> ParallelConfig:
         """``resolve_config`` of a configuration with the given fields (others default)."""
@@ -151,11 +154,23 @@ class LegalityModel:
     """
 
     def __init__(self, problem: Problem, families: Iterable[str] | None = None, *,
-                 enforced: bool = False) -> None:
+                 enforced: bool = False, none_option: bool | None = None,
+                 none_fits: Sequence[tuple[int, ...]] | None = None) -> None:
         self.p = problem
         #: every family literal will be fixed true (enumeration): tables may then leave out key
         #: combinations an enabled family refuses (the solutions stay the same)
         self.enforced = enforced
+        #: no recomputation is an option of the search (``recompute_dominance`` compares with
+        #: it): default, whether the space has it; a part of a slice without that option
+        #: (``feasible.recompute_parts``) is told True when the whole space has it
+        self.none_option = problem.space.has_no_recompute if none_option is None else none_option
+        #: the layouts (raw values of the axes before ``recompute``, ``AXES`` order) where no
+        #: recomputation passes every family: the solutions of the slice's no-recomputation
+        #: model (``feasible.solve_slice``). Given to an enforced model without that option,
+        #: "no recomputation fits" is these layouts refused (``MemoryEncoding.fits_none``)
+        #: instead of a third evaluation of the memory
+        self.none_fits = none_fits
+        assert none_fits is None or enforced
         wanted = set(RULES if families is None else families)
         unknown = wanted - set(RULES)
         if unknown:
@@ -638,7 +653,8 @@ class MemoryEncoding:
         self.limit = p.limit_bytes
         self.dominance = "recompute_dominance" in m.families
         #: no recomputation is an option beside others: it dominates them when it fits
-        self.by_none = self.dominance and p.space.has_no_recompute and len(p.space.recompute) > 1
+        self.by_none = self.dominance and m.none_option and any(
+            o.kind is not Recompute.NONE for o in p.space.recompute)
         self._units()
         self._geometry()
         self.totals, self.fits = self._fits("row", self.au)
@@ -651,9 +667,22 @@ class MemoryEncoding:
 
     @cached_property
     def fits_none(self) -> Value:
-        """Whether no recomputation fits (built when the dominance needs it)."""
+        """Whether no recomputation fits (built when the dominance needs it). With the
+        model's ``none_fits`` layouts (an enforced model, whose options are all dominated where
+        no recomputation fits): those layouts refused, and 0."""
         assert self.by_none
-        return self._fits("none", self.au_none)[1]
+        if self.m.none_fits is None:
+            return self._fits("none", self.au_none)[1]
+        m = self.m
+        layout = [v for k, v in m.axis.items() if k != "recompute"]
+        live = [i for i, v in enumerate(layout) if not isinstance(v, int)]
+        rows = {tuple(r[i] for i in live) for r in m.none_fits
+                if all(r[i] == v for i, v in enumerate(layout) if isinstance(v, int))}
+        if rows and not live:
+            m.cp.AddBoolOr([])  # the one layout has no recomputation fitting: nothing kept
+        elif rows:
+            m.cp.AddForbiddenAssignments([m.ar.as_var(layout[i]) for i in live], sorted(rows))
+        return 0
 
     @cached_property
     def au_none(self) -> M.ActivationUnits:
@@ -792,12 +821,16 @@ class MemoryEncoding:
         if m.enforced and "recompute" in m.families:
             # the recompute family keeps K within the layers of one virtual stage: only the
             # (option, largest chunk) pairs some geometry allows with it can occur
-            pairs = sorted({
-                (r, chunk_max(a, b, c))
-                for a, b, c in product(_domain(m.pp), _domain(m.vpp), _domain(m.split))
-                for per in (layers_per_chunk(model, m._resolved(
-                    pp=a, vpp=b, pipeline_split=SPLITS[c])),)
-                for r in _domain(m.rc) if recompute_k_ok(opts[r], per)})
+            rcs = _domain(m.rc)
+            allowed: dict[int, list[int]] = {}  # the options recompute allows, per chunk size
+            got: set[tuple[int, int]] = set()
+            for a, b, c in product(_domain(m.pp), _domain(m.vpp), _domain(m.split)):
+                per = layers_per_chunk(model, m._resolved(pp=a, vpp=b, pipeline_split=SPLITS[c]))
+                if per not in allowed:
+                    allowed[per] = [r for r in rcs if recompute_k_ok(opts[r], per)]
+                cm = chunk_max(a, b, c)
+                got.update((r, cm) for r in allowed[per])
+            pairs = sorted(got)
         codes = ar.lookup([m.rc, cmax], code, "code", tuples=pairs)
         sat = ar.lookup([m.pp, m.vpp], lambda a, b: (M.inflight_saturation(a, b),), "sat")[0]
         mcap = ar.lookup([m.ga, sat], lambda g, st: (min(g, st),), "mcap")[0]
@@ -835,9 +868,17 @@ class MemoryEncoding:
         zero = M.StageCounts(0, **dict.fromkeys(M.VECTOR_FIELDS, 0), recompute_groups=())
 
         vectors: dict[int, tuple[int, ...]] = {}  # as_vector per stage (by id: all kept alive)
+        flat_memo = m.cache.flat
 
         def flat(*key: int) -> tuple[int, ...]:
-            sl = stage_lists[key]
+            sl = stage_lists[key]  # the cache's stage counts of the key, or [] (no geometry)
+            memo_key = (key, bool(sl), self.n_slots, self.n_groups)
+            got = flat_memo.get(memo_key)
+            if got is None:
+                got = flat_memo[memo_key] = flat_row(sl)
+            return got
+
+        def flat_row(sl: list[M.StageCounts]) -> tuple[int, ...]:
             out: list[int] = []
             for j in range(self.n_slots):
                 st = sl[min(j, len(sl) - 1)] if sl else zero

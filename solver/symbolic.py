@@ -130,33 +130,15 @@ class Arith:
         if self.relations:
             keys_rows = self._admissible(keys, keys_rows)
         outs = [tuple(fn(*key)) for key in keys_rows]
-        n_out = len(outs[0])
         # the rows on the live keys only (positions 0 .. len(live) - 1)
         rows = list(map(_getter(live), keys_rows)) if consts else keys_rows
-        deps = _Dependencies(rows, outs)
-        positions = tuple(range(len(live)))
-        out: list[Value] = [0] * n_out
-        groups: dict[tuple[int, ...], list[int]] = {}
-        constant = deps.functional(())
-        for c in range(n_out):
-            if constant[c]:
-                out[c] = outs[0][c]
-                continue
-            subset = positions
-            for i in positions:
-                trial = tuple(x for x in subset if x != i)
-                if deps.functional(trial)[c]:
-                    subset = trial
-            groups.setdefault(subset, []).append(c)
-        if not groups:
+        constants, plan = _plan(rows, outs)
+        out: list[Value] = [0] * len(outs[0])
+        for c, v in constants:
+            out[c] = v
+        if not plan:
             self.allow([keys[i] for i in live], rows)
-        for subset, cols in groups.items():
-            proj: dict[tuple[int, ...], tuple[int, ...]] = {}
-            key_of, out_of = _getter(subset), _getter(cols)
-            for k, o in zip(rows, outs, strict=True):
-                p = key_of(k)
-                if p not in proj:
-                    proj[p] = out_of(o)
+        for subset, cols, proj in plan:
             if required:
                 allowed = [k for k, o in proj.items() if all(o)]
                 self.allow([keys[live[i]] for i in subset], allowed)
@@ -218,13 +200,7 @@ class Arith:
         # one table over the keys and the distinct column shapes (no row index, no element
         # constraints): columns that are affine functions of one another with integer factors
         # share a shape variable (``affine_shape``), so fewer variables are value-encoded
-        shapes: dict[tuple[int, ...], int] = {}
-        forms: list[tuple[tuple[int, ...], int, int]] = []
-        for c in range(n_cols):
-            shape, scale, offset = affine_shape([o[c] for o in outputs])
-            if scale:
-                shapes.setdefault(shape, len(shapes))
-            forms.append((shape, scale, offset))
+        shapes, forms = _shapes(tuple(map(tuple, outputs)))
         base = [self.var(shape, f"{stem}{j}") for j, shape in enumerate(shapes)]
         rows = [(*a[:-1], *(shape[a[-1]] for shape in shapes)) for a in assignments]
         self.allow([*keys, *base], rows)
@@ -354,6 +330,83 @@ class Arith:
         return b
 
 
+#: The analysis of :meth:`Arith.lookup` per (rows, outputs): the slices of an enumeration
+#: and the parts of a slice tabulate the same functions on the same rows many times (the
+#: geometry of one pp for every tp, the units of a slice for both its recompute parts).
+#: In memory only, for this process, the latest :data:`PLAN_MEMO` kept.
+_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+PLAN_MEMO = 2048
+#: tables of more cells (rows x columns) than this are not kept
+PLAN_MEMO_CELLS = 40_000
+
+
+def _plan(rows: list[tuple[int, ...]], outs: list[tuple[int, ...]]
+          ) -> tuple[list[tuple[int, int]], list[tuple[tuple[int, ...], list[int],
+                                                       dict[tuple[int, ...], tuple[int, ...]]]]]:
+    """``(constant columns as (column, value), groups)`` of a table: each group is the
+    smallest key subset (positions in the rows) some non-constant columns are functions of,
+    those columns, and their values per projected key (first row of each projection)."""
+    memo_key = (tuple(rows), tuple(outs))
+    got = _PLANS.get(memo_key)
+    if got is not None:
+        return got
+    n_out = len(outs[0])
+    deps = _Dependencies(rows, outs)
+    positions = tuple(range(len(rows[0])))
+    groups: dict[tuple[int, ...], list[int]] = {}
+    constant = deps.functional(())
+    constants = []
+    for c in range(n_out):
+        if constant[c]:
+            constants.append((c, outs[0][c]))
+            continue
+        subset = positions
+        for i in positions:
+            trial = tuple(x for x in subset if x != i)
+            if deps.functional(trial)[c]:
+                subset = trial
+        groups.setdefault(subset, []).append(c)
+    plan = []
+    for subset, cols in groups.items():
+        proj: dict[tuple[int, ...], tuple[int, ...]] = {}
+        key_of, out_of = _getter(subset), _getter(cols)
+        for k, o in zip(rows, outs, strict=True):
+            p = key_of(k)
+            if p not in proj:
+                proj[p] = out_of(o)
+        plan.append((subset, cols, proj))
+    got = (constants, plan)
+    if len(rows) * n_out <= PLAN_MEMO_CELLS:
+        if len(_PLANS) >= PLAN_MEMO:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[memo_key] = got
+    return got
+
+
+_SHAPES: dict[tuple[tuple[int, ...], ...], tuple[Any, Any]] = {}
+
+
+def _shapes(outputs: tuple[tuple[int, ...], ...]
+            ) -> tuple[dict[tuple[int, ...], int], list[tuple[tuple[int, ...], int, int]]]:
+    """The distinct column shapes of a direct table's outputs (``affine_shape`` of each
+    column; numbered in order of appearance) and each column's (shape, scale, offset);
+    memoised like :data:`_PLANS`."""
+    got = _SHAPES.get(outputs)
+    if got is not None:
+        return got
+    shapes: dict[tuple[int, ...], int] = {}
+    forms: list[tuple[tuple[int, ...], int, int]] = []
+    for col in zip(*outputs, strict=True):
+        shape, scale, offset = affine_shape(col)
+        if scale:
+            shapes.setdefault(shape, len(shapes))
+        forms.append((shape, scale, offset))
+    if len(_SHAPES) >= PLAN_MEMO:
+        _SHAPES.pop(next(iter(_SHAPES)))
+    _SHAPES[outputs] = got = (shapes, forms)
+    return got
+
+
 def affine_shape(col: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
     """``(shape, scale, offset)`` with ``col[i] == offset + scale * shape[i]`` for every row i:
     ``offset = col[0]``, ``scale`` the gcd of the differences from it, signed so that the first
@@ -362,14 +415,12 @@ def affine_shape(col: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
     are equal."""
     offset = col[0]
     diffs = [v - offset for v in col]
-    scale = 0
-    for d in diffs:
-        scale = gcd(scale, d)
+    scale = gcd(*diffs)
     if scale == 0:
         return (), 0, offset
     if next(d for d in diffs if d) < 0:
         scale = -scale
-    return tuple(d // scale for d in diffs), scale, offset
+    return tuple([d // scale for d in diffs]), scale, offset
 
 
 def _getter(idx: Sequence[int]) -> Callable[[Sequence[int]], tuple[int, ...]]:

@@ -211,3 +211,41 @@ def test_walk_counts_what_passes_per_slice(name):
     e = enumerate_problem(p)
     assert e.slices == len(parts)
     assert e.skipped == sum(1 for f in parts if not passing.get(tuple(f.values())))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_recomputation_is_never_refused_where_another_option_passes(name):
+    """What lets the other options' model of a slice take "no recomputation fits" from the
+    solutions of the no-recomputation model (``feasible.none_from_solutions``): a candidate that
+    passes every family besides memory still passes them with no recomputation, and the families
+    that read the recompute option are the ones named for it."""
+    from tune_cp.solver.attribution import MEMORY_FAMILIES
+    from tune_cp.solver.feasible import NONE_NEVER_STRICTER
+    from tune_cp.solver.rules import FAMILY_AXES
+    from tune_cp.solver.space import RecomputeOption
+
+    assert {f for f in RULES if f not in MEMORY_FAMILIES
+            and "recompute" in FAMILY_AXES[f]} == NONE_NEVER_STRICTER
+    p = CASES[name]()
+    fams = [f for f in RULES if f not in MEMORY_FAMILIES]
+    none = RecomputeOption(kind=Recompute.NONE)
+
+    def passes(cand) -> bool:
+        ctx = p.context(p.resolve(cand))
+        return not any(RULES[f](ctx) for f in fams)
+
+    passed = 0
+    for cand in p.space.sample(3000, seed=11):
+        if cand["recompute"].kind is Recompute.NONE or not passes(cand):
+            continue
+        passed += 1
+        assert passes(cand | {"recompute": none}), cand
+    assert passed
+    # the run settings' refusals that read the recompute option never refuse none of it
+    from tune_cp.solver.rules import SETTING_REFUSALS
+
+    on_rc = [r for r in SETTING_REFUSALS if "recompute" in r.fields]
+    assert on_rc and all(set(r.fields) <= {"recompute", "recompute_modules"} for r in on_rc)
+    for r in on_rc:
+        values = {"recompute": Recompute.NONE, "recompute_modules": ()}
+        assert not r.refuses(*(values[f] for f in r.fields))
