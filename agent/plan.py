@@ -9,10 +9,14 @@ the 80% interval, near ties to the least exotic). Formulas: cluster tokens/s = t
 GPUs; time to train T tokens = T / cluster tokens/s; GPU-hours = GPUs x time / 3600; cost =
 GPU-hours x price per GPU-hour.
 
-Work is shared across node counts: each node count is enumerated once (the smallest-cluster
-search and the table read the same enumeration); the tables CP-SAT's models read that do not
-depend on the cluster are shared by every enumeration of one model (``solver.model.oracle_cache``),
-as is the pipeline split of each pp x vpp (``oracle.memory.pipeline_chunks``).
+Work is shared across node counts: each node count is enumerated at most once (the
+smallest-cluster search and the table read the same enumeration); between the powers of two,
+where the enumeration would build one CP-SAT model per (tp, pp) slice (MoE models), the
+smallest-cluster search only asks whether anything fits (``solver.feasible.any_feasible``: one
+model of the whole space stopped at its first solution, exact). The tables CP-SAT's models read
+that do not depend on the cluster are shared by the models of every node count and GPU
+(``solver.model.oracle_cache``), as is the pipeline split of each pp x vpp
+(``oracle.memory.pipeline_chunks``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     nodes_text,
 )
-from tune_cp.solver.feasible import Enumeration, enumerate_feasible
+from tune_cp.solver.feasible import (
+    Enumeration,
+    any_feasible,
+    default_slice_axes,
+    enumerate_problem,
+)
+from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import settings_space_problem
 from tune_cp.solver.settings import RunSettings
 from tune_cp.solver.space import default_space
@@ -68,9 +78,9 @@ class GpuPlan:
     note: str = ""
 
 
-def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,
-          grad_reduce_in_fp32: bool = True) -> Enumeration:
-    """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
+def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 settings: RunSettings, grad_reduce_in_fp32: bool = True) -> Problem:
+    """The search's problem at ``cluster``: its default space under the run settings."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up)
     # what the framework run settings refuse is the family run_settings; settings that leave
@@ -78,9 +88,16 @@ def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settin
     problem = settings_space_problem(space, settings.options)
     if problem:
         raise ConfigError(problem)
+    return Problem(model=model, cluster=cluster, training=training, space=space,
+                   settings=settings)
+
+
+def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,
+          grad_reduce_in_fp32: bool = True) -> Enumeration:
+    """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     # the removal counts are not shown: without them the enumeration costs about 40% less
-    return enumerate_feasible(model, cluster, training, space, settings=settings,
-                              count_removed=False)
+    return enumerate_problem(plan_problem(model, cluster, training, settings,
+                                          grad_reduce_in_fp32), count_removed=False)
 
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
@@ -161,42 +178,66 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
     ``settings``: the run's overheads, margin, cross-scale-up, constraints and calibration;
     ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16).
 
-    ``progress(done, total, what)`` is called before each node count is enumerated: ``done``
-    node counts enumerated so far, ``total`` an estimate of how many there will be (exact for a
-    GPU once its smallest node count is known; until then the count of the GPUs already planned,
-    else doubling up to ``max_nodes`` and the table), ``what`` the GPU and node count.
-    The enumerations of one model share the tables that do not depend on the cluster
-    (``solver.model.oracle_cache``)."""
+    ``progress(done, total, what)`` is called before each node count is first looked at (probed
+    or enumerated): ``done`` node counts looked at so far, ``total`` an estimate of how many
+    there will be (exact for a GPU once its smallest node count is known; until then the count
+    of the GPUs already planned, else doubling up to ``max_nodes`` and the table), ``what`` the
+    GPU and node count. The smallest-cluster search only probes (``any_feasible``); the table's
+    node counts are enumerated, once each. The CP-SAT models share the tables that do not depend on
+    the cluster (``solver.model.oracle_cache``)."""
     settings = settings or RunSettings()
-    counts: list[int] = []  # node counts enumerated per GPU planned so far
+    counts: list[int] = []  # node counts looked at per GPU planned so far
     first_guess = max_nodes.bit_length() + points
 
     def plan_gpu(g_index: int, gpu: GpuSpec, gpn: int) -> GpuPlan:
         training = training_for(gpu)
         price = (prices or {}).get(gpu.name)
-        cache: dict[int, Enumeration] = {}  # each node count enumerated once
+        problems: dict[int, Problem] = {}  # each node count looked at, its problem
+        known: dict[int, bool] = {}  # node count -> has a feasible configuration
+        enums: dict[int, Enumeration] = {}  # the table's node counts, each enumerated once
         rows: dict[int, PlanPoint] = {}
         table: list[int] | None = None  # the table's node counts, once the smallest is known
 
         def estimate() -> int:
             guess = round(sum(counts) / len(counts)) if counts else first_guess
-            here = (len(cache) + sum(n not in cache for n in table) if table is not None
-                    else max(guess, len(cache) + 1))
+            here = (len(problems) + sum(n not in problems for n in table) if table is not None
+                    else max(guess, len(problems) + 1))
             return sum(counts) + here + guess * (len(gpus) - g_index - 1)
 
-        def feasible(n: int) -> bool:
-            if n not in cache:
+        def problem(n: int) -> Problem:
+            if n not in problems:
                 if progress:
-                    progress(sum(counts) + len(cache), estimate(), f"{gpu.name}: {nodes_text(n)}")
+                    progress(sum(counts) + len(problems), estimate(),
+                             f"{gpu.name}: {nodes_text(n)}")
                 cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpn)
-                cache[n] = probe(model, cluster, training, settings, grad_reduce_in_fp32)
-            return not cache[n].empty
+                problems[n] = plan_problem(model, cluster, training, settings,
+                                           grad_reduce_in_fp32)
+            return problems[n]
+
+        def enumeration(n: int) -> Enumeration:
+            if n not in enums:
+                enums[n] = enumerate_problem(problem(n), count_removed=False)
+                # the probe and the enumeration answer the same question (any_feasible)
+                assert known.setdefault(n, not enums[n].empty) == (not enums[n].empty)
+            return enums[n]
+
+        def feasible(n: int) -> bool:
+            if n not in known:
+                pr = problem(n)
+                if points > 1 and n & (n - 1) == 0 or default_slice_axes(pr.space) == ("pp",):
+                    # a power of two that fits is a row of the table (the first power of two
+                    # at or above the smallest count): enumerated at once; so is every count
+                    # where the enumeration builds one model per pp only (dense models): its
+                    # cost is then the probe's, and the smallest count is a row
+                    enumeration(n)
+                else:  # one model instead of one per (tp, pp) slice (MoE)
+                    known[n] = any_feasible(pr)
+            return known[n]
 
         def point(n: int) -> PlanPoint:
             if n not in rows:
-                feasible(n)
                 rows[n] = plan_point(model, gpu, n, gpn, training, tokens, price, settings,
-                                     grad_reduce_in_fp32, enum=cache[n])
+                                     grad_reduce_in_fp32, enum=enumeration(n))
             return rows[n]
 
         try:
@@ -223,7 +264,7 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
             table = node_counts(hi, max_nodes, points)
             return GpuPlan(gpu.name, gpn, hi, [point(n) for n in table], price)
         finally:
-            counts.append(len(cache))
+            counts.append(len(problems))
 
     out = [plan_gpu(i, gpu, gpn) for i, (gpu, gpn) in enumerate(gpus)]
     if progress:

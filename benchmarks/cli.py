@@ -35,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: (name, arguments): the README's examples (README.md, "Search", "Check", "Plan capacity").
+#: (name, arguments): the README's examples (README.md, "Search", "Check", "Plan capacity",
+#: "Verify on your cluster"); ``{tmp}`` is the run's temporary folder.
 COMMANDS: list[tuple[str, list[str]]] = [
     ("help", ["--help"]),
     ("models", ["models"]),
@@ -44,6 +45,9 @@ COMMANDS: list[tuple[str, list[str]]] = [
     ("search", ["--model", "mixtral-8x22b", "--nodes", "4"]),
     ("plan", ["plan", "--model", "llama3.1-405b", "--gpu", "h100,b200", "--tokens", "15e12",
               "--price-per-gpu-hour", "h100=2.5,b200=4", "--points", "4"]),
+    # README "Verify on your cluster" (written to a temporary file: --out is replaced there)
+    ("calibrate", ["calibrate", "--log", "tests/data/logs/megatron_mixtral8x7b_h100_issue756.log",
+                   "--gpu", "h100", "--model", "mixtral-8x7b", "--out", "{tmp}/mixtral-h100.json"]),
 ]
 
 #: Runs the CLI like ``python cli.py ARGS`` (exit code kept), then writes the names of the
@@ -142,6 +146,7 @@ def main() -> None:
         for name, args in COMMANDS:
             if name not in wanted:
                 continue
+            args = [a.replace("{tmp}", tmp) for a in args]
             mods = Path(tmp, f"{name}.txt")
             loaded_modules(args, root, mods)  # also warms the bytecode cache
             runs = [timed([sys.executable, "cli.py", *args], root) for _ in range(opts.runs)]
@@ -167,10 +172,10 @@ def main() -> None:
     print(f"tune-cp start-up and command cost ({root}); {info['machine']}")
     print(f"median of {opts.runs} runs; load average (1, 5, 15 min) before {load_before}, "
           f"after {info['load_average_after']}; tune-cp's bytecode {info['bytecode']}")
-    print(f"{'command':8} {'CPU s':>6} {'(min)':>6} {'wall s':>7} {'imports CPU s':>13} "
+    print(f"{'command':9} {'CPU s':>6} {'(min)':>6} {'wall s':>7} {'imports CPU s':>13} "
           f"{'share':>6}  {'exit':>4}  heavy libraries loaded")
     for r in rows:
-        print(f"{r['command']:8} {r['cpu_s']:>6.2f} {r['cpu_min_s']:>6.2f} {r['wall_s']:>7.2f} "
+        print(f"{r['command']:9} {r['cpu_s']:>6.2f} {r['cpu_min_s']:>6.2f} {r['wall_s']:>7.2f} "
               f"{r['import_cpu_s']:>13.2f} {100 * r['import_share']:>5.0f}%  {r['exit']:>4}  "
               f"{', '.join(r['libraries']) or '-'}")
     print("CPU = user + system of the whole process; imports = a process that only imports "

@@ -389,7 +389,26 @@ def _pipeline_chunks(
     first: int | None = None, last: int | None = None, layout: str | None = None,
 ) -> list[list[Chunk]]:
     """Chunks of every physical stage: ``result[stage][j]`` is virtual stage ``j * pp + stage``
-    (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...).
+    (Megatron's interleaved placement: rank r holds chunks r, r + pp, r + 2pp, ...), built from
+    :func:`chunk_spans`."""
+    chunks = [Chunk(v, tuple(range(lo, hi)), emb, out, mtp)
+              for v, (lo, hi, emb, out, mtp) in enumerate(
+                  chunk_spans(num_layers, num_mtp, pp, vpp, split, first, last, layout))]
+    return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+
+
+#: One virtual stage of :func:`chunk_spans`: decoder layers ``[lo, hi)``, whether it holds the
+#: embedding, the output layer and loss, and its MTP layers.
+Span = tuple[int, int, bool, bool, int]
+
+
+def chunk_spans(
+    num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+    first: int | None = None, last: int | None = None, layout: str | None = None,
+) -> list[Span]:
+    """Every virtual stage ``v`` in order, as a :data:`Span` (its decoder layers are consecutive):
+    the one place the split is computed (:func:`pipeline_chunks` builds the chunks from it,
+    :func:`max_chunk_layers` reads the largest without building them).
 
     ``even``: virtual stage v holds layers [v L/V, (v+1) L/V) with V = pp * vpp; the embedding
     rides on v = 0, the output layer, loss and MTP layers on v = V - 1.
@@ -405,24 +424,26 @@ def _pipeline_chunks(
     still give a total order (the last virtual stage takes what is left), so nothing crashes.
     """
     n_virtual = pp * vpp
-    chunks: list[Chunk] = []
     if split is PipelineSplit.EMBEDDING_LOSS:
         slots = num_layers + EMBEDDING_LOSS_SLOTS + num_mtp
+        out: list[Span] = []
         for v in range(n_virtual):
             lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
-            layers = tuple(i - 1 for i in range(lo, hi) if 1 <= i <= num_layers)
-            mtp = sum(1 for i in range(lo, hi) if num_layers < i <= num_layers + num_mtp)
-            chunks.append(Chunk(v, layers, lo == 0, hi == slots, mtp))
-        return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+            # slot i (1 <= i <= L) is decoder layer i - 1; slots L + 1 .. L + mtp are MTP layers
+            first_l, stop_l = max(lo, 1), min(hi, num_layers + 1)
+            mtp = max(0, min(hi, num_layers + num_mtp + 1) - max(lo, num_layers + 1))
+            out.append((first_l - 1, max(first_l, stop_l) - 1, lo == 0, hi == slots, mtp))
+        return out
     if split is PipelineSplit.LAYOUT and layout is not None:
         stages = list(parse_pipeline_layout(layout)[:n_virtual])
         stages += [""] * (n_virtual - len(stages))
+        out = []
         lo = 0
-        for v, st in enumerate(stages):
+        for st in stages:
             hi = min(num_layers, lo + st.count("t"))
-            chunks.append(Chunk(v, tuple(range(lo, hi)), "E" in st, "L" in st, st.count("m")))
+            out.append((lo, hi, "E" in st, "L" in st, st.count("m")))
             lo = hi
-        return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+        return out
     ends = (uneven_stage_layers(num_layers, pp, vpp, split, first, last)
             if split not in (PipelineSplit.EVEN, PipelineSplit.LAYOUT) and pp > 1 else None)
     if ends is None or ends == (None, None):
@@ -433,28 +454,23 @@ def _pipeline_chunks(
         for size in sizes[:-1]:
             bounds.append(min(num_layers, bounds[-1] + size))
         bounds.append(num_layers)
-    for v in range(n_virtual):
-        last_v = v == n_virtual - 1
-        chunks.append(Chunk(v, tuple(range(bounds[v], bounds[v + 1])), v == 0, last_v,
-                            num_mtp if last_v else 0))
-    return [[chunks[j * pp + s] for j in range(vpp)] for s in range(pp)]
+    last_v = n_virtual - 1
+    return [(bounds[v], bounds[v + 1], v == 0, v == last_v, num_mtp if v == last_v else 0)
+            for v in range(n_virtual)]
 
 
 @lru_cache(maxsize=4096)
 def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
                      first: int | None = None, last: int | None = None,
                      layout: str | None = None) -> int:
-    """Decoder layers of the largest virtual stage, from :func:`pipeline_chunks` itself (the one
+    """Decoder layers of the largest virtual stage, from :func:`chunk_spans` itself (the one
     place the split is computed; ``solver/rules.py::layers_per_chunk`` and
-    ``solver/space.py::max_layers_per_chunk`` call this). Under ``embedding_loss`` the embedding
-    and loss slots hold no decoder layer, so this can be below ``ceil(slots / (pp vpp))``:
-    DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 + 33 with 31 decoder layers in
-    the largest chunk, not 32."""
-    return max(
-        (len(ch.layers) for stage in pipeline_chunks(num_layers, num_mtp, pp, vpp, split,
-                                                     first, last, layout) for ch in stage),
-        default=0,
-    )
+    ``solver/space.py::max_layers_per_chunk`` call this), without building the chunks. Under
+    ``embedding_loss`` the embedding and loss slots hold no decoder layer, so this can be below
+    ``ceil(slots / (pp vpp))``: DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 +
+    33 with 31 decoder layers in the largest chunk, not 32."""
+    return max((hi - lo for lo, hi, *_ in chunk_spans(num_layers, num_mtp, pp, vpp, split,
+                                                      first, last, layout)), default=0)
 
 
 def inflight_per_chunk(pp: int, vpp: int, num_microbatches: int, stage: int) -> tuple[int, ...]:

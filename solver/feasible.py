@@ -507,3 +507,42 @@ def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],
     cand = lm.candidate(values)
     peak = lm.memory.peak(lambda x: solver.Value(x.expr)) if "hbm" in fams else -1
     return FeasibleConfig(problem.resolve(cand), peak, cand)
+
+
+
+def any_feasible(problem: Problem, families: Iterable[str] | None = None, *,
+                 slice_axes: Sequence[str] | None = None,
+                 time_limit_s: float = ENUMERATION_TIME_LIMIT_S) -> bool:
+    """Whether :func:`enumerate_problem` on ``problem`` would find a configuration, without
+    enumerating: the models :func:`solve_slice` builds (default one model of the whole space,
+    ``slice_axes`` as :func:`enumerate_problem`'s: its slices; the same families, default
+    all, ``recompute_dominance`` included; the same search order and parameters), each stopped
+    at its first solution, the slices tried deepest pipeline first (memory falls with pp) until
+    one has a solution. CP-SAT's answer is exact (a complete search: INFEASIBLE is a proof
+    that no configuration of the slice passes). ``tune-cp plan``'s smallest-cluster search
+    asks only this at the node counts it bisects over. Raises :class:`EnumerationTooLong` when
+    CP-SAT cannot decide within ``time_limit_s`` (all slices together)."""
+    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    parts = plan_slices(problem.space, slice_axes) if slice_axes else [{}]
+    deadline = time.perf_counter() + time_limit_s
+    for fixed in sorted(parts, key=lambda f: -f.get("pp", 0)):
+        sub = problem.replace(space=problem.space.fix(**fixed)) if fixed else problem
+        lm = LegalityModel(sub, fams, enforced=True)
+        for lit in lm.lit.values():
+            lm.cp.Add(lit == 1)
+        lm.add_search_strategy()
+        solver = cp_model.CpSolver()
+        solver_parameters(solver, max(1e-3, deadline - time.perf_counter()))
+        solver.parameters.cp_model_presolve = False  # as the enumeration: the models are small
+        solver.parameters.stop_after_first_solution = True
+        status = solver.Solve(lm.cp)
+        if status == cp_model.MODEL_INVALID:  # numbers beyond 64 bits (as solve_slice)
+            m = problem.model
+            raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, vocab "
+                              f"{m.vocab_size}) is too large for the solver's 64-bit arithmetic "
+                              f"({' '.join(lm.cp.Validate().split())[:200]})")
+        if status == cp_model.UNKNOWN:
+            raise _too_long(problem, 0)
+        if status != cp_model.INFEASIBLE:
+            return True
+    return False

@@ -1,0 +1,59 @@
+"""Capacity planning's shortcuts give the answers of the plain computation: the existence probe
+of the smallest-cluster search (``solver.feasible.any_feasible``) and the pipeline split read
+without building the chunks (``oracle.memory.chunk_spans``, ``max_chunk_layers``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import setting
+from tune_cp.agent.plan import plan_problem
+from tune_cp.oracle.memory import chunk_spans, max_chunk_layers, pipeline_chunks
+from tune_cp.oracle.specs import PipelineSplit
+from tune_cp.solver.feasible import any_feasible, enumerate_problem
+from tune_cp.solver.settings import RunSettings
+
+
+@pytest.mark.parametrize(("case", "constraints", "fits"), [
+    # Mixtral 8x7B (47B parameters, 18 B each of model state = 846 GB) does not fit on one
+    # node of H100 (8 x 80 GB), and does on two
+    (("mixtral-8x7b", "h100", 1, 4096, 256), (), False),
+    (("mixtral-8x7b", "h100", 2, 4096, 256), (), True),
+    # no expert parallelism and at most tp 2 / pp 2: 47B over 4 GPUs' state does not fit
+    (("mixtral-8x7b", "h100", 2, 4096, 256), ("ep == 1", "tp <= 2", "pp <= 2"), False),
+    # the README's plan: Llama 3.1 405B fits from 6 nodes of B200, not 5
+    (("llama3.1-405b", "b200", 5, 8192, 2048), (), False),
+    # a constraint that nothing meets (tp 3 divides no GPU count of one node)
+    (("llama3-8b", "h100", 1, 8192, 128), ("tp == 3",), False),
+])
+def test_any_feasible_answers_as_the_enumeration(case, constraints, fits):
+    problem = plan_problem(*setting(*case), RunSettings(constraints=list(constraints)))
+    assert any_feasible(problem) is fits
+    assert (not enumerate_problem(problem, count_removed=False).empty) is fits
+
+
+def test_max_chunk_layers_pinned_cases():
+    """Legal and illegal geometries alike (explanations and the recompute tables read the
+    latter): Llama 3.1 405B's 126 layers over 16 x 5 = 80 virtual stages (illegal) hold at most
+    2 (the floor boundaries v 126 // 80), over 112 x 63 at most 1; under embedding_loss at pp 8
+    the 128 slots split 16 each, the middle stages all decoder layers."""
+    assert max_chunk_layers(126, 0, 16, 5, PipelineSplit.EVEN) == 2
+    assert max_chunk_layers(126, 0, 112, 63, PipelineSplit.EVEN) == 1
+    assert max_chunk_layers(126, 0, 8, 1, PipelineSplit.EMBEDDING_LOSS) == 16
+    assert max_chunk_layers(126, 0, 1, 1, PipelineSplit.LIGHT_ENDS) == 126
+    for pp, vpp in ((16, 5), (112, 63), (8, 1), (7, 3)):
+        for split in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, PipelineSplit.LIGHT_LAST):
+            chunks = pipeline_chunks(126, 0, pp, vpp, split)
+            assert sum(len(c.layers) for stage in chunks for c in stage) == 126
+            assert max_chunk_layers(126, 0, pp, vpp, split) == max(
+                len(c.layers) for stage in chunks for c in stage)
+
+
+def test_chunk_spans_pinned_cases():
+    """DeepSeek-V3 (61 layers + 1 MTP) at pp 2 under embedding_loss: 65 slots as 32 + 33, the
+    embedding and layers 0-30 first, layers 31-60, the MTP layer and the loss second; Llama 3.1
+    405B at pp 16 with light ends: 7 + 14 x 8 ... + 7 (``uneven_stage_layers``)."""
+    assert chunk_spans(61, 1, 2, 1, PipelineSplit.EMBEDDING_LOSS) == [
+        (0, 31, True, False, 0), (31, 61, False, True, 1)]
+    spans = chunk_spans(126, 0, 16, 1, PipelineSplit.LIGHT_ENDS)
+    assert [hi - lo for lo, hi, *_ in spans] == [7] + [8] * 14 + [7]
