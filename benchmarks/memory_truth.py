@@ -795,18 +795,25 @@ def rank_of(cfg: ParallelConfig, world: int, stage: int) -> int:
     return stage * (world // cfg.pp)
 
 
-def measure_model_state(c: Case, opts) -> dict:
-    """Parameters, gradient buffer and optimizer of the whole stage, as Megatron places it."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+def stage_setup(c: Case, opts):
+    """The case resolved, Megatron-Core's process groups set up as the case's stage rank sees
+    them, and the TransformerConfig of the case: what every whole-stage measurement starts with."""
     m, cluster, training, cfg = resolved_case(c)
     world = cluster.world_size
     init_groups(world, rank_of(cfg, world, c.stage), cfg.tp, cfg.pp, cfg.vpp, cfg.cp, cfg.ep,
                 cfg.etp_)
-    from megatron.core import parallel_state as ps
-
     config = transformer_config(m, cfg, m.num_layers, training.seq_len, cfg.pp, cfg.vpp,
                                 cfg.pipeline_split, opts.unfused_swiglu, c.capacity_factor)
+    return m, cluster, training, cfg, config
+
+
+def measure_model_state(c: Case, opts) -> dict:
+    """Parameters, gradient buffer and optimizer of the whole stage, as Megatron places it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m, cluster, training, cfg, config = stage_setup(c, opts)
+    from megatron.core import parallel_state as ps
+
     with FakeTensorMode(allow_non_fake_inputs=True):
         chunks = []
         for j in range(cfg.vpp):
@@ -977,14 +984,9 @@ def measure_chunk(c: Case, opts) -> dict:
     ``GPTModel._postprocess`` returns ``cat`` there, and the loss chunk splits it again)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    m, cluster, training, cfg = resolved_case(c)
-    world = cluster.world_size
-    init_groups(world, rank_of(cfg, world, c.stage), cfg.tp, cfg.pp, cfg.vpp, cfg.cp, cfg.ep,
-                cfg.etp_)
+    m, cluster, training, cfg, config = stage_setup(c, opts)
     from megatron.core import parallel_state as ps
 
-    config = transformer_config(m, cfg, m.num_layers, training.seq_len, cfg.pp, cfg.vpp,
-                                cfg.pipeline_split, opts.unfused_swiglu, c.capacity_factor)
     vp = c.chunk if cfg.vpp > 1 else None
     first, last, layout = M.split_fields(cfg)
     flat = sorted((ch for st in M.pipeline_chunks(m.num_layers, m.num_mtp_layers, cfg.pp, cfg.vpp,
