@@ -166,16 +166,19 @@ class ResidualTable:
                   configs: Sequence[ParallelConfig], projected: np.ndarray) -> list[Interval]:
         """One interval per configuration (vectorised by class: the features take few values)."""
         arch = cluster.gpu.architecture
-        cache: dict[tuple[str, ...], ClassInterval] = {}
+        # per feature tuple: the class, its key and its two factors (a few tuples per search)
+        cache: dict[tuple[str, ...], tuple[ClassInterval, str, float, float]] = {}
         out = []
-        for c, p in zip(configs, np.asarray(projected, dtype=float), strict=True):
+        for c, p in zip(configs, np.asarray(projected, dtype=float).tolist(), strict=True):
             f = class_features(arch, model.is_moe, c.vpp, c.cp,
                                precision_class(training.precision, c), model.is_hybrid)
-            ci = cache.get(f)
-            if ci is None:
-                ci = cache[f] = self.lookup(f)
-            out.append(Interval(float(p), float(p * np.exp(ci.q_lo)),
-                                float(p * np.exp(ci.q_hi)), class_key(f), ci))
+            got = cache.get(f)
+            if got is None:
+                ci = self.lookup(f)
+                got = cache[f] = (ci, class_key(f), float(np.exp(ci.q_lo)),
+                                  float(np.exp(ci.q_hi)))
+            ci, key, lo, hi = got
+            out.append(Interval(p, p * lo, p * hi, key, ci))
         return out
 
     def interval(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
