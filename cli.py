@@ -562,14 +562,23 @@ def render_memory(outcome: CheckOutcome) -> list[str]:
 
 
 def plan_mfu_note(model: Any, p: Any, precision: str, calibration: str | None) -> str:
-    """One line when plan rows project an MFU above the best published MFU of their class
-    (oracle.projection.mfu_note gives the breakdown-level reason for one configuration)."""
+    """One line when plan rows project an MFU above the best published MFU of their class, or
+    belong to a class no published run does (oracle.projection.mfu_note gives the
+    breakdown-level reason for one configuration)."""
     from tune_cp.oracle.catalog import load_gpu
     from tune_cp.oracle.constants import load_calibration, mfu_class
 
     arch = load_gpu(p.gpu).architecture
     key = mfu_class(model.is_moe, arch, precision)
-    ceil = ((load_calibration(calibration).fitted_on or {}).get("mfu_ceilings") or {}).get(key)
+    ceilings = (load_calibration(calibration).fitted_on or {}).get("mfu_ceilings") or {}
+    ceil = ceilings.get(key)
+    if ceilings and not ceil and any(q.feasible and q.mfu for q in p.points):
+        from tune_cp.oracle.projection import unbounded_class
+
+        return (f"the MFU of these rows has {unbounded_class(key, ceilings)}: it rests on the "
+                f"fitted GEMM efficiency of {precision} on this architecture (`tune-cp check` "
+                f"shows the breakdown); verify the GEMM throughput at these shapes before "
+                f"relying on it")
     above = [q.nodes for q in p.points if q.feasible and q.mfu and ceil and q.mfu > ceil["mfu"]]
     if not above:
         return ""

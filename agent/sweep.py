@@ -50,6 +50,7 @@ from tune_cp.oracle.specs import (
     Precision,
     TrainingSpec,
 )
+from tune_cp.solver.axes import RUN_KNOBS
 from tune_cp.solver.settings import MAX_MEMORY_MARGIN
 
 SECONDS_PER_HOUR = 3600.0
@@ -97,8 +98,8 @@ AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", 
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
                 "allow_cross_scale_up", "name",
-                # the framework run settings (solver/axes.py::RUN_KNOBS; RunSettings fields)
-                "cuda_graph_scope", "moe_a2a_overlap", "moe_capacity_factor")
+                # the framework run settings (RunSettings fields), as solver/axes.py declares them
+                *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -217,25 +218,41 @@ COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "pp_p2p", "dp_comm")
 
 def mfu_note(mfu: float, breakdown: dict[str, float], step_s: float, is_moe: bool,
              architecture: str, precision: str, table: CalibrationTable) -> str:
-    """One line when a projected MFU is above the best MFU any published run of its class
-    reached (``fitted_on.mfu_ceilings`` of the calibration file, written by
-    :func:`oracle.calibrate.mfu_ceilings`): the ceiling, the row that set it, and what the
-    projection's step consists of (GEMM share, bubble, exposed communication), so a user sees
-    what makes it higher; "" otherwise or when the calibration has no ceilings."""
+    """One line when a projected MFU is not bounded by a published run of its class
+    (``fitted_on.mfu_ceilings`` of the calibration file, written by
+    :func:`oracle.calibrate.mfu_ceilings`): above the best MFU a published run of the class
+    reached (the ceiling and the row that set it), or in a class no published run belongs to
+    (the published ceilings of the same architecture instead); either way what the projection's
+    step consists of (GEMM share, bubble, exposed communication), so a user sees what the MFU
+    rests on. "" when the MFU is within its class's ceiling, or when the calibration has no
+    ceilings at all (a user's own calibration from logs)."""
     from tune_cp.oracle.constants import mfu_class
 
-    ceil = ((table.fitted_on or {}).get("mfu_ceilings") or {}).get(
-        mfu_class(is_moe, architecture, precision))
-    if not ceil or mfu <= ceil["mfu"]:
+    ceilings = (table.fitted_on or {}).get("mfu_ceilings") or {}
+    key = mfu_class(is_moe, architecture, precision)
+    ceil = ceilings.get(key)
+    if not ceilings or (ceil and mfu <= ceil["mfu"]):
         return ""
     gemm = sum(breakdown.get(k, 0.0) for k in GEMM_TERMS) / step_s
     comm = sum(breakdown.get(k, 0.0) for k in COMM_TERMS) / step_s
     bubble = breakdown.get("pipeline_bubble", 0.0) / step_s
-    return (f"MFU {100 * mfu:.1f}% is above the best published {100 * ceil['mfu']:.1f}% for "
-            f"{mfu_class(is_moe, architecture, precision)} (row {ceil['row']}, {ceil['model']} on "
-            f"{ceil['gpu']}); it rests on GEMMs taking {100 * gemm:.0f}% of the step at the fitted "
-            f"GEMM efficiency, a {100 * bubble:.0f}% pipeline bubble and {100 * comm:.0f}% exposed "
-            f"communication: verify the GEMM throughput at these shapes on the cluster")
+    rests = (f"it rests on GEMMs taking {100 * gemm:.0f}% of the step at the fitted GEMM "
+             f"efficiency, a {100 * bubble:.0f}% pipeline bubble and {100 * comm:.0f}% exposed "
+             f"communication: verify the GEMM throughput at these shapes on the cluster")
+    if ceil:
+        return (f"MFU {100 * mfu:.1f}% is above the best published {100 * ceil['mfu']:.1f}% for "
+                f"{key} (row {ceil['row']}, {ceil['model']} on {ceil['gpu']}); {rests}")
+    return f"MFU {100 * mfu:.1f}% has {unbounded_class(key, ceilings)}; {rests}"
+
+
+def unbounded_class(key: str, ceilings: dict[str, dict[str, Any]]) -> str:
+    """"no published run of class K to bound it" and the published ceilings of the same
+    architecture (``dense/blackwell/fp8 52.9%, row 33``), for a class without a ceiling."""
+    arch = key.split("/")[1]
+    near = [f"{k} {100 * c['mfu']:.1f}%, row {c['row']}" for k, c in sorted(ceilings.items())
+            if k.split("/")[1] == arch]
+    seen = f" (published on {arch}: {'; '.join(near)})" if near else f" (none on {arch})"
+    return f"no published run of class {key} to bound it{seen}"
 
 
 __all__ = [
@@ -244,6 +261,7 @@ __all__ = [
     "Projection",
     "mfu_note",
     "mfu_peak_flops",
+    "unbounded_class",
     "model_flops_per_token_array",
     "project",
     "project_many",

@@ -256,3 +256,47 @@ def test_shipped_calibration_keeps_published_mfu_ceilings() -> None:
                     "bf16", table)
     assert note.startswith("MFU 55.7% is above the best published 42.1% for dense/hopper/bf16")
     assert mfu_note(0.40, {"mlp_gemm": 0.7}, 1.0, False, "hopper", "bf16", table) == ""
+
+
+def test_mfu_of_a_class_without_a_published_run_carries_a_note() -> None:
+    # no published run is dense BF16 on Blackwell (the Blackwell BF16 rows are GPT-OSS MoE): a
+    # projection of that class has no ceiling to be held to, whatever its MFU, and says so,
+    # naming the ceilings that Blackwell does have; a user's calibration without ceilings
+    # (from logs) prints nothing
+    from dataclasses import replace
+
+    from tune_cp.oracle.constants import load_calibration
+    from tune_cp.oracle.projection import mfu_note
+
+    table = load_calibration()
+    ceilings = table.fitted_on["mfu_ceilings"]
+    assert "dense/blackwell/bf16" not in ceilings and "dense/blackwell/fp8" in ceilings
+    note = mfu_note(0.30, {"mlp_gemm": 0.6, "pipeline_bubble": 0.05, "tp_comm": 0.1}, 1.0,
+                    False, "blackwell", "bf16", table)
+    assert note.startswith("MFU 30.0% has no published run of class dense/blackwell/bf16")
+    fp8 = ceilings["dense/blackwell/fp8"]
+    assert f"dense/blackwell/fp8 {100 * fp8['mfu']:.1f}%, row {fp8['row']}" in note
+    assert "GEMMs taking 60% of the step" in note and "a 5% pipeline bubble" in note
+    assert "10% exposed communication" in note
+    assert "cdna" not in note and "hopper" not in note  # only the same architecture's ceilings
+    bare = replace(table, fitted_on={})
+    assert mfu_note(0.30, {"mlp_gemm": 0.6}, 1.0, False, "blackwell", "bf16", bare) == ""
+
+
+def test_plan_names_a_class_without_a_published_run() -> None:
+    from types import SimpleNamespace
+
+    from tune_cp.cli import plan_mfu_note
+    from tune_cp.oracle.catalog import load_model
+
+    point = SimpleNamespace(feasible=True, mfu=0.5, nodes=32)
+    dense = load_model("llama3.1-405b")
+    note = plan_mfu_note(dense, SimpleNamespace(gpu="b200", points=[point]), "bf16", None)
+    assert note.startswith("the MFU of these rows has no published run of class "
+                           "dense/blackwell/bf16 to bound it (published on blackwell: ")
+    # a class with a ceiling and rows below it: no note
+    low = SimpleNamespace(feasible=True, mfu=0.30, nodes=16)
+    assert plan_mfu_note(dense, SimpleNamespace(gpu="h100", points=[low]), "bf16", None) == ""
+    # nothing feasible: nothing to bound
+    none = SimpleNamespace(feasible=False, mfu=0.0, nodes=4)
+    assert plan_mfu_note(dense, SimpleNamespace(gpu="b200", points=[none]), "bf16", None) == ""
