@@ -7,6 +7,8 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
 import math
 import os
@@ -54,6 +56,29 @@ if TYPE_CHECKING:
 # Start-up: ``--help``, ``--version``, ``models``, ``gpus`` and flag errors load only click, the
 # specs (pydantic) and the catalogs; the solver (OR-Tools), the oracle's numpy, the agent (DSPy)
 # and the plots (matplotlib) are imported by the commands that use them (benchmarks/cli.py).
+
+
+def without_cyclic_gc(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``command`` with Python's cyclic garbage collector off (restored after it).
+
+    For a command that solves one problem in its process (the search): its cyclic garbage is
+    the expression graphs of the CP-SAT models it builds (each :class:`solver.symbolic.Sym`
+    refers to its model's bookkeeping, which keeps its expressions), ~80,000 objects and ~3 MB
+    on the canonical search, freed when the process ends; the collector's passes over every
+    object the search allocates cost ~0.1-0.2 s of its ~2 s (benchmarks/cli.py). Not for
+    commands that solve many problems (``plan``, ``sweep``), whose garbage would add up."""
+
+    @functools.wraps(command)
+    def run_command(*args: Any, **kwargs: Any) -> Any:
+        was_on = gc.isenabled()
+        gc.disable()
+        try:
+            return command(*args, **kwargs)
+        finally:
+            if was_on:
+                gc.enable()
+
+    return run_command
 
 
 def load_model(name: str) -> ModelSpec:
@@ -1019,6 +1044,7 @@ def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
 @export_option
 @settings_options
 @click.pass_context
+@without_cyclic_gc
 def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Sequence[str],
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
                trials_out: str | None, timings: bool, workers: int,
@@ -1442,7 +1468,18 @@ def run(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: Threads of OpenBLAS, numpy's BLAS, in a tune-cp process unless the environment says
+#: otherwise. tune-cp's numpy work is element-wise on arrays of a few thousand rows (and a few
+#: 20 x 20 solves in ``calibrate``): OpenBLAS's pool of one thread per core, started when numpy
+#: is imported, speeds none of it up and costs ~0.12 s of CPU per process on the 2-core
+#: machines (``import numpy``: 0.25 -> 0.12 s; benchmarks/cli.py).
+BLAS_THREADS = "1"
+
+
 def entry() -> None:
+    """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
+    imports numpy), then :func:`run`."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     sys.exit(run())
 
 
