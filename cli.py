@@ -59,13 +59,16 @@ if TYPE_CHECKING:
 
 
 def without_cyclic_gc(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``command`` with Python's cyclic garbage collector off (restored after it).
+    """Run ``command`` with Python's cyclic garbage collector off.
 
-    For a command that solves one problem in its process (the search): its cyclic garbage is
-    the expression graphs of the CP-SAT models it builds (each :class:`solver.symbolic.Sym`
-    refers to its model's bookkeeping, which keeps its expressions), ~80,000 objects and ~3 MB
-    on the canonical search, freed when the process ends; the collector's passes over every
-    object the search allocates cost ~0.1-0.2 s of its ~2 s (benchmarks/cli.py). Not for
+    For a command that solves one problem (the search): its cyclic garbage is the expression
+    graphs of the CP-SAT models it builds (each :class:`solver.symbolic.Sym` refers to its
+    model's bookkeeping, which keeps its expressions), ~80,000 objects and ~3 MB on the canonical
+    search; the collector's passes over every object the search allocates cost ~0.1 s of CPU
+    (``gc.callbacks`` timing; most of it one pass over the enumeration's objects). In the
+    ``tune-cp`` process (:func:`entry`), which ends with the command, the objects left are
+    frozen (``gc.freeze``: no collector pass over them, at exit either) and the OS takes the
+    memory back; called in-process (:func:`run`, tests), the collector is restored. Not for
     commands that solve many problems (``plan``, ``sweep``), whose garbage would add up."""
 
     @functools.wraps(command)
@@ -75,10 +78,16 @@ def without_cyclic_gc(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         finally:
-            if was_on:
+            if _PROCESS_ENDS_WITH_COMMAND:
+                gc.freeze()
+            elif was_on:
                 gc.enable()
 
     return run_command
+
+
+#: Set by :func:`entry`: this process ends when its command returns (no in-process caller).
+_PROCESS_ENDS_WITH_COMMAND = False
 
 
 def load_model(name: str) -> ModelSpec:
@@ -1478,8 +1487,11 @@ BLAS_THREADS = "1"
 
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
-    imports numpy), then :func:`run`."""
+    imports numpy), then :func:`run`; the process ends with the command
+    (:func:`without_cyclic_gc`)."""
+    global _PROCESS_ENDS_WITH_COMMAND
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
+    _PROCESS_ENDS_WITH_COMMAND = True
     sys.exit(run())
 
 

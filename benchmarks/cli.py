@@ -68,11 +68,13 @@ sys.exit(code)
 """
 
 #: Imports the modules listed in the file named by the first argument: tune-cp's own first (in
-#: the order they finished loading), then the rest. (``sys.modules`` lists a module once it has
+#: the order they finished loading), then the rest, with the BLAS thread count tune-cp's entry
+#: point sets. (``sys.modules`` lists a module once it has
 #: finished loading, after what it imported: importing ``ortools.sat.python.cp_model`` before
 #: ``solver.cpsat`` would load pandas, which the command did not.)
 IMPORTER = """
-import importlib, sys
+import importlib, os, sys
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as tune-cp's entry point (cli.BLAS_THREADS)
 names = open(sys.argv[1]).read().split()
 own = [n for n in names if n.split(".")[0] == "tune_cp"]
 for name in own + [n for n in names if n not in own]:
