@@ -23,6 +23,8 @@ import importlib
 import os
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -42,9 +44,8 @@ def _import_cp_model() -> types.ModuleType:
     placeholder.Index = type("Index", (), {})  # type: ignore[attr-defined]
     placeholder.Series = type("Series", (), {})  # type: ignore[attr-defined]
     sys.modules["pandas"] = placeholder
-    flags = sys.getdlopenflags()
     try:
-        with _lazy_binding(flags):
+        with _lazy_binding():
             module = importlib.import_module(name)
     finally:
         if sys.modules.get("pandas") is placeholder:
@@ -53,22 +54,20 @@ def _import_cp_model() -> types.ModuleType:
     return module
 
 
-class _lazy_binding:
+@contextmanager
+def _lazy_binding() -> Iterator[None]:
     """Load shared libraries with lazy binding (``RTLD_LAZY``) inside the block, then restore
-    ``flags``. Python loads extension modules with ``RTLD_NOW``, which resolves every function
+    the flags. Python loads extension modules with ``RTLD_NOW``, which resolves every function
     symbol of OR-Tools' 32 MB native library and its dependencies at import; tune-cp calls a
     small part of it, and lazy binding resolves only those, on first call: ``import
     cp_model_helper`` 0.13 -> 0.10 s of CPU on the project's 2-core machine (OR-Tools' wheels
     are not linked with ``-z now``, which would override this)."""
-
-    def __init__(self, flags: int) -> None:
-        self.flags = flags
-
-    def __enter__(self) -> None:
-        sys.setdlopenflags((self.flags & ~os.RTLD_NOW) | os.RTLD_LAZY)
-
-    def __exit__(self, *exc: object) -> None:
-        sys.setdlopenflags(self.flags)
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags((flags & ~os.RTLD_NOW) | os.RTLD_LAZY)
+    try:
+        yield
+    finally:
+        sys.setdlopenflags(flags)
 
 
 cp_model = _import_cp_model()

@@ -288,8 +288,9 @@ def solve_slice(problem: Problem, families: Sequence[str],
 def _solve_piece(problem: Problem, lm: LegalityModel, piece: Sequence[int] | None,
                  time_limit_s: float | None, found: int) -> list[tuple[tuple[int, ...], int]]:
     """Every solution of ``lm``'s model with the recompute option's index in ``piece`` (None:
-    every option of the model; else a copy of the model with that domain, so one build serves
-    several pieces). ``found``: solutions of the problem so far (for the time-limit message)."""
+    every option of the model; else a copy of the model whose option a table restricts to
+    ``piece``, so one build serves several pieces). ``found``: solutions of the problem so far
+    (for the time-limit message)."""
     cp = lm.cp
     if piece is not None:
         # a table, not a narrower domain: the table encodes the option by its values, which the
