@@ -120,3 +120,67 @@ def test_specs_build_without_the_pydantic_plugin_scan():
              "try:\n    ParallelConfig(tp=0)\nexcept ValueError:\n    print('refused')\n"
              "print('importlib.metadata' in sys.modules)")
     assert fresh_python(probe).split() == ["refused", "False"]
+
+
+ENTRY_PROBE = """
+import json, os, sys
+from tune_cp import cli
+cli.run = lambda argv=None: 0
+try:
+    cli.entry()
+except SystemExit as e:
+    print(json.dumps({"code": e.code, "blas": os.environ.get("OPENBLAS_NUM_THREADS"),
+                      "ends": cli._PROCESS_ENDS_WITH_COMMAND}))
+"""
+
+
+@pytest.mark.parametrize("given, expected", [(None, "1"), ("4", "4")])
+def test_entry_runs_one_blas_thread_unless_the_environment_says(given, expected):
+    """The ``tune-cp`` entry point sets OpenBLAS to one thread before any command imports numpy,
+    and keeps a user's own setting; it marks the process as ending with its command."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    out = subprocess.run([sys.executable, "-c", ENTRY_PROBE], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.splitlines()[-1]) == {"code": 0, "blas": expected, "ends": True}
+
+
+GC_PROBE = """
+import contextlib, gc, io, json
+from tune_cp import cli
+args = ["--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--top", "1"]
+out = {}
+with contextlib.redirect_stdout(io.StringIO()):
+    out["in_process"] = [cli.run(args), gc.isenabled(), gc.get_freeze_count()]
+    cli._PROCESS_ENDS_WITH_COMMAND = True  # as cli.entry: the process ends with the command
+    out["one_shot"] = [cli.run(args), gc.isenabled(), gc.get_freeze_count() > 0]
+print(json.dumps(out))
+"""
+
+
+def test_search_runs_without_the_cyclic_collector():
+    """The search command turns the cyclic garbage collector off: called in-process it is
+    restored afterwards (nothing frozen); in the ``tune-cp`` process, which ends with the
+    command, it stays off and the objects left are frozen (no collector pass over them)."""
+    out = json.loads(fresh_python(GC_PROBE).splitlines()[-1])
+    assert out == {"in_process": [0, True, 0], "one_shot": [0, False, True]}
+
+
+def test_or_tools_is_loaded_with_lazy_binding_and_the_flags_restored():
+    """``solver/cpsat.py`` imports OR-Tools' native library with ``RTLD_LAZY`` and gives the
+    process its dlopen flags back."""
+    out = fresh_python(
+        "import os, sys; before = sys.getdlopenflags(); seen = []\n"
+        "import importlib\n"
+        "real = importlib.import_module\n"
+        "def spy(name, *a):\n"
+        "    if name == 'ortools.sat.python.cp_model': seen.append(sys.getdlopenflags())\n"
+        "    return real(name, *a)\n"
+        "importlib.import_module = spy\n"
+        "import tune_cp.solver.cpsat\n"
+        "print(before == sys.getdlopenflags(), bool(seen[0] & os.RTLD_LAZY),"
+        " not seen[0] & os.RTLD_NOW)")
+    assert out.split() == ["True", "True", "True"]

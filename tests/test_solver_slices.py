@@ -249,3 +249,33 @@ def test_no_recomputation_is_never_refused_where_another_option_passes(name):
     for r in on_rc:
         values = {"recompute": Recompute.NONE, "recompute_modules": ()}
         assert not r.refuses(*(values[f] for f in r.fields))
+
+
+def test_other_options_and_full_block_share_one_build(monkeypatch):
+    """A MoE slice: no recomputation alone, then one model of the other options solved in two
+    pieces (the options but full block, then full block) whose index sets partition its
+    options; the enumeration equals the one with a model built for each group."""
+    from tune_cp.solver import feasible
+
+    p = problem("mixtral-8x22b", "mi355x", 4, 8192, 512, mbs=(1, 2))
+    parts = feasible.recompute_parts(p.space, tuple(RULES))
+    assert [n for _, n, _ in parts] == [None, True]
+    (none_sp, _, none_pieces), (rest_sp, _, (other, block)) = parts
+    assert none_pieces == (None,) and [o.kind for o in none_sp.recompute] == [Recompute.NONE]
+    assert sorted(other + block) == list(range(len(rest_sp.recompute)))
+    assert other and all(not rest_sp.recompute[i].is_full_block for i in other)
+    assert block and all(rest_sp.recompute[i].is_full_block for i in block)
+    shared = enumerate_problem(p)
+
+    def separate(space, families):
+        got = parts_of(space, families)
+        if len(got) == 1:
+            return got
+        (n_sp, n_opt, _), (r_sp, r_opt, pieces) = got
+        return [(n_sp, n_opt, (None,)),
+                *((r_sp.with_domains(recompute=tuple(r_sp.recompute[i] for i in idx)), r_opt,
+                   (None,)) for idx in pieces)]
+
+    parts_of = feasible.recompute_parts
+    monkeypatch.setattr(feasible, "recompute_parts", separate)
+    _same(shared, enumerate_problem(p))
