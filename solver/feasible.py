@@ -99,9 +99,11 @@ class _Collector(cp_model.CpSolverSolutionCallback):
     """Reads each solution: the raw value of every axis in ``AXES`` order (the value of tp, pp,
     cp, vpp, ep, etp, mbs; the domain index of the others) and the peak bytes.
 
-    Values are read by variable index (``SolutionIntegerValue``), each memory total from its
-    linear form (variable indices, coefficients, offset) flattened once: the same numbers as
-    ``Value`` of each expression, without converting the expressions at every solution."""
+    Values are read by variable index (``SolutionIntegerValue``). Each memory total is one
+    variable of an enforced model (``MemoryEncoding._fits``): one read per stage slot; a total
+    that is not (a constant, or a model built otherwise) is read from its linear form (variable
+    indices, coefficients, offset), flattened once: the same numbers as ``Value`` of each
+    expression, without converting the expressions at every solution."""
 
     def __init__(self, lm: LegalityModel) -> None:
         super().__init__()
@@ -112,13 +114,18 @@ class _Collector(cp_model.CpSolverSolutionCallback):
         #: scenario (a constant, or a variable index), and per scenario the slots' totals
         self.scenario: tuple[bool, int] | None = None
         self.totals: dict[int, list[tuple[tuple[tuple[int, int], ...], int]]] = {}
+        #: per scenario, the totals' variable indices when every total is one variable
+        self.total_vars: dict[int, list[int] | None] = {}
         if "hbm" in lm.families:
             mem = lm.memory
             sc = mem.scenario
             self.scenario = ((True, lm.ar.as_var(sc).index) if isinstance(sc, Sym)
                              else (False, sc))
             for s in mem.scenarios:
-                self.totals[s] = [_linear_form(t[s]) for t in mem.totals]
+                forms = self.totals[s] = [_linear_form(t[s]) for t in mem.totals]
+                single = all(len(terms) == 1 and terms[0][1] == 1 and off == 0
+                             for terms, off in forms)
+                self.total_vars[s] = [terms[0][0] for terms, _ in forms] if single else None
 
     def on_solution_callback(self) -> None:
         value = self.SolutionIntegerValue
@@ -128,8 +135,14 @@ class _Collector(cp_model.CpSolverSolutionCallback):
         peak = -1
         if self.scenario is not None:
             is_var, s = self.scenario
-            forms = self.totals[value(s) if is_var else s]
-            peak = max(off + sum(c * value(j) for j, c in terms) for terms, off in forms)
+            if is_var:
+                s = value(s)
+            idx = self.total_vars[s]
+            if idx is not None:
+                peak = max(map(value, idx))
+            else:
+                peak = max(off + sum(c * value(j) for j, c in terms)
+                           for terms, off in self.totals[s])
         self.rows.append((tuple(vals), peak))
 
 

@@ -936,6 +936,10 @@ class MemoryEncoding:
             for s in self.scenarios:
                 terms = M.combine(c, self.pu, au, self.sharding(s), ov)
                 total = sum(terms.values())
+                if m.enforced and isinstance(total, Sym):
+                    # one variable per total in the enumeration models: the fit test and the
+                    # peak read per solution (feasible._Collector) touch it, not its ~10 terms
+                    ar.as_var(total, "total")
                 per_scen[s] = total
                 le = ar.le(total, self.limit, "fits", big_m=m.enforced)
                 if len(self.scenarios) == 1:
