@@ -968,6 +968,13 @@ def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
     return FP32_BYTES * P.cdiv(training.seq_len, cp) * rot
 
 
+def activation_pp(pp: int) -> int:
+    """The pipeline size :func:`activation_units` depends on: only whether there is a pipeline
+    (pp > 1: the send/receive buffers, ``pipeline_buffers``), so every pp > 1 gives the units
+    of pp 2 (the solver computes them once for all of them; a test holds the two equal)."""
+    return min(pp, 2)
+
+
 def activation_units(
     model: ModelSpec,
     training: TrainingSpec,

@@ -712,6 +712,7 @@ class MemoryEncoding:
 
         def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
             mods = m.modsets[ms]
+            pp_ = M.activation_pp(pp_)  # the units of every pp > 1 are those of pp 2
             key = (b, t, c, et, f, mods, pp_)
             out = memo.act.get(key)
             if out is None:
