@@ -477,10 +477,9 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
     t1 = time.perf_counter()
     rows = sorted(row for r in results for row in r.rows)
     space = problem.space
-    configs = []
-    for raw, peak in rows:
-        cand = decode(space, raw)
-        configs.append(FeasibleConfig(problem.resolve(cand), peak, cand))
+    cands = [decode(space, raw) for raw, _ in rows]
+    configs = [FeasibleConfig(cfg, peak, cand) for cfg, (_, peak), cand
+               in zip(problem.resolve_many(cands), rows, cands, strict=True)]
     t2 = time.perf_counter()
     removed: dict[str, int] = {}
     if count_removed:

@@ -6,7 +6,7 @@ Shared by the CP-SAT model (``solver/model.py``), the plain Python loop
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -23,6 +23,10 @@ from tune_cp.solver.axes import RECOMPUTE_FIELDS
 from tune_cp.solver.rules import RuleContext, hbm_limit_bytes
 from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
 from tune_cp.solver.space import SearchSpace, candidate_config
+
+
+#: The candidate axes :meth:`Problem.resolve_many` copies into a layout's resolution.
+_PER_LAYOUT = frozenset(("mbs", "recompute"))
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,30 @@ class Problem(SettingsView):
         """The resolved configuration of one candidate (a dict of axis values)."""
         return resolve_config(candidate_config(candidate, self.space.grad_reduce_in_fp32),
                               self.model, self.cluster, self.training)
+
+    def resolve_many(self, candidates: Iterable[Mapping[str, Any]]) -> list[ParallelConfig]:
+        """:meth:`resolve` of each candidate. Candidates that differ only in mbs and the
+        recompute option share one resolution (no other derived field reads them: dp, the
+        split, the schedule, the FP8 recipe), copied with those fields and the micro-batch
+        count as :meth:`vary` does; the enumeration's few thousand candidates resolve about
+        twice as fast (pydantic validates once per layout)."""
+        fields = ParallelConfig.model_fields
+        cleared = {f: fields[f].default for f in RECOMPUTE_FIELDS}
+        gbs = self.training.global_batch_size
+        layouts: dict[tuple[Any, ...], ParallelConfig] = {}
+        out = []
+        for cand in candidates:
+            key = tuple([v for k, v in cand.items() if k not in _PER_LAYOUT])
+            base = layouts.get(key)
+            if base is None:
+                out.append(layouts.setdefault(key, self.resolve(cand)))
+                continue
+            assert base.dp is not None
+            update = cleared | cand["recompute"].config_fields()
+            update["mbs"] = mbs = cand["mbs"]
+            update["ga"] = derived_ga(gbs, mbs, base.dp)
+            out.append(base.model_copy(update=update))
+        return out
 
     def context(self, cfg: ParallelConfig) -> RuleContext:
         """The rule context of a resolved configuration, with this problem's settings."""
