@@ -279,3 +279,43 @@ def test_other_options_and_full_block_share_one_build(monkeypatch):
     parts_of = feasible.recompute_parts
     monkeypatch.setattr(feasible, "recompute_parts", separate)
     _same(shared, enumerate_problem(p))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "mixtral-8x22b", "llama3-8b", "nemotron-h-56b"])
+def test_activation_units_read_pp_only_as_a_pipeline(name):
+    """The solver computes the activation units of pp 2 for every pp > 1
+    (``oracle.memory.activation_pp``): they must be those of each pp, for every kind of
+    layer, parallelism, micro-batch, FP8 and selective recomputation."""
+    from tests.conftest import resolved
+    from tune_cp.oracle.catalog import load_gpu, load_model
+    from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
+
+    m = load_model(name)
+    cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=64, gpus_per_node=8)
+    for prec in ("bf16", "fp8"):
+        tr = TrainingSpec(seq_len=4096, global_batch_size=4096, precision=Precision(prec))
+        for tp, cp, mbs, rc in ((1, 1, 1, {}), (2, 2, 2, {}), (4, 1, 1, {
+                "recompute": Recompute.SELECTIVE, "recompute_modules": ("core_attn",)})):
+            units = {pp: M.activation_units(m, tr, resolved(m, cl, tr, tp=tp, pp=pp, cp=cp,
+                                                             mbs=mbs, **rc))
+                     for pp in (1, 2, 4, 8, 16)}
+            assert units[1] != units[2]  # the pipeline's send/receive buffers
+            for pp in (4, 8, 16):
+                assert M.activation_pp(pp) == 2 and units[pp] == units[2], (pp, tp, cp, mbs)
+    assert M.activation_pp(1) == 1
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_resolve_many_is_resolve(name):
+    """``Problem.resolve_many`` (one resolution per layout, copied per micro-batch size and
+    recompute option) gives what ``resolve`` gives for each candidate, every field."""
+    p = CASES[name]()
+    cands = list(p.space.sample(1500, seed=5))
+    # the same layouts again with the other mbs values and recompute options
+    cands += [c | {"mbs": b, "recompute": r} for c in cands[:40]
+              for b in p.space.mbs for r in p.space.recompute[:4]]
+    got = p.resolve_many(cands)
+    assert len(got) == len(cands)
+    for cand, cfg in zip(cands, got, strict=True):
+        want = p.resolve(cand)
+        assert cfg == want and cfg.model_dump() == want.model_dump(), cand
