@@ -244,3 +244,14 @@ def test_bad_combination_values_are_rejected():
     m, cl, tr = setting(*LLAMA)
     with pytest.raises(ValueError):
         pin_settings(default_space(m, cl, tr), {"dispatcher": "carrier-pigeon"})
+
+
+def test_evaluator_key_is_every_field_in_order(llama_result):
+    """``config_key`` reads the instance's values: the same tuple ``model_dump`` gives, for
+    configurations built, resolved and copied with updates (the seed phase's moves)."""
+    from tune_cp.agent.evaluate import config_key
+    from tune_cp.agent.seed import apply
+
+    for t in llama_result.trials[:60]:
+        for cfg in (t.config, apply(t.config, {"mbs": 2, "recompute": "selective"})):
+            assert config_key(cfg) == tuple(cfg.model_dump().values())
