@@ -666,3 +666,47 @@ def test_time_names_are_imported_from_their_home_not_from_projection() -> None:
                 stale += [f"{path.relative_to(root)}: {a.name}" for a in node.names
                           if a.name not in proj.__all__]
     assert stale == []
+
+
+def test_from_configs_reads_every_field_of_every_configuration() -> None:
+    """``ConfigBatch.from_configs`` on a feasible set with every recompute kind, FSDP and
+    replicated optimizers, FP8 recipes and zero-bubble schedules: each array entry is the
+    configuration's own value (codes as the batch's tables give them); one traits for all and
+    one per configuration give the same arrays."""
+    from tests.test_solver_equivalence import CASES
+    from tune_cp.oracle.work import (
+        DISPATCH_CODE,
+        FP8_CODE,
+        METHOD_CODE,
+        MODULE_BITS,
+        RECOMPUTE_CODE,
+        SCHEDULE_CODE,
+        split_key,
+    )
+    from tune_cp.solver.feasible import enumerate_problem
+
+    cfgs = [f.config for name in ("llama3-8b-fp8-fsdp", "mixtral-8x7b")
+            for f in enumerate_problem(CASES[name](), count_removed=False).configs]
+    kinds = {c.recompute for c in cfgs}
+    assert len(kinds) == 3 and len({c.fsdp for c in cfgs}) == 2
+    b = ConfigBatch.from_configs(cfgs)
+    for i, c in enumerate(cfgs):
+        got = {f: getattr(b, f)[i] for f in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs",
+                                             "ga", "sp", "recompute", "recompute_method",
+                                             "recompute_layers", "recompute_modules",
+                                             "distributed_optimizer", "fsdp", "dispatcher",
+                                             "schedule", "split", "fp8", "grad_fp32")}
+        assert got == {
+            "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "ep": c.ep, "etp": c.etp_,
+            "dp": c.dp, "mbs": c.mbs, "ga": c.ga, "sp": c.sp,
+            "recompute": RECOMPUTE_CODE[c.recompute],
+            "recompute_method": METHOD_CODE[c.recompute_method],
+            "recompute_layers": -1 if c.recompute_layers is None else c.recompute_layers,
+            "recompute_modules": sum(MODULE_BITS[m] for m in set(c.recompute_modules)),
+            "distributed_optimizer": c.distributed_optimizer, "fsdp": c.fsdp,
+            "dispatcher": DISPATCH_CODE[c.dispatcher], "schedule": SCHEDULE_CODE[c.schedule_],
+            "split": b.split_keys.index(split_key(c)), "fp8": FP8_CODE[c.fp8_recipe],
+            "grad_fp32": c.grad_reduce_in_fp32}, c
+    per = ConfigBatch.from_configs(cfgs, [RunTraits()] * len(cfgs))
+    for f in ("tp_overlap", "fp8_rowwise", "dropless", "graph_mask", "a2a_overlap", "capacity"):
+        assert (getattr(per, f) == getattr(b, f)).all() and len(getattr(b, f)) == len(cfgs)
