@@ -166,17 +166,18 @@ class ResidualTable:
                   configs: Sequence[ParallelConfig], projected: np.ndarray) -> list[Interval]:
         """One interval per configuration (vectorised by class: the features take few values)."""
         arch = cluster.gpu.architecture
-        # per feature tuple: the class, its key and its two factors (a few tuples per search)
-        cache: dict[tuple[str, ...], tuple[ClassInterval, str, float, float]] = {}
+        # per (vpp, cp, FP8 recipe), what the features read of a configuration: the class, its
+        # key and its two factors (a few per search)
+        cache: dict[tuple[Any, ...], tuple[ClassInterval, str, float, float]] = {}
         out = []
         for c, p in zip(configs, np.asarray(projected, dtype=float).tolist(), strict=True):
-            f = class_features(arch, model.is_moe, c.vpp, c.cp,
-                               precision_class(training.precision, c), model.is_hybrid)
-            got = cache.get(f)
+            got = cache.get((c.vpp, c.cp, c.fp8_recipe))
             if got is None:
+                f = class_features(arch, model.is_moe, c.vpp, c.cp,
+                                   precision_class(training.precision, c), model.is_hybrid)
                 ci = self.lookup(f)
-                got = cache[f] = (ci, class_key(f), float(np.exp(ci.q_lo)),
-                                  float(np.exp(ci.q_hi)))
+                got = cache[(c.vpp, c.cp, c.fp8_recipe)] = (
+                    ci, class_key(f), float(np.exp(ci.q_lo)), float(np.exp(ci.q_hi)))
             ci, key, lo, hi = got
             out.append(Interval(p, p * lo, p * hi, key, ci))
         return out
