@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from tune_cp.oracle.specs import Recompute
@@ -106,9 +107,12 @@ def walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),
                 node.ctx = problem.context(problem.resolve(cand))
         return node.ctx
 
+    # per family: its axes' values of an assignment (one value, a tuple, or () for none)
+    values_of = [itemgetter(*ax) if ax else (lambda _: ()) for ax in sorted_axes]
+
     def verdict(j: int, assign: dict[str, Any], node: _Node) -> bool:
         """Family j's verdict (memoised on the axes it reads)."""
-        key = (j, tuple([assign[a] for a in sorted_axes[j]]))
+        key = (j, values_of[j](assign))
         v = verdicts.get(key)
         if v is None:
             v = verdicts[key] = not RULES[fams[j]](context(node, assign))
@@ -130,19 +134,21 @@ def walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),
 
     memo: dict[tuple[Any, ...], dict[str, int]] = {}
     n_fams = len(fams)
-    plans: dict[tuple[int, int], tuple[list[int], tuple[str, ...]]] = {}
+    plans: dict[tuple[int, int], tuple[list[int], Callable[[dict[str, Any]], Any]]] = {}
 
-    def plan(d: int, ptr: int) -> tuple[list[int], tuple[str, ...]]:
+    def plan(d: int, ptr: int) -> tuple[list[int], Callable[[dict[str, Any]], Any]]:
         """The pending families already decidable at depth d (blocked behind an earlier one),
-        and the axes the others read: with d and ptr, their verdicts and those axes' values
-        determine the rest of the walk."""
+        and the values of the axes the others read (those assigned above depth d: the walk
+        assigns ``WALK_ORDER[:d]``): with d and ptr, their verdicts and those values determine
+        the rest of the walk."""
         got = plans.get((d, ptr))
         if got is None:
             blocked = [j for j in range(ptr, n_fams) if ready[j] <= d]
             reads = {a for j in range(ptr, n_fams) if ready[j] > d for a in axes[j]}
             if d <= pos["etp"]:
                 reads.add("tp")  # the etp domain depends on tp
-            got = plans[(d, ptr)] = (blocked, tuple(sorted(reads)))
+            bound = sorted(a for a in reads if pos[a] < d)
+            got = plans[(d, ptr)] = (blocked, itemgetter(*bound) if bound else (lambda _: ()))
         return got
 
     assert set(by) <= set(PROBE_AXES)
@@ -168,9 +174,8 @@ def walk(problem: Problem, families: Sequence[str], by: Sequence[str] = (),
     def rec_shared(d: int, ptr: int, assign: dict[str, Any], node: _Node) -> dict[str, int]:
         if ptr == n_fams:
             return {"pass": size(d, assign)}
-        blocked, reads = plan(d, ptr)
-        key = (d, ptr, tuple([verdict(j, assign, node) for j in blocked]),
-               tuple([assign.get(a) for a in reads]))
+        blocked, read = plan(d, ptr)
+        key = (d, ptr, tuple([verdict(j, assign, node) for j in blocked]), read(assign))
         got = memo.get(key)
         if got is not None:
             return got
