@@ -619,27 +619,19 @@ def stage_counts_by_kind(
         ckpt = emb = out = mtp_in = 0
         groups: set[tuple[int, ...]] = set()
         redo = [0] * nk
+        per_kind = [0] * nk
         for chunk, n_in in zip(chunks, inflight, strict=True):
-            plan = recompute_groups(len(chunk.layers), recompute, method, k)
-            recomputed = {i for lo, hi in plan for i in range(lo, hi)}
-            for i in recomputed:
-                redo[kinds[chunk.layers[i]]] += 1
-            for lo, hi in plan:
-                comp = [0] * nk
-                for i in range(lo, hi):
-                    comp[kinds[chunk.layers[i]]] += 1
-                groups.add(tuple(comp))
-            for idx, layer in enumerate(chunk.layers):
-                if idx not in recomputed:
-                    live[kinds[layer]] += n_in
-            ckpt += n_in * len(plan)
+            n_plan, layers_of, kept_of, redo_of, comps = _chunk_kinds(
+                kinds, chunk.layers, recompute, method, k)
+            for j in range(nk):
+                per_kind[j] += layers_of[j]
+                live[j] += n_in * kept_of[j]
+                redo[j] += redo_of[j]
+            groups.update(comps)
+            ckpt += n_in * n_plan
             emb += n_in if chunk.has_embedding else 0
             out += n_in if chunk.has_output else 0
             mtp_in += n_in * chunk.mtp_layers
-        per_kind = [0] * nk
-        for ch in chunks:
-            for i in ch.layers:
-                per_kind[kinds[i]] += 1
         mtp = sum(ch.mtp_layers for ch in chunks)
         present = [int(per_kind[j] > 0 or (mtp > 0 and j == mtp_kind)) for j in range(nk)]
         fields: dict[str, int] = {}
@@ -665,6 +657,35 @@ def stage_counts_by_kind(
             )
         )
     return tuple(result)
+
+
+@lru_cache(maxsize=65536)
+def _chunk_kinds(kinds: tuple[int, ...], layers: tuple[int, ...], recompute: Recompute,
+                 method: RecomputeMethod, k: int | None
+                 ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                            tuple[tuple[int, ...], ...]]:
+    """One chunk's layers per kind under its recompute plan (:func:`recompute_groups`): the
+    plan's group count, the chunk's layers per kind, those not recomputed (their activations
+    kept per in-flight micro-batch), those recomputed, and each group's composition. The same
+    chunks recur across stages and geometries (a table entry for :func:`stage_counts_by_kind`)."""
+    nk = len(KINDS)
+    plan = recompute_groups(len(layers), recompute, method, k)
+    recomputed = {i for lo, hi in plan for i in range(lo, hi)}
+    per_kind, kept, redo = [0] * nk, [0] * nk, [0] * nk
+    for idx, layer in enumerate(layers):
+        j = kinds[layer]
+        per_kind[j] += 1
+        if idx in recomputed:
+            redo[j] += 1
+        else:
+            kept[j] += 1
+    comps = []
+    for lo, hi in plan:
+        comp = [0] * nk
+        for i in range(lo, hi):
+            comp[kinds[layers[i]]] += 1
+        comps.append(tuple(comp))
+    return len(plan), tuple(per_kind), tuple(kept), tuple(redo), tuple(comps)
 
 
 def _pareto_groups(groups: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
