@@ -217,6 +217,8 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
     by_none = sp.has_no_recompute and len(options) > 1
     axes = sorted({a for f in reading for a in family_axes(problem, f)} - {"recompute"})
     counts: dict[tuple[Any, ...], int] = {}
+    #: per (method, K): the options of the space with the same method and a larger K
+    larger_of: dict[tuple[Any, int | None], list[int]] = {}
     total = 0
     for f in kept:
         cand = f.candidate
@@ -229,8 +231,11 @@ def dominated_count(problem: Problem, families: Sequence[str], kept: Sequence[An
         elif rc.is_full_block:
             key = ("k", rc.method, rc.layers, *(cand[a] for a in axes))
             if key not in counts:
-                larger = [i for i, o in enumerate(options)
-                          if o.is_full_block and o.method is rc.method and o.layers > rc.layers]
+                larger = larger_of.get((rc.method, rc.layers))
+                if larger is None:
+                    larger = larger_of[(rc.method, rc.layers)] = [
+                        i for i, o in enumerate(options)
+                        if o.is_full_block and o.method is rc.method and o.layers > rc.layers]
                 counts[key] = _allowed_count(problem, reading, fam_rest, verdicts, f,
                                              options, larger)
         else:
