@@ -24,7 +24,6 @@ from tune_cp.solver.rules import RuleContext, hbm_limit_bytes
 from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
 from tune_cp.solver.space import SearchSpace, candidate_config
 
-
 #: The candidate axes :meth:`Problem.resolve_many` copies into a layout's resolution.
 _PER_LAYOUT = frozenset(("mbs", "recompute"))
 
