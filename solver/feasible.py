@@ -269,7 +269,7 @@ def solve_slice(problem: Problem, families: Sequence[str],
     build_s = solve_s = 0.0
     start = time.perf_counter()
     none_fits: list[tuple[int, ...]] | None = None
-    for part, none_option, pieces in recompute_parts(sub.space, families):
+    for part, none_option in recompute_parts(sub.space, families):
         t0 = time.perf_counter()
         lm = LegalityModel(sub.replace(space=part) if part is not sub.space else sub, families,
                            enforced=True, none_option=none_option,
@@ -278,14 +278,12 @@ def solve_slice(problem: Problem, families: Sequence[str],
             lm.cp.Add(lit == 1)
         lm.add_search_strategy()
         t1 = time.perf_counter()
-        got: list[tuple[tuple[int, ...], int]] = []
-        for piece in pieces if isinstance(lm.rc, Sym) else (None,):
-            left = None
-            if time_limit_s is not None:
-                left = time_limit_s - (time.perf_counter() - start)
-                if left <= 0:
-                    raise _too_long(problem, len(rows) + len(got))
-            got += _solve_piece(problem, lm, piece, left, len(rows) + len(got))
+        left = None
+        if time_limit_s is not None:
+            left = time_limit_s - (time.perf_counter() - start)
+            if left <= 0:
+                raise _too_long(problem, len(rows))
+        got = _solve_model(problem, lm, left, len(rows))
         if part is sub.space:
             rows += got
         else:  # the part's recompute indices -> the space's
@@ -298,30 +296,21 @@ def solve_slice(problem: Problem, families: Sequence[str],
     return SliceResult(dict(fixed), rows, build_s, solve_s)
 
 
-def _solve_piece(problem: Problem, lm: LegalityModel, piece: Sequence[int] | None,
-                 time_limit_s: float | None, found: int) -> list[tuple[tuple[int, ...], int]]:
-    """Every solution of ``lm``'s model with the recompute option's index in ``piece`` (None:
-    every option of the model; else a copy of the model whose option a table restricts to
-    ``piece``, so one build serves several pieces). ``found``: solutions of the problem so far
-    (for the time-limit message)."""
-    cp = lm.cp
-    if piece is not None:
-        # a table, not a narrower domain: the table encodes the option by its values, which the
-        # option's element constraints propagate on (a domain alone: 1.5x the deterministic time)
-        cp = lm.cp.clone()
-        rc = cp.get_int_var_from_proto_index(lm.ar.as_var(lm.rc).index)
-        cp.AddAllowedAssignments([rc], [(i,) for i in piece])
+def _solve_model(problem: Problem, lm: LegalityModel, time_limit_s: float | None,
+                 found: int) -> list[tuple[tuple[int, ...], int]]:
+    """Every solution of ``lm``'s model (raw axis values, peak bytes). ``found``: solutions of
+    the problem so far (for the time-limit message)."""
     solver = cp_model.CpSolver()
     enumeration_parameters(solver)
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = time_limit_s
     col = _Collector(lm)
-    status = solver.Solve(cp, col)
+    status = solver.Solve(lm.cp, col)
     if status == cp_model.MODEL_INVALID:  # numbers beyond 64 bits: an input error, one line
         m = lm.p.model
         raise ConfigError(f"model {m.name!r} (hidden_size {m.hidden_size}, vocab "
                           f"{m.vocab_size}) is too large for the solver's 64-bit arithmetic "
-                          f"({' '.join(cp.Validate().split())[:200]})")
+                          f"({' '.join(lm.cp.Validate().split())[:200]})")
     if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE):
         # FEASIBLE / UNKNOWN while enumerating: stopped by the time limit before the end
         raise _too_long(problem, found + len(col.rows))
@@ -364,33 +353,27 @@ def none_from_solutions(families: Sequence[str]) -> bool:
 
 
 def recompute_parts(space: SearchSpace, families: Sequence[str]
-                    ) -> list[tuple[SearchSpace, bool | None, tuple[tuple[int, ...] | None, ...]]]:
-    """The CP-SAT models a slice is enumerated with, and the pieces each is solved in:
-    ``(space, none_option, pieces)``, ``space`` and ``none_option`` for :class:`LegalityModel`,
-    ``pieces`` the index sets of ``space.recompute`` solved one after the other on copies of the
-    one built model (``(None,)``: the model as built). With ``recompute_dominance`` on and no
+                    ) -> list[tuple[SearchSpace, bool | None]]:
+    """The CP-SAT models a slice is enumerated with, one after the other: ``(space,
+    none_option)`` for :class:`LegalityModel`. With ``recompute_dominance`` on and no
     recomputation an option beside others: no recomputation alone (nothing dominates it: it
     needs no dominance memory), then one model of the other options, told that no
-    recomputation is an option (so that it dominates them where it fits), solved in two pieces:
-    the options other than full block recompute, then full block recompute (every K of the
-    space, so the next smaller K is the space's). Each piece searches less than one model of
-    all its options would (about half the CP-SAT deterministic time: docs/solver.md, "Fifth
-    round"), and the two pieces share one build (docs/solver.md, "Seventh round"). Only where
-    experts multiply the layouts (more than one ep value, as :func:`default_slice_axes`): a
-    dense space has few feasible configurations per slice, and each part searches the slice's
-    layouts again (Llama 3.1 405B on 16 H100 nodes: 1.2 -> 1.6 s). Else the slice's space
-    itself."""
+    recomputation is an option (so that it dominates them where it fits) and, by the first
+    model's solutions, where it fits (:func:`none_from_solutions`). Only where experts multiply
+    the layouts (more than one ep value, as :func:`default_slice_axes`): a dense space has few
+    feasible configurations per slice, and each part searches the slice's layouts again (Llama
+    3.1 405B on 16 H100 nodes: 1.2 -> 1.6 s). Else the slice's space itself. (The other options
+    were solved in two pieces, full block recompute apart, in the fifth to seventh rounds: less
+    CP-SAT deterministic time, but more instructions, a model load each: docs/solver.md,
+    "Eighth round".)"""
     rc = space.recompute
     none = tuple(o for o in rc if o.kind is Recompute.NONE)
     if ("recompute_dominance" not in families or not none or len(none) == len(rc)
             or len(space.ep) == 1):
-        return [(space, None, (None,))]
+        return [(space, None)]
     rest = tuple(o for o in rc if o.kind is not Recompute.NONE)
-    other = tuple(i for i, o in enumerate(rest) if not o.is_full_block)
-    block = tuple(i for i, o in enumerate(rest) if o.is_full_block)
-    pieces = (other, block) if other and block else (None,)
-    return [(space.with_domains(recompute=none), None, (None,)),
-            (space.with_domains(recompute=rest), True, pieces)]
+    return [(space.with_domains(recompute=none), None),
+            (space.with_domains(recompute=rest), True)]
 
 
 #: The problem and families of the enumeration a worker process serves (set before the fork,

@@ -251,34 +251,34 @@ def test_no_recomputation_is_never_refused_where_another_option_passes(name):
         assert not r.refuses(*(values[f] for f in r.fields))
 
 
-def test_other_options_and_full_block_share_one_build(monkeypatch):
-    """A MoE slice: no recomputation alone, then one model of the other options solved in two
-    pieces (the options but full block, then full block) whose index sets partition its
-    options; the enumeration equals the one with a model built for each group."""
+def test_other_options_are_one_model(monkeypatch):
+    """A MoE slice: no recomputation alone, then one model of the other options (selective and
+    every full block K); the enumeration equals the one with a model for the options other than
+    full block and another for full block (the pieces of the fifth to seventh rounds)."""
     from tune_cp.solver import feasible
 
     p = problem("mixtral-8x22b", "mi355x", 4, 8192, 512, mbs=(1, 2))
     parts = feasible.recompute_parts(p.space, tuple(RULES))
-    assert [n for _, n, _ in parts] == [None, True]
-    (none_sp, _, none_pieces), (rest_sp, _, (other, block)) = parts
-    assert none_pieces == (None,) and [o.kind for o in none_sp.recompute] == [Recompute.NONE]
-    assert sorted(other + block) == list(range(len(rest_sp.recompute)))
-    assert other and all(not rest_sp.recompute[i].is_full_block for i in other)
-    assert block and all(rest_sp.recompute[i].is_full_block for i in block)
-    shared = enumerate_problem(p)
+    assert [n for _, n in parts] == [None, True]
+    (none_sp, _), (rest_sp, _) = parts
+    assert [o.kind for o in none_sp.recompute] == [Recompute.NONE]
+    assert {o.kind for o in rest_sp.recompute} == {Recompute.SELECTIVE, Recompute.FULL}
+    assert len(none_sp.recompute) + len(rest_sp.recompute) == len(p.space.recompute)
+    one = enumerate_problem(p)
 
     def separate(space, families):
         got = parts_of(space, families)
         if len(got) == 1:
             return got
-        (n_sp, n_opt, _), (r_sp, r_opt, pieces) = got
-        return [(n_sp, n_opt, (None,)),
-                *((r_sp.with_domains(recompute=tuple(r_sp.recompute[i] for i in idx)), r_opt,
-                   (None,)) for idx in pieces)]
+        (n_sp, n_opt), (r_sp, r_opt) = got
+        groups = ([o for o in r_sp.recompute if not o.is_full_block],
+                  [o for o in r_sp.recompute if o.is_full_block])
+        return [(n_sp, n_opt),
+                *((r_sp.with_domains(recompute=tuple(g)), r_opt) for g in groups)]
 
     parts_of = feasible.recompute_parts
     monkeypatch.setattr(feasible, "recompute_parts", separate)
-    _same(shared, enumerate_problem(p))
+    _same(one, enumerate_problem(p))
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "mixtral-8x22b", "llama3-8b", "nemotron-h-56b"])
