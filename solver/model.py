@@ -309,18 +309,18 @@ class LegalityModel:
     def add_search_strategy(self) -> None:
         """Branch on the pipeline geometry first (pp, vpp, split, schedule: they fix the stage
         counts, so the later decisions propagate through constant counts; ~8% faster
-        enumeration), then the other axes in :data:`solver.space.AXES` order, smallest value
-        first; the recompute option last, splitting its range in halves (options are listed
-        with K increasing, so memory bounds prune whole ranges of K). The order of the
-        solutions found does not matter: enumeration sorts them."""
+        enumeration), then the other axes in :data:`solver.space.AXES` order, the recompute
+        option last (options are listed with K increasing), smallest value first. Splitting
+        the recompute option's range in halves instead costs ~2% more instructions on the
+        MoE searches (docs/solver.md, "Eighth round"). The order of the solutions found does
+        not matter: enumeration sorts them."""
         order = [*GEOMETRY_FIRST, *(k for k in self.axis if k not in GEOMETRY_FIRST)]
         head = [self.ar.as_var(self.axis[k]) for k in order
                 if isinstance(self.axis[k], Sym) and k != "recompute"]
+        if isinstance(self.rc, Sym):
+            head.append(self.ar.as_var(self.rc))
         if head:
             self.cp.AddDecisionStrategy(head, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
-        if isinstance(self.rc, Sym):
-            self.cp.AddDecisionStrategy([self.ar.as_var(self.rc)], cp_model.CHOOSE_FIRST,
-                                        cp_model.SELECT_LOWER_HALF)
 
     def candidate(self, values: dict[str, int]) -> dict[str, Any]:
         """The candidate (axis name -> domain value) of decision-variable values."""
