@@ -26,6 +26,9 @@ from tune_cp.solver.space import SearchSpace, candidate_config
 
 #: The candidate axes :meth:`Problem.resolve_many` copies into a layout's resolution.
 _PER_LAYOUT = frozenset(("mbs", "recompute"))
+#: The recompute fields at their defaults (:meth:`Problem.vary` clears them before setting an
+#: option's own).
+_CLEARED_RECOMPUTE = {f: ParallelConfig.model_fields[f].default for f in RECOMPUTE_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,8 @@ class Problem(SettingsView):
         """:meth:`resolve` of each candidate. Candidates that differ only in mbs and the
         recompute option share one resolution (no other derived field reads them: dp, the
         split, the schedule, the FP8 recipe), copied with those fields and the micro-batch
-        count as :meth:`vary` does; the enumeration's few thousand candidates resolve about
-        twice as fast (pydantic validates once per layout)."""
-        fields = ParallelConfig.model_fields
-        cleared = {f: fields[f].default for f in RECOMPUTE_FIELDS}
-        gbs = self.training.global_batch_size
+        count as :meth:`vary` does (in one copy); the enumeration's few thousand candidates
+        resolve about three times as fast (pydantic validates once per layout)."""
         layouts: dict[tuple[Any, ...], ParallelConfig] = {}
         out = []
         for cand in candidates:
@@ -65,11 +65,9 @@ class Problem(SettingsView):
             if base is None:
                 out.append(layouts.setdefault(key, self.resolve(cand)))
                 continue
-            assert base.dp is not None
-            update = cleared | cand["recompute"].config_fields()
-            update["mbs"] = mbs = cand["mbs"]
-            update["ga"] = derived_ga(gbs, mbs, base.dp)
-            out.append(base.model_copy(update=update))
+            out.append(base.model_copy(update=self._vary_update(base, "recompute",
+                                                                cand["recompute"])
+                                       | self._vary_update(base, "mbs", cand["mbs"])))
         return out
 
     def context(self, cfg: ParallelConfig) -> RuleContext:
@@ -85,14 +83,17 @@ class Problem(SettingsView):
         """``resolve`` of the candidate of the resolved ``cfg`` with ``axis`` set to ``value``,
         by copying ``cfg``: for the axes whose resolution touches only their own fields,
         ``recompute`` (an option of the space) and ``mbs`` (and the micro-batch count)."""
+        return cfg.model_copy(update=self._vary_update(cfg, axis, value))
+
+    def _vary_update(self, cfg: ParallelConfig, axis: str, value: Any) -> dict[str, Any]:
+        """The fields :meth:`vary` changes: the recompute option's (the others cleared), or mbs
+        and the micro-batch count."""
         if axis == "recompute":
-            fields = ParallelConfig.model_fields
-            update = {f: fields[f].default for f in RECOMPUTE_FIELDS} | value.config_fields()
-            return cfg.model_copy(update=update)
+            return _CLEARED_RECOMPUTE | value.config_fields()
         if axis == "mbs":
             assert cfg.dp is not None
-            return cfg.model_copy(update={
-                "mbs": value, "ga": derived_ga(self.training.global_batch_size, value, cfg.dp)})
+            return {"mbs": value,
+                    "ga": derived_ga(self.training.global_batch_size, value, cfg.dp)}
         raise ValueError(f"vary does not apply to {axis!r}")
 
     @cached_property
