@@ -31,7 +31,7 @@ from tune_cp.solver.constraints import (
     SoftObjective,
     compile_expr,
 )
-from tune_cp.solver.cpsat import cp_model, cp_model_helper
+from tune_cp.solver.cpsat import cp_model
 from tune_cp.solver.model import LegalityModel
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import RULES
@@ -99,11 +99,9 @@ class _Collector(cp_model.CpSolverSolutionCallback):
     """Reads each solution: the raw value of every axis in ``AXES`` order (the value of tp, pp,
     cp, vpp, ep, etp, mbs; the domain index of the others) and the peak bytes.
 
-    Values are read by variable index (``SolutionIntegerValue``). Each memory total is one
-    variable of an enforced model (``MemoryEncoding._fits``): one read per stage slot; a total
-    that is not (a constant, or a model built otherwise) is read from its linear form (variable
-    indices, coefficients, offset), flattened once: the same numbers as ``Value`` of each
-    expression, without converting the expressions at every solution."""
+    Values are read by variable index (``SolutionIntegerValue``); each stage slot's memory
+    total is one variable (the enumeration models define one per total:
+    ``MemoryEncoding._fits``) or a constant."""
 
     def __init__(self, lm: LegalityModel) -> None:
         super().__init__()
@@ -111,21 +109,19 @@ class _Collector(cp_model.CpSolverSolutionCallback):
                       if isinstance(v, Sym)]
         self.template = [v if isinstance(v, int) else 0 for v in lm.axis.values()]
         self.rows: list[tuple[tuple[int, ...], int]] = []
-        #: scenario (a constant, or a variable index), and per scenario the slots' totals
+        #: scenario (a constant, or a variable index), and per scenario the slots' totals: the
+        #: variable indices of those that vary and the largest constant one (-1: none)
         self.scenario: tuple[bool, int] | None = None
-        self.totals: dict[int, list[tuple[tuple[tuple[int, int], ...], int]]] = {}
-        #: per scenario, the totals' variable indices when every total is one variable
-        self.total_vars: dict[int, list[int] | None] = {}
+        self.totals: dict[int, tuple[list[int], int]] = {}
         if "hbm" in lm.families:
             mem = lm.memory
             sc = mem.scenario
             self.scenario = ((True, lm.ar.as_var(sc).index) if isinstance(sc, Sym)
                              else (False, sc))
             for s in mem.scenarios:
-                forms = self.totals[s] = [_linear_form(t[s]) for t in mem.totals]
-                single = all(len(terms) == 1 and terms[0][1] == 1 and off == 0
-                             for terms, off in forms)
-                self.total_vars[s] = [terms[0][0] for terms, _ in forms] if single else None
+                totals = [t[s] for t in mem.totals]
+                self.totals[s] = ([lm.ar.as_var(t).index for t in totals if isinstance(t, Sym)],
+                                  max((t for t in totals if isinstance(t, int)), default=-1))
 
     def on_solution_callback(self) -> None:
         value = self.SolutionIntegerValue
@@ -135,23 +131,9 @@ class _Collector(cp_model.CpSolverSolutionCallback):
         peak = -1
         if self.scenario is not None:
             is_var, s = self.scenario
-            if is_var:
-                s = value(s)
-            idx = self.total_vars[s]
-            if idx is not None:
-                peak = max(map(value, idx))
-            else:
-                peak = max(off + sum(c * value(j) for j, c in terms)
-                           for terms, off in self.totals[s])
+            idx, const = self.totals[value(s) if is_var else s]
+            peak = max(const, *map(value, idx)) if idx else const
         self.rows.append((tuple(vals), peak))
-
-
-def _linear_form(x: Any) -> tuple[tuple[tuple[int, int], ...], int]:
-    """((variable index, coefficient), ...), offset) of an integer or a :class:`Sym`."""
-    if isinstance(x, int):
-        return (), x
-    f = cp_model_helper.FlatIntExpr(x.expr)
-    return tuple(zip([v.index for v in f.vars], f.coeffs, strict=True)), f.offset
 
 
 def single_solve_solver(time_limit_s: float | None = None) -> cp_model.CpSolver:
