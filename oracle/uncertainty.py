@@ -171,15 +171,16 @@ class ResidualTable:
         cache: dict[tuple[Any, ...], tuple[ClassInterval, str, float, float]] = {}
         out = []
         for c, p in zip(configs, np.asarray(projected, dtype=float).tolist(), strict=True):
-            got = cache.get((c.vpp, c.cp, c.fp8_recipe))
+            key = (c.vpp, c.cp, c.fp8_recipe)
+            got = cache.get(key)
             if got is None:
                 f = class_features(arch, model.is_moe, c.vpp, c.cp,
                                    precision_class(training.precision, c), model.is_hybrid)
                 ci = self.lookup(f)
-                got = cache[(c.vpp, c.cp, c.fp8_recipe)] = (
-                    ci, class_key(f), float(np.exp(ci.q_lo)), float(np.exp(ci.q_hi)))
-            ci, key, lo, hi = got
-            out.append(Interval(p, p * lo, p * hi, key, ci))
+                got = cache[key] = (ci, class_key(f), float(np.exp(ci.q_lo)),
+                                    float(np.exp(ci.q_hi)))
+            ci, name, lo, hi = got
+            out.append(Interval(p, p * lo, p * hi, name, ci))
         return out
 
     def interval(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
