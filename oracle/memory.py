@@ -412,8 +412,10 @@ def chunk_spans(
 
     ``even``: virtual stage v holds layers [v L/V, (v+1) L/V) with V = pp * vpp; the embedding
     rides on v = 0, the output layer, loss and MTP layers on v = V - 1.
-    ``embedding_loss``: slots = embedding, L layers, MTP layers, loss; virtual stage v holds slots
-    [v S/V, (v+1) S/V) with S = L + 2 + mtp.
+    ``embedding_loss``: slots = embedding, L layers, loss; virtual stage v holds slots
+    [v S/V, (v+1) S/V) with S = L + 2 (Megatron-Core ``get_num_layers_to_build``: MTP layers
+    are no slot), the MTP layers on v = V - 1 besides its share
+    (``multi_token_prediction.py::get_mtp_num_layers_to_build``).
     ``uneven`` and the light splits: :func:`uneven_chunk_sizes` of :func:`uneven_stage_layers`
     (``first`` / ``last``: ``ParallelConfig.first_stage_layers`` / ``last_stage_layers``);
     embedding on v = 0, output, loss and MTP on v = V - 1 as under ``even``.
@@ -425,14 +427,15 @@ def chunk_spans(
     """
     n_virtual = pp * vpp
     if split is PipelineSplit.EMBEDDING_LOSS:
-        slots = num_layers + EMBEDDING_LOSS_SLOTS + num_mtp
+        slots = num_layers + EMBEDDING_LOSS_SLOTS
         out: list[Span] = []
         for v in range(n_virtual):
             lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
-            # slot i (1 <= i <= L) is decoder layer i - 1; slots L + 1 .. L + mtp are MTP layers
+            # slot i (1 <= i <= L) is decoder layer i - 1, slot L + 1 the loss
             first_l, stop_l = max(lo, 1), min(hi, num_layers + 1)
-            mtp = max(0, min(hi, num_layers + num_mtp + 1) - max(lo, num_layers + 1))
-            out.append((first_l - 1, max(first_l, stop_l) - 1, lo == 0, hi == slots, mtp))
+            last_v = v == n_virtual - 1
+            out.append((first_l - 1, max(first_l, stop_l) - 1, lo == 0, last_v,
+                        num_mtp if last_v else 0))
         return out
     if split is PipelineSplit.LAYOUT and layout is not None:
         stages = list(parse_pipeline_layout(layout)[:n_virtual])
@@ -467,8 +470,8 @@ def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: Pi
     place the split is computed; ``solver/rules.py::layers_per_chunk`` and
     ``solver/space.py::max_layers_per_chunk`` call this), without building the chunks. Under
     ``embedding_loss`` the embedding and loss slots hold no decoder layer, so this can be below
-    ``ceil(slots / (pp vpp))``: DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 +
-    33 with 31 decoder layers in the largest chunk, not 32."""
+    ``ceil(slots / (pp vpp))``: Llama 3.1 405B (126 layers) at pp 2 splits 128 slots as 64 + 64
+    with 63 decoder layers in the largest chunk, not 64."""
     return max((hi - lo for lo, hi, *_ in chunk_spans(num_layers, num_mtp, pp, vpp, split,
                                                       first, last, layout)), default=0)
 

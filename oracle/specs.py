@@ -121,10 +121,11 @@ class PipelineSplit(StrEnum):
     value: ``oracle/memory.py::pipeline_chunks``; legality: ``solver/rules.py::split_problem``).
 
     ``even``: ``num_layers`` splits evenly over ``pp * vpp`` virtual stages.
-    ``embedding_loss``: the embedding, the loss and each MTP layer count as one layer slot each
-    (Megatron-LM ``--account-for-embedding-in-pipeline-split`` and
-    ``--account-for-loss-in-pipeline-split``), so the first and last virtual stage carry fewer
-    decoder layers and ``num_layers + 2 + mtp`` must split evenly.
+    ``embedding_loss``: the embedding and the loss count as one layer slot each (Megatron-LM
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``),
+    so the first and last virtual stage carry one decoder layer fewer and ``num_layers + 2``
+    must split evenly; MTP layers are no slot (Megatron-Core builds them on the last virtual
+    stage besides its share).
     ``uneven``: the first and/or last pipeline stage hold the decoder layers
     :attr:`ParallelConfig.first_stage_layers` / ``last_stage_layers`` say (Megatron-LM
     ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
@@ -664,7 +665,7 @@ def given_pipeline_split(cfg: ParallelConfig) -> PipelineSplit | None:
 
 def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
     """``even`` when the decoder layers divide over ``pp * vpp`` virtual stages, else
-    ``embedding_loss`` (embedding, loss and MTP layers as slots). Whether the choice is legal is
+    ``embedding_loss`` (embedding and loss as slots). Whether the choice is legal is
     the solver's business (rule ``pipeline_split``). A hybrid Mamba model always splits evenly
     (Megatron-Core's ``MambaStack`` has no embedding/loss slots)."""
     if model.is_hybrid or model.num_layers % (pp * vpp) == 0:
