@@ -584,6 +584,9 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
                   account_for_loss_in_pipeline_split=True)
     elif split is PipelineSplit.LAYOUT and stage_pp > 1:
         kw["pipeline_model_parallel_layout"] = cfg.pipeline_layout
+    elif split is PipelineSplit.EMBEDDING_MTP_LOSS and stage_pp > 1:
+        kw["pipeline_model_parallel_layout"] = M.split_layout(
+            num_layers, m.num_mtp_layers, stage_pp, vpp, split)
     elif split not in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS) and stage_pp > 1:
         # uneven and the light splits: the end stages' counts as Megatron-LM's
         # --decoder-first/last-pipeline-num-layers (tune-cp derives the light ones)

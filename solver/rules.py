@@ -62,12 +62,14 @@ from tune_cp.oracle.memory import (
     memory_report,
     pipeline_chunks,
     split_fields,
+    split_layout,
     uneven_stage_layers,
 )
 from tune_cp.oracle.specs import (
     EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
+    SLOT_SPLITS,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -347,6 +349,8 @@ def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
     (``multi_token_prediction.py::get_mtp_num_layers_to_build`` l.878-882)."""
     if split is PipelineSplit.EVEN:
         return model.num_layers
+    if split is PipelineSplit.EMBEDDING_MTP_LOSS:  # written as a layout (oracle/specs.py)
+        return model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers
     return model.num_layers + EMBEDDING_LOSS_SLOTS
 
 
@@ -375,7 +379,10 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
     embedding_loss split is left to that split (one configuration, one name). ``layout``
     (``pipeline_parallel_layer_layout.py`` l.41-45, ``validate_layer_layout`` l.95-131):
     ``pp x vpp`` stages, the embedding first and the loss last, once each, every decoder and
-    MTP layer, MTP after the decoder layers, all in one virtual stage, a rank's last."""
+    MTP layer, MTP after the decoder layers, all in one virtual stage, a rank's last.
+    ``embedding_mtp_loss`` (a model with MTP): ``num_layers + 2 + mtp`` slots divide over
+    ``pp x vpp``, and the layout it is written as (``oracle/memory.py::split_layout``) passes
+    the layout's rules."""
     virtual = pp * vpp
     L = model.num_layers
     if not hybrid_split_ok(model, vpp, split):
@@ -383,13 +390,23 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
         return (f"{model.name} is a hybrid Mamba model: Megatron-Core splits its {L}-layer "
                 f"pattern evenly over pp stages without virtual stages (vpp {vpp}, {split.value} "
                 f"split given); use vpp 1, the even split and pp in {fmt_set(legal_pp)}")
-    if split in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+    mtp_slots = split is PipelineSplit.EMBEDDING_MTP_LOSS
+    if mtp_slots and not model.num_mtp_layers:
+        return (f"the {split.value} split needs MTP layers; {model.name} has none (use "
+                f"{PipelineSplit.EMBEDDING_LOSS.value})")
+    if split in SLOT_SPLITS:
         slots = split_slots(model, split)
         if slots % virtual == 0:
-            return None
+            if not mtp_slots:
+                return None
+            # written as a layout: that layout's own rules (validate_layer_layout)
+            text = split_layout(L, model.num_mtp_layers, pp, vpp, split)
+            problem = _layout_problem(model, pp, vpp, text)
+            return None if problem is None else (
+                f"the {split.value} split at pp {pp} x vpp {vpp} is the layout {text}: {problem}")
         what = ("num_layers" if split is PipelineSplit.EVEN else
-                "num_layers + embedding + loss"
-                + (" (MTP layers are no slot in Megatron-Core)" if model.num_mtp_layers else ""))
+                "num_layers + embedding + loss" + (" + MTP" if mtp_slots else
+                " (MTP layers are no slot in Megatron-Core)" if model.num_mtp_layers else ""))
         legal_pp = [p for p in divisors(slots) if slots % (p * vpp) == 0]
         return (f"{what} ({slots}) must split evenly over pp x vpp = {pp} x {vpp} = {virtual} "
                 f"virtual stages ({split.value} split); with vpp {vpp} choose pp in "
@@ -432,7 +449,7 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
                 f"must divide over the {middle_ranks} middle stages in multiples of vpp ({vpp})")
     if split in LIGHT_TRIM:
         chunks = pipeline_chunks(L, model.num_mtp_layers, pp, vpp, split)
-        for other in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+        for other in SLOT_SPLITS:
             if (split_problem(model, pp, vpp, other) is None
                     and pipeline_chunks(L, model.num_mtp_layers, pp, vpp, other) == chunks):
                 return (f"the {split.value} split gives the same stages as the {other.value} "
