@@ -161,7 +161,13 @@ def _exports(m, cl, tr, c: ParallelConfig) -> dict[str, dict]:
     for path, expr in nemo_assignments(m, tr, canon):
         if path in BRIDGE_DESTS and expr != "None":
             bridge[BRIDGE_DESTS[path]] = ast.literal_eval(expr)
-    # Megatron-Bridge builds TransformerConfig itself: no argparse vpp == 1 reset
+    # Megatron-Bridge builds TransformerConfig itself (no validate_args): a vpp beside a
+    # layout must be the layout's (transformer_config.py l.2276-2287), then the layout says it
+    vpp = bridge.get("num_virtual_stages_per_pipeline_rank")
+    if vpp is not None and bridge.get("pipeline_model_parallel_layout") is not None:
+        layout_stages = len(str(bridge["pipeline_model_parallel_layout"]).split("|"))
+        assert vpp == layout_stages // canon.pp, "virtual_pipeline_model_parallel_size conflicts"
+        bridge.pop("num_virtual_stages_per_pipeline_rank")
     if bridge.get("num_virtual_stages_per_pipeline_rank") == 1:
         bridge.pop("num_virtual_stages_per_pipeline_rank")
     return {"megatron": megatron, "primus": primus, "bridge": bridge}
@@ -171,7 +177,7 @@ SEARCHES = [("deepseek-v3", "h100", 32), ("llama3.1-405b", "h100", 16),
             ("mixtral-8x22b", None, 8), ("qwen3-235b-a22b", "h100", 8)]
 MORE_SEARCHES = [("deepseek-v3", None, 16), ("deepseek-v3", "h100", 64),
                  ("llama3.1-405b", None, 64), ("mixtral-8x22b", "h100", 32),
-                 ("qwen3-235b-a22b", None, 32), ("deepseek-v3", "h100", 8)]
+                 ("qwen3-235b-a22b", None, 32), ("deepseek-v3", "h100", 24)]
 
 
 def _check_search(run_json, model: str, gpu: str | None, nodes: int) -> None:
