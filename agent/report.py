@@ -6,7 +6,14 @@ from __future__ import annotations
 from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS, split_label
-from tune_cp.oracle.specs import GIB, Dispatcher, ParallelConfig, PipelineSplit, Recompute, Schedule
+from tune_cp.oracle.specs import (
+    GIB,
+    SLOT_SPLITS,
+    Dispatcher,
+    ParallelConfig,
+    Recompute,
+    Schedule,
+)
 
 # ------------------------------------------------------------------------------ text
 
@@ -32,7 +39,7 @@ def short_layout(c: ParallelConfig) -> str:
 
 
 def variant_label(c: ParallelConfig) -> str:
-    light = c.pipeline_split not in (None, PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS)
+    light = c.pipeline_split not in (None, *SLOT_SPLITS)
     return f"{short_layout(c)} mbs {c.mbs}" + (
         "" if c.recompute is Recompute.NONE else f" recompute {recompute_label(c)}") + (
         f" {c.pipeline_split.value}" if light and c.pipeline_split is not None else "")

@@ -579,15 +579,14 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
                   recompute_num_layers=min(k, num_layers))
     elif cfg.recompute is Recompute.SELECTIVE:
         kw.update(recompute_granularity="selective", recompute_modules=list(cfg.recompute_modules))
-    if split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1 and m.num_mtp_layers:
-        # Megatron's account_for_* split does not give MTP a slot (61 + 2 layers at pp 16 do
-        # not divide); tune-cp's slots (embedding, layers, MTP, loss) as an explicit layout
-        kw["pipeline_model_parallel_layout"] = pipeline_layout(m, stage_pp, vpp)
-    elif split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
+    if split is PipelineSplit.EMBEDDING_LOSS and stage_pp > 1:
         kw.update(account_for_embedding_in_pipeline_split=True,
                   account_for_loss_in_pipeline_split=True)
     elif split is PipelineSplit.LAYOUT and stage_pp > 1:
         kw["pipeline_model_parallel_layout"] = cfg.pipeline_layout
+    elif split is PipelineSplit.EMBEDDING_MTP_LOSS and stage_pp > 1:
+        kw["pipeline_model_parallel_layout"] = M.split_layout(
+            num_layers, m.num_mtp_layers, stage_pp, vpp, split)
     elif split not in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS) and stage_pp > 1:
         # uneven and the light splits: the end stages' counts as Megatron-LM's
         # --decoder-first/last-pipeline-num-layers (tune-cp derives the light ones)
@@ -636,16 +635,6 @@ def transformer_config(m: ModelSpec, cfg: ParallelConfig, num_layers: int, seq_l
         kw["num_query_groups"] = m.num_attention_heads
         return MLATransformerConfig(**kw)
     return TransformerConfig(**kw)
-
-
-def pipeline_layout(m: ModelSpec, pp: int, vpp: int) -> str:
-    """tune-cp's ``embedding_loss`` split (:func:`oracle.memory.pipeline_chunks`) in Megatron-Core's
-    ``pipeline_model_parallel_layout`` syntax: one ``|``-separated entry per virtual stage,
-    ``E`` embedding, ``t`` decoder layer, ``m`` MTP layer, ``L`` loss."""
-    chunks = M.pipeline_chunks(m.num_layers, m.num_mtp_layers, pp, vpp, PipelineSplit.EMBEDDING_LOSS)
-    by_virtual = sorted((ch for stage in chunks for ch in stage), key=lambda ch: ch.virtual_stage)
-    return "|".join(("E" if ch.has_embedding else "") + "t" * len(ch.layers) + "m" * ch.mtp_layers
-                    + ("L" if ch.has_output else "") for ch in by_virtual)
 
 
 def layer_spec(m: ModelSpec, torch_norm: bool):

@@ -35,6 +35,7 @@ from tune_cp.oracle.memory import (
     RunOptions,
     pipeline_chunks,
     split_fields,
+    split_layout,
     uneven_stage_layers,
 )
 from tune_cp.oracle.specs import (
@@ -74,6 +75,16 @@ def max_chunk_layers(model: ModelSpec, cfg: ParallelConfig) -> int:
     stages = pipeline_chunks(model.num_layers, model.num_mtp_layers, cfg.pp, cfg.vpp,
                              cfg.pipeline_split, *split_fields(cfg))
     return max(len(chunk.layers) for stage in stages for chunk in stage)
+
+
+def written_layout(model: ModelSpec, c: ParallelConfig) -> str | None:
+    """The ``--pipeline-model-parallel-layout`` the configuration is written with: its own
+    layout, the layout of ``embedding_mtp_loss`` (Megatron-LM's account-for flags give MTP no
+    slot: ``oracle/memory.py::split_layout``), else None."""
+    if c.pipeline_split is PipelineSplit.EMBEDDING_MTP_LOSS:
+        return split_layout(model.num_layers, model.num_mtp_layers, c.pp, c.vpp,
+                            c.pipeline_split)
+    return c.pipeline_layout
 
 
 def end_stage_layers(model: ModelSpec, c: ParallelConfig) -> tuple[int | None, int | None]:
@@ -223,8 +234,9 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
     out: list[tuple[str, Any]] = [(KNOB_DEST["tp"], c.tp), (KNOB_DEST["pp"], c.pp)]
-    if c.pipeline_layout is not None:  # the layout gives the virtual stages (pp x vpp)
-        out.append((KNOB_DEST["pipeline_layout"], c.pipeline_layout))
+    layout = written_layout(model, c)
+    if layout is not None:  # the layout gives the virtual stages (pp x vpp)
+        out.append((KNOB_DEST["pipeline_layout"], layout))
     elif c.vpp > 1:
         out.append((KNOB_DEST["vpp"], c.vpp))
     if c.pipeline_split is PipelineSplit.EMBEDDING_LOSS:
@@ -491,10 +503,11 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
     use_distributed_optimizer, the recompute keys, fp8)."""
     zero_bubble = c.schedule_ is Schedule.ZERO_BUBBLE
     first, last = end_stage_layers(model, c)
+    layout = written_layout(model, c)
     out: list[tuple[str, Any]] = [
         (KNOB_DEST["tp"], c.tp),
         (KNOB_DEST["pp"], c.pp),
-        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 and c.pipeline_layout is None else None),
+        (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 and layout is None else None),
         (KNOB_DEST["cp"], c.cp),
         (KNOB_DEST["ep"], c.ep),
         (KNOB_DEST["etp"], c.etp_ if model.is_moe else None),
@@ -505,7 +518,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         *((dest, v) for dest, v in (
             (KNOB_DEST["first_stage_layers"], first),
             (KNOB_DEST["last_stage_layers"], last),
-            (KNOB_DEST["pipeline_layout"], c.pipeline_layout)) if v is not None),
+            (KNOB_DEST["pipeline_layout"], layout)) if v is not None),
         *_batch_args(model, training, c),
     ]
     if c.recompute is Recompute.FULL:
@@ -653,7 +666,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         out.append(("model.pipeline_dtype", "torch.bfloat16"))
     out += [
         (KNOB_BRIDGE["vpp"], repr(c.vpp if c.vpp > 1 else None)),
-        (KNOB_BRIDGE["pipeline_layout"], repr(c.pipeline_layout)),
+        (KNOB_BRIDGE["pipeline_layout"], repr(written_layout(model, c))),
         (KNOB_BRIDGE["first_stage_layers"], repr(first)),
         (KNOB_BRIDGE["last_stage_layers"], repr(last)),
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),

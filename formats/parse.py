@@ -35,7 +35,7 @@ from tune_cp.formats.model import (
     build_model,
     compare_model,
 )
-from tune_cp.oracle.memory import FULL_ITERATION, PER_LAYER_GRAPH_SCOPES, RunOptions
+from tune_cp.oracle.memory import FULL_ITERATION, PER_LAYER_GRAPH_SCOPES, RunOptions, split_layout
 from tune_cp.oracle.params import VOCAB_DIVISIBLE_BY
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
@@ -311,6 +311,8 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         r.defaults += stated
     is_moe = model.is_moe if model is not None else bool(arch.num_experts)
     num_layers = model.num_layers if model is not None else arch.num_layers
+    num_mtp = model.num_mtp_layers if model is not None else (
+        getattr(arch, "mtp_num_layers", None) or 0)
 
     kw: dict[str, Any] = {
         axis: r.get(KNOB_DEST[axis]) for axis in ("tp", "pp", "cp")
@@ -320,7 +322,7 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
         if kw["etp"] is None:
             r.defaults.append("expert_tensor_parallel_size: tensor_model_parallel_size "
                               f"({FRAMEWORK_NAME[r.flavor]} default)")
-    layout = _layout(r, num_layers, kw["pp"])
+    layout = _layout(r, num_layers, kw["pp"], num_mtp)
     if layout is not None:
         split, kw["vpp"], kw["pipeline_layout"] = layout
         kw["pipeline_split"] = split
@@ -375,14 +377,16 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     )
 
 
-def _layout(r: _Reader, num_layers: int | None,
-            pp: int) -> tuple[PipelineSplit, int, str | None] | None:
+def _layout(r: _Reader, num_layers: int | None, pp: int,
+            num_mtp: int = 0) -> tuple[PipelineSplit, int, str | None] | None:
     """``pipeline_model_parallel_layout`` ("Et*3|(tt|)*29,m|L": ``|`` between virtual stages, E
     embedding, t a decoder layer, m an MTP layer, L the loss; Megatron-Core's syntax,
     :func:`oracle.specs.parse_pipeline_layout`): ``(split, vpp, layout)``. Every stage the same
     number of layers is the even split, the embedding and the loss taking one layer's place in
-    the first and last stage the embedding_loss split (layout None); any other layout is the
-    layout split, checked against the model by the ``pipeline_split`` rule. None when absent."""
+    the first and last stage the embedding_loss split (layout None), the embedding, MTP and
+    loss one slot each the embedding_mtp_loss split (how tune-cp writes it:
+    ``oracle/memory.py::split_layout``); any other layout is the layout split, checked against
+    the model by the ``pipeline_split`` rule. None when absent."""
     text = r.get("pipeline_model_parallel_layout", state=False)
     if not text:
         return None
@@ -409,6 +413,10 @@ def _layout(r: _Reader, num_layers: int | None,
             split = PipelineSplit.EVEN
         elif counts[0] == counts[-1] == counts[1] - 1 and len(set(counts[1:-1])) == 1:
             split = PipelineSplit.EMBEDDING_LOSS
+    if (split is PipelineSplit.LAYOUT and num_layers is not None and num_mtp
+            and "|".join(stages) == split_layout(num_layers, num_mtp, pp, vpp,
+                                                 PipelineSplit.EMBEDDING_MTP_LOSS)):
+        split = PipelineSplit.EMBEDDING_MTP_LOSS
     r.raw.note(f"pipeline_model_parallel_layout {text} is "
                + (f"the {split.value} split" if split is not PipelineSplit.LAYOUT else "a layout")
                + f" over {len(stages)} virtual stages (pp {pp} x vpp {vpp})")

@@ -412,8 +412,12 @@ def chunk_spans(
 
     ``even``: virtual stage v holds layers [v L/V, (v+1) L/V) with V = pp * vpp; the embedding
     rides on v = 0, the output layer, loss and MTP layers on v = V - 1.
-    ``embedding_loss``: slots = embedding, L layers, MTP layers, loss; virtual stage v holds slots
-    [v S/V, (v+1) S/V) with S = L + 2 + mtp.
+    ``embedding_loss``: slots = embedding, L layers, loss; virtual stage v holds slots
+    [v S/V, (v+1) S/V) with S = L + 2 (Megatron-Core ``get_num_layers_to_build``: MTP layers
+    are no slot), the MTP layers on v = V - 1 besides its share
+    (``multi_token_prediction.py::get_mtp_num_layers_to_build``).
+    ``embedding_mtp_loss``: slots = embedding, L layers, MTP layers, loss; virtual stage v
+    holds slots [v S/V, (v+1) S/V) with S = L + 2 + mtp.
     ``uneven`` and the light splits: :func:`uneven_chunk_sizes` of :func:`uneven_stage_layers`
     (``first`` / ``last``: ``ParallelConfig.first_stage_layers`` / ``last_stage_layers``);
     embedding on v = 0, output, loss and MTP on v = V - 1 as under ``even``.
@@ -424,7 +428,7 @@ def chunk_spans(
     still give a total order (the last virtual stage takes what is left), so nothing crashes.
     """
     n_virtual = pp * vpp
-    if split is PipelineSplit.EMBEDDING_LOSS:
+    if split is PipelineSplit.EMBEDDING_MTP_LOSS:
         slots = num_layers + EMBEDDING_LOSS_SLOTS + num_mtp
         out: list[Span] = []
         for v in range(n_virtual):
@@ -433,6 +437,17 @@ def chunk_spans(
             first_l, stop_l = max(lo, 1), min(hi, num_layers + 1)
             mtp = max(0, min(hi, num_layers + num_mtp + 1) - max(lo, num_layers + 1))
             out.append((first_l - 1, max(first_l, stop_l) - 1, lo == 0, hi == slots, mtp))
+        return out
+    if split is PipelineSplit.EMBEDDING_LOSS:
+        slots = num_layers + EMBEDDING_LOSS_SLOTS
+        out: list[Span] = []
+        for v in range(n_virtual):
+            lo, hi = v * slots // n_virtual, (v + 1) * slots // n_virtual
+            # slot i (1 <= i <= L) is decoder layer i - 1, slot L + 1 the loss
+            first_l, stop_l = max(lo, 1), min(hi, num_layers + 1)
+            last_v = v == n_virtual - 1
+            out.append((first_l - 1, max(first_l, stop_l) - 1, lo == 0, last_v,
+                        num_mtp if last_v else 0))
         return out
     if split is PipelineSplit.LAYOUT and layout is not None:
         stages = list(parse_pipeline_layout(layout)[:n_virtual])
@@ -459,6 +474,21 @@ def chunk_spans(
             for v in range(n_virtual)]
 
 
+def split_layout(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
+                 first: int | None = None, last: int | None = None,
+                 layout: str | None = None) -> str:
+    """The split as Megatron-Core's ``--pipeline-model-parallel-layout`` string (one ``|``-
+    separated entry per virtual stage in virtual-stage order, ``E`` embedding, ``t`` decoder
+    layer, ``m`` MTP layer, ``L`` loss; ``pipeline_parallel_layer_layout.py::parse_str_to_list``)
+    from :func:`chunk_spans`: how ``embedding_mtp_loss`` is written, and what
+    ``formats/megatron_validate.py`` compares Megatron-Core's own split with.
+    DeepSeek-V3 (61 layers, 1 MTP) at pp 16 under ``embedding_mtp_loss``:
+    ``Ettt|tttt|...|tttt|ttmL``."""
+    return "|".join(("E" if emb else "") + "t" * (hi - lo) + "m" * mtp + ("L" if out else "")
+                    for lo, hi, emb, out, mtp in chunk_spans(num_layers, num_mtp, pp, vpp, split,
+                                                             first, last, layout))
+
+
 @lru_cache(maxsize=4096)
 def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: PipelineSplit,
                      first: int | None = None, last: int | None = None,
@@ -467,8 +497,8 @@ def max_chunk_layers(num_layers: int, num_mtp: int, pp: int, vpp: int, split: Pi
     place the split is computed; ``solver/rules.py::layers_per_chunk`` and
     ``solver/space.py::max_layers_per_chunk`` call this), without building the chunks. Under
     ``embedding_loss`` the embedding and loss slots hold no decoder layer, so this can be below
-    ``ceil(slots / (pp vpp))``: DeepSeek-V3 (61 layers + 1 MTP) at pp 2 splits 65 slots as 32 +
-    33 with 31 decoder layers in the largest chunk, not 32."""
+    ``ceil(slots / (pp vpp))``: Llama 3.1 405B (126 layers) at pp 2 splits 128 slots as 64 + 64
+    with 63 decoder layers in the largest chunk, not 64."""
     return max((hi - lo for lo, hi, *_ in chunk_spans(num_layers, num_mtp, pp, vpp, split,
                                                       first, last, layout)), default=0)
 
@@ -722,6 +752,8 @@ def split_label(model: ModelSpec, cfg: ParallelConfig) -> str:
         return ""
     if split is PipelineSplit.LAYOUT:
         return f"layout {cfg.pipeline_layout}"
+    if split is PipelineSplit.EMBEDDING_MTP_LOSS:
+        return f"{split.value} split (embedding, MTP and loss one layer slot each; a layout)"
     ends = uneven_stage_layers(model.num_layers, cfg.pp, cfg.vpp, split,
                                cfg.first_stage_layers, cfg.last_stage_layers)
     if ends is None:

@@ -121,10 +121,11 @@ class PipelineSplit(StrEnum):
     value: ``oracle/memory.py::pipeline_chunks``; legality: ``solver/rules.py::split_problem``).
 
     ``even``: ``num_layers`` splits evenly over ``pp * vpp`` virtual stages.
-    ``embedding_loss``: the embedding, the loss and each MTP layer count as one layer slot each
-    (Megatron-LM ``--account-for-embedding-in-pipeline-split`` and
-    ``--account-for-loss-in-pipeline-split``), so the first and last virtual stage carry fewer
-    decoder layers and ``num_layers + 2 + mtp`` must split evenly.
+    ``embedding_loss``: the embedding and the loss count as one layer slot each (Megatron-LM
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``),
+    so the first and last virtual stage carry one decoder layer fewer and ``num_layers + 2``
+    must split evenly; MTP layers are no slot (Megatron-Core builds them on the last virtual
+    stage besides its share).
     ``uneven``: the first and/or last pipeline stage hold the decoder layers
     :attr:`ParallelConfig.first_stage_layers` / ``last_stage_layers`` say (Megatron-LM
     ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
@@ -138,6 +139,11 @@ class PipelineSplit(StrEnum):
     (layers, pp, vpp): ``oracle/memory.py::uneven_stage_layers``.
     ``layout``: a hand-written layout (:attr:`ParallelConfig.pipeline_layout`, Megatron-LM
     ``--pipeline-model-parallel-layout``).
+    ``embedding_mtp_loss``: of a model with MTP layers, the embedding, each MTP layer and the
+    loss one layer slot each, ``num_layers + 2 + mtp`` slots split evenly (DeepSeek-V3 at pp 16:
+    4 per stage, MTP beside the loss). Megatron-LM's account-for flags cannot say it (they give
+    MTP no slot), so it is written as the ``--pipeline-model-parallel-layout`` it is
+    (``oracle/memory.py::split_layout``) and checked by that layout's rules.
     """
 
     EVEN = "even"
@@ -148,6 +154,7 @@ class PipelineSplit(StrEnum):
     LIGHT_ENDS = "light_ends"
     LAST_TO_FIRST = "last_to_first"
     LAYOUT = "layout"
+    EMBEDDING_MTP_LOSS = "embedding_mtp_loss"
 
 
 #: layer slots the ``embedding_loss`` split adds besides the decoder and MTP layers: the
@@ -162,7 +169,12 @@ LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
 #: and ``layout``, which need values (the search space's splits: ``solver/space.py``; the codes
 #: every batch of the vectorised path starts with: ``oracle/work.py::VALUELESS_SPLIT_KEYS``)
 VALUELESS_SPLITS: tuple[PipelineSplit, ...] = (
-    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS)
+    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS,
+    PipelineSplit.EMBEDDING_MTP_LOSS)
+#: the splits whose layer slots divide evenly over the virtual stages (no end stage given):
+#: their slot counts ``solver/rules.py::split_slots``
+SLOT_SPLITS: tuple[PipelineSplit, ...] = (
+    PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, PipelineSplit.EMBEDDING_MTP_LOSS)
 #: the light splits a search tries beside the automatic one (``solver/space.py::default_space``):
 #: the last stage lighter (its output layer, loss and MTP layers cost time: Llama 3 8B's output
 #: layer is ~2.4 decoder layers of GEMM work), both ends lighter (Meta's Llama 3 405B balance)
@@ -664,11 +676,17 @@ def given_pipeline_split(cfg: ParallelConfig) -> PipelineSplit | None:
 
 def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
     """``even`` when the decoder layers divide over ``pp * vpp`` virtual stages, else
-    ``embedding_loss`` (embedding, loss and MTP layers as slots). Whether the choice is legal is
-    the solver's business (rule ``pipeline_split``). A hybrid Mamba model always splits evenly
-    (Megatron-Core's ``MambaStack`` has no embedding/loss slots)."""
-    if model.is_hybrid or model.num_layers % (pp * vpp) == 0:
+    ``embedding_loss`` (embedding and loss as slots), else, for a model with MTP layers whose
+    ``num_layers + 2 + mtp`` slots divide, ``embedding_mtp_loss``. Whether the choice is legal
+    is the solver's business (rule ``pipeline_split``). A hybrid Mamba model always splits
+    evenly (Megatron-Core's ``MambaStack`` has no embedding/loss slots). The vectorised copy:
+    ``oracle/work.py::ConfigBatch.from_arrays``."""
+    v = pp * vpp
+    if model.is_hybrid or model.num_layers % v == 0:
         return PipelineSplit.EVEN
+    if (model.num_mtp_layers and (model.num_layers + EMBEDDING_LOSS_SLOTS) % v
+            and (model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers) % v == 0):
+        return PipelineSplit.EMBEDDING_MTP_LOSS
     return PipelineSplit.EMBEDDING_LOSS
 
 

@@ -80,6 +80,7 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Schedule,
     TrainingSpec,
+    auto_pipeline_split,
 )
 
 BF16 = 2.0
@@ -130,7 +131,7 @@ SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO
 #: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
 SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
 #: The splits without values (``oracle/specs.py::VALUELESS_SPLITS``), by code: 0 even,
-#: 1 embedding_loss, the light splits next. Every batch's split table
+#: 1 embedding_loss, the light splits next, embedding_mtp_loss last. Every batch's split table
 #: (:attr:`ConfigBatch.split_keys`) starts with them; the splits with values (uneven, layout)
 #: follow in the batch's own table (:func:`split_table`).
 VALUELESS_SPLIT_KEYS: tuple[SplitKey, ...] = tuple((s, None, None, None) for s in VALUELESS_SPLITS)
@@ -385,7 +386,7 @@ class ConfigBatch:
         """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
         free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
         interleaved when vpp > 1, FP8 recipe from the training precision, pipeline split
-        ``even`` when the layers divide over pp x vpp. Recompute layers only count under full
+        :func:`oracle.specs.auto_pipeline_split`. Recompute layers only count under full
         recompute (``-1`` = all). ``tp_comm_overlap`` / ``fp8_rowwise``: :class:`RunTraits`
         fields (scalars or arrays)."""
         tp_ = np.asarray(tp, dtype=np.int64)
@@ -407,8 +408,11 @@ class ConfigBatch:
 
                 code = FP8_CODE[default_fp8_recipe(cluster.gpu)]
             fp8 = code
-        split_ = np.where(model.num_layers % (pp_ * vpp_) == 0, SPLIT_CODE[PipelineSplit.EVEN],
-                          SPLIT_CODE[PipelineSplit.EMBEDDING_LOSS])
+        # oracle.specs.auto_pipeline_split, which reads only pp x vpp
+        virtual = pp_ * vpp_
+        uniq, inverse = np.unique(virtual, return_inverse=True)
+        split_ = np.array([SPLIT_CODE[auto_pipeline_split(model, int(v), 1)] for v in uniq],
+                          dtype=np.int64)[inverse.ravel()]
         sched_ = np.where(vpp_ > 1, 1, 0) if schedule is None else b(schedule)
         layers_ = np.where(rc_ == 2, b(recompute_layers), -1)
         return cls(

@@ -62,12 +62,14 @@ from tune_cp.oracle.memory import (
     memory_report,
     pipeline_chunks,
     split_fields,
+    split_layout,
     uneven_stage_layers,
 )
 from tune_cp.oracle.specs import (
     EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
+    SLOT_SPLITS,
     ClusterSpec,
     Dispatcher,
     Fp8Recipe,
@@ -226,7 +228,11 @@ def hybrid_split_ok(model: ModelSpec, vpp: int, split: PipelineSplit) -> bool:
     """A hybrid Mamba model splits its layer pattern evenly over pp stages, without virtual
     stages: Megatron-Core 0.16.1 ``ssm/mamba_block.py::_select_layers_for_pipeline_parallel``
     asserts ``virtual_pipeline_model_parallel_size is None`` and takes ``num_layers // pp``
-    consecutive pattern characters per stage (the embedding and loss are not layer slots)."""
+    consecutive pattern characters per stage (the embedding and loss are not layer slots); at
+    d98e8a64 a pattern without ``|`` stage separators still does
+    (``hybrid_layer_allocation.py::select_pipeline_segment`` l.384-391, l.436-441) and
+    ``arguments.py`` l.829-837 refuses the embedding/loss slots. Megatron-LM d98e8a64 also takes
+    uneven first/last stages there (l.408-433); tune-cp does not search or model them."""
     return not model.is_hybrid or (vpp == 1 and split is PipelineSplit.EVEN)
 
 
@@ -335,11 +341,17 @@ def sequence_length(ctx: RuleContext) -> list[Violation]:
 
 
 def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
-    """Layer slots the pipeline split divides: decoder layers, plus embedding, loss and MTP
-    layers under ``embedding_loss``."""
+    """Layer slots the pipeline split divides: decoder layers, plus the embedding and the loss
+    under ``embedding_loss``. MTP layers are no slot: Megatron-LM counts ``num_layers + 1 + 1``
+    (``arguments.py`` l.988-998 at d98e8a64, ``TransformerConfig.__post_init__``
+    ``transformer_config.py`` l.2370-2414, ``transformer_block.py::get_num_layers_to_build``
+    l.148-159) and builds every MTP layer on the last virtual stage besides its share
+    (``multi_token_prediction.py::get_mtp_num_layers_to_build`` l.878-882)."""
     if split is PipelineSplit.EVEN:
         return model.num_layers
-    return model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers
+    if split is PipelineSplit.EMBEDDING_MTP_LOSS:  # written as a layout (oracle/specs.py)
+        return model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers
+    return model.num_layers + EMBEDDING_LOSS_SLOTS
 
 
 def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
@@ -347,19 +359,30 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
                   layout: str | None = None) -> str | None:
     """Why the split of ``pp x vpp`` virtual stages is illegal (one line naming the values and
     what would be legal), or None. The one home of the split's legality: the rule
-    :func:`pipeline_split` and the CP-SAT model (``solver/model.py::split_ok``) call it.
+    :func:`pipeline_split` and the CP-SAT model (``solver/model.py::split_ok``) call it. Each
+    condition is an assertion of Megatron-LM (read at d98e8a64; the same assertions, cited
+    line by line, are transcribed in ``formats/megatron_validate.py``, which the tests run on
+    every export).
 
-    ``even`` / ``embedding_loss``: the layers (or layer slots) divide over ``pp x vpp``; under
-    ``embedding_loss`` a virtual stage may hold only the embedding or only the loss (Megatron-Core
-    ``get_num_layers_to_build`` asserts ``>= 0`` layers; Meta's Llama 3 405B runs that way).
-    ``uneven`` / light splits (Megatron-Core ``TransformerConfig.__post_init__``): pp > 1; the
-    first / last stage layers positive and divisible by vpp; the rest divisible by the middle
-    stages and each middle stage's share by vpp (with no middle stage, first + last = layers).
-    A light split that gives the same stages as the even or embedding_loss split is left to
-    that split (one configuration, one name). ``layout``
-    (``pipeline_parallel_layer_layout.py::validate_layer_layout``): ``pp x vpp`` stages, the
-    embedding first and the loss last, once each, every decoder and MTP layer, MTP after the
-    decoder layers in a rank's last virtual stage."""
+    ``even``: ``num_layers % pp == 0`` and ``(num_layers / pp) % vpp == 0``
+    (``transformer_block.py::get_num_layers_to_build`` l.156-158, l.175-178; without virtual
+    stages also ``arguments.py`` l.997). ``embedding_loss``: the same with ``num_layers + 2``
+    (``arguments.py`` l.988-998, ``transformer_config.py`` l.2370-2414,
+    ``get_num_layers_to_build`` l.148-159); MTP layers are no slot (they are built on the last
+    virtual stage besides its share, ``multi_token_prediction.py`` l.878-882), and a virtual
+    stage may hold only the embedding or only the loss (``get_num_layers_to_build`` l.191-201
+    asserts ``>= 0`` layers; Meta's Llama 3 405B runs that way).
+    ``uneven`` / light splits (``transformer_config.py`` l.2295-2368): pp > 1; the first / last
+    stage layers positive and divisible by vpp; with middle stages, middle layers > 0 (l.2341,
+    "Mismatch"), divisible by the middle stages and each middle stage's share by vpp; with none,
+    first + last = layers. A light split that gives the same stages as the even or
+    embedding_loss split is left to that split (one configuration, one name). ``layout``
+    (``pipeline_parallel_layer_layout.py`` l.41-45, ``validate_layer_layout`` l.95-131):
+    ``pp x vpp`` stages, the embedding first and the loss last, once each, every decoder and
+    MTP layer, MTP after the decoder layers, all in one virtual stage, a rank's last.
+    ``embedding_mtp_loss`` (a model with MTP): ``num_layers + 2 + mtp`` slots divide over
+    ``pp x vpp``, and the layout it is written as (``oracle/memory.py::split_layout``) passes
+    the layout's rules."""
     virtual = pp * vpp
     L = model.num_layers
     if not hybrid_split_ok(model, vpp, split):
@@ -367,12 +390,23 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
         return (f"{model.name} is a hybrid Mamba model: Megatron-Core splits its {L}-layer "
                 f"pattern evenly over pp stages without virtual stages (vpp {vpp}, {split.value} "
                 f"split given); use vpp 1, the even split and pp in {fmt_set(legal_pp)}")
-    if split in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+    mtp_slots = split is PipelineSplit.EMBEDDING_MTP_LOSS
+    if mtp_slots and not model.num_mtp_layers:
+        return (f"the {split.value} split needs MTP layers; {model.name} has none (use "
+                f"{PipelineSplit.EMBEDDING_LOSS.value})")
+    if split in SLOT_SPLITS:
         slots = split_slots(model, split)
         if slots % virtual == 0:
-            return None
+            if not mtp_slots:
+                return None
+            # written as a layout: that layout's own rules (validate_layer_layout)
+            text = split_layout(L, model.num_mtp_layers, pp, vpp, split)
+            problem = _layout_problem(model, pp, vpp, text)
+            return None if problem is None else (
+                f"the {split.value} split at pp {pp} x vpp {vpp} is the layout {text}: {problem}")
         what = ("num_layers" if split is PipelineSplit.EVEN else
-                "num_layers + embedding + loss" + (" + MTP" if model.num_mtp_layers else ""))
+                "num_layers + embedding + loss" + (" + MTP" if mtp_slots else
+                " (MTP layers are no slot in Megatron-Core)" if model.num_mtp_layers else ""))
         legal_pp = [p for p in divisors(slots) if slots % (p * vpp) == 0]
         return (f"{what} ({slots}) must split evenly over pp x vpp = {pp} x {vpp} = {virtual} "
                 f"virtual stages ({split.value} split); with vpp {vpp} choose pp in "
@@ -401,15 +435,21 @@ def split_problem(model: ModelSpec, pp: int, vpp: int, split: PipelineSplit,
                     f"divisible by vpp ({vpp}) (Megatron-Core num_layers_in_{name}_pipeline_stage)")
     middle_ranks = pp - (f is not None) - (la is not None)
     middle = L - (f or 0) - (la or 0)
-    if middle < 0 or (middle_ranks == 0 and middle):
-        return (f"first + last stage layers ({(f or 0) + (la or 0)}) must "
-                f"{'equal' if middle_ranks == 0 else 'be at most'} num_layers ({L})")
+    ends_sum = (f or 0) + (la or 0)
+    if middle < 0:
+        return f"first + last stage layers ({ends_sum}) must be at most num_layers ({L})"
+    # transformer_config.py l.2341-2345: middle layers exactly when there are middle stages
+    if bool(middle) != bool(middle_ranks):
+        return (f"first + last stage layers ({ends_sum}) must "
+                f"{'equal' if middle_ranks == 0 else 'be below'} num_layers ({L}) with "
+                f"{middle_ranks} middle stage(s) (Megatron-Core: 'Mismatch: {middle} middle "
+                f"layers remaining but {middle_ranks} middle PP stages')")
     if middle_ranks and (middle % middle_ranks or (middle // middle_ranks) % vpp):
         return (f"the {middle} layers between the first and last stage ({split.value} split) "
                 f"must divide over the {middle_ranks} middle stages in multiples of vpp ({vpp})")
     if split in LIGHT_TRIM:
         chunks = pipeline_chunks(L, model.num_mtp_layers, pp, vpp, split)
-        for other in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+        for other in SLOT_SPLITS:
             if (split_problem(model, pp, vpp, other) is None
                     and pipeline_chunks(L, model.num_mtp_layers, pp, vpp, other) == chunks):
                 return (f"the {split.value} split gives the same stages as the {other.value} "
@@ -438,10 +478,13 @@ def _layout_problem(model: ModelSpec, pp: int, vpp: int, layout: str | None) -> 
                 f"layers (m); {model.name} has {model.num_layers} and {mtp}")
     if "m" in flat and "t" in flat[flat.index("m"):]:
         return "the layout must place every decoder layer (t) before the MTP layers (m)"
-    for v, st in enumerate(stages):
+    for v, st in enumerate(stages):  # validate_layer_layout l.121-136
         if "m" in st and v // pp != vpp - 1:
             return (f"the layout's MTP layers must be in a rank's last virtual stage (Megatron-"
                     f"Core), not virtual stage {v}")
+        if "m" in st and st.count("m") != mtp:  # l.127-131
+            return (f"the layout's {mtp} MTP layers must all be in one virtual stage (Megatron-"
+                    f"Core); virtual stage {v} holds {st.count('m')}")
     return None
 
 

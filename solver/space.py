@@ -36,6 +36,7 @@ from pydantic import Field, model_validator
 from tune_cp.oracle.memory import max_chunk_layers
 from tune_cp.oracle.specs import (
     SEARCHED_LIGHT_SPLITS,
+    SLOT_SPLITS,
     VALUELESS_SPLITS,
     ClusterSpec,
     ConfigError,
@@ -306,7 +307,9 @@ def vpp_domain(model: ModelSpec, pp_values: tuple[int, ...],
     enumeration time)."""
     out = {1}
     L = model.num_layers
-    for split in (PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS):
+    for split in SLOT_SPLITS:
+        if split is PipelineSplit.EMBEDDING_MTP_LOSS and not model.num_mtp_layers:
+            continue
         slots = split_slots(model, split)
         for pp in pp_values:
             if pp == 1:

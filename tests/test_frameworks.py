@@ -21,6 +21,7 @@ from tune_cp.formats import (
 )
 from tune_cp.formats.keys import megatron_flags
 from tune_cp.oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
+from tune_cp.oracle.memory import split_layout
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -322,9 +323,21 @@ CASES = [(s, c) for s in ("llama70", "llama70_fp8", "gpt3") for c in DENSE] + [
 
 
 def expected_notes(c: ParallelConfig) -> list[str]:
+    out = []
+    if c.pipeline_split is PipelineSplit.EMBEDDING_MTP_LOSS:  # written as a layout
+        out.append(f"pipeline_model_parallel_layout {written_layout_of(c)} is the "
+                   f"embedding_mtp_loss split over {c.pp * c.vpp} virtual stages (pp {c.pp} x "
+                   f"vpp {c.vpp})")
     if c.recompute is Recompute.FULL and c.recompute_layers == 0:
-        return ["full recompute with the block method and 0 layers recomputes nothing"]
-    return []
+        out.append("full recompute with the block method and 0 layers recomputes nothing")
+    return out
+
+
+def written_layout_of(c: ParallelConfig) -> str:
+    """The layout the exporters write for an embedding_mtp_loss configuration of DeepSeek-V3
+    (the only MTP model of these cases)."""
+    m = load_model("deepseek-v3")
+    return split_layout(m.num_layers, m.num_mtp_layers, c.pp, c.vpp, c.pipeline_split)
 
 
 def exported_training(tr: TrainingSpec, c: ParallelConfig) -> TrainingSpec:

@@ -171,10 +171,15 @@ def test_embedding_loss_split_and_first_last_stage():
     assert sizes == [15, 16, 16, 16, 16, 16, 16, 15]  # 128 slots / 32 = 4, minus emb and loss
     assert chunks[0][0].has_embedding and len(chunks[0][0].layers) == 3
     assert chunks[7][3].has_output and len(chunks[7][3].layers) == 3
-    # DeepSeek-V3: 61 layers + embedding + MTP + loss = 64 slots over 16 stages of 4
-    ds = M.pipeline_chunks(61, 1, 16, 1, PipelineSplit.EMBEDDING_LOSS)
-    assert [sum(len(c.layers) for c in s) for s in ds] == [3] + [4] * 14 + [2]
-    assert ds[15][0].mtp_layers == 1
+    # DeepSeek-V3: 61 layers + embedding + loss = 63 slots (Megatron-Core: MTP is no slot, it
+    # rides on the last virtual stage) over 7 stages of 9, and over 3 x 3 virtual stages of 7
+    ds = M.pipeline_chunks(61, 1, 7, 1, PipelineSplit.EMBEDDING_LOSS)
+    assert [sum(len(c.layers) for c in s) for s in ds] == [8] + [9] * 5 + [8]
+    assert [c.mtp_layers for s in ds for c in s] == [0] * 6 + [1]
+    ds = M.pipeline_chunks(61, 1, 3, 3, PipelineSplit.EMBEDDING_LOSS)
+    assert [[len(c.layers) for c in s] for s in ds] == [[6, 7, 7], [7, 7, 7], [7, 7, 6]]
+    assert ds[2][2].mtp_layers == 1 and ds[2][2].has_output
+    assert sum(c.mtp_layers for s in ds for c in s) == 1
 
 
 def test_recompute_groups_block_and_uniform():
