@@ -31,7 +31,6 @@ import numpy as np
 
 from tune_cp.formats.logs import (
     LogMeasurement,
-    dump_as_megatron_args,
     read_log,
     read_torchtitan_config,
 )
@@ -72,21 +71,13 @@ class LogRun:
 
 def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, gpu: GpuSpec,
                   nodes: int | None, gpus_per_node: int) -> tuple[RunRow, list[str]]:
-    from tune_cp.formats import parse_megatron_args
+    from tune_cp.formats import parse_argument_dump
 
-    text = dump_as_megatron_args(m.args)
-    # the start-up size line fills what a partial dump lacks
-    for size, name in (("tensor_parallel", "tensor_model_parallel_size"),
-                       ("pipeline_parallel", "pipeline_model_parallel_size"),
-                       ("context_parallel", "context_parallel_size")):
-        if size in m.sizes and name not in m.args:
-            text += (" \\\n" if text else "") + f"--{name.replace('_', '-')} {m.sizes[size]}"
-    if config_text:
-        text = (text + " \\\n" if text else "") + config_text
-    if not text.strip():
+    if not m.args and not config_text.strip():
         raise ConfigError(f"{m.path}: the log prints no argument dump; give the launch arguments "
                           f"with --config FILE")
-    run = parse_megatron_args(text, model=model)
+    # the start-up size line fills what a partial dump lacks; --config completes or overrides it
+    run = parse_argument_dump(m.args, model=model, extra=config_text, sizes=m.sizes)
     mdl = run.require_model()
     world = m.world_size or (nodes * gpus_per_node if nodes else None)
     if world is None:
