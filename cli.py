@@ -1342,7 +1342,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     cluster from its training logs (--log)."""
     from tune_cp.oracle.calibrate import calibrate
     from tune_cp.oracle.constants import format_constants
-    from tune_cp.oracle.inputs import check_regular_file, exists
+    from tune_cp.oracle.inputs import MAX_LOG_BYTES, check_regular_file, exists
 
     if bool(runs_path) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
@@ -1356,7 +1356,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
         for p in log_paths:
             if not exists(p):
                 fail(f"--log {p!r}: no such file")
-            check_regular_file(p, "--log file")
+            check_regular_file(p, "--log file", max_bytes=MAX_LOG_BYTES)
         if log_config is not None:
             check_regular_file(log_config, "--config file")
         gpu = load_gpu(gpu_name)

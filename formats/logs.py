@@ -60,6 +60,10 @@ _ARGS_END = re.compile(r"-{8,}\s*end of arguments\s*-{8,}|^\s*-{20,}\s*$")
 #: name of 48 characters or more, so two spaces; the value may be empty and the line's trailing
 #: space stripped by the tool that kept the log)
 _ARG_LINE = re.compile(r"^\s{1,4}([A-Za-z_][A-Za-z0-9_]*)(?:\s\.+(?:\s(.*?))?|\s\s(.*?))\s*$")
+#: where an argument line starts after a log prefix: a name then dots, or a name of 47
+#: characters or more then two spaces
+_ARG_START_AT = re.compile(r"\s{1,4}[A-Za-z_][A-Za-z0-9_]*\s\.")
+_LONG_ARG_START_AT = re.compile(r"\s{1,4}[A-Za-z_][A-Za-z0-9_]{46,}\s\s")
 _WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
 _SIZE = re.compile(r"([a-z-]+?)[- ]size:\s*(\d+)")
 _TITAN_STEP = re.compile(
@@ -98,6 +102,31 @@ def _clean(line: str) -> str:
     return _ANSI.sub("", line.rstrip("\n"))
 
 
+#: Words of the lines a log is read for (iteration and step lines, the memory report, the
+#: start-up lines); every other line outside the argument dump is dropped as it is read, so a
+#: log of :data:`oracle.inputs.MAX_LOG_BYTES` is never held whole.
+_KEPT_WORDS = ("iteration", "step:", "memory (MB)", "using world size", "using torch.bfloat16")
+
+
+def _kept_lines(p: Path) -> list[str]:
+    """The lines of the log :func:`read_log` reads, cleaned (:func:`_clean`), in order: the
+    argument dump's block and the lines with one of :data:`_KEPT_WORDS`."""
+    out: list[str] = []
+    inside = False
+    with p.open(errors="replace") as fh:  # universal newlines, as str.splitlines
+        for raw in fh:
+            x = _clean(raw)
+            if _ARGS_START.search(x):
+                inside = True
+            elif inside and _ARGS_END.search(x) and not _ARG_LINE.match(x):
+                out.append(x)
+                inside = False
+                continue
+            if inside or any(w in x for w in _KEPT_WORDS):
+                out.append(x)
+    return out
+
+
 def _median_after_warmup(values: list[tuple[int, float]]) -> tuple[float | None, int]:
     if not values:
         return None, 0
@@ -112,10 +141,9 @@ def read_log(path: str | Path) -> LogMeasurement:
 
     p = check_regular_file(path, "--log file", max_bytes=MAX_LOG_BYTES)
     try:
-        text = p.read_text(errors="replace")
+        lines = _kept_lines(p)
     except OSError as e:
         raise ConfigError(f"--log {str(path)!r}: cannot read it ({e.strerror})") from None
-    lines = [_clean(x) for x in text.splitlines()]
     num, whole = _readers(path)
     megatron = [(whole(m.group(1), "iteration"), m.group(3)) for x in lines
                 if (m := _MEGATRON_ITER.search(x)) and _ELAPSED.search(m.group(3))]
@@ -223,7 +251,9 @@ def read_argument_dump(lines: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     inside = False
     for x in lines:
-        body = re.sub(r"^.*?(?=\s{1,4}[A-Za-z_][A-Za-z0-9_]*\s(?:\.|\s))", "", x) if inside else x
+        body = x
+        if inside and (m := _ARG_START_AT.search(x) or _LONG_ARG_START_AT.search(x)):
+            body = x[m.start():]  # a log prefix before the line proper ("[rank0]: ...")
         if not inside:
             if _ARGS_START.search(x):
                 inside = True

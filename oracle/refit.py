@@ -126,12 +126,17 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
     n = log_nodes(m, nodes, gpus_per_node)
     cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpus_per_node)
     outcome = log_check(run, mdl, cluster)
-    if outcome.memory is None or any(v.rule == "precision" for v in outcome.violations):
+    if any(v.rule == "precision" for v in outcome.violations):
         raise ConfigError(f"{m.path}: the logged configuration cannot be projected: "
                           + "; ".join(v.message for v in outcome.violations))
     cfg, training = outcome.ctx.cfg, outcome.ctx.training
     world = cluster.world_size
     notes = []
+    if outcome.memory is None:  # the log ran it: its (cut) dump lacks what made it legal
+        notes.append("as read, the configuration breaks a rule ("
+                     + "; ".join(v.message for v in outcome.violations) + "), so `check` "
+                     "prints no projection for it; it is projected as read (give the missing "
+                     "arguments with --config)")
     if m.sizes:
         for k, v in m.sizes.items():
             mine = {"tensor_parallel": cfg.tp, "pipeline_parallel": cfg.pp, "data_parallel": cfg.dp,
@@ -154,7 +159,7 @@ def _megatron_run(m: LogMeasurement, config_text: str, model: ModelSpec | None, 
     if m.tflops_per_gpu:
         from tune_cp.solver.check import check_projection
 
-        p = check_projection(outcome)
+        p = check_projection(outcome, illegal_layouts=True)
         flops_per_token = p.model_tflops_per_gpu * 1e12 / p.tokens_per_s_per_gpu
         implied = m.tflops_per_gpu * 1e12 / flops_per_token
         if abs(implied / tokens - 1) > FLOPS_MISMATCH:
@@ -410,8 +415,8 @@ def _projected(r: LogRun, table: Any) -> float:
     if r.outcome is not None:
         from tune_cp.solver.check import check_projection
 
-        p = check_projection(r.outcome, table)
-        assert p is not None  # _megatron_run refuses a log whose layout cannot be projected
+        p = check_projection(r.outcome, table, illegal_layouts=True)
+        assert p is not None  # _megatron_run refuses a log whose precision is refused
         return float(p.tokens_per_s_per_gpu)
     from tune_cp.oracle.projection import project
 

@@ -65,16 +65,20 @@ def check_configuration(
     return CheckOutcome(ctx, tuple(violations), memory)
 
 
-def check_projection(outcome: CheckOutcome, calib: Any = None) -> Any:
+def check_projection(outcome: CheckOutcome, calib: Any = None, *,
+                     illegal_layouts: bool = False) -> Any:
     """The projection ``tune-cp check`` prints for a checked configuration
     (:class:`oracle.projection.Projection`; None when the layout does not exist or its
     precision is refused): the resolved configuration, projected with the run settings' traits
     and ``calib`` (a :class:`oracle.constants.CalibrationTable` or a file; None: the settings'
     ``--calibration``, else the shipped constants). ``calibrate --log`` reports its before and
-    after columns with it, so that they are what ``check`` prints."""
+    after columns with it, so that they are what ``check`` prints. ``illegal_layouts``: project
+    a layout the structural rules refuse too (a log's layout ran, though its cut argument dump may
+    leave out what made it legal; ``check`` prints no projection for it)."""
     from tune_cp.oracle.projection import project
 
-    if outcome.memory is None or any(v.rule == "precision" for v in outcome.violations):
+    if any(v.rule == "precision" for v in outcome.violations) or (
+            outcome.memory is None and not illegal_layouts):
         return None
     ctx = outcome.ctx
     return project(ctx.model, ctx.cluster, ctx.training, ctx.cfg,
