@@ -321,6 +321,8 @@ class ClusterCalibration:
             if r.check_command:  # the same projection, from check (solver.check)
                 calib = f" --calibration {shlex.quote(self.out_path)}" if self.out_path else ""
                 what = "after; without --calibration, before" if calib else "before"
+                if r.outcome is not None and r.outcome.memory is None:
+                    what = "no projection: the layout breaks a rule as read, see the note"
                 lines.append(f"{'':40} check: {r.check_command}{calib}  ({what})")
             if r.measurement.peak_bytes:
                 ours = (f"; tune-cp's peak counted alike {pk / 2**30:.1f} GiB "
