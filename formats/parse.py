@@ -336,7 +336,10 @@ def _names(items: list[str]) -> str:
 def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = None,
                         extra: str = "", sizes: Mapping[str, int] | None = None,
                         source: str = "log's argument dump") -> ImportedRun:
-    """Read Megatron-LM's (or Primus's) argument dump (``name ..... value`` lines, read by
+    """Read Megatron-LM's (or Primus's: its trainer runs Megatron-LM's ``validate_args``,
+    ``primus/backends/megatron/patches/args/validate_args_patches.py`` at fd1eeabbad L43-47, which
+    prints the dump, ``arguments.py`` L1985, with Primus's own keys in it) argument dump
+    (``name ..... value`` lines, read by
     :func:`formats.logs.read_argument_dump`; values by :func:`formats.logs.dump_value`) as a
     launch. The dump holds every argument after ``validate_args``, so each argument tune-cp
     reads is taken with its kind (a bool, an integer, a choice, a list, an enum member's name);
@@ -347,6 +350,7 @@ def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = No
     what was skipped, by name and value. ``extra``: Megatron-LM arguments that complete or
     override the dump (``--config``); ``sizes``: the start-up ``using world size`` line's
     parallel sizes, used where the dump (cut short) lacks them."""
+    from tune_cp.formats.export import primus_default_keys
     from tune_cp.formats.logs import dump_value
 
     raw = RawArgs(Flavor.MEGATRON)
@@ -359,7 +363,7 @@ def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = No
     effects = dest_effects()
     skipped: list[str] = []
     derived: list[str] = []
-    ignored = 0
+    ignored = primus = 0
     vpp_source = any(values.get(d) is not None for d in DUMP_VPP_SOURCES)
     for dest, value in values.items():
         text = dump[dest]
@@ -389,6 +393,8 @@ def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = No
                 ignored += 1
         elif effect in ("none", "read") or IGNORED.fullmatch(dest):
             ignored += 1
+        elif dest in primus_default_keys():  # Primus's own settings (a Primus log's dump)
+            primus += 1
         else:
             derived.append(dest)
     if "merge_file" in values and values["merge_file"]:
@@ -408,6 +414,8 @@ def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = No
     if derived:
         parts.append(f"ignored {len(derived)} that are not Megatron-LM flags (set by Megatron-LM "
                      f"itself, or of another version): {_names(derived)}")
+    if primus:
+        parts.append(f"ignored {primus} Primus settings tune-cp does not read")
     parts.append(f"ignored {ignored} that change nothing tune-cp models")
     if dump:
         raw.note(f"{source}: " + "; ".join(parts))
