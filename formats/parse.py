@@ -432,9 +432,9 @@ def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = No
         raw.num_nodes, raw.gpus_per_node = more.num_nodes, more.gpus_per_node
     if not raw.values:
         raise ConfigError(f"the {source} gives no argument tune-cp reads; give the launch "
-                          "arguments with --config FILE")
-    return _interpret(raw, source if not extra.strip() else f"{source} and --config", model,
-                      model_file=None)
+                          "arguments (calibrate: --config FILE; check: --megatron-args FILE)")
+    return _interpret(raw, source if not extra.strip() else f"{source} and the arguments given "
+                      "with it", model, model_file=None)
 
 
 # --------------------------------------------------------------------------- interpretation

@@ -86,7 +86,7 @@ def log_launch(m: LogMeasurement, config_text: str, model: ModelSpec | None) -> 
 
     if not m.args and not config_text.strip():
         raise ConfigError(f"{m.path}: the log prints no argument dump; give the launch arguments "
-                          f"with --config FILE")
+                          f"(calibrate: --config FILE; check: --megatron-args FILE)")
     run = parse_argument_dump(m.args, model=model, extra=config_text, sizes=m.sizes)
     if m.global_batch_size and m.global_batch_size != run.global_batch_size:
         run = run.model_copy(update={"global_batch_size": m.global_batch_size})
