@@ -8,7 +8,8 @@ Readers (the line formats are the frameworks' own print statements):
   ``report_memory``: ``[Rank r] (after N iterations) memory (MB) | allocated: a | max allocated:
   m | reserved: r | max reserved: x``; the argument dump ``arguments.py::_print_args``:
   ``------------------------ arguments ------------------------`` then ``  name ....... value``
-  lines; and ``initialize.py``'s ``using world size: W, data-parallel size: D, context-parallel
+  lines (every value kind it prints is read by :func:`dump_value`; the dump becomes a launch in
+  :func:`formats.parse_argument_dump`); and ``initialize.py``'s ``using world size: W, data-parallel size: D, context-parallel
   size: C, tensor-model-parallel size: T, pipeline-model-parallel size: P`` line.
 * **Primus** prints Megatron-LM's lines with ``elapsed time per iteration (ms): inst/avg``,
   ``tokens per GPU (tokens/s/GPU): inst/avg`` and ``hip mem usage/free/total/usage_ratio:``

@@ -2,16 +2,21 @@
 
 Each log (:mod:`formats.logs`) becomes a measured run (:class:`formats.runs.RunRow`):
 the configuration from the arguments the log printed (Megatron-LM / Primus argument dump, read by
-:func:`formats.parse_megatron_args`; a ``--config`` file beside it: Megatron-LM
-arguments, or a torchtitan job TOML), the cluster from ``--gpu`` / ``--nodes`` (or the world size
-the log prints), the measured tokens/s/GPU from the log's median step.
+:func:`formats.parse_argument_dump` in :func:`log_launch`; a ``--config`` file beside it:
+Megatron-LM arguments, or a torchtitan job TOML), the cluster from ``--gpu`` / ``--nodes`` (or
+the world size the log prints), the measured tokens/s/GPU from the log's median step. A
+Megatron-LM / Primus log's configuration is checked as ``tune-cp check --log`` checks it
+(:func:`log_check`: the launch's run settings, the precision its FP8 recipe trains in), and the
+row carries that check's resolved configuration and traits.
 
 The fit is :func:`oracle.calibrate.fit` (the shipped MAP fit) on the published runs (the prior:
 ``benchmarks/published_runs.csv``) plus the user's rows, each user row weighted
 :data:`USER_ROW_WEIGHT` times a published row: the constants of the user's GPU architecture (and
 the shared ones) move as far as the user's measurements support against 180 published rows and
 the priors. The result is a calibration file for ``--calibration FILE``; the report gives every
-log's measured throughput beside the projection before (the shipped calibration) and after.
+log's measured throughput beside the projection before (the shipped calibration) and after, each
+the projection ``tune-cp check --log LOG [--calibration FILE]`` prints
+(:func:`solver.check.check_projection`), with that command.
 Measured peaks (Megatron ``max allocated``, torchtitan peak reserved, Primus device memory used)
 are reported beside tune-cp's peak counted the same way (:data:`NOT_COUNTED`); the memory
 overheads are not refitted from them (yet): the gap says which way ``--overhead`` (or the
