@@ -129,3 +129,22 @@ def test_log_size_limit_is_one(tmp_path, run_cli, monkeypatch):
         code, _, err = run_cli(*cmd)
         assert code == 2 and "at most 1,048,576 bytes are read" in err
         assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("log,gpu,model,config", [
+    ("megatron_gpt_mi300x_lumi_workflow_tests.log", "mi300x", None, None),
+    ("megatron_mixtral8x7b_h100_issue756.log", "h100", "mixtral-8x7b", None),  # a cut dump
+    ("torchtitan_issue1287.log", "h100", "llama3-8b", "torchtitan_llama3_8b_fsdp8.toml"),
+])
+def test_public_logs_read_as_runs_without_edits(log, gpu, model, config):
+    """Every public log of tests/data/logs that prints (or is given) its configuration is read as
+    a measured run as it is (the Primus excerpt is one iteration line, without its dump)."""
+    from tune_cp.oracle.catalog import load_gpu
+    from tune_cp.oracle.refit import read_log_runs
+
+    [run] = read_log_runs([str(LOGS / log)], gpu=load_gpu(gpu), gpus_per_node=8,
+                          model=load_model(model) if model else None,
+                          nodes=1 if config else None,
+                          config=str(LOGS / config) if config else None)
+    assert run.reason is None and run.row is not None
+    assert run.row.measured_tokens_per_s_per_gpu > 0
