@@ -44,6 +44,12 @@ def test_dump_lines_without_dots_or_value():
              "-------------------- end of arguments ---------------------"]
     assert read_argument_dump(lines) == {"n" * 50: "7", "wandb_project": "",
                                          "tensor_model_parallel_size": "4"}
+    # Primus's logger prefix (its trainer line format, tests/data/logs/primus_mi3xx_*.log) on
+    # every line of the dump; what follows the end line is not read
+    prefix = "[20251202 09:12:08][rank-0/8][INFO ] [--------trainer.py:2560] : "
+    primus = [prefix + x for x in (lines[0], "  attention_backend ........ AttnBackend.auto",
+                                   lines[-1], "  seq_length ........ 4096")]
+    assert read_argument_dump(primus) == {"attention_backend": "AttnBackend.auto"}
 
 
 def test_a_real_log_with_enum_values_is_read():
