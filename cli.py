@@ -114,8 +114,8 @@ def gpu_entries() -> dict[str, Any]:
     return entries()
 
 
-def project(*args: Any, **kwargs: Any) -> Projection:
-    from tune_cp.oracle.projection import project as run
+def check_projection(*args: Any, **kwargs: Any) -> Projection | None:
+    from tune_cp.solver.check import check_projection as run
 
     return run(*args, **kwargs)
 
@@ -736,11 +736,13 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
 
 
 def import_run(megatron_args: str | None, primus_config: str | None, model_name: str | None,
-               env_items: Sequence[str] = ()):
+               env_items: Sequence[str] = (), log: Any = None):
     """An imported launch (or None), read with the model when --model is given. --megatron-args
     takes the text or the path of a launch script; --env values stand for the environment the
-    script (or the Primus YAML's ${VAR:default} placeholders) would read."""
-    if megatron_args is None and primus_config is None:
+    script (or the Primus YAML's ${VAR:default} placeholders) would read. --log: the launch a
+    training log's argument dump describes (``oracle/refit.py::log_launch``, as ``calibrate
+    --log`` reads it; --megatron-args then completes it, as calibrate's --config does)."""
+    if megatron_args is None and primus_config is None and log is None:
         parse_env(env_items)  # a malformed --env is refused all the same
         return None
 
@@ -749,13 +751,19 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
 
     if megatron_args is not None and primus_config is not None:
         fail("give either --megatron-args or --primus-config, not both")
+    if log is not None and primus_config is not None:
+        fail("give either --log or --primus-config, not both")
     model = load_model(model_name) if model_name else None
     env = parse_env(env_items)
-    if megatron_args is not None:
-        text = megatron_args
-        if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
-                and is_file(text):
-            text = read_text(text, "launch script")
+    text = megatron_args
+    if text is not None and "\n" not in text and len(text) < 4096 \
+            and not text.lstrip().startswith("-") and is_file(text):
+        text = read_text(text, "launch script")
+    if log is not None:  # a formats.logs.LogMeasurement
+        from tune_cp.oracle.refit import log_launch
+
+        return log_launch(log, text or "", model)
+    if text is not None:
         return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
         return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
@@ -782,12 +790,17 @@ CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
+@click.option("--log", "log_path", default=None, type=click.Path(dir_okay=False),
+              help="Check the run of a Megatron-LM / Primus training log: its argument dump "
+                   "(and its start-up size line and global batch), read as `calibrate --log` "
+                   "reads it; --megatron-args completes a cut dump.")
 @export_option
 @click.pass_context
 def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, megatron_args: str | None, env_items: Sequence[str],
-              primus_config: str | None, export_fmt: str | None, **flags: Any) -> None:
+              primus_config: str | None, log_path: str | None, export_fmt: str | None,
+              **flags: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
@@ -796,7 +809,19 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 
     settings = run_settings(flags)
     config = flags  # the configuration flags (solver/axes.py::KNOBS)
-    run = import_run(megatron_args, primus_config, model_name, env_items)
+    log = None
+    if log_path is not None:
+        from tune_cp.formats.logs import read_log
+        from tune_cp.oracle.inputs import MAX_LOG_BYTES, check_regular_file, exists
+
+        if not exists(log_path):
+            fail(f"--log {log_path!r}: no such file")
+        check_regular_file(log_path, "--log file", max_bytes=MAX_LOG_BYTES)
+        log = read_log(log_path)
+        if log.framework != "megatron":
+            fail(f"--log {log_path!r}: a {log.framework} log prints no configuration; check "
+                 "its layout with flags")
+    run = import_run(megatron_args, primus_config, model_name, env_items, log)
     notes: list[str] = []
     defaults: list[str] = []  # stated like search states its defaults
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
@@ -819,6 +844,11 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     else:
         model = run.require_model()
         n = nodes or run.num_nodes
+        if log is not None and nodes is None:
+            from tune_cp.oracle.refit import log_nodes
+
+            gpn = gpus_per_node or run.gpus_per_node or load_gpu(gpu_name).gpus_per_node
+            n = log_nodes(log, nodes, gpn)
         if n is None:
             fail(f"--nodes is required: the {run.source} do not give the node count "
                  f"(torchrun --nnodes)")
@@ -864,8 +894,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
-        projection = project(model, cluster, training, outcome.ctx.cfg,
-                             calib=settings.calibration, traits=settings.traits)
+        projection = check_projection(outcome)  # what calibrate --log reports, too
         from tune_cp.oracle.uncertainty import residuals_for
 
         interval = residuals_for(settings.calibration).interval(
@@ -1313,7 +1342,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     cluster from its training logs (--log)."""
     from tune_cp.oracle.calibrate import calibrate
     from tune_cp.oracle.constants import format_constants
-    from tune_cp.oracle.inputs import check_regular_file, exists
+    from tune_cp.oracle.inputs import MAX_LOG_BYTES, check_regular_file, exists
 
     if bool(runs_path) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
@@ -1327,14 +1356,14 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
         for p in log_paths:
             if not exists(p):
                 fail(f"--log {p!r}: no such file")
-            check_regular_file(p, "--log file")
+            check_regular_file(p, "--log file", max_bytes=MAX_LOG_BYTES)
         if log_config is not None:
             check_regular_file(log_config, "--config file")
         gpu = load_gpu(gpu_name)
         runs = read_log_runs(list(log_paths), gpu=gpu,
                              gpus_per_node=gpus_per_node or gpu.gpus_per_node,
                              model=load_model(model_name) if model_name else None, nodes=nodes,
-                             config=log_config)
+                             config=log_config, gpu_name=gpu_name, model_name=model_name)
         bar = Progress("calibrate")
         result = calibrate_from_logs(runs, out_path,
                                      progress=lambda d, t: bar.bar(d, t, "fit iterations"))

@@ -5,6 +5,7 @@ Import::
 
     run = parse_megatron_args("torchrun --nnodes 4 ... pretrain_gpt.py --seq-length 8192 ...")
     run = parse_primus_config("exp.yaml")              # the model YAML it names, when found
+    run = parse_argument_dump(read_log("x.log").args)  # a training log's argument dump
     model = run.require_model()                        # or pass model= (the CLI's --model)
     cfg, training = run.config, run.training_spec(model, cluster)
 
@@ -35,6 +36,7 @@ from tune_cp.formats.keys import Fp8Format
 from tune_cp.formats.model import ImportedArchitecture
 from tune_cp.formats.parse import (
     ImportedRun,
+    parse_argument_dump,
     parse_megatron_args,
     parse_primus_config,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "ImportedArchitecture",
     "ImportedRun",
     "canonical_config",
+    "parse_argument_dump",
     "parse_megatron_args",
     "parse_primus_config",
     "to_megatron_args",

@@ -8,6 +8,10 @@ dest, how many values it takes, its argument group, and what it does to tune-cp'
 * ``unmodelled``: it changes memory or time and tune-cp does not model it (printed as a
   warning when a launch sets it).
 
+and, where it is a literal, its ``default`` (what the dest holds when the flag is not given,
+what a training log's argument dump then prints: ``formats/parse.py::parse_argument_dump``
+lists an unmodelled argument only when the dump's value differs from it).
+
 The flags are read statically (no import of Megatron-LM, which needs torch): every
 ``add_argument('--flag', ...)`` call of ``megatron/training/arguments.py``, and the flags that
 ``ArgumentGroupFactory(Config, exclude=[...]).build_group(parser, title)`` derives from a
@@ -103,6 +107,24 @@ def _literal(node: ast.AST | None) -> Any:
         return None
 
 
+_NO = object()
+
+
+def _literal_ok(node: Any) -> bool:
+    """Whether ``node`` is absent (a default of None) or a literal (a default the JSON keeps)."""
+    if node is None:
+        return True
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        return False
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _arity(action: Any, nargs: Any) -> int | str:
     if action in ("store_true", "store_false", "store_const", "count"):
         return 0
@@ -155,6 +177,8 @@ def dataclass_flags(git_dir: str, commit: str, name: str, exclude: set[str],
             else None)
         for flag in names:
             flags[flag] = {"dest": dest, "arity": _arity(action, nargs), "group": group}
+            if _literal_ok(default):
+                flags[flag]["default"] = default_value
     return flags
 
 
@@ -211,9 +235,19 @@ def argument_flags(git_dir: str, commit: str) -> dict[str, dict[str, Any]]:
                 if not names:
                     continue
                 dest = _literal(kw.get("dest")) or names[0][2:].replace("-", "_")
-                arity = _arity(_literal(kw.get("action")), _literal(kw.get("nargs")))
+                action = _literal(kw.get("action"))
+                arity = _arity(action, _literal(kw.get("nargs")))
+                # the value the dest holds when the flag is not given (what an argument dump
+                # prints for it): argparse's store_true / store_false defaults, else default=
+                default: Any = {"store_true": False, "store_false": True}.get(str(action), _NO)
+                if "default" in kw:
+                    default = _literal(kw["default"]) if _literal_ok(kw["default"]) else _NO
+                elif default is _NO and action is None:
+                    default = None
                 for flag in names:
                     flags[flag] = {"dest": dest, "arity": arity, "group": group}
+                    if default is not _NO:
+                        flags[flag]["default"] = default
     return flags
 
 

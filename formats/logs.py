@@ -8,7 +8,8 @@ Readers (the line formats are the frameworks' own print statements):
   ``report_memory``: ``[Rank r] (after N iterations) memory (MB) | allocated: a | max allocated:
   m | reserved: r | max reserved: x``; the argument dump ``arguments.py::_print_args``:
   ``------------------------ arguments ------------------------`` then ``  name ....... value``
-  lines; and ``initialize.py``'s ``using world size: W, data-parallel size: D, context-parallel
+  lines (every value kind it prints is read by :func:`dump_value`; the dump becomes a launch in
+  :func:`formats.parse_argument_dump`); and ``initialize.py``'s ``using world size: W, data-parallel size: D, context-parallel
   size: C, tensor-model-parallel size: T, pipeline-model-parallel size: P`` line.
 * **Primus** prints Megatron-LM's lines with ``elapsed time per iteration (ms): inst/avg``,
   ``tokens per GPU (tokens/s/GPU): inst/avg`` and ``hip mem usage/free/total/usage_ratio:``
@@ -56,7 +57,14 @@ _MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([\d.]+)\s*\|\s*max all
                      r"(?:\s*\|\s*reserved:\s*([\d.]+))?(?:\s*\|\s*max reserved:\s*([\d.]+))?")
 _ARGS_START = re.compile(r"-{8,}\s*arguments\s*-{8,}")
 _ARGS_END = re.compile(r"-{8,}\s*end of arguments\s*-{8,}|^\s*-{20,}\s*$")
-_ARG_LINE = re.compile(r"^\s{1,4}([A-Za-z_][A-Za-z0-9_]*)\s\.{2,}\s(.*?)\s*$")
+#: one argument line: ``'  {} {} {}'.format(arg, '.' * (48 - len(arg)), value)`` (no dots for a
+#: name of 48 characters or more, so two spaces; the value may be empty and the line's trailing
+#: space stripped by the tool that kept the log)
+_ARG_LINE = re.compile(r"^\s{1,4}([A-Za-z_][A-Za-z0-9_]*)(?:\s\.+(?:\s(.*?))?|\s\s(.*?))\s*$")
+#: where an argument line starts after a log prefix: a name then dots, or a name of 47
+#: characters or more then two spaces
+_ARG_START_AT = re.compile(r"\s{1,4}[A-Za-z_][A-Za-z0-9_]*\s\.")
+_LONG_ARG_START_AT = re.compile(r"\s{1,4}[A-Za-z_][A-Za-z0-9_]{46,}\s\s")
 _WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
 _SIZE = re.compile(r"([a-z-]+?)[- ]size:\s*(\d+)")
 _TITAN_STEP = re.compile(
@@ -95,6 +103,31 @@ def _clean(line: str) -> str:
     return _ANSI.sub("", line.rstrip("\n"))
 
 
+#: Words of the lines a log is read for (iteration and step lines, the memory report, the
+#: start-up lines); every other line outside the argument dump is dropped as it is read, so a
+#: log of :data:`oracle.inputs.MAX_LOG_BYTES` is never held whole.
+_KEPT_WORDS = ("iteration", "step:", "memory (MB)", "using world size", "using torch.bfloat16")
+
+
+def _kept_lines(p: Path) -> list[str]:
+    """The lines of the log :func:`read_log` reads, cleaned (:func:`_clean`), in order: the
+    argument dump's block and the lines with one of :data:`_KEPT_WORDS`."""
+    out: list[str] = []
+    inside = False
+    with p.open(errors="replace") as fh:  # universal newlines, as str.splitlines
+        for raw in fh:
+            x = _clean(raw)
+            if _ARGS_START.search(x):
+                inside = True
+            elif inside and _ARGS_END.search(x) and not _ARG_LINE.match(x):
+                out.append(x)
+                inside = False
+                continue
+            if inside or any(w in x for w in _KEPT_WORDS):
+                out.append(x)
+    return out
+
+
 def _median_after_warmup(values: list[tuple[int, float]]) -> tuple[float | None, int]:
     if not values:
         return None, 0
@@ -109,10 +142,9 @@ def read_log(path: str | Path) -> LogMeasurement:
 
     p = check_regular_file(path, "--log file", max_bytes=MAX_LOG_BYTES)
     try:
-        text = p.read_text(errors="replace")
+        lines = _kept_lines(p)
     except OSError as e:
         raise ConfigError(f"--log {str(path)!r}: cannot read it ({e.strerror})") from None
-    lines = [_clean(x) for x in text.splitlines()]
     num, whole = _readers(path)
     megatron = [(whole(m.group(1), "iteration"), m.group(3)) for x in lines
                 if (m := _MEGATRON_ITER.search(x)) and _ELAPSED.search(m.group(3))]
@@ -220,7 +252,9 @@ def read_argument_dump(lines: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     inside = False
     for x in lines:
-        body = re.sub(r"^.*?(?=\s{1,4}[A-Za-z_][A-Za-z0-9_]*\s\.{2,}\s)", "", x) if inside else x
+        body = x
+        if inside and (m := _ARG_START_AT.search(x) or _LONG_ARG_START_AT.search(x)):
+            body = x[m.start():]  # a log prefix before the line proper ("[rank0]: ...")
         if not inside:
             if _ARGS_START.search(x):
                 inside = True
@@ -229,32 +263,67 @@ def read_argument_dump(lines: list[str]) -> dict[str, str]:
             if out:
                 break
             continue
-        if m := _ARG_LINE.match(body):
-            out[m.group(1)] = m.group(2)
+        if (m := _ARG_LINE.match(body)) and (m.group(3) is None or len(m.group(1)) >= 47):
+            out[m.group(1)] = m.group(2) if m.group(3) is None else m.group(3)
+            out[m.group(1)] = out[m.group(1)] or ""
     return out
 
 
-#: argument-dump values that mean "not set" (left to Megatron-LM's defaults).
-_UNSET = frozenset({"None", "False", "", "[]"})
+# ------------------------------------------------------------------- the argument dump's values
+
+#: How Megatron-LM prints one argument (``megatron/training/arguments.py::_print_args``,
+#: d98e8a64dd L1990-2001): ``'  {} {} {}'.format(arg, '.' * (48 - len(arg)), getattr(args,
+#: arg))``, i.e. ``str()`` of the parsed (and ``validate_args``-derived) value. The kinds a
+#: released Megatron-LM (and Primus, which prints Megatron's dump) writes there, and how
+#: :func:`dump_value` reads each:
+#:
+#: * ``None``, ``True`` / ``False``, integers, floats (``1e-05``, ``0.00015``): themselves;
+#: * lists and tuples (``['p2p']``, ``[0]``, ``[]``, ``(128, 0)``): a list of their items;
+#: * enum members, printed ``AttnBackend.auto`` (``megatron/core/transformer/enums.py``
+#:   ``AttnBackend``, L51) or, inside a list, ``<CudaGraphModule.attn: 'attn'>``: the member's name;
+#: * torch dtypes (``params_dtype torch.bfloat16``, ``main_grads_dtype torch.float32``): Megatron's
+#:   own spelling of the dtype (``validate_args``' ``dtype_map``, L1077: ``fp32``, ``bf16``,
+#:   ``fp16``, ``fp8``), else the dtype's name;
+#: * anything else (paths, ``969, 30, 1``, an empty string, an object's repr): the text.
+DUMP_DTYPES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
+               "half": "fp16", "uint8": "fp8"}
+_DUMP_ENUM = re.compile(r"^([A-Z][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
+_DUMP_ENUM_REPR = re.compile(r"<[A-Z][A-Za-z0-9_]*\.([A-Za-z_][A-Za-z0-9_]*): [^<>]*>")
+_DUMP_DTYPE = re.compile(r"^torch\.([a-z0-9_]+)$")
+_DUMP_INT = re.compile(r"^-?\d+$")
+#: Longest list or tuple text :func:`dump_value` parses (longer ones stay text: a layer pattern
+#: is read by :func:`formats.keys.layer_pattern`, which has its own bound).
+MAX_DUMP_LIST_CHARS = 4096
 
 
-def dump_as_megatron_args(args: dict[str, str]) -> str:
-    """The argument dump as Megatron-LM command-line flags (``--name-with-dashes value``; True ->
-    the bare flag; None / False / empty left out), for
-    :func:`formats.parse_megatron_args`."""
-    words = []
-    for name, value in args.items():
-        if value in _UNSET:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if value == "True":
-            words.append(flag)
-        elif value.startswith("[") and value.endswith("]"):
-            items = [v.strip().strip("'\"") for v in value[1:-1].split(",") if v.strip()]
-            words.append(" ".join([flag, *items]))
-        else:
-            words.append(f"{flag} {value!s}" if " " not in value else f"{flag} '{value}'")
-    return " \\\n".join(words)
+def dump_value(text: str) -> Any:
+    """One value of the argument dump as Python (see :data:`DUMP_DTYPES` above for the kinds)."""
+    import ast
+
+    t = text.strip()
+    if t in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[t]
+    if _DUMP_INT.match(t) and len(t.lstrip("-")) <= MAX_LOG_INT_DIGITS:
+        return int(t)
+    if m := _DUMP_ENUM.match(t):
+        return m.group(2)
+    if m := _DUMP_DTYPE.match(t):
+        return DUMP_DTYPES.get(m.group(1), m.group(1))
+    if t[:1] in "[(" and t[-1:] in "])" and len(t) <= MAX_DUMP_LIST_CHARS:
+        try:
+            value = ast.literal_eval(_DUMP_ENUM_REPR.sub(lambda m: repr(m.group(1)), t))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return t
+        if isinstance(value, list | tuple):
+            return [dump_value(str(v)) if isinstance(v, str) and _DUMP_DTYPE.match(v) else v
+                    for v in value]
+        return t
+    try:
+        number = float(t)
+    except ValueError:
+        return text.strip()
+    return number if len(t) <= MAX_LOG_NUMBER_CHARS and number == number \
+        and abs(number) != float("inf") else t
 
 
 # ----------------------------------------------------------------------------- torchtitan

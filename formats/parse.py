@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tune_cp.formats.keys import (
+    ALL_KEYS,
     CONFIG_KEYS,
     FRAMEWORK_NAME,
     IGNORED,
@@ -19,11 +20,14 @@ from tune_cp.formats.keys import (
     UNMODELED_RECOMPUTE_MODULES,
     Flavor,
     Fp8Format,
+    Key,
+    Kind,
     RawArgs,
     dest_effects,
     find_model_file,
     fmt_value,
     load_model_chain,
+    megatron_flags,
     read_yaml_mapping,
     refused_architecture,
     resolve_placeholders,
@@ -264,6 +268,173 @@ def parse_primus_config(
                      model_file=None if model_name is None else str(model_name),
                      built_name=Path(str(model_name)).stem if chain else None)
     return run
+
+
+#: Arguments the dump prints that ``validate_args`` derives from others (Megatron-LM
+#: ``arguments.py`` at d98e8a64dd): the virtual stages per rank come from
+#: ``--pipeline-model-parallel-layout``, ``--num-layers-per-virtual-pipeline-stage`` or
+#: ``--num-virtual-stages-per-pipeline-rank`` (L941-983), which the dump prints too and which are
+#: read; the derived value is read only when none of them is set (a hybrid layer pattern's).
+DUMP_VPP_SOURCES = ("pipeline_model_parallel_layout", "num_layers_per_virtual_pipeline_stage",
+                    "num_virtual_stages_per_pipeline_rank")
+#: ... and without virtual stages ``validate_args`` turns ``overlap_p2p_comm`` and
+#: ``align_param_gather`` off itself (L1010-1013: "Overlap P2P communication is disabled if not
+#: using the interleaved schedule"), so the dump's False then says nothing about the launch.
+DUMP_INTERLEAVED_ONLY = ("overlap_p2p_comm", "align_param_gather")
+#: Arguments ``validate_args`` sets from others whatever the launch said: ``encoder_num_layers``
+#: is ``num_layers`` (L1307), ``bias_gelu_fusion`` is off without linear biases (L1604-1606).
+DUMP_DERIVED = {"encoder_num_layers": lambda v: True,
+                "bias_gelu_fusion": lambda v: v.get("add_bias_linear") is False}
+#: Most names one category of the dump note lists (the rest are counted).
+MAX_NOTE_NAMES = 60
+_SKIP = object()
+
+
+def _dump_raw(key: Key, value: Any, text: str) -> Any:
+    """The raw value of one read argument of the dump (:func:`formats.logs.dump_value`'s value)
+    as :func:`formats.keys.read_value` takes it; None: unset (Megatron-LM's default);
+    ``_SKIP``: a value of another kind than the argument's (noted, the default taken)."""
+    if value is None or (isinstance(value, str) and not value):
+        return None
+    kind = key.kind
+    if kind is Kind.BOOL:
+        return value if isinstance(value, bool) else _SKIP
+    if kind is Kind.INT:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _SKIP
+    if kind is Kind.FLOAT:
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else _SKIP
+    if kind is Kind.CHOICE:
+        return value if isinstance(value, str) and value in key.choices else _SKIP
+    if kind is Kind.LIST:
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        return str(value).split() if isinstance(value, str) else _SKIP
+    if kind is Kind.FREQ:
+        return value if isinstance(value, int) and not isinstance(value, bool) else text.strip()
+    if isinstance(value, list):  # a tuple or list setting read as text: window_size (128, 0)
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _flag_on(dest: str, value: Any, text: str) -> bool:
+    """Whether a dump value of an argument tune-cp does not read differs from Megatron-LM's
+    default for it (``data/megatron_flags.json``'s ``default``, read from ``arguments.py``); with
+    no known default, whether it is set at all (not None, False, 0, "", [])."""
+    defaults = [i["default"] for i in megatron_flags().values()
+                if i["dest"] == dest and "default" in i]
+    if defaults:
+        return all(value != d and text.strip() != str(d) for d in defaults)
+    return value not in (None, False, 0, 0.0, "", "none", "None") and value != []
+
+
+def _names(items: list[str]) -> str:
+    shown = items[:MAX_NOTE_NAMES]
+    more = len(items) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
+def parse_argument_dump(dump: Mapping[str, str], *, model: ModelSpec | None = None,
+                        extra: str = "", sizes: Mapping[str, int] | None = None,
+                        source: str = "log's argument dump") -> ImportedRun:
+    """Read Megatron-LM's (or Primus's: its trainer runs Megatron-LM's ``validate_args``,
+    ``primus/backends/megatron/patches/args/validate_args_patches.py`` at fd1eeabbad L43-47, which
+    prints the dump, ``arguments.py`` L1985, with Primus's own keys in it) argument dump
+    (``name ..... value`` lines, read by
+    :func:`formats.logs.read_argument_dump`; values by :func:`formats.logs.dump_value`) as a
+    launch. The dump holds every argument after ``validate_args``, so each argument tune-cp
+    reads is taken with its kind (a bool, an integer, a choice, a list, an enum member's name);
+    a value of another kind is skipped and the default taken; arguments that change nothing
+    tune-cp models are ignored; those that change memory or time and are not modelled are listed
+    (``unmodelled``) when set; what is not a Megatron-LM flag at all (``world_size``, ``rank``,
+    ``params_dtype``: set by Megatron-LM itself; or another version's) is ignored. One note says
+    what was skipped, by name and value. ``extra``: Megatron-LM arguments that complete or
+    override the dump (``--config``); ``sizes``: the start-up ``using world size`` line's
+    parallel sizes, used where the dump (cut short) lacks them."""
+    from tune_cp.formats.export import primus_default_keys
+    from tune_cp.formats.logs import dump_value
+
+    raw = RawArgs(Flavor.MEGATRON)
+    values = {str(k): dump_value(v) for k, v in dump.items()}
+    refused = refused_architecture(values)
+    if refused:
+        raise ConfigError(f"the {source}: tune-cp does not model {refused}; it models "
+                          "decoder-only transformers (dense, MoE, MLA, sliding-window attention) "
+                          "and hybrid Mamba models")
+    effects = dest_effects()
+    skipped: list[str] = []
+    derived: list[str] = []
+    ignored = primus = 0
+    vpp_source = any(values.get(d) is not None for d in DUMP_VPP_SOURCES)
+    for dest, value in values.items():
+        text = dump[dest]
+        if dest == "virtual_pipeline_model_parallel_size":
+            if vpp_source or value is None:
+                ignored += 1
+                continue
+            dest = "num_virtual_stages_per_pipeline_rank"
+        if (dest in DUMP_INTERLEAVED_ONLY and values.get(
+                "virtual_pipeline_model_parallel_size") is None) or (
+                dest in DUMP_DERIVED and DUMP_DERIVED[dest](values)):
+            ignored += 1
+            continue
+        if dest in ALL_KEYS:
+            got = _dump_raw(ALL_KEYS[dest], value, text)
+            if got is _SKIP:
+                skipped.append(f"{dest}={text.strip()}")
+            elif got is not None:
+                raw.values[dest] = got
+                raw.labels[dest] = dest
+            continue
+        effect = effects.get(dest)
+        if effect == "unmodelled":
+            if _flag_on(dest, value, text):
+                raw.unmodelled.append(f"{dest}: {text.strip()}")
+            else:
+                ignored += 1
+        elif effect in ("none", "read") or IGNORED.fullmatch(dest):
+            ignored += 1
+        elif dest in primus_default_keys():  # Primus's own settings (a Primus log's dump)
+            primus += 1
+        else:
+            derived.append(dest)
+    if "merge_file" in values and values["merge_file"]:
+        raw.has_vocab_files = True
+    read = len(raw.values)
+    for name, size in (sizes or {}).items():
+        dest = {"tensor_parallel": "tensor_model_parallel_size",
+                "pipeline_parallel": "pipeline_model_parallel_size",
+                "context_parallel": "context_parallel_size"}.get(name)
+        if dest and dest not in raw.values:
+            raw.values[dest] = size
+            raw.labels[dest] = f"{name.replace('_', '-')} size (the log's start-up line)"
+    parts = [f"{read} of {len(values)} arguments read"]
+    if skipped:
+        parts.append(f"skipped {len(skipped)} whose value is not one tune-cp reads (the default "
+                     f"is taken): {_names(skipped)}")
+    if derived:
+        parts.append(f"ignored {len(derived)} that are not Megatron-LM flags (set by Megatron-LM "
+                     f"itself, or of another version): {_names(derived)}")
+    if primus:
+        parts.append(f"ignored {primus} Primus settings tune-cp does not read")
+    parts.append(f"ignored {ignored} that change nothing tune-cp models")
+    if dump:
+        raw.note(f"{source}: " + "; ".join(parts))
+    if extra.strip():
+        more = scan_megatron(extra)
+        for dest, value in more.values.items():
+            raw.values[dest] = value
+            raw.labels[dest] = more.labels.get(dest, dest)
+        raw.unknown += more.unknown
+        raw.ignored += more.ignored
+        raw.unmodelled += more.unmodelled
+        raw.notes += [n for n in more.notes if n not in raw.notes]
+        raw.has_vocab_files |= more.has_vocab_files
+        raw.num_nodes, raw.gpus_per_node = more.num_nodes, more.gpus_per_node
+    if not raw.values:
+        raise ConfigError(f"the {source} gives no argument tune-cp reads; give the launch "
+                          "arguments (calibrate: --config FILE; check: --megatron-args FILE)")
+    return _interpret(raw, source if not extra.strip() else f"{source} and the arguments given "
+                      "with it", model, model_file=None)
 
 
 # --------------------------------------------------------------------------- interpretation

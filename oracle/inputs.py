@@ -40,7 +40,10 @@ from tune_cp.oracle.specs import ConfigError
 #: Largest user file read (16 MiB): the largest Hugging Face config.json is a few KiB, the
 #: published runs CSV about 100 KiB; a bigger file is not a configuration.
 MAX_INPUT_BYTES = 16 * 2**20
-#: Largest training log read (``calibrate --log``): logs of long runs reach hundreds of MiB.
+#: Largest training log read (``calibrate --log``, ``check --log``; the one limit of both, checked
+#: by the CLI and by ``formats/logs.py::read_log``): logs of long runs reach hundreds of MiB. The
+#: log is read line by line and only the lines it is read for are kept
+#: (``formats/logs.py::_kept_lines``), so the limit bounds the time, not the memory held.
 MAX_LOG_BYTES = 512 * 2**20
 #: Deepest nesting of lists and mappings in a JSON/YAML file (real ones nest under 10 deep).
 MAX_NESTING = 64

@@ -4,6 +4,7 @@ is asked) the projection. Library side of ``tune-cp check``; the CLI only render
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tune_cp.oracle.memory import MemoryReport
 from tune_cp.oracle.specs import (
@@ -62,3 +63,24 @@ def check_configuration(
         violations = violations + check(ctx, ("hbm",))
     violations = violations + check(ctx, ("extra",))
     return CheckOutcome(ctx, tuple(violations), memory)
+
+
+def check_projection(outcome: CheckOutcome, calib: Any = None, *,
+                     illegal_layouts: bool = False) -> Any:
+    """The projection ``tune-cp check`` prints for a checked configuration
+    (:class:`oracle.projection.Projection`; None when the layout does not exist or its
+    precision is refused): the resolved configuration, projected with the run settings' traits
+    and ``calib`` (a :class:`oracle.constants.CalibrationTable` or a file; None: the settings'
+    ``--calibration``, else the shipped constants). ``calibrate --log`` reports its before and
+    after columns with it, so that they are what ``check`` prints. ``illegal_layouts``: project
+    a layout the structural rules refuse too (a log's layout ran, though its cut argument dump may
+    leave out what made it legal; ``check`` prints no projection for it)."""
+    from tune_cp.oracle.projection import project
+
+    if any(v.rule == "precision" for v in outcome.violations) or (
+            outcome.memory is None and not illegal_layouts):
+        return None
+    ctx = outcome.ctx
+    return project(ctx.model, ctx.cluster, ctx.training, ctx.cfg,
+                   calib=calib if calib is not None else ctx.settings.calibration,
+                   traits=ctx.settings.traits)
