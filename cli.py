@@ -485,6 +485,7 @@ def load_specs(
         precision=precision,
     )
     if defaults is not None:
+        defaults.extend(alias_statements(model_name, gpu_name))
         entry = model_entries().get(model.name)
         why = f": {entry.default_source}" if entry and entry.default_source else ""
         # a model file or config.json has no published batch: say whose defaults these are
@@ -503,6 +504,21 @@ def load_specs(
         elif gbs is None:
             defaults.append(f"--gbs {training.global_batch_size} ({whose}{why})")
     return model, cluster, training
+
+
+def alias_statements(model_name: str | None, gpu_name: str | None) -> list[str]:
+    """The catalog names an alias given to --model / --gpu stands for, as defaults-line items
+    (``--model llama3-70b (the catalog's alias 'llama3.1-70b')``): no alias is taken silently
+    (family names such as ``mixtral`` are refused with their members by the catalog)."""
+    from tune_cp.oracle.catalog import catalog_alias
+
+    out = []
+    for flag, given in (("model", model_name), ("gpu", gpu_name)):
+        canonical = catalog_alias(given, flag) if given else None
+        if canonical is not None:
+            out.append(f"--{flag} {canonical} (the catalog's alias {given.strip()!r}; "
+                       f"`tune-cp {flag}s --json` lists every alias)")
+    return out
 
 
 def knob_values(opts: dict[str, Any], only: Sequence[str] | None = None) -> dict[str, Any]:
@@ -766,6 +782,26 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
 CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 
 
+def search_space_defaults(ctx: click.Context, model: ModelSpec, config: dict[str, Any]) -> list[str]:
+    """``check``'s defaults that are the search space's rather than a flag's own: an MoE
+    model's ``--etp`` not given is 1, the first value of the search's expert-TP domain
+    (``solver/space.py::SearchSpace.etp_values``: 1, then tp), so that a layout the search
+    printed (``TP8 ... EP8 ETP1``) and the same flags given to ``check`` are one configuration;
+    Megatron-LM's own default (``arguments.py``: ``expert_tensor_parallel_size`` = tp when unset)
+    applies to imported launches only. Every other configuration flag's default is already the
+    first value of the search's domain (``tests/test_cli_check.py`` walks them). Sets the value
+    in ``config`` and returns the defaults-line items."""
+    if not model.is_moe or ctx.get_parameter_source("etp") is not click.core.ParameterSource.DEFAULT:
+        return []
+    config["etp"] = CHECK_MOE_ETP
+    return [f"--etp {CHECK_MOE_ETP} (the search's first expert-TP value for an MoE model; "
+            f"pass --etp {config['tp']} for Megatron-LM's default, etp = tp)"]
+
+
+#: ``check``'s ``--etp`` for an MoE model when not given: the search space's first value.
+CHECK_MOE_ETP = 1
+
+
 @main.command("check")
 @cluster_options(required=False)
 @config_options
@@ -807,6 +843,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                  f"run with --megatron-args / --primus-config)")
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
                                               seq_len, gbs, precision, defaults)
+        defaults.extend(search_space_defaults(ctx, model, config))
         cfg = build_config(config)
         taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
                  if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
@@ -931,9 +968,11 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def models_cmd(as_json: bool) -> None:
     """List the model catalog with parameter counts."""
-    specs = [e.to_spec() for e in model_entries().values()]
+    entries = list(model_entries().values())
+    specs = [e.to_spec() for e in entries]
     if as_json:
-        emit_json([model_json(m) | {"source": m.source} for m in specs])
+        emit_json([model_json(m) | {"source": m.source, "aliases": list(e.aliases)}
+                   for m, e in zip(specs, entries, strict=True)])
         return
     click.echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
                f"{'total params':>16} {'active params':>16} {'seq':>6} {'gbs':>5}")
@@ -1069,6 +1108,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--gpu {flags['gpu_name']} (default)")
+    model_arg, gpu_arg = flags["model_name"], flags["gpu_name"]
     model, cluster, training = load_specs(
         *(flags.pop(k) for k in ("model_name", "gpu_name", "nodes", "gpus_per_node", "seq_len",
                                  "gbs", "precision")), defaults)
@@ -1103,6 +1143,11 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
             click.echo(f"no feasible configuration: {e}")
         sys.exit(EXIT_ILLEGAL)
     result.defaults[:0] = defaults
+    from tune_cp.agent.report import check_command, input_argument
+
+    result.check_command = check_command(
+        input_argument(model_arg, model.name, "model"), input_argument(gpu_arg, cluster.gpu.name, "gpu"),
+        model, cluster, training, result.best.config, settings)
     if trials_out:
         write_trials(result, trials_out)
     from tune_cp.agent.report import render_search

@@ -213,6 +213,9 @@ class SearchResult:
     defaults: list[str] = field(default_factory=list)
     near_tie_band: float = 0.0
     interval: Interval | None = None  # of the best
+    #: the ``tune-cp check`` line of the best (``agent/report.py::check_command``; the CLI's,
+    #: which knows the model and GPU arguments as given)
+    check_command: str | None = None
 
     def best_interval(self) -> Interval | None:
         return self.interval

@@ -247,6 +247,7 @@ def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
         "run_settings": run_settings_json(r.options.settings.options),
         "best": trial_json(r.best) | {"phase": r.best_phase} | (
             {"interval": r.interval.to_json()} if r.interval else {}),
+        "check_command": r.check_command,
         "answer_rule": r.rule,
         "near_tie_band": r.near_tie_band,
         "oracle_best": ranked_row(r, int(r.ranked.order[0])),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 
 import pytest
 
@@ -135,3 +136,49 @@ def test_best_line_names_the_fp8_recipe(run_cli):
     best = next(line for line in out.splitlines() if line.startswith("best: "))
     assert best.startswith("best: TP2 PP1 DP4, mbs 1, ga 32, recompute none, fp8 tensorwise: "
                            "12,405 tokens/s/GPU")
+
+
+@pytest.mark.parametrize("args", [
+    BASE,  # dense
+    ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2"),  # MoE, the answer has ETP1
+    # MoE with settings the line must carry: margin, an overhead, bf16 gradients, token-drop
+    ("--model", "qwen3-30b-a3b", "--gpu", "h100", "--nodes", "1", "--memory-margin", "0.1",
+     "--overhead", "fragmentation=0.07", "--grad-reduce-in-bf16", "--moe-token-drop", "1.25"),
+    # the issue's case: TP2 PP16 EP8 ETP1, full recompute, embedding_loss split
+    pytest.param(("--model", "deepseek-v3", "--gpu", "h100", "--nodes", "32"), id="deepseek-v3"),
+])
+def test_check_line_reproduces_the_answer(run_cli, run_json, args):
+    """The search's `check it:` line (text) and ``check_command`` (JSON) are one line, and run
+    through `tune-cp check` it gives the answer's configuration, tokens/s/GPU, peak and step time
+    exactly (issue 30 item 6)."""
+    code, data = run_json(*args, "--top", "2")
+    assert code == 0
+    line = data["check_command"]
+    code, out, _ = run_cli(*args, "--top", "2")
+    assert code == 0 and f"  check it: {line}\n" in out
+    argv = shlex.split(line)
+    assert argv[:2] == ["tune-cp", "check"]
+    code, check = run_json(*argv[1:])
+    assert code == 0 and check["legal"] is True
+    best = data["best"]
+    assert check["config"] == {k: v for k, v in best.items() if k in check["config"]}
+    assert check["projection"]["tokens_per_s_per_gpu"] == best["projection"]["tokens_per_s_per_gpu"]
+    assert check["projection"]["step_time_s"] == best["projection"]["step_time_s"]
+    assert check["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+    assert check["memory"]["limit_bytes"] == best["memory"]["limit_bytes"]
+
+
+def test_check_defaults_to_the_search_spaces_etp(run_json):
+    """`check` without --etp on an MoE model is the search's first expert-TP value (1), stated on
+    the defaults line; --etp given is taken as given (issue 30 item 6: DeepSeek-V3's answer
+    TP2 ... EP8 ETP1 read as ETP2 gave 679 instead of 976 tokens/s/GPU)."""
+    args = ("check", "--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2", "--tp", "2",
+            "--pp", "2", "--ep", "8")
+    code, data = run_json(*args)
+    assert data["config"]["etp"] == 1
+    assert any(d.startswith("--etp 1 (the search's first expert-TP value") for d in data["defaults"])
+    code, data = run_json(*args, "--etp", "2")
+    assert data["config"]["etp"] == 2 and not any(d.startswith("--etp") for d in data["defaults"])
+    # a dense model: etp is tp (meaningless), nothing stated
+    code, data = run_json("check", *BASE, "--tp", "2")
+    assert data["config"]["etp"] == 2 and not any(d.startswith("--etp") for d in data["defaults"])
