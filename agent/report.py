@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 
 from tune_cp.agent.evaluate import Trial
+from tune_cp.agent.llm import LlmReport
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS, split_label
 from tune_cp.oracle.specs import (
@@ -135,10 +136,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         cost = p["cost"]
         out.append(f"  preference {p['condition']} (weight {p['weight']:g}, {p['origin']}): costs "
                    f"{100 * cost:.1f}% of the best projected throughput" if cost is not None else "")
-    out.append(f"LLM phase: {r.llm.status}" + (f" ({r.llm.reason})" if r.llm.reason else ""))
-    for w in r.llm.warnings:
-        if w != r.llm.reason:
-            out.append(f"  warning: {w}")
+    out.extend(render_llm(r.llm))
     out.append("")
     nconf = sum(len(g.members) for g in r.groups)
     # a best from the seed or LLM phase lies outside the ranked space (e.g. the flex dispatcher):
@@ -178,6 +176,33 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     out.extend(render_best_memory(b))
     if timings:
         out.append("timings: " + ", ".join(f"{k} {v:.2f}" for k, v in r.timings.items()))
+    return out
+
+
+def render_llm(llm: LlmReport) -> list[str]:
+    """The LLM phase as text: its status, then per round what the planner proposed that was
+    accepted (as constraints, preferences), what was rejected and why, and what each narrowed
+    set gave (the same facts as ``--json``'s ``llm.rounds``: ``agent/serialize.py::llm_json``)."""
+    head = f"LLM phase: {llm.status}"
+    about = [x for x in (llm.model, f"{llm.calls} LM call{'s' * (llm.calls != 1)}"
+                         if llm.status != "skipped" else "", llm.reason) if x]
+    out = [head + (f" ({'; '.join(about)})" if about else "")]
+    for rnd in llm.rounds:
+        if rnd.error is not None:
+            out.append(f"  round {rnd.index}: no hints (the LM failed: {rnd.error})")
+            continue
+        if not (rnd.accepted or rnd.rejected or rnd.results):
+            out.append(f"  round {rnd.index}: the planner proposed nothing")
+            continue
+        out.append(f"  round {rnd.index}: accepted "
+                   + ("; ".join(rnd.accepted) if rnd.accepted else "nothing"))
+        for why in rnd.rejected:
+            out.append(f"    rejected {why}")
+        for res in rnd.results:
+            out.append(f"    tried {res['summary']}")
+    for w in llm.warnings:
+        if w != llm.reason:
+            out.append(f"  warning: {w}")
     return out
 
 
