@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -218,9 +219,38 @@ class Progress:
                    f"{what} ({time.monotonic() - self.t0:.0f} s)")
 
     def close(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
         if self.on:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+    # a step whose length is not known (a search's enumeration, the explanation of an empty
+    # set): its name and the seconds so far, redrawn every TICK_S by a thread
+    TICK_S = 0.5
+    _ticker: threading.Thread | None = None
+    _what = ""
+
+    def status(self, what: str) -> None:
+        """Say ``what`` is being done now; the line keeps counting the seconds until the next
+        status or :meth:`close` (nothing at all when stderr is not a terminal)."""
+        if not self.on:
+            return
+        self._what = what
+        if self._ticker is None:
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+        self._draw_status()
+
+    def _draw_status(self) -> None:
+        self._draw(f"{self.label}: {self._what} ({time.monotonic() - self.t0:.0f} s)")
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK_S):
+            self._draw_status()
 
 
 # --------------------------------------------------------------------------- options
@@ -1126,8 +1156,9 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+    progress = Progress("search")  # on a terminal's stderr only
     opts = SearchOptions(
-        settings=settings, top_k=top_k, preferences=prefs, baseline=baseline,
+        settings=settings, top_k=top_k, progress=progress.status, preferences=prefs, baseline=baseline,
         allow_fp8=allow_fp8, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
         grad_reduce_in_fp32=not grad_reduce_in_bf16,
@@ -1135,6 +1166,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     try:
         result = search(model, cluster, training, opts)
     except NoFeasibleConfiguration as e:
+        progress.close()
         if as_json:
             emit_json({"best": None, "top": [], "feasible_count": 0,
                        "explanation": str(e), "defaults": defaults})
@@ -1142,6 +1174,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
             click.echo(f"search: {describe_setting(model, cluster, training)}")
             click.echo(f"no feasible configuration: {e}")
         sys.exit(EXIT_ILLEGAL)
+    finally:
+        progress.close()
     result.defaults[:0] = defaults
     from tune_cp.agent.report import check_command, input_argument
 

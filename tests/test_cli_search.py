@@ -182,3 +182,43 @@ def test_check_defaults_to_the_search_spaces_etp(run_json):
     # a dense model: etp is tp (meaningless), nothing stated
     code, data = run_json("check", *BASE, "--tp", "2")
     assert data["config"]["etp"] == 2 and not any(d.startswith("--etp") for d in data["defaults"])
+
+
+class _Terminal:
+    """A stand-in for a terminal's stderr (``isatty``), recording what is written."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_search_progress_only_on_a_terminal(monkeypatch, tty):
+    """A search that finds nothing shows what it does on a terminal's stderr (the steps of the
+    explanation, with the seconds so far), erased before the report; into a pipe or a file
+    nothing at all, and no thread (issue 30 item 10)."""
+    import threading
+
+    from tune_cp import cli
+
+    term = _Terminal(tty)
+    monkeypatch.setattr(cli.sys, "stderr", term)
+    threads = threading.active_count()
+    code = cli.run([*BASE, "--constraint", "tp == 3"])
+    assert code == 1
+    if not tty:
+        assert term.text == "" and threading.active_count() == threads
+        return
+    steps = [t.strip() for t in term.text.split("\r") if t.strip()]
+    assert steps[0].startswith("search: enumerating ") and "candidates (CP-SAT) (0 s)" in steps[0]
+    assert any(s.startswith("search: nothing fits; finding the conflicting rules (")
+               for s in steps)
+    assert term.text.endswith("\r\x1b[K") and threading.active_count() == threads
