@@ -129,6 +129,7 @@ def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
 
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3  # a bug: one line, the traceback with TUNE_CP_DEBUG=1
 
 # ----------------------------------------------------------------------------- plumbing
 
@@ -1168,8 +1169,11 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     except NoFeasibleConfiguration as e:
         progress.close()
         if as_json:
-            emit_json({"best": None, "top": [], "feasible_count": 0,
-                       "explanation": str(e), "defaults": defaults})
+            from tune_cp.agent.serialize import infeasible_search_json
+
+            emit_json(infeasible_search_json(e.explanation, model, cluster, training, defaults,
+                                             settings.options,
+                                             [c.expr for c in settings.constraints]))
         else:
             click.echo(f"search: {describe_setting(model, cluster, training)}")
             click.echo(f"no feasible configuration: {e}")
@@ -1542,18 +1546,38 @@ def run(argv: Sequence[str] | None = None) -> int:
         click.echo("tune-cp: aborted", err=True)
         return 130
     except click.ClickException as e:
-        click.echo(f"tune-cp: error: {one_line(e.format_message())}", err=True)
-        return e.exit_code
+        return refuse(args, "error", one_line(e.format_message()), e.exit_code)
     except ConfigError as e:
-        click.echo(f"tune-cp: error: {one_line(str(e))}", err=True)
-        return EXIT_USAGE
+        return refuse(args, "error", one_line(str(e)), EXIT_USAGE)
     except Exception as e:  # a bug: one line, the traceback only when asked for
         if os.environ.get("TUNE_CP_DEBUG"):
             raise
-        click.echo(f"tune-cp: internal error: {type(e).__name__}: {one_line(str(e))[:500]} "
-                   f"(set TUNE_CP_DEBUG=1 for the traceback)", err=True)
-        return 3
+        return refuse(args, "internal error", f"{type(e).__name__}: {one_line(str(e))[:500]} "
+                                              f"(set TUNE_CP_DEBUG=1 for the traceback)",
+                      EXIT_INTERNAL)
     return 0
+
+
+def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
+    """Say ``tune-cp: KIND: MESSAGE`` on stderr and return ``code``; a search asked for
+    ``--json`` also prints its JSON document on stdout with ``status`` "error" and ``error``
+    this message (an internal error's with its kind), so that every outcome of ``search --json``
+    has one schema (``docs/json.md``)."""
+    click.echo(f"tune-cp: {kind}: {message}", err=True)
+    if is_search_json(args):
+        from tune_cp.agent.serialize import error_search_json
+
+        emit_json(error_search_json(message if kind == "error" else f"{kind}: {message}"))
+    return code
+
+
+def is_search_json(args: Sequence[str]) -> bool:
+    """Whether ``args`` run ``search`` (named, or the default command) with ``--json``."""
+    if "--json" not in args or not args:
+        return False
+    first = args[0]
+    return first == "search" or (first not in main.commands and not first.startswith("-h")
+                                 and first not in ("--help", "--version"))
 
 
 #: Threads of OpenBLAS, numpy's BLAS, in a tune-cp process unless the environment says

@@ -222,3 +222,34 @@ def test_search_progress_only_on_a_terminal(monkeypatch, tty):
     assert any(s.startswith("search: nothing fits; finding the conflicting rules (")
                for s in steps)
     assert term.text.endswith("\r\x1b[K") and threading.active_count() == threads
+
+
+def test_every_search_outcome_has_one_json_schema(run_cli):
+    """`search --json` answers with the same top-level keys, in the same order, whether it found
+    an answer, found nothing that fits, or refused its input; the keys are those docs/json.md
+    lists (issue 30 item 10: 5 keys instead of 24 when nothing fitted)."""
+    import pathlib
+    import re
+
+    from tune_cp.agent.serialize import SEARCH_KEYS
+
+    outcomes = {}
+    for status, args, exit_code in (
+            ("ok", (*BASE, "--top", "1"), 0),
+            ("infeasible", (*BASE, "--constraint", "tp == 3"), 1),
+            ("error", ("--model", "no-such-model", "--nodes", "1"), 2),
+            ("error", (*BASE, "--tp", "3"), 2)):  # a flag search does not take
+        code, out, err = run_cli(*args, "--json")
+        assert code == exit_code
+        data = json.loads(out)
+        assert data["status"] == status
+        outcomes[args] = list(data)
+        if status == "error":
+            assert err == f"tune-cp: error: {data['error']}\n"
+        if status == "infeasible":
+            assert data["infeasibility"]["conflict"] == ["extra: tp == 3"]
+            assert data["explanation"] and data["model"] == "llama3-8b"
+    assert all(keys == list(SEARCH_KEYS) for keys in outcomes.values())
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "json.md").read_text()
+    table = doc[doc.index("| key | when empty | meaning |"):]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(SEARCH_KEYS)
