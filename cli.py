@@ -800,7 +800,11 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     env = parse_env(env_items)
     if megatron_args is not None:
         text = megatron_args
-        if "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
+        if text == "-":
+            from tune_cp.oracle.inputs import read_stdin
+
+            text = read_stdin("--megatron-args")
+        elif "\n" not in text and len(text) < 4096 and not text.lstrip().startswith("-") \
                 and is_file(text):
             text = read_text(text, "launch script")
         return parse_megatron_args(text, model=model, env=env)
@@ -839,8 +843,9 @@ CHECK_MOE_ETP = 1
 @settings_options
 @click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
-                   "(a torchrun line or a script's argument block) or the path of its launch "
-                   "script (assignments, arrays and ${VAR:-default} are expanded; unknown "
+                   "(a torchrun line or a script's argument block), the path of its launch "
+                   "script, or - to read either from standard input (assignments, arrays and "
+                   "${VAR:-default} are expanded; unknown "
                    "arguments are listed and ignored). Flags given explicitly override what it "
                    "sets.")
 @click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",

@@ -288,3 +288,32 @@ def test_check_flag_defaults_are_the_search_spaces_first_values():
         assert default == first[k.field], k.field
     assert walked == set(first)
     assert {space.etp_values(t)[0] for t in space.tp} == {CHECK_MOE_ETP}
+
+
+def test_megatron_args_dash_reads_stdin(run_json, monkeypatch):
+    """`--megatron-args -` reads the arguments (or a launch script) from standard input: the
+    same check as the text given on the command line (issue 30 item 10); a terminal on stdin is
+    refused in one line rather than waited on."""
+    import io
+
+    from tune_cp import cli
+
+    args = ("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+    launch = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 2"
+    _, given = run_json(*args, "--megatron-args", launch)
+
+    class Pipe(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return False
+
+    monkeypatch.setattr(cli.sys, "stdin", Pipe(io.BytesIO(launch.encode())))
+    code, piped = run_json(*args, "--megatron-args", "-")
+    assert code == 0 and piped == given
+    assert piped["config"]["tp"] == 2 and piped["config"]["mbs"] == 2
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(cli.sys, "stdin", Terminal())
+    assert cli.run([*args, "--megatron-args", "-"]) == 2
