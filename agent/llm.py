@@ -28,9 +28,13 @@ from tune_cp.solver.axes import COMBINATION_AXES
 #: ``litellm_core_utils/get_model_cost_map.py``) fetch
 #: ``raw.githubusercontent.com/BerriAI/litellm/.../model_prices_and_context_window.json`` unless
 #: ``LITELLM_LOCAL_MODEL_COST_MAP`` is ``True``; tune-cp reads no prices, and with a loopback
-#: ``--lm-base-url`` nothing may leave the machine. (litellm's telemetry: DSPy sets
+#: ``--lm-base-url`` nothing may leave the machine. ``LITELLM_OFFLINE_MODE``: litellm's own
+#: switch for every catalog, check or tokenizer it would fetch on its own rather than from a
+#: destination the user configured (``litellm_core_utils/offline_mode.py``); the LM calls go
+#: where ``--lm`` / ``--lm-base-url`` say. (litellm's telemetry: DSPy sets
 #: ``litellm.telemetry = False`` itself, ``dspy/clients/_litellm.py``.)
-OFFLINE_ENV: dict[str, str] = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+OFFLINE_ENV: dict[str, str] = {"LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                               "LITELLM_OFFLINE_MODE": "True"}
 
 MAX_ITEMS = 6  # per list, per round: keeps a round's enumeration bounded
 MAX_TEXT = 300  # characters kept of an expression or rationale

@@ -181,7 +181,8 @@ seen, urls = {}, []
 class Spy(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name in ("dspy", "litellm") and name not in seen:
-            seen[name] = os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP")
+            seen[name] = [os.environ.get(k) for k in ("LITELLM_LOCAL_MODEL_COST_MAP",
+                                                      "LITELLM_OFFLINE_MODE")]
 sys.meta_path.insert(0, Spy())
 def record(req, *args, **kwargs):
     urls.append(getattr(req, "full_url", req))
@@ -216,17 +217,18 @@ print(json.dumps({"seen": seen, "urls": urls}))
 
 
 def test_no_internet_metadata_refresh_with_a_loopback_server():
-    """LITELLM_LOCAL_MODEL_COST_MAP=True is set before DSPy (or litellm) is imported, and a call
-    to a loopback server makes no other request (DSPy's model-metadata refresh from
-    raw.githubusercontent.com; issue 30 item 9)."""
+    """LITELLM_LOCAL_MODEL_COST_MAP and LITELLM_OFFLINE_MODE are True before DSPy (or litellm) is
+    imported, and a call to a loopback server makes no other request (DSPy's model-metadata
+    refresh from raw.githubusercontent.com; issue 30 item 9)."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LITELLM_LOCAL_MODEL_COST_MAP", "LITELLM_OFFLINE_MODE")}
     done = subprocess.run([sys.executable, "-c", OFFLINE_PROBE], capture_output=True, text=True,
                           env=env, timeout=120, check=True)
     probe = json.loads(done.stdout.strip().splitlines()[-1])
-    assert probe["seen"].get("dspy") == "True"
-    assert all(v == "True" for v in probe["seen"].values())
+    assert probe["seen"].get("dspy") == ["True", "True"]
+    assert all(v == ["True", "True"] for v in probe["seen"].values())
     assert probe["urls"] == []
