@@ -1048,8 +1048,11 @@ def write_trials(result: Any, path: str) -> None:
             fh.write(json.dumps(strict_json(line), allow_nan=False) + "\n")
 
 
-def parse_baseline(text: str) -> ParallelConfig:
-    """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration."""
+def parse_baseline(text: str, model: ModelSpec | None = None,
+                   defaults: list[str] | None = None) -> ParallelConfig:
+    """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration. An
+    MoE ``model``'s etp not given is ``check``'s (:data:`CHECK_MOE_ETP`, the search space's
+    first value), stated in ``defaults``."""
     values: dict[str, Any] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -1068,6 +1071,11 @@ def parse_baseline(text: str) -> ParallelConfig:
             values[key] = None
         else:
             values[key] = raw
+    if model is not None and model.is_moe and "etp" not in values:
+        values["etp"] = CHECK_MOE_ETP
+        if defaults is not None:
+            defaults.append(f"--baseline etp={CHECK_MOE_ETP} (as check's --etp: the search's "
+                            f"first expert-TP value for an MoE model)")
     return build("--baseline", ParallelConfig, **values)
 
 
@@ -1154,7 +1162,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     settings = run_settings(flags)
     check_options(model, settings)
     prefs = tuple(Preference.parse(p) for p in preferences)
-    baseline = parse_baseline(baseline_text) if baseline_text else None
+    baseline = parse_baseline(baseline_text, model, defaults) if baseline_text else None
     if baseline is not None:
         check_baseline_layout(baseline_text or "", baseline, model, cluster, training)
     planner = LmFlags(flags)

@@ -253,3 +253,13 @@ def test_every_search_outcome_has_one_json_schema(run_cli):
     doc = (pathlib.Path(__file__).parent.parent / "docs" / "json.md").read_text()
     table = doc[doc.index("| key | when empty | meaning |"):]
     assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(SEARCH_KEYS)
+
+
+def test_baseline_etp_defaults_like_check(run_json):
+    """--baseline without etp on an MoE model is check's default (1), stated; given, as given."""
+    args = ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2", "--top", "1")
+    code, data = run_json(*args, "--baseline", "tp=2,pp=2,ep=8")
+    assert code == 0 and data["baseline"]["etp"] == 1
+    assert any(d.startswith("--baseline etp=1 (as check's --etp") for d in data["defaults"])
+    code, data = run_json(*args, "--baseline", "tp=2,pp=2,ep=8,etp=2")
+    assert data["baseline"]["etp"] == 2 and not any("--baseline" in d for d in data["defaults"])
