@@ -188,8 +188,9 @@ def render_llm(llm: LlmReport) -> list[str]:
                          if llm.status != "skipped" else "", llm.reason) if x]
     out = [head + (f" ({'; '.join(about)})" if about else "")]
     for rnd in llm.rounds:
-        if rnd.error is not None:
-            out.append(f"  round {rnd.index}: no hints (the LM failed: {rnd.error})")
+        if rnd.error is not None:  # said once: in the head's reason when it ended the phase
+            if rnd.error not in llm.reason:
+                out.append(f"  round {rnd.index}: no hints (the LM failed: {rnd.error})")
             continue
         if not (rnd.accepted or rnd.rejected or rnd.results):
             out.append(f"  round {rnd.index}: the planner proposed nothing")
