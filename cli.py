@@ -822,9 +822,8 @@ def search_space_defaults(ctx: click.Context, model: ModelSpec, config: dict[str
     model's ``--etp`` not given is 1, the first value of the search's expert-TP domain
     (``solver/space.py::SearchSpace.etp_values``: 1, then tp), so that a layout the search
     printed (``TP8 ... EP8 ETP1``) and the same flags given to ``check`` are one configuration;
-    Megatron-LM's own default (d98e8a64 ``arguments.py`` l.587-588: ``expert_tensor_parallel_size``
-    = tp when unset)
-    applies to imported launches only. Every other configuration flag's default is already the
+    Megatron-LM's own default (d98e8a64 ``arguments.py`` l.587-588:
+    ``expert_tensor_parallel_size`` = tp when unset) applies to imported launches only. Every other configuration flag's default is already the
     first value of the search's domain (``tests/test_cli_check.py`` walks them). Sets the value
     in ``config`` and returns the defaults-line items."""
     if not model.is_moe or ctx.get_parameter_source("etp") is not click.core.ParameterSource.DEFAULT:
