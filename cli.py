@@ -1303,6 +1303,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if not names:
         fail("--gpu: name at least one GPU (see `tune-cp gpus`)")
     gpus = [load_gpu(n) for n in names]
+    aliases = alias_statements(model_name, None) + [
+        a for n in names for a in alias_statements(None, n)]
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
@@ -1323,13 +1325,16 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch, "rule": ANSWER_RULE,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
                    "run_settings": run_settings_json(settings.options),
-                   "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path})
+                   "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path,
+                   "defaults": aliases})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
                + (f", {tokens:.3g} tokens" if tokens else "")
                + (f"; run settings: {settings.options.label()}"
                   if settings.options.label() else ""))
+    if aliases:
+        click.echo("defaults: " + "; ".join(aliases))
     for p in plans:
         click.echo("")
         if p.min_nodes is None:

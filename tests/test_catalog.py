@@ -171,3 +171,10 @@ def test_an_alias_is_stated_on_the_defaults_line(run_json):
     code, data = run_json("check", "--model", "Llama3-70B", "--gpu", "h100", "--nodes", "1",
                           "--tp", "8")
     assert not any(d.startswith(("--model ", "--gpu ")) for d in data["defaults"])
+
+
+def test_plan_states_an_alias(run_json):
+    code, data = run_json("plan", "--model", "llama3.1-8b", "--gpu", "h100", "--points", "1")
+    assert code == 0 and data["model"] == "llama3-8b"
+    assert data["defaults"] == ["--model llama3-8b (the catalog's alias 'llama3.1-8b'; "
+                                "`tune-cp models --json` lists every alias)"]
