@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -128,6 +129,7 @@ def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
 
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3  # a bug: one line, the traceback with TUNE_CP_DEBUG=1
 
 # ----------------------------------------------------------------------------- plumbing
 
@@ -218,9 +220,38 @@ class Progress:
                    f"{what} ({time.monotonic() - self.t0:.0f} s)")
 
     def close(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
         if self.on:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+    # a step whose length is not known (a search's enumeration, the explanation of an empty
+    # set): its name and the seconds so far, redrawn every TICK_S by a thread
+    TICK_S = 0.5
+    _ticker: threading.Thread | None = None
+    _what = ""
+
+    def status(self, what: str) -> None:
+        """Say ``what`` is being done now; the line keeps counting the seconds until the next
+        status or :meth:`close` (nothing at all when stderr is not a terminal)."""
+        if not self.on:
+            return
+        self._what = what
+        if self._ticker is None:
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+        self._draw_status()
+
+    def _draw_status(self) -> None:
+        self._draw(f"{self.label}: {self._what} ({time.monotonic() - self.t0:.0f} s)")
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK_S):
+            self._draw_status()
 
 
 # --------------------------------------------------------------------------- options
@@ -485,6 +516,7 @@ def load_specs(
         precision=precision,
     )
     if defaults is not None:
+        defaults.extend(alias_statements(model_name, gpu_name))
         entry = model_entries().get(model.name)
         why = f": {entry.default_source}" if entry and entry.default_source else ""
         # a model file or config.json has no published batch: say whose defaults these are
@@ -503,6 +535,21 @@ def load_specs(
         elif gbs is None:
             defaults.append(f"--gbs {training.global_batch_size} ({whose}{why})")
     return model, cluster, training
+
+
+def alias_statements(model_name: str | None, gpu_name: str | None) -> list[str]:
+    """The catalog names an alias given to --model / --gpu stands for, as defaults-line items
+    (``--model llama3-70b (the catalog's alias 'llama3.1-70b')``): no alias is taken silently
+    (family names such as ``mixtral`` are refused with their members by the catalog)."""
+    from tune_cp.oracle.catalog import catalog_alias
+
+    out = []
+    for flag, given in (("model", model_name), ("gpu", gpu_name)):
+        canonical = catalog_alias(given, flag) if given else None
+        if canonical is not None:
+            out.append(f"--{flag} {canonical} (the catalog's alias {given.strip()!r}; "
+                       f"`tune-cp {flag}s --json` lists every alias)")
+    return out
 
 
 def knob_values(opts: dict[str, Any], only: Sequence[str] | None = None) -> dict[str, Any]:
@@ -756,7 +803,11 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     model = load_model(model_name) if model_name else None
     env = parse_env(env_items)
     text = megatron_args
-    if text is not None and "\n" not in text and len(text) < 4096 \
+    if text == "-":
+        from tune_cp.oracle.inputs import read_stdin
+
+        text = read_stdin("--megatron-args")
+    elif text is not None and "\n" not in text and len(text) < 4096 \
             and not text.lstrip().startswith("-") and is_file(text):
         text = read_text(text, "launch script")
     if log is not None:  # a formats.logs.LogMeasurement
@@ -774,14 +825,35 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
 CONFIG_FLAGS = tuple(k.param for k in KNOBS)
 
 
+def search_space_defaults(ctx: click.Context, model: ModelSpec, config: dict[str, Any]) -> list[str]:
+    """``check``'s defaults that are the search space's rather than a flag's own: an MoE
+    model's ``--etp`` not given is 1, the first value of the search's expert-TP domain
+    (``solver/space.py::SearchSpace.etp_values``: 1, then tp), so that a layout the search
+    printed (``TP8 ... EP8 ETP1``) and the same flags given to ``check`` are one configuration;
+    Megatron-LM's own default (d98e8a64 ``arguments.py`` l.587-588:
+    ``expert_tensor_parallel_size`` = tp when unset) applies to imported launches only. Every other configuration flag's default is already the
+    first value of the search's domain (``tests/test_cli_check.py`` walks them). Sets the value
+    in ``config`` and returns the defaults-line items."""
+    if not model.is_moe or ctx.get_parameter_source("etp") is not click.core.ParameterSource.DEFAULT:
+        return []
+    config["etp"] = CHECK_MOE_ETP
+    return [f"--etp {CHECK_MOE_ETP} (the search's first expert-TP value for an MoE model; "
+            f"pass --etp {config['tp']} for Megatron-LM's default, etp = tp)"]
+
+
+#: ``check``'s ``--etp`` for an MoE model when not given: the search space's first value.
+CHECK_MOE_ETP = 1
+
+
 @main.command("check")
 @cluster_options(required=False)
 @config_options
 @settings_options
 @click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
-                   "(a torchrun line or a script's argument block) or the path of its launch "
-                   "script (assignments, arrays and ${VAR:-default} are expanded; unknown "
+                   "(a torchrun line or a script's argument block), the path of its launch "
+                   "script, or - to read either from standard input (assignments, arrays and "
+                   "${VAR:-default} are expanded; unknown "
                    "arguments are listed and ignored). Flags given explicitly override what it "
                    "sets.")
 @click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
@@ -832,6 +904,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                  f"run with --megatron-args / --primus-config)")
         model, cluster, training = load_specs(model_name, gpu_name, nodes, gpus_per_node,
                                               seq_len, gbs, precision, defaults)
+        defaults.extend(search_space_defaults(ctx, model, config))
         cfg = build_config(config)
         taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
                  if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
@@ -960,9 +1033,11 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def models_cmd(as_json: bool) -> None:
     """List the model catalog with parameter counts."""
-    specs = [e.to_spec() for e in model_entries().values()]
+    entries = list(model_entries().values())
+    specs = [e.to_spec() for e in entries]
     if as_json:
-        emit_json([model_json(m) | {"source": m.source} for m in specs])
+        emit_json([model_json(m) | {"source": m.source, "aliases": list(e.aliases)}
+                   for m, e in zip(specs, entries, strict=True)])
         return
     click.echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
                f"{'total params':>16} {'active params':>16} {'seq':>6} {'gbs':>5}")
@@ -1002,8 +1077,11 @@ def write_trials(result: Any, path: str) -> None:
             fh.write(json.dumps(strict_json(line), allow_nan=False) + "\n")
 
 
-def parse_baseline(text: str) -> ParallelConfig:
-    """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration."""
+def parse_baseline(text: str, model: ModelSpec | None = None,
+                   defaults: list[str] | None = None) -> ParallelConfig:
+    """``tp=1,pp=4,vpp=2,ep=8,mbs=1,recompute=full,recompute_layers=1`` -> a configuration. An
+    MoE ``model``'s etp not given is ``check``'s (:data:`CHECK_MOE_ETP`, the search space's
+    first value), stated in ``defaults``."""
     values: dict[str, Any] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -1022,6 +1100,11 @@ def parse_baseline(text: str) -> ParallelConfig:
             values[key] = None
         else:
             values[key] = raw
+    if model is not None and model.is_moe and "etp" not in values:
+        values["etp"] = CHECK_MOE_ETP
+        if defaults is not None:
+            defaults.append(f"--baseline etp={CHECK_MOE_ETP} (as check's --etp: the search's "
+                            f"first expert-TP value for an MoE model)")
     return build("--baseline", ParallelConfig, **values)
 
 
@@ -1098,6 +1181,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     defaults: list[str] = []
     if ctx.get_parameter_source("gpu_name") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--gpu {flags['gpu_name']} (default)")
+    model_arg, gpu_arg = flags["model_name"], flags["gpu_name"]
     model, cluster, training = load_specs(
         *(flags.pop(k) for k in ("model_name", "gpu_name", "nodes", "gpus_per_node", "seq_len",
                                  "gbs", "precision")), defaults)
@@ -1107,7 +1191,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     settings = run_settings(flags)
     check_options(model, settings)
     prefs = tuple(Preference.parse(p) for p in preferences)
-    baseline = parse_baseline(baseline_text) if baseline_text else None
+    baseline = parse_baseline(baseline_text, model, defaults) if baseline_text else None
     if baseline is not None:
         check_baseline_layout(baseline_text or "", baseline, model, cluster, training)
     planner = LmFlags(flags)
@@ -1115,8 +1199,9 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+    progress = Progress("search")  # on a terminal's stderr only
     opts = SearchOptions(
-        settings=settings, top_k=top_k, preferences=prefs, baseline=baseline,
+        settings=settings, top_k=top_k, progress=progress.status, preferences=prefs, baseline=baseline,
         allow_fp8=allow_fp8, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
         grad_reduce_in_fp32=not grad_reduce_in_bf16,
@@ -1124,14 +1209,25 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     try:
         result = search(model, cluster, training, opts)
     except NoFeasibleConfiguration as e:
+        progress.close()
         if as_json:
-            emit_json({"best": None, "top": [], "feasible_count": 0,
-                       "explanation": str(e), "defaults": defaults})
+            from tune_cp.agent.serialize import infeasible_search_json
+
+            emit_json(infeasible_search_json(e.explanation, model, cluster, training, defaults,
+                                             settings.options,
+                                             [c.expr for c in settings.constraints]))
         else:
             click.echo(f"search: {describe_setting(model, cluster, training)}")
             click.echo(f"no feasible configuration: {e}")
         sys.exit(EXIT_ILLEGAL)
+    finally:
+        progress.close()
     result.defaults[:0] = defaults
+    from tune_cp.agent.report import check_command, input_argument
+
+    result.check_command = check_command(
+        input_argument(model_arg, model.name, "model"), input_argument(gpu_arg, cluster.gpu.name, "gpu"),
+        model, cluster, training, result.best.config, settings)
     if trials_out:
         write_trials(result, trials_out)
     from tune_cp.agent.report import render_search
@@ -1236,6 +1332,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if not names:
         fail("--gpu: name at least one GPU (see `tune-cp gpus`)")
     gpus = [load_gpu(n) for n in names]
+    aliases = alias_statements(model_name, None) + [
+        a for n in names for a in alias_statements(None, n)]
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
@@ -1256,13 +1354,16 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch, "rule": ANSWER_RULE,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
                    "run_settings": run_settings_json(settings.options),
-                   "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path})
+                   "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path,
+                   "defaults": aliases})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
                + (f", {tokens:.3g} tokens" if tokens else "")
                + (f"; run settings: {settings.options.label()}"
                   if settings.options.label() else ""))
+    if aliases:
+        click.echo("defaults: " + "; ".join(aliases))
     for p in plans:
         click.echo("")
         if p.min_nodes is None:
@@ -1492,18 +1593,38 @@ def run(argv: Sequence[str] | None = None) -> int:
         click.echo("tune-cp: aborted", err=True)
         return 130
     except click.ClickException as e:
-        click.echo(f"tune-cp: error: {one_line(e.format_message())}", err=True)
-        return e.exit_code
+        return refuse(args, "error", one_line(e.format_message()), e.exit_code)
     except ConfigError as e:
-        click.echo(f"tune-cp: error: {one_line(str(e))}", err=True)
-        return EXIT_USAGE
+        return refuse(args, "error", one_line(str(e)), EXIT_USAGE)
     except Exception as e:  # a bug: one line, the traceback only when asked for
         if os.environ.get("TUNE_CP_DEBUG"):
             raise
-        click.echo(f"tune-cp: internal error: {type(e).__name__}: {one_line(str(e))[:500]} "
-                   f"(set TUNE_CP_DEBUG=1 for the traceback)", err=True)
-        return 3
+        return refuse(args, "internal error", f"{type(e).__name__}: {one_line(str(e))[:500]} "
+                                              f"(set TUNE_CP_DEBUG=1 for the traceback)",
+                      EXIT_INTERNAL)
     return 0
+
+
+def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
+    """Say ``tune-cp: KIND: MESSAGE`` on stderr and return ``code``; a search asked for
+    ``--json`` also prints its JSON document on stdout with ``status`` "error" and ``error``
+    this message (an internal error's with its kind), so that every outcome of ``search --json``
+    has one schema (``docs/json.md``)."""
+    click.echo(f"tune-cp: {kind}: {message}", err=True)
+    if is_search_json(args):
+        from tune_cp.agent.serialize import error_search_json
+
+        emit_json(error_search_json(message if kind == "error" else f"{kind}: {message}"))
+    return code
+
+
+def is_search_json(args: Sequence[str]) -> bool:
+    """Whether ``args`` run ``search`` (named, or the default command) with ``--json``."""
+    if "--json" not in args or not args:
+        return False
+    first = args[0]
+    return first == "search" or (first not in main.commands and not first.startswith("-h")
+                                 and first not in ("--help", "--version"))
 
 
 #: Threads of OpenBLAS, numpy's BLAS, in a tune-cp process unless the environment says

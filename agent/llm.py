@@ -21,6 +21,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tune_cp.solver.axes import COMBINATION_AXES
 
+#: What the LLM phase sets in the environment before DSPy (and litellm, which it may load) is
+#: imported: the model metadata (prices, context windows) from the copy bundled with the
+#: package, not refreshed from the internet on first use. DSPy 3.4's
+#: ``dspy/clients/model_metadata/__init__.py::_load`` (and litellm's
+#: ``litellm_core_utils/get_model_cost_map.py``) fetch
+#: ``raw.githubusercontent.com/BerriAI/litellm/.../model_prices_and_context_window.json`` unless
+#: ``LITELLM_LOCAL_MODEL_COST_MAP`` is ``True``; tune-cp reads no prices, and with a loopback
+#: ``--lm-base-url`` nothing may leave the machine. ``LITELLM_OFFLINE_MODE``: litellm's own
+#: switch for every catalog, check or tokenizer it would fetch on its own rather than from a
+#: destination the user configured (``litellm_core_utils/offline_mode.py``); the LM calls go
+#: where ``--lm`` / ``--lm-base-url`` say. (litellm's telemetry: DSPy sets
+#: ``litellm.telemetry = False`` itself, ``dspy/clients/_litellm.py``.)
+OFFLINE_ENV: dict[str, str] = {"LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                               "LITELLM_OFFLINE_MODE": "True"}
+
 MAX_ITEMS = 6  # per list, per round: keeps a round's enumeration bounded
 MAX_TEXT = 300  # characters kept of an expression or rationale
 API_KEY_ENVS = ("TUNE_CP_LM_API_KEY", "OPENAI_API_KEY")
@@ -61,9 +76,17 @@ class PlannerHints(BaseModel):
     combinations: list[CombinationHint] = []
 
 
+def import_dspy() -> Any:
+    """DSPy, imported with :data:`OFFLINE_ENV` set first (the one place tune-cp imports it)."""
+    os.environ.update(OFFLINE_ENV)
+    import dspy
+
+    return dspy
+
+
 def planner_signature() -> type:
     """The DSPy Signature (built lazily so importing tune-cp never imports DSPy)."""
-    import dspy
+    dspy = import_dspy()
 
     class TuningPlanner(dspy.Signature):
         """You tune a distributed LLM training run (Megatron-LM style parallelism). Given the
@@ -127,7 +150,7 @@ def make_lm(model: str, base_url: str | None = None, timeout_s: float = 60.0) ->
     """A DSPy LM for any OpenAI-compatible server (OpenAI, vLLM, Ollama): ``model`` like
     ``openai/gpt-4o-mini``; the key comes from TUNE_CP_LM_API_KEY or OPENAI_API_KEY (a local
     server needs none) and is never printed."""
-    import dspy
+    dspy = import_dspy()
 
     key = api_key_from_env() or ("none" if base_url else None)
     kwargs: dict[str, Any] = {"num_retries": 0, "cache": False, "timeout": timeout_s,
@@ -164,20 +187,40 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
     return box["value"]
 
 
-def _short(text: str) -> str:
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` on one line, at most ``limit`` characters: cut at a word boundary, with
+    ``...`` when cut (never mid-word)."""
     text = " ".join(str(text).split())
-    return text[:MAX_TEXT]
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 3]
+    cut = head.rsplit(" ", 1)[0] if " " in head else head
+    return cut.rstrip(" ,;:-") + "..."
+
+
+#: Exception type names (DSPy 3.4 ``LMNotConfiguredError``; litellm / OpenAI clients'
+#: ``AuthenticationError``) that mean no key, or a refused one.
+NO_KEY_ERRORS = ("LMNotConfiguredError",)
+BAD_KEY_ERRORS = ("AuthenticationError",)
 
 
 def describe_error(e: BaseException) -> str:
-    """One line about an LM failure, with nothing that could hold a key."""
-    msg = _short(str(e)).replace(api_key_from_env() or "\0", "***")
-    return f"{type(e).__name__}: {msg}"[:MAX_TEXT]
+    """One line about an LM failure, with nothing that could hold a key; a missing or refused
+    key says which variables tune-cp reads (not the provider library's advice cut short)."""
+    name = type(e).__name__
+    variables = " or ".join(API_KEY_ENVS)
+    if name in NO_KEY_ERRORS:
+        return (f"no API key ({name}): set {variables}, or give --lm-base-url for a local "
+                f"OpenAI-compatible server that needs none")
+    if name in BAD_KEY_ERRORS:
+        return f"the server refused the API key ({name}): check {variables}"
+    msg = " ".join(str(e).split()).replace(api_key_from_env() or "\0", "***")
+    return clip(f"{name}: {msg}")
 
 
 def ask_planner(lm: Any, inputs: dict[str, str], timeout_s: float) -> PlannerHints:
     """One planner call. Raises on transport errors, timeouts and unparseable answers."""
-    import dspy
+    dspy = import_dspy()
 
     predictor = dspy.Predict(planner_signature())
 

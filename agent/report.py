@@ -3,17 +3,25 @@
 
 from __future__ import annotations
 
+import shlex
+
 from tune_cp.agent.evaluate import Trial
+from tune_cp.agent.llm import LlmReport
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS, split_label
 from tune_cp.oracle.specs import (
     GIB,
     SLOT_SPLITS,
+    ClusterSpec,
     Dispatcher,
+    ModelSpec,
     ParallelConfig,
+    PipelineSplit,
     Recompute,
     Schedule,
+    TrainingSpec,
 )
+from tune_cp.solver.settings import RunSettings
 
 # ------------------------------------------------------------------------------ text
 
@@ -101,6 +109,8 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     if r.interval is not None:
         out.append(f"  interval: {r.interval.text()}")
     out.append(f"  rule: {r.rule}")
+    if r.check_command:
+        out.append(f"  check it: {r.check_command}")
     fastest = int(r.ranked.order[0])
     if r.answer_index is not None and fastest != r.answer_index and r.ranked.intervals:
         c = r.ranked.configs[fastest]
@@ -126,10 +136,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         cost = p["cost"]
         out.append(f"  preference {p['condition']} (weight {p['weight']:g}, {p['origin']}): costs "
                    f"{100 * cost:.1f}% of the best projected throughput" if cost is not None else "")
-    out.append(f"LLM phase: {r.llm.status}" + (f" ({r.llm.reason})" if r.llm.reason else ""))
-    for w in r.llm.warnings:
-        if w != r.llm.reason:
-            out.append(f"  warning: {w}")
+    out.extend(render_llm(r.llm))
     out.append("")
     nconf = sum(len(g.members) for g in r.groups)
     # a best from the seed or LLM phase lies outside the ranked space (e.g. the flex dispatcher):
@@ -172,6 +179,34 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     return out
 
 
+def render_llm(llm: LlmReport) -> list[str]:
+    """The LLM phase as text: its status, then per round what the planner proposed that was
+    accepted (as constraints, preferences), what was rejected and why, and what each narrowed
+    set gave (the same facts as ``--json``'s ``llm.rounds``: ``agent/serialize.py::llm_json``)."""
+    head = f"LLM phase: {llm.status}"
+    about = [x for x in (llm.model, f"{llm.calls} LM call{'s' * (llm.calls != 1)}"
+                         if llm.status != "skipped" else "", llm.reason) if x]
+    out = [head + (f" ({'; '.join(about)})" if about else "")]
+    for rnd in llm.rounds:
+        if rnd.error is not None:  # said once: in the head's reason when it ended the phase
+            if rnd.error not in llm.reason:
+                out.append(f"  round {rnd.index}: no hints (the LM failed: {rnd.error})")
+            continue
+        if not (rnd.accepted or rnd.rejected or rnd.results):
+            out.append(f"  round {rnd.index}: the planner proposed nothing")
+            continue
+        out.append(f"  round {rnd.index}: accepted "
+                   + ("; ".join(rnd.accepted) if rnd.accepted else "nothing"))
+        for why in rnd.rejected:
+            out.append(f"    rejected {why}")
+        for res in rnd.results:
+            out.append(f"    tried {res['summary']}")
+    for w in llm.warnings:
+        if w != llm.reason:
+            out.append(f"  warning: {w}")
+    return out
+
+
 def render_best_memory(t: Trial) -> list[str]:
     mem = t.outcome.memory
     if mem is None:
@@ -189,3 +224,115 @@ def render_best_memory(t: Trial) -> list[str]:
         lines.append("where the step goes: " + ", ".join(
             f"{k} {100 * v / p.step_time_s:.0f}%" for v, k in parts))
     return lines
+
+
+# ------------------------------------------------------------------- the answer's check line
+
+
+def _number(x: float) -> str:
+    """A float as the shortest text that reads back as the same float (``repr``), an integral
+    one without its ``.0``."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def input_argument(given: str, name: str, kind: str) -> str:
+    """What a ``--model`` / ``--gpu`` argument is written as in a command line tune-cp prints:
+    the catalog name when ``given`` names a catalog entry (its alias resolved), else the file
+    path as given."""
+    from tune_cp.oracle.catalog import catalog_alias, gpu_entries, model_entries
+
+    entries = model_entries() if kind == "model" else gpu_entries()
+    if catalog_alias(given, kind) is not None or given.strip().lower() in entries:
+        return name
+    return given
+
+
+def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: ClusterSpec,
+                  training: TrainingSpec, cfg: ParallelConfig, settings: RunSettings) -> str:
+    """The ``tune-cp check`` line of ``cfg`` (a resolved configuration) under these specs and
+    run settings: run as it is, ``check`` finds the same configuration, peak memory and
+    projection (``tests/test_cli_search.py::test_check_line_reproduces_the_answer``).
+
+    Every layout axis is written (tp, pp, vpp, cp, ep and etp for an MoE model, mbs,
+    recomputation); a setting only when it differs from what ``check`` derives or defaults to
+    (sequence parallel on at tp > 1, the schedule from vpp, the automatic pipeline split, the
+    distributed optimizer, fp32 gradients), so the line stays readable. The training flags are
+    all written, and the run settings that are not their defaults (``--memory-margin``,
+    ``--overhead``, ``--allow-cross-scale-up``, ``--calibration``, the framework run settings).
+    ``--constraint`` is not written: a constraint restricts the search, the answer satisfies
+    it, and a check's figures do not depend on it. ``model_arg`` / ``gpu_arg``: the catalog
+    name or the file path the run was given."""
+    from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
+    from tune_cp.oracle.specs import auto_pipeline_split, given_pipeline_split
+    from tune_cp.solver.axes import KNOB
+    from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
+
+    args: list[tuple[str, object]] = [
+        ("--model", model_arg), ("--gpu", gpu_arg), ("--nodes", cluster.num_nodes),
+        ("--gpus-per-node", cluster.gpus_per_node), ("--seq-len", training.seq_len),
+        ("--gbs", training.global_batch_size), ("--precision", training.precision.value)]
+
+    def flag(field: str, value: object = None) -> None:
+        args.append((f"--{KNOB[field].flag}", value))
+
+    for name in ("tp", "pp", "vpp", "cp"):
+        flag(name, getattr(cfg, name))
+    if cfg.ep > 1 or cfg.etp_ != cfg.tp:
+        flag("ep", cfg.ep)
+        flag("etp", cfg.etp_)
+    flag("mbs", cfg.mbs)
+    flag("recompute", cfg.recompute.value)
+    if cfg.recompute is Recompute.FULL:
+        flag("recompute_method", cfg.recompute_method.value)
+        if cfg.recompute_layers is not None:
+            flag("recompute_layers", cfg.recompute_layers)
+    if cfg.recompute is Recompute.SELECTIVE:
+        flag("recompute_modules", ",".join(cfg.recompute_modules))
+    if cfg.sp != (cfg.tp > 1):
+        args.append(("--no-sequence-parallel" if not cfg.sp else "--sequence-parallel", None))
+    if cfg.dispatcher is not Dispatcher.ALLTOALL:
+        flag("dispatcher", cfg.dispatcher.value)
+    if cfg.schedule_ is not (Schedule.INTERLEAVED if cfg.vpp > 1 else Schedule.ONE_F_ONE_B):
+        flag("schedule", cfg.schedule_.value)
+    if cfg.fp8_recipe is not None:
+        flag("fp8_recipe", cfg.fp8_recipe.value)
+    if cfg.fsdp:
+        flag("fsdp")
+    elif not cfg.distributed_optimizer:
+        flag("distributed_optimizer")  # --no-distributed-optimizer
+    if not cfg.grad_reduce_in_fp32:
+        flag("grad_reduce_in_fp32")  # --grad-reduce-in-bf16
+    if cfg.fp8_param_gather:
+        flag("fp8_param_gather")
+    split = given_pipeline_split(cfg)
+    if cfg.pipeline_layout is not None:
+        flag("pipeline_layout", cfg.pipeline_layout)
+    elif split is PipelineSplit.UNEVEN:
+        flag("pipeline_split", split.value)
+        for name in ("first_stage_layers", "last_stage_layers"):
+            if getattr(cfg, name) is not None:
+                flag(name, getattr(cfg, name))
+    elif split is not None and split is not auto_pipeline_split(model, cfg.pp, cfg.vpp):
+        flag("pipeline_split", split.value)
+    if settings.memory_margin != DEFAULT_MEMORY_MARGIN:
+        args.append(("--memory-margin", _number(settings.memory_margin)))
+    default = MemoryOverheads()
+    for name in OVERHEAD_NAMES:
+        value = getattr(settings.overheads, name)
+        if value != getattr(default, name):
+            text = (str(value).lower() if isinstance(value, bool) else
+                    str(value) if isinstance(value, int) else _number(value))
+            args.append(("--overhead", f"{name}={text}"))
+    if settings.allow_cross_scale_up:
+        args.append(("--allow-cross-scale-up", None))
+    if settings.calibration is not None:
+        args.append(("--calibration", settings.calibration))
+    run = settings.options
+    if run.cuda_graph_scope:
+        args.append(("--cuda-graph-scope", ",".join(run.cuda_graph_scope)))
+    if run.moe_a2a_overlap:
+        args.append(("--moe-a2a-overlap", None))
+    if run.moe_capacity_factor is not None:
+        args.append(("--moe-token-drop", _number(run.moe_capacity_factor)))
+    return "tune-cp check " + " ".join(
+        name if value is None else f"{name} {shlex.quote(str(value))}" for name, value in args)

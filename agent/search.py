@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,13 @@ class SearchOptions(SettingsView):
     grad_reduce_in_fp32: bool = True
     keep_all_recompute_levels: bool = False
     workers: int = 1  # processes for the enumeration's slices (same set, same order)
+    #: called with what the search is doing as each step starts ("enumerating ...",
+    #: "explaining why nothing fits: ..."); the CLI draws it on a terminal's stderr
+    progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+
+    def say(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(what)
 
     @property
     def families(self) -> tuple[str, ...] | None:
@@ -213,6 +220,9 @@ class SearchResult:
     defaults: list[str] = field(default_factory=list)
     near_tie_band: float = 0.0
     interval: Interval | None = None  # of the best
+    #: the ``tune-cp check`` line of the best (``agent/report.py::check_command``; the CLI's,
+    #: which knows the model and GPU arguments as given)
+    check_command: str | None = None
 
     def best_interval(self) -> Interval | None:
         return self.interval
@@ -481,11 +491,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     problem = settings_space_problem(space, opts.settings.options)
     if problem:
         raise ConfigError(problem)
+    opts.say(f"enumerating {space.size():,} candidates (CP-SAT)")
     enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
                               families=opts.families, workers=opts.workers)
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
-        raise NoFeasibleConfiguration(explain_infeasible(enum.problem))
+        raise NoFeasibleConfiguration(explain_infeasible(
+            enum.problem, progress=lambda what: opts.say(f"nothing fits; finding {what}")))
+    opts.say(f"ranking {len(enum.configs):,} legal configurations")
     t1 = time.perf_counter()
     prefs = list(opts.preferences)
     traits = opts.settings.traits
@@ -517,6 +530,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     baseline_cfg = baseline_cfg.model_copy(
         update={"grad_reduce_in_fp32": space.grad_reduce_in_fp32})
     t2 = time.perf_counter()
+    opts.say("seed phase: single-axis moves from the baseline")
     seed = seed_phase(ev, baseline_cfg, allow_fp8=opts.allow_fp8)
     timings["seed_s"] = time.perf_counter() - t2
     base = seed.baseline
@@ -533,6 +547,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     llm = LlmReport(status="skipped", reason=reason)
     llm_best: Trial | None = None
     if opts.lm is not None:
+        opts.say(f"LLM phase ({opts.lm_name or 'lm'}, at most {opts.budget.wall_s:g} s)")
         t3 = time.perf_counter()
         llm, llm_best = _llm_phase(model, cluster, training, opts, space, ev, base, seed,
                                    exhaustive, ranked, prefs)

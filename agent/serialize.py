@@ -233,45 +233,105 @@ def run_settings_json(options: Any) -> dict[str, Any]:
             "moe_capacity_factor": options.moe_capacity_factor}
 
 
+#: The top-level keys of ``search --json``, in order: every outcome (``status`` "ok", "infeasible"
+#: or "error") has all of them, those the outcome does not reach null (or empty); their meaning is
+#: ``docs/json.md`` (``tests/test_cli_search.py`` holds the outcomes, the doc and this to one set).
+SEARCH_KEYS: tuple[str, ...] = (
+    "status", "error", "explanation", "infeasibility",
+    "model", "cluster", "training", "defaults", "run_settings",
+    "best", "check_command", "answer_rule", "near_tie_band", "oracle_best", "top",
+    "baseline", "baseline_source", "speedup_vs_baseline",
+    "feasible_count", "candidates", "removed_by_rule", "regret",
+    "exhaustive_best", "seed_best", "attribution", "seed_moves",
+    "constraints", "preferences", "llm",
+    "timings", "export", "verify", "pareto",
+)
+#: The value of each key that an outcome does not reach.
+_EMPTY: dict[str, Any] = {k: None for k in SEARCH_KEYS} | {
+    "defaults": [], "top": [], "removed_by_rule": {}, "attribution": [], "seed_moves": [],
+    "constraints": [], "preferences": [], "feasible_count": 0}
+
+
+def search_outcome_json(status: str, **values: Any) -> dict[str, Any]:
+    """A ``search --json`` document of ``status`` with the keys of :data:`SEARCH_KEYS` in order
+    (``values`` sets some; the others keep their empty value)."""
+    unknown = set(values) - set(SEARCH_KEYS)
+    assert not unknown, f"not search --json keys: {sorted(unknown)}"
+    return {k: values.get(k, _EMPTY[k]) for k in SEARCH_KEYS} | {"status": status}
+
+
+def search_setting_json(model: ModelSpec | None, cluster: ClusterSpec | None,
+                        training: TrainingSpec | None) -> dict[str, Any]:
+    """The ``model``, ``cluster`` and ``training`` keys (null where not known yet)."""
+    return {"model": model.name if model is not None else None,
+            "cluster": {"gpu": cluster.gpu.name, "num_nodes": cluster.num_nodes,
+                        "gpus_per_node": cluster.gpus_per_node,
+                        "world_size": cluster.world_size} if cluster is not None else None,
+            "training": training.model_dump(mode="json") if training is not None else None}
+
+
+def infeasible_search_json(explanation: Any, model: ModelSpec, cluster: ClusterSpec,
+                           training: TrainingSpec, defaults: list[str], options: Any,
+                           constraints: list[str]) -> dict[str, Any]:
+    """``search --json`` when nothing is legal and fits: the explanation as text and as data
+    (``solver/explain.py::Explanation``), the setting, the defaults and run settings taken."""
+    e = explanation
+    return search_outcome_json(
+        "infeasible", explanation=e.text(),
+        infeasibility={"conflict": list(e.conflict), "min_peak_bytes": e.min_peak_bytes,
+                       "min_peak_config": e.min_peak_config, "limit_bytes": e.limit_bytes,
+                       "min_nodes": e.min_nodes, "max_nodes": e.max_nodes,
+                       "relaxations": list(e.relaxations), "nearest_gbs": e.nearest_gbs},
+        **search_setting_json(model, cluster, training), defaults=defaults,
+        run_settings=run_settings_json(options), constraints=constraints)
+
+
+def error_search_json(message: str) -> dict[str, Any]:
+    """``search --json`` of a run refused (exit 2) or failed (exit 3): ``error`` is the line
+    stderr says."""
+    return search_outcome_json("error", error=message)
+
+
 def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
-    """Everything the text report says. Deterministic for the same inputs unless ``timings``
-    adds the wall-clock seconds of each phase."""
+    """Everything the text report says (keys :data:`SEARCH_KEYS`, ``status`` "ok"). Deterministic
+    for the same inputs unless ``timings`` adds the wall-clock seconds of each phase;
+    ``export``, ``verify`` and ``pareto`` are null here (the CLI fills them when asked)."""
     top = [group_row(r, g) for g in r.groups]
     enum = r.enumeration
-    return {
-        "model": r.model.name,
-        "cluster": {"gpu": r.cluster.gpu.name, "num_nodes": r.cluster.num_nodes,
-                    "gpus_per_node": r.cluster.gpus_per_node, "world_size": r.cluster.world_size},
-        "training": r.training.model_dump(mode="json"),
-        "defaults": r.defaults,
-        "run_settings": run_settings_json(r.options.settings.options),
-        "best": trial_json(r.best) | {"phase": r.best_phase} | (
+    return search_outcome_json(
+        "ok",
+        **search_setting_json(r.model, r.cluster, r.training),
+        defaults=r.defaults,
+        run_settings=run_settings_json(r.options.settings.options),
+        best=trial_json(r.best) | {"phase": r.best_phase} | (
             {"interval": r.interval.to_json()} if r.interval else {}),
-        "answer_rule": r.rule,
-        "near_tie_band": r.near_tie_band,
-        "oracle_best": ranked_row(r, int(r.ranked.order[0])),
-        "top": top,
-        "baseline": trial_json(r.baseline) if r.baseline is not None else None,
-        "baseline_source": r.baseline_source,
-        "speedup_vs_baseline": r.speedup,
-        "feasible_count": len(enum.configs),
-        "candidates": enum.space_size,
-        "removed_by_rule": {k: v for k, v in enum.removed.items() if v},
-        "regret": r.regret,
-        "exhaustive_best": trial_json(r.exhaustive_best),
-        "seed_best": trial_json(r.seed.best) if r.seed else None,
-        "attribution": [step_json(s) for s in r.attribution],
-        "seed_moves": [
+        check_command=r.check_command,
+        answer_rule=r.rule,
+        near_tie_band=r.near_tie_band,
+        oracle_best=ranked_row(r, int(r.ranked.order[0])),
+        top=top,
+        baseline=trial_json(r.baseline) if r.baseline is not None else None,
+        baseline_source=r.baseline_source,
+        speedup_vs_baseline=r.speedup,
+        feasible_count=len(enum.configs),
+        candidates=enum.space_size,
+        removed_by_rule={k: v for k, v in enum.removed.items() if v},
+        regret=r.regret,
+        exhaustive_best=trial_json(r.exhaustive_best),
+        seed_best=trial_json(r.seed.best) if r.seed else None,
+        attribution=[step_json(s) for s in r.attribution],
+        seed_moves=[
             {"change": mv.label, "axis": mv.axis, "legal": t.legal,
              "tokens_per_s_per_gpu": t.throughput if t.legal else None,
              "violations": [v.rule for v in t.outcome.violations]}
             for mv, t in (r.seed.moves if r.seed else ())
         ],
-        "constraints": [c.expr for c in r.options.constraints],
-        "preferences": r.preference_costs,
-        "llm": llm_json(r.llm),
-    } | ({"timings": r.timings | {f"enumerate_{k}": v for k, v in enum.timings.items()}}
-         if timings else {})
+        constraints=[c.expr for c in r.options.constraints],
+        preferences=r.preference_costs,
+        llm=llm_json(r.llm),
+        timings=(r.timings | {f"enumerate_{k}": v for k, v in enum.timings.items()}
+                 if timings else None),
+    )
 
 
 # ------------------------------------------------------------------------- plan, sweep

@@ -32,6 +32,7 @@ import math
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,25 @@ def read_text(path: str | Path, what: str) -> str:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{what} {show_name(p)} is not UTF-8 text (byte 0x{raw[e.start]:02x} "
                           f"at offset {e.start}); give a text file") from None
+
+
+def read_stdin(what: str) -> str:
+    """Standard input as UTF-8 text of at most :data:`MAX_INPUT_BYTES` bytes (``--megatron-args
+    -``); a terminal is refused rather than waited on."""
+    stream = sys.stdin
+    if stream is None or stream.isatty():
+        raise ConfigError(f"{what} '-' reads standard input, but it is a terminal: pipe the "
+                          f"text in (e.g. `... < launch.sh`) or give the text or a path")
+    source = getattr(stream, "buffer", None)
+    raw = source.read(MAX_INPUT_BYTES + 1) if source is not None else \
+        stream.read(MAX_INPUT_BYTES + 1).encode("utf-8")
+    if len(raw) > MAX_INPUT_BYTES:
+        raise ConfigError(f"{what} on standard input is over {MAX_INPUT_BYTES:,} bytes")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} on standard input is not UTF-8 text (byte "
+                          f"0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
 # ------------------------------------------------------------------------------ structure

@@ -117,7 +117,9 @@ KNOBS: tuple[Knob, ...] = (
          megatron="context_parallel_size", bridge="model.context_parallel_size"),
     Knob("ep", "ep", "ep", "Expert-parallel size.", default=1, combinable=True, attributed=True,
          megatron="expert_model_parallel_size", bridge="model.expert_model_parallel_size"),
-    Knob("etp", "etp", "etp", "Expert tensor-parallel size  [default: tp]", combinable=True,
+    Knob("etp", "etp", "etp", "Expert tensor-parallel size  [default: 1 for an MoE model, the "
+         "search's first value (Megatron-LM's default for a launch without it: tp)]",
+         combinable=True,
          attributed=True, megatron="expert_tensor_parallel_size",
          bridge="model.expert_tensor_parallel_size"),
     Knob("mbs", "mbs", "mbs", "Micro-batch size.", hi=MAX_MBS, default=1, combinable=True,

@@ -459,10 +459,14 @@ def _left(budget: Budget | None, cap: float = SOLVE_LIMIT_S) -> float:
 
 def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, *,
                        space_for: SpaceFor | None = None, max_nodes: int | None = None,
-                       budget_s: float | None = None) -> Explanation:
+                       budget_s: float | None = None,
+                       progress: Callable[[str], None] | None = None) -> Explanation:
     """Explain an empty feasible set (see the module docstring). ``space_for`` rebuilds the
-    space for another cluster (default: :func:`~solver.space.default_space`)."""
+    space for another cluster (default: :func:`~solver.space.default_space`); ``progress`` is
+    told each step as it starts (what it looks for, in words)."""
+    say = progress or (lambda _what: None)
     t0 = time.perf_counter()
+    say("the conflicting rules")
     cl = problem.cluster
     setting = (f"{problem.model.name} on {cl.num_nodes} x {cl.gpus_per_node} {cl.gpu.name} "
                f"(seq {problem.training.seq_len}, gbs {problem.training.global_batch_size})")
@@ -471,6 +475,8 @@ def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, 
     t1 = time.perf_counter()
     if core is None:
         return Explanation(feasible=True, setting=setting)
+    if "hbm" in core:
+        say("the least memory any legal layout needs")
     try:
         least = least_memory(problem, families, deadline=deadline) if "hbm" in core else None
     except _OutOfTime:
@@ -478,10 +484,13 @@ def explain_infeasible(problem: Problem, families: Iterable[str] | None = None, 
     t2 = time.perf_counter()
     n, n_max, scanned = None, None, (0, 0)
     if "batch" in core and "hbm" not in core and problem.cluster.num_nodes > 1:
+        say("the largest node count the batch divides over")
         n_max = max_nodes_below(problem, families, space_for, deadline=deadline)
     elif set(core) & NODE_BOUND:
+        say("the smallest node count that fits")
         n, scanned = min_nodes(problem, families, space_for, max_nodes, deadline=deadline)
     t3 = time.perf_counter()
+    say("which relaxations would fix it")
     relax = relaxations(problem, families, deadline=deadline)
     gbs = nearest_batch(problem, families, deadline=deadline) if "batch" in core else None
     if (gpn := usual_node(problem, families, space_for, deadline=deadline)) is not None:

@@ -124,3 +124,57 @@ def test_tune_cp_model_file(tmp_path):
                     "num_kv_heads: 2\nhead_dim: 16\nvocab_size: 1000\n")
     m = load_model(str(path))
     assert m.name == "tiny" and m.num_layers == 2
+
+
+def test_no_catalog_alias_is_ambiguous():
+    """Every alias names one entry and is no family name of several (``mixtral`` was both
+    Mixtral 8x7B's family and an alias of 8x22B: issue 30 item 10)."""
+    from tune_cp.oracle.catalog import family_members, gpu_entries, model_entries
+
+    for entries in (model_entries(), gpu_entries()):
+        names = list(entries)
+        owners: dict[str, str] = {}
+        for name, entry in entries.items():
+            for alias in entry.aliases:
+                key = alias.lower()
+                assert key not in owners and key not in names, (alias, name, owners.get(key))
+                owners[key] = name
+                assert len(family_members(alias, names)) <= 1, alias
+
+
+def test_a_family_name_is_refused_with_its_members():
+    import pytest
+
+    from tune_cp.oracle.catalog import load_model
+    from tune_cp.oracle.specs import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_model("mixtral")
+    assert str(e.value) == ("model 'mixtral' names 2 catalog models: choose one of mixtral-8x7b, "
+                            "mixtral-8x22b (`tune-cp models` lists them)")
+    with pytest.raises(ConfigError, match="names 3 catalog models: choose one of "
+                                          "nemotron-h-8b, nemotron-h-47b, nemotron-h-56b"):
+        load_model("Nemotron-H")  # any letter case; three members
+    assert load_model("Mixtral-8x7B").name == "mixtral-8x7b"
+
+
+def test_an_alias_is_stated_on_the_defaults_line(run_json):
+    """An alias given to --model or --gpu is stated with the catalog name it stands for; the
+    catalog name itself (any letter case) is not."""
+    code, data = run_json("check", "--model", "llama3.1-70b", "--gpu", "h100-sxm", "--nodes", "1",
+                          "--tp", "8")
+    assert code in (0, 1) and data["model"]["name"] == "llama3-70b"
+    assert data["defaults"][:2] == [
+        "--model llama3-70b (the catalog's alias 'llama3.1-70b'; `tune-cp models --json` lists "
+        "every alias)",
+        "--gpu h100 (the catalog's alias 'h100-sxm'; `tune-cp gpus --json` lists every alias)"]
+    code, data = run_json("check", "--model", "Llama3-70B", "--gpu", "h100", "--nodes", "1",
+                          "--tp", "8")
+    assert not any(d.startswith(("--model ", "--gpu ")) for d in data["defaults"])
+
+
+def test_plan_states_an_alias(run_json):
+    code, data = run_json("plan", "--model", "llama3.1-8b", "--gpu", "h100", "--points", "1")
+    assert code == 0 and data["model"] == "llama3-8b"
+    assert data["defaults"] == ["--model llama3-8b (the catalog's alias 'llama3.1-8b'; "
+                                "`tune-cp models --json` lists every alias)"]

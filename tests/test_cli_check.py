@@ -254,3 +254,66 @@ def test_fp8_param_gather_needs_fp8_training(run_cli):
         "drop --fp8-param-gather")
     code, out, _ = run_cli(*args, "--precision", "fp8")
     assert code == 1 and "weights 2.0 GiB" in out
+
+
+def test_check_flag_defaults_are_the_search_spaces_first_values():
+    """Every configuration flag's default in `check` is the first value of the search's domain
+    of its axis (issue 30 item 6): a layout the search prints and the same flags given to
+    `check` are one configuration. etp of an MoE model: `cli.CHECK_MOE_ETP`, the first of
+    `SearchSpace.etp_values(tp)` at every tp."""
+    from tune_cp.cli import CHECK_MOE_ETP
+    from tune_cp.oracle.catalog import load_gpu, load_model
+    from tune_cp.oracle.specs import ClusterSpec, TrainingSpec
+    from tune_cp.solver.axes import KNOBS, FlagKind
+    from tune_cp.solver.space import OptimizerChoice, default_space
+
+    model = load_model("mixtral-8x7b")
+    space = default_space(model, ClusterSpec(gpu=load_gpu("h100"), num_nodes=2, gpus_per_node=8),
+                          TrainingSpec(seq_len=4096, global_batch_size=256))
+    first_full = next(r for r in space.recompute if r.kind.value == "full")
+    first = {"tp": space.tp[0], "pp": space.pp[0], "vpp": space.vpp[0], "cp": space.cp[0],
+             "ep": space.ep[0], "mbs": space.mbs[0], "recompute": space.recompute[0].kind.value,
+             "recompute_method": first_full.method.value,
+             "dispatcher": space.dispatcher[0].value, "schedule": space.schedule[0],
+             "fp8_recipe": space.fp8_recipe[0], "pipeline_split": space.pipeline_split[0],
+             "distributed_optimizer": space.optimizer[0] is OptimizerChoice.DISTRIBUTED,
+             "fsdp": space.optimizer[0] is OptimizerChoice.FSDP}
+    walked = set()
+    for k in KNOBS:
+        if k.axis is None or k.field not in first:
+            continue
+        walked.add(k.field)
+        # a flag without value leaves its field at ``negated`` (--no-distributed-optimizer: True)
+        default = k.negated if k.kind is FlagKind.FLAG else k.default
+        assert default == first[k.field], k.field
+    assert walked == set(first)
+    assert {space.etp_values(t)[0] for t in space.tp} == {CHECK_MOE_ETP}
+
+
+def test_megatron_args_dash_reads_stdin(run_json, monkeypatch):
+    """`--megatron-args -` reads the arguments (or a launch script) from standard input: the
+    same check as the text given on the command line (issue 30 item 10); a terminal on stdin is
+    refused in one line rather than waited on."""
+    import io
+
+    from tune_cp import cli
+
+    args = ("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+    launch = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 2"
+    _, given = run_json(*args, "--megatron-args", launch)
+
+    class Pipe(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return False
+
+    monkeypatch.setattr(cli.sys, "stdin", Pipe(io.BytesIO(launch.encode())))
+    code, piped = run_json(*args, "--megatron-args", "-")
+    assert code == 0 and piped == given
+    assert piped["config"]["tp"] == 2 and piped["config"]["mbs"] == 2
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(cli.sys, "stdin", Terminal())
+    assert cli.run([*args, "--megatron-args", "-"]) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 
 import pytest
 
@@ -135,3 +136,130 @@ def test_best_line_names_the_fp8_recipe(run_cli):
     best = next(line for line in out.splitlines() if line.startswith("best: "))
     assert best.startswith("best: TP2 PP1 DP4, mbs 1, ga 32, recompute none, fp8 tensorwise: "
                            "12,405 tokens/s/GPU")
+
+
+@pytest.mark.parametrize("args", [
+    BASE,  # dense
+    ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2"),  # MoE, the answer has ETP1
+    # MoE with settings the line must carry: margin, an overhead, bf16 gradients, token-drop
+    ("--model", "qwen3-30b-a3b", "--gpu", "h100", "--nodes", "1", "--memory-margin", "0.1",
+     "--overhead", "fragmentation=0.07", "--grad-reduce-in-bf16", "--moe-token-drop", "1.25"),
+    # the issue's case: TP2 PP16 EP8 ETP1, full recompute, embedding_loss split
+    pytest.param(("--model", "deepseek-v3", "--gpu", "h100", "--nodes", "32"), id="deepseek-v3"),
+])
+def test_check_line_reproduces_the_answer(run_cli, run_json, args):
+    """The search's `check it:` line (text) and ``check_command`` (JSON) are one line, and run
+    through `tune-cp check` it gives the answer's configuration, tokens/s/GPU, peak and step time
+    exactly (issue 30 item 6)."""
+    code, data = run_json(*args, "--top", "2")
+    assert code == 0
+    line = data["check_command"]
+    code, out, _ = run_cli(*args, "--top", "2")
+    assert code == 0 and f"  check it: {line}\n" in out
+    argv = shlex.split(line)
+    assert argv[:2] == ["tune-cp", "check"]
+    code, check = run_json(*argv[1:])
+    assert code == 0 and check["legal"] is True
+    best = data["best"]
+    assert check["config"] == {k: v for k, v in best.items() if k in check["config"]}
+    assert check["projection"]["tokens_per_s_per_gpu"] == best["projection"]["tokens_per_s_per_gpu"]
+    assert check["projection"]["step_time_s"] == best["projection"]["step_time_s"]
+    assert check["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+    assert check["memory"]["limit_bytes"] == best["memory"]["limit_bytes"]
+
+
+def test_check_defaults_to_the_search_spaces_etp(run_json):
+    """`check` without --etp on an MoE model is the search's first expert-TP value (1), stated on
+    the defaults line; --etp given is taken as given (issue 30 item 6: DeepSeek-V3's answer
+    TP2 ... EP8 ETP1 read as ETP2 gave 679 instead of 976 tokens/s/GPU)."""
+    args = ("check", "--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2", "--tp", "2",
+            "--pp", "2", "--ep", "8")
+    code, data = run_json(*args)
+    assert data["config"]["etp"] == 1
+    assert any(d.startswith("--etp 1 (the search's first expert-TP value") for d in data["defaults"])
+    code, data = run_json(*args, "--etp", "2")
+    assert data["config"]["etp"] == 2 and not any(d.startswith("--etp") for d in data["defaults"])
+    # a dense model: etp is tp (meaningless), nothing stated
+    code, data = run_json("check", *BASE, "--tp", "2")
+    assert data["config"]["etp"] == 2 and not any(d.startswith("--etp") for d in data["defaults"])
+
+
+class _Terminal:
+    """A stand-in for a terminal's stderr (``isatty``), recording what is written."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_search_progress_only_on_a_terminal(monkeypatch, tty):
+    """A search that finds nothing shows what it does on a terminal's stderr (the steps of the
+    explanation, with the seconds so far), erased before the report; into a pipe or a file
+    nothing at all, and no thread (issue 30 item 10)."""
+    import threading
+
+    from tune_cp import cli
+
+    term = _Terminal(tty)
+    monkeypatch.setattr(cli.sys, "stderr", term)
+    threads = threading.active_count()
+    code = cli.run([*BASE, "--constraint", "tp == 3"])
+    assert code == 1
+    if not tty:
+        assert term.text == "" and threading.active_count() == threads
+        return
+    steps = [t.strip() for t in term.text.split("\r") if t.strip()]
+    assert steps[0].startswith("search: enumerating ") and "candidates (CP-SAT) (0 s)" in steps[0]
+    assert any(s.startswith("search: nothing fits; finding the conflicting rules (")
+               for s in steps)
+    assert term.text.endswith("\r\x1b[K") and threading.active_count() == threads
+
+
+def test_every_search_outcome_has_one_json_schema(run_cli):
+    """`search --json` answers with the same top-level keys, in the same order, whether it found
+    an answer, found nothing that fits, or refused its input; the keys are those docs/json.md
+    lists (issue 30 item 10: 5 keys instead of 24 when nothing fitted)."""
+    import pathlib
+    import re
+
+    from tune_cp.agent.serialize import SEARCH_KEYS
+
+    outcomes = {}
+    for status, args, exit_code in (
+            ("ok", (*BASE, "--top", "1"), 0),
+            ("infeasible", (*BASE, "--constraint", "tp == 3"), 1),
+            ("error", ("--model", "no-such-model", "--nodes", "1"), 2),
+            ("error", (*BASE, "--tp", "3"), 2)):  # a flag search does not take
+        code, out, err = run_cli(*args, "--json")
+        assert code == exit_code
+        data = json.loads(out)
+        assert data["status"] == status
+        outcomes[args] = list(data)
+        if status == "error":
+            assert err == f"tune-cp: error: {data['error']}\n"
+        if status == "infeasible":
+            assert data["infeasibility"]["conflict"] == ["extra: tp == 3"]
+            assert data["explanation"] and data["model"] == "llama3-8b"
+    assert all(keys == list(SEARCH_KEYS) for keys in outcomes.values())
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "json.md").read_text()
+    table = doc[doc.index("| key | when empty | meaning |"):]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(SEARCH_KEYS)
+
+
+def test_baseline_etp_defaults_like_check(run_json):
+    """--baseline without etp on an MoE model is check's default (1), stated; given, as given."""
+    args = ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2", "--top", "1")
+    code, data = run_json(*args, "--baseline", "tp=2,pp=2,ep=8")
+    assert code == 0 and data["baseline"]["etp"] == 1
+    assert any(d.startswith("--baseline etp=1 (as check's --etp") for d in data["defaults"])
+    code, data = run_json(*args, "--baseline", "tp=2,pp=2,ep=8,etp=2")
+    assert data["baseline"]["etp"] == 2 and not any("--baseline" in d for d in data["defaults"])

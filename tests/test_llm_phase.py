@@ -153,3 +153,82 @@ def test_loopback_server_gets_the_request_and_garbage_is_survived(garbage_server
     req = GarbageHandler.requests[0]
     assert req["path"].endswith("/chat/completions") and req["body"]["model"] == "local-model"
     assert report.status == "stopped" and report.warnings
+
+
+def test_missing_key_message_is_whole():
+    """A missing key says which variables tune-cp reads, in full; any other error is cut at a
+    word boundary, never mid-word (issue 30 item 9: "... Configure credentia")."""
+    from tune_cp.agent.llm import MAX_TEXT, clip, describe_error
+
+    LMNotConfiguredError = type("LMNotConfiguredError", (Exception,), {})
+    msg = describe_error(LMNotConfiguredError("no API key found for provider 'openai-chat'. "
+                                              + "Configure credentials " * 40))
+    assert msg == ("no API key (LMNotConfiguredError): set TUNE_CP_LM_API_KEY or OPENAI_API_KEY, "
+                   "or give --lm-base-url for a local OpenAI-compatible server that needs none")
+    long = describe_error(RuntimeError("Configure credentials " * 40))
+    assert len(long) <= MAX_TEXT and long.endswith("...")
+    assert long[:-3].split()[-1] in ("Configure", "credentials")  # a whole word
+    assert clip("abc defgh", 8) == "abc..." and clip("short", 8) == "short"
+
+
+#: Run in a fresh interpreter (this module imports DSPy itself): records the environment when
+#: DSPy / litellm are first imported and every urllib request, then asks a loopback server that
+#: answers garbage.
+OFFLINE_PROBE = r'''
+import importlib.abc, json, os, sys, threading, urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+seen, urls = {}, []
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in ("dspy", "litellm") and name not in seen:
+            seen[name] = [os.environ.get(k) for k in ("LITELLM_LOCAL_MODEL_COST_MAP",
+                                                      "LITELLM_OFFLINE_MODE")]
+sys.meta_path.insert(0, Spy())
+def record(req, *args, **kwargs):
+    urls.append(getattr(req, "full_url", req))
+    raise OSError("no network here")
+urllib.request.urlopen = record
+class Garbage(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                               "role": "assistant", "content": "garbage"}}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                     "total_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = HTTPServer(("127.0.0.1", 0), Garbage)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+from tune_cp.agent.llm import ask_planner, make_lm
+lm = make_lm("openai/local", f"http://127.0.0.1:{server.server_port}/v1", timeout_s=20)
+try:
+    ask_planner(lm, dict(model="m", cluster="c", baseline="b", best_so_far="b", bottleneck="x",
+                         goal="", axes="tp", history=""), 20)
+except Exception:
+    pass
+print(json.dumps({"seen": seen, "urls": urls}))
+'''
+
+
+def test_no_internet_metadata_refresh_with_a_loopback_server():
+    """LITELLM_LOCAL_MODEL_COST_MAP and LITELLM_OFFLINE_MODE are True before DSPy (or litellm) is
+    imported, and a call to a loopback server makes no other request (DSPy's model-metadata
+    refresh from raw.githubusercontent.com; issue 30 item 9)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LITELLM_LOCAL_MODEL_COST_MAP", "LITELLM_OFFLINE_MODE")}
+    done = subprocess.run([sys.executable, "-c", OFFLINE_PROBE], capture_output=True, text=True,
+                          env=env, timeout=120, check=True)
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert probe["seen"].get("dspy") == ["True", "True"]
+    assert all(v == ["True", "True"] for v in probe["seen"].values())
+    assert probe["urls"] == []

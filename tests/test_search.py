@@ -255,3 +255,27 @@ def test_evaluator_key_is_every_field_in_order(llama_result):
     for t in llama_result.trials[:60]:
         for cfg in (t.config, apply(t.config, {"mbs": 2, "recompute": "selective"})):
             assert config_key(cfg) == tuple(cfg.model_dump().values())
+
+
+def test_text_report_lists_accepted_and_rejected_hints():
+    """The text report of the LLM phase says what was accepted, what was rejected and why, and
+    what each narrowed set gave, as --json's llm.rounds does (issue 30 item 9)."""
+    from tune_cp.agent.report import render_search
+    from tune_cp.agent.serialize import search_json
+
+    lm = DummyLM([hints(hard_constraints=[{"expr": "pp == 1"}, {"expr": "tp ** 2 < 9"}],
+                        soft_objectives=[{"expr": "cp == 1", "weight": 0.2}],
+                        combinations=[{"settings": {"rm -rf": 1}}])])
+    r = run_with(lm)
+    text = "\n".join(render_search(r))
+    rnd = search_json(r)["llm"]["rounds"][0]
+    assert rnd["accepted"] == ["constraint pp == 1", "preference cp == 1 (weight 0.2)"]
+    assert "LLM phase: completed (dummy; 1 LM call)\n" in text
+    assert "  round 1: accepted constraint pp == 1; preference cp == 1 (weight 0.2)\n" in text
+    assert len(rnd["rejected"]) == 2
+    for why in rnd["rejected"]:
+        assert f"\n    rejected {why}\n" in text
+    assert "\n    rejected constraint 'tp ** 2 < 9': '**' is not allowed" in text
+    (result,) = rnd["results"]
+    assert result["summary"].startswith("constraints ['pp == 1']: TP")
+    assert f"\n    tried {result['summary']}\n" in text

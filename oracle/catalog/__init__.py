@@ -97,12 +97,40 @@ def _lookup(name: str, entries: dict[str, Any]) -> str | None:
 
 def _unknown(kind: str, name: str, entries: dict[str, Any]) -> ConfigError:
     names = list(entries)
+    family = family_members(name, names)
+    if len(family) > 1:  # a family name ("mixtral"): which member is meant is not ours to guess
+        return ConfigError(
+            f"{kind} {show_name(name)} names {len(family)} catalog {kind}s: choose one of "
+            f"{', '.join(family)} (`tune-cp {kind}s` lists them)")
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return ConfigError(
         f"unknown {kind} {show_name(name)}: {hint}choose one of {', '.join(names)}, "
         f"or pass a path to a {'config.json' if kind == 'model' else 'YAML/JSON GPU file'}"
     )
+
+
+#: What may follow a family name in a catalog name (``mixtral`` + ``-8x22b``).
+FAMILY_SEPARATORS = ("-", "_", ".", "/")
+
+
+def family_members(name: str, names: Any) -> list[str]:
+    """The catalog names ``name`` is the family prefix of (``mixtral`` -> ``mixtral-8x7b``,
+    ``mixtral-8x22b``): the name followed by a separator. A name, or an alias, that is the
+    prefix of several is ambiguous (``tests/test_catalog.py`` keeps every alias unambiguous)."""
+    key = name.strip().lower()
+    return [n for n in names if any(n.lower().startswith(key + sep) for sep in FAMILY_SEPARATORS)]
+
+
+def catalog_alias(name: str, kind: str) -> str | None:
+    """The catalog name ``name`` stands for when it is an alias of it (not the name itself, in
+    any letter case, nor a file): what the defaults line states (``--model llama3-70b (the
+    catalog's alias 'llama3.1-70b')``), so no alias is taken silently."""
+    entries = model_entries() if kind == "model" else gpu_entries()
+    canonical = _lookup(name, entries)
+    if canonical is None or name.strip().lower() == canonical.lower():
+        return None
+    return canonical
 
 
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
