@@ -50,10 +50,15 @@ def test_max_chunk_layers_pinned_cases():
 
 
 def test_chunk_spans_pinned_cases():
-    """DeepSeek-V3 (61 layers + 1 MTP) at pp 2 under embedding_loss: 65 slots as 32 + 33, the
-    embedding and layers 0-30 first, layers 31-60, the MTP layer and the loss second; Llama 3.1
-    405B at pp 16 with light ends: 7 + 14 x 8 ... + 7 (``uneven_stage_layers``)."""
-    assert chunk_spans(61, 1, 2, 1, PipelineSplit.EMBEDDING_LOSS) == [
+    """DeepSeek-V3 (61 layers + 1 MTP) under embedding_loss at pp 3: 63 slots (Megatron-LM
+    counts num_layers + 2, the MTP layer is no slot) as 21 + 21 + 21, the embedding and layers
+    0-19, layers 20-40, layers 41-60 and the loss, the MTP layer beside them on the last stage;
+    under embedding_mtp_loss at pp 2: 64 slots as 32 + 32, the embedding and layers 0-30, layers
+    31-60, the MTP layer and the loss; Llama 3.1 405B at pp 16 with light ends: 7 + 14 x 8 ... + 7
+    (``uneven_stage_layers``)."""
+    assert chunk_spans(61, 1, 3, 1, PipelineSplit.EMBEDDING_LOSS) == [
+        (0, 20, True, False, 0), (20, 41, False, False, 0), (41, 61, False, True, 1)]
+    assert chunk_spans(61, 1, 2, 1, PipelineSplit.EMBEDDING_MTP_LOSS) == [
         (0, 31, True, False, 0), (31, 61, False, True, 1)]
     spans = chunk_spans(126, 0, 16, 1, PipelineSplit.LIGHT_ENDS)
     assert [hi - lo for lo, hi, *_ in spans] == [7] + [8] * 14 + [7]
