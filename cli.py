@@ -1371,8 +1371,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             continue
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
-        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
-                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':36} {'tok/s/GPU':>9} "
+                f"{'80% interval':>14} {'MFU':>6} {'cluster tok/s':>13}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -1385,11 +1385,13 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
                       f"mbs{c['mbs']}")
+            if c["dispatcher"] != "alltoall" and c["ep"] > 1:  # the search may pick another
+                layout += f" {c['dispatcher']}"
             iv = q.interval
             band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
                     if iv else "")
-            line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+            line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:36} {q.tokens_per_s_per_gpu:>9,.0f} "
+                    f"{band:>14} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
@@ -1402,11 +1404,9 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     from tune_cp.agent.search import ANSWER_RULE
 
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
-               "GPU-hours x price. Each row is the answer of the exhaustive search at that node "
-               f"count, by the search's rule: {ANSWER_RULE}.")
-    click.echo("Left out: the seed phase's extra selective-recompute sets (mlp on dense models, "
-               "moe_act+layernorm on MoE) and, on MoE models, the other token dispatchers, which "
-               "`tune-cp search` also tries at one node count and which can be a little faster.")
+               "GPU-hours x price. Each row is the answer of `tune-cp search` at that node count "
+               f"(without --lm; a sweep's row is the same), by the search's rule: {ANSWER_RULE}; "
+               "the seed phase's best replaces it when its lower bound is higher.")
     classes = sorted({q.interval["class_used"] for p in plans for q in p.points
                       if q.feasible and q.interval})
     if classes:

@@ -69,7 +69,7 @@ from tune_cp.solver.axes import (
 )
 from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from tune_cp.solver.explain import Explanation, explain_infeasible
-from tune_cp.solver.feasible import Enumeration, enumerate_feasible
+from tune_cp.solver.feasible import Enumeration, enumerate_feasible, enumeration_families
 from tune_cp.solver.rules import (
     RULES,
     options_problem,
@@ -472,9 +472,14 @@ def precision_explanation(model: ModelSpec, cluster: ClusterSpec, training: Trai
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-           opts: SearchOptions) -> SearchResult:
+           opts: SearchOptions, *, enum: Enumeration | None = None) -> SearchResult:
     """Run the whole search. Raises :class:`NoFeasibleConfiguration` (with an explanation)
-    when nothing is legal."""
+    when nothing is legal.
+
+    ``enum``: the feasible set of this search's space when it is enumerated already (``tune-cp
+    plan`` enumerates each node count once, for its smallest-cluster search and its table; its
+    removal counts may be left out); everything after the enumeration runs as without it, so
+    plan, search and sweep give one answer at one node count."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     problem = options_problem(model, opts.settings.options)  # run settings no layout can fix
@@ -491,9 +496,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     problem = settings_space_problem(space, opts.settings.options)
     if problem:
         raise ConfigError(problem)
-    opts.say(f"enumerating {space.size():,} candidates (CP-SAT)")
-    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
-                              families=opts.families, workers=opts.workers)
+    if enum is None:
+        opts.say(f"enumerating {space.size():,} candidates (CP-SAT)")
+        enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
+                                  families=opts.families, workers=opts.workers)
+    elif enum.problem.space != space or enum.families != enumeration_families(opts.families):
+        raise ValueError("search(enum=...): the enumeration is not of this search's space and "
+                         "rule families")
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
         raise NoFeasibleConfiguration(explain_infeasible(

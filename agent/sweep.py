@@ -1070,7 +1070,9 @@ def layout_label(r: Mapping[str, Any]) -> str:
     rc = r["recompute"]
     if rc == "full":
         rc = f"full{r['recompute_layers'] if r['recompute_layers'] is not None else ''}"
-    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} mbs{r['mbs']} "
+    disp = (f" {r['dispatcher']}" if r.get("dispatcher") not in (None, "alltoall")
+            and (r.get("ep") or 1) > 1 else "")  # the search may pick another MoE dispatcher
+    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']}{disp} mbs{r['mbs']} "
             f"rc {rc}")
 
 
