@@ -1321,6 +1321,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
     (FP8 falls back to BF16 on GPUs without FP8)."""
     from tune_cp.agent.plan import plan, training_for_precision
+    from tune_cp.oracle.uncertainty import band_text, bias_notes
 
     settings = run_settings(flags)
 
@@ -1388,8 +1389,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             if c["dispatcher"] != "alltoall" and c["ep"] > 1:  # the search may pick another
                 layout += f" {c['dispatcher']}"
             iv = q.interval
-            band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
-                    if iv else "")
+            band = (band_text(iv["low_tokens_per_s_per_gpu"], iv["high_tokens_per_s_per_gpu"],
+                              not iv["contains_projection"]) if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:36} {q.tokens_per_s_per_gpu:>9,.0f} "
                     f"{band:>14} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
@@ -1412,6 +1413,9 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     if classes:
         click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
                    + "; ".join(classes) + " (oracle/catalog/residuals.json)")
+        for n in bias_notes([q.interval["bias_note"] for p in plans for q in p.points
+                             if q.feasible and q.interval]):
+            click.echo(n)
     if plot_path:
         click.echo(f"plot: {plot_path}")
 
