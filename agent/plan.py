@@ -47,7 +47,7 @@ from tune_cp.solver.feasible import (
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import settings_space_problem
 from tune_cp.solver.settings import RunSettings
-from tune_cp.solver.space import default_space
+from tune_cp.solver.space import default_space, searched_optimizers
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -85,10 +85,13 @@ class GpuPlan:
 
 
 def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 settings: RunSettings, grad_reduce_in_fp32: bool = True) -> Problem:
-    """The search's problem at ``cluster``: its default space under the run settings."""
+                 settings: RunSettings, grad_reduce_in_fp32: bool = True,
+                 fsdp: bool = False) -> Problem:
+    """The search's problem at ``cluster``: its default space under the run settings (with
+    Megatron-FSDP when ``fsdp``, as ``search --fsdp``)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                          allow_cross_scale_up=settings.allow_cross_scale_up)
+                          allow_cross_scale_up=settings.allow_cross_scale_up,
+                          optimizers=searched_optimizers(fsdp))
     # what the framework run settings refuse is the family run_settings; settings that leave
     # no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, settings.options)
@@ -99,17 +102,17 @@ def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,
-          grad_reduce_in_fp32: bool = True) -> Enumeration:
+          grad_reduce_in_fp32: bool = True, fsdp: bool = False) -> Enumeration:
     """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     # the removal counts are not shown: without them the enumeration costs about 40% less
     return enumerate_problem(plan_problem(model, cluster, training, settings,
-                                          grad_reduce_in_fp32), count_removed=False)
+                                          grad_reduce_in_fp32, fsdp), count_removed=False)
 
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
                settings: RunSettings, grad_reduce_in_fp32: bool = True,
-               enum: Enumeration | None = None) -> PlanPoint:
+               enum: Enumeration | None = None, fsdp: bool = False) -> PlanPoint:
     """One row: the answer of ``tune-cp search`` at ``nodes`` (``agent.search.search`` without
     the LLM phase, on the enumeration ``enum`` when done already: its :func:`probe`), so a plan's
     row, the search and a sweep's row at one node count are one configuration."""
@@ -117,15 +120,15 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     if enum is None:
-        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32)
+        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32, fsdp)
     world = cluster.world_size
     empty = PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
     if enum.empty:
         return empty
     try:
+        # the enumeration's own space (the plan's: fsdp and the gradient dtype in it)
         result = search(model, cluster, training,
-                        SearchOptions(settings=settings, grad_reduce_in_fp32=grad_reduce_in_fp32),
-                        enum=enum)
+                        SearchOptions(settings=settings, space=enum.problem.space), enum=enum)
     except NoFeasibleConfiguration:  # not reached: the enumeration is not empty
         return empty
     best = result.best
@@ -185,11 +188,12 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
          max_nodes: int = 1024, points: int = 6, settings: RunSettings | None = None,
          progress: Callable[[int, int, str], None] | None = None,
-         grad_reduce_in_fp32: bool = True) -> list[GpuPlan]:
+         grad_reduce_in_fp32: bool = True, fsdp: bool = False) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
     configuration (doubling, then bisecting), then a table over node counts.
     ``settings``: the run's overheads, margin, cross-scale-up, constraints and calibration;
-    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16).
+    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16);
+    ``fsdp``: Megatron-FSDP in the space too (``search --fsdp``).
 
     ``progress(done, total, what)`` is called before each node count is first looked at (probed
     or enumerated): ``done`` node counts looked at so far, ``total`` an estimate of how many
@@ -224,7 +228,7 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                              f"{gpu.name}: {nodes_text(n)}")
                 cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpn)
                 problems[n] = plan_problem(model, cluster, training, settings,
-                                           grad_reduce_in_fp32)
+                                           grad_reduce_in_fp32, fsdp)
             return problems[n]
 
         def enumeration(n: int) -> Enumeration:

@@ -23,6 +23,7 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.oracle.uncertainty import band_text, bias_notes
 from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import OptimizerChoice
 
 # ------------------------------------------------------------------------------ text
 
@@ -44,7 +45,7 @@ def short_layout(c: ParallelConfig) -> str:
         s += f" CP{c.cp}"
     if c.ep > 1 or c.etp_ != c.tp:
         s += f" EP{c.ep} ETP{c.etp_}"
-    return s + f" DP{c.dp}"
+    return s + f" DP{c.dp}" + (" FSDP" if c.fsdp else "")
 
 
 def variant_label(c: ParallelConfig) -> str:
@@ -75,6 +76,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                f"(CP-SAT, {took}removed by {removed})")
     if r.options.constraints:
         out.append("constraints: " + ", ".join(c.expr for c in r.options.constraints))
+    if OptimizerChoice.FSDP in r.enumeration.problem.space.optimizer:
+        out.append("optimizer state: the distributed optimizer and Megatron-FSDP, both searched "
+                   "(--fsdp)")
     out.append("")
     b = r.best
     if r.baseline is not None:

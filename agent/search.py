@@ -77,7 +77,13 @@ from tune_cp.solver.rules import (
     training_precision,
 )
 from tune_cp.solver.settings import RunSettings, SettingsView
-from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
+from tune_cp.solver.space import (
+    OptimizerChoice,
+    RecomputeOption,
+    SearchSpace,
+    default_space,
+    searched_optimizers,
+)
 
 MAX_PREFERENCE_WEIGHT = 0.5
 #: projections closer than this (relative) are one distinct configuration: the oracle cannot tell
@@ -141,6 +147,9 @@ class SearchOptions(SettingsView):
     grad_reduce_in_fp32: bool = True
     keep_all_recompute_levels: bool = False
     workers: int = 1  # processes for the enumeration's slices (same set, same order)
+    #: also enumerate Megatron-FSDP (``--fsdp``: ``solver.space.searched_optimizers``); ``space``
+    #: wins if given
+    fsdp: bool = False
     #: called with what the search is doing as each step starts ("enumerating ...",
     #: "explaining why nothing fits: ..."); the CLI draws it on a terminal's stderr
     progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
@@ -490,7 +499,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
-                                        grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
+                                        grad_reduce_in_fp32=opts.grad_reduce_in_fp32,
+                                        optimizers=searched_optimizers(opts.fsdp))
     # what Megatron-Core refuses under the framework run settings is the family run_settings;
     # settings that leave no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, opts.settings.options)

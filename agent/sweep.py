@@ -97,7 +97,7 @@ class GridError(ConfigError):
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
-                "allow_cross_scale_up", "name",
+                "allow_cross_scale_up", "fsdp", "name",
                 # the framework run settings (RunSettings fields), as solver/axes.py declares them
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
@@ -117,6 +117,8 @@ class Settings:
     allow_cross_scale_up: bool = False
     #: the framework run settings, as ``oracle.memory.RunOptions`` fields (None: the defaults)
     run_options: tuple[tuple[str, Any], ...] = ()
+    #: Megatron-FSDP searched too (``search --fsdp``)
+    fsdp: bool = False
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
 
     bf16 = flag("grad_reduce_in_bf16")
     cross = flag("allow_cross_scale_up")
+    fsdp = flag("fsdp")
     ov = data.get("overheads") or {}
     if not isinstance(ov, dict):
         raise GridError(f"grid key 'overheads': {_show(ov)} must be a mapping NAME: VALUE")
@@ -365,7 +368,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     except ValidationError as e:
         raise GridError(f"grid run settings: {validation_message(e)}") from None
     run = tuple((k, getattr(opts, k)) for k in given)
-    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run)
+    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run, fsdp)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -519,7 +522,7 @@ def scenario_inputs(sc: Scenario):
     opts = SearchOptions(
         settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),
-        grad_reduce_in_fp32=not st.grad_reduce_in_bf16)
+        grad_reduce_in_fp32=not st.grad_reduce_in_bf16, fsdp=st.fsdp)
     return cluster, training, opts
 
 
@@ -1073,8 +1076,9 @@ def layout_label(r: Mapping[str, Any]) -> str:
         rc = f"full{r['recompute_layers'] if r['recompute_layers'] is not None else ''}"
     disp = (f" {r['dispatcher']}" if r.get("dispatcher") not in (None, "alltoall")
             and (r.get("ep") or 1) > 1 else "")  # the search may pick another MoE dispatcher
-    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']}{disp} mbs{r['mbs']} "
-            f"rc {rc}")
+    fsdp = " FSDP" if r.get("fsdp") else ""  # grid key fsdp: true
+    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']}{disp}{fsdp} "
+            f"mbs{r['mbs']} rc {rc}")
 
 
 def interval_text(r: Mapping[str, Any]) -> str:

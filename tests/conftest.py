@@ -70,6 +70,7 @@ SLOW_TESTS = frozenset({
     "test_solver_equivalence.py::test_constraints_match_too",
     "test_solver_equivalence.py::test_cpsat_equals_python_loop[mixtral-8x7b]",
     "test_solver_equivalence.py::test_cpsat_equals_python_loop[mixtral-8x7b-bf16-grads]",
+    "test_solver_equivalence.py::test_cpsat_equals_python_loop[mixtral-8x7b-fsdp]",
     "test_solver_equivalence.py::test_families_switched_off_match_too",
     "test_solver_equivalence.py::test_presolve_regression",
     "test_solver_explain.py::test_batch_conflict_suggests_the_nearest_global_batch",
