@@ -265,7 +265,8 @@ def test_baseline_etp_defaults_like_check(run_json):
     assert data["baseline"]["etp"] == 2 and not any("--baseline" in d for d in data["defaults"])
 
 
-def test_fsdp_is_searched_with_the_flag_and_the_explanation_names_it(run_cli, run_json):
+def test_fsdp_is_searched_with_the_flag_and_the_explanation_names_it(run_cli, run_json,
+                                                                   tmp_path):
     """Issue 30 item 7: FSDP is opt-in (``--fsdp``; ``solver.space.searched_optimizers``). The
     infeasibility explanation's "FSDP" fix names the flag, and the flag makes that search
     feasible (Llama 3 70B on 2 H100 nodes: 77.9 GiB at the least without FSDP, over 76.0).
@@ -293,3 +294,12 @@ def test_fsdp_is_searched_with_the_flag_and_the_explanation_names_it(run_cli, ru
     (row,) = planned["gpus"][0]["points"]
     assert row["config"]["fsdp"] is True and planned["fsdp_searched"] is True
     assert row["tokens_per_s_per_gpu"] == fsdp["best"]["projection"]["tokens_per_s_per_gpu"]
+    # and a sweep with the grid key fsdp: true
+    from tune_cp.agent.sweep import WorkerCache, load_grid, run_scenario
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nfsdp: true\n")
+    (sc,) = load_grid(str(grid)).scenarios
+    swept = run_scenario(sc, WorkerCache())
+    assert swept["fsdp"] is True
+    assert swept["tokens_per_s_per_gpu"] == row["tokens_per_s_per_gpu"]
