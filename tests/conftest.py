@@ -55,6 +55,7 @@ SLOW_TESTS = frozenset({
     "test_cli_product.py::test_plan_minimum_nodes_table_and_monotone",
     "test_cli_product.py::test_search_export_megatron_round_trips_through_check",
     "test_cli_search.py::test_search_no_feasible_names_memory_and_nodes",
+    "test_cli_search.py::test_the_explanations_fsdp_fix_is_the_fsdp_flag",
     "test_cli_search.py::test_search_with_bf16_gradients_agrees_with_check",
     "test_cli_search.py::test_check_line_reproduces_the_answer[deepseek-v3]",
     "test_logs.py::test_refit_on_a_slower_cluster_moves_its_projections_down",

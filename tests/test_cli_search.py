@@ -265,19 +265,21 @@ def test_baseline_etp_defaults_like_check(run_json):
     assert data["baseline"]["etp"] == 2 and not any("--baseline" in d for d in data["defaults"])
 
 
-def test_fsdp_is_searched_with_the_flag_and_the_explanation_names_it(run_cli, run_json,
-                                                                   tmp_path):
-    """Issue 30 item 7: FSDP is opt-in (``--fsdp``; ``solver.space.searched_optimizers``). The
-    infeasibility explanation's "FSDP" fix names the flag, and the flag makes that search
-    feasible (Llama 3 70B on 2 H100 nodes: 77.9 GiB at the least without FSDP, over 76.0).
-    Llama 3 8B on one node: without the flag the answer is TP2 (9,634 tokens/s/GPU), with it
-    TP1 FSDP (9,707); plan takes the flag too and gives the same row."""
+def test_the_explanations_fsdp_fix_is_the_fsdp_flag(run_cli, run_json):
+    """Issue 30 item 7: the infeasibility explanation's "FSDP" fix names ``--fsdp``, and the
+    flag makes that search feasible (Llama 3 70B on 2 H100 nodes: 77.9 GiB at the least
+    without FSDP, over 76.0)."""
     code, out, _ = run_cli("--model", "llama3-70b", "--gpu", "h100", "--nodes", "2")
     assert code == 1 and "or FSDP (--fsdp)" in out  # EXIT_ILLEGAL
     code, data = run_json("--model", "llama3-70b", "--gpu", "h100", "--nodes", "2", "--fsdp")
     assert code == 0 and data["best"]["fsdp"] is True
     assert data["optimizers_searched"] == ["distributed", "fsdp"]
 
+
+def test_fsdp_is_searched_with_the_flag(run_cli, run_json, tmp_path):
+    """Issue 30 item 7: FSDP is opt-in (``--fsdp``; ``solver.space.searched_optimizers``).
+    Llama 3 8B on one H100 node: without the flag the answer is TP2 (9,634 tokens/s/GPU), with
+    it TP1 FSDP (9,707); plan and a sweep take it too and give the same row."""
     code, plain = run_json(*BASE)
     assert plain["optimizers_searched"] == ["distributed"]
     assert plain["best"]["fsdp"] is False and plain["feasible_count"] == 266
