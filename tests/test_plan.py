@@ -4,6 +4,8 @@ without building the chunks (``oracle.memory.chunk_spans``, ``max_chunk_layers``
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.conftest import setting
@@ -99,3 +101,7 @@ def test_plan_search_and_sweep_give_one_answer(tmp_path):
         k: (v.value if hasattr(v, "value") else v) for k, v in
         ((k, getattr(cfg, k if k != "etp" else "etp_")) for k in keys)}
     assert row.interval["low_tokens_per_s_per_gpu"] == swept["tokens_per_s_per_gpu_low"]
+    # the hybrid Blackwell class (18 rows, q_mid -0.2745) ran 32% above measured: flagged
+    assert row.interval["contains_projection"] is False
+    assert row.interval["class_bias"] == swept["class_bias"] == r.interval.bias
+    assert round(swept["class_bias"], 3) == round(math.exp(0.2745) - 1, 3) == 0.316
