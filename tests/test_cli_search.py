@@ -141,6 +141,7 @@ def test_best_line_names_the_fp8_recipe(run_cli):
 @pytest.mark.parametrize("args", [
     BASE,  # dense
     ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2"),  # MoE, the answer has ETP1
+    (*BASE, "--fsdp"),  # an FSDP answer (search --fsdp): the line carries --fsdp
     # MoE with settings the line must carry: margin, an overhead, bf16 gradients, token-drop
     ("--model", "qwen3-30b-a3b", "--gpu", "h100", "--nodes", "1", "--memory-margin", "0.1",
      "--overhead", "fragmentation=0.07", "--grad-reduce-in-bf16", "--moe-token-drop", "1.25"),
