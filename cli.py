@@ -1124,6 +1124,18 @@ def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
         fail(f"--baseline {text!r}: {v.message}")
 
 
+FSDP_HELP = ("Also search Megatron-FSDP (parameters, gradients and optimizer state sharded over "
+             "the data-parallel group; Megatron-LM --use-megatron-fsdp) beside the distributed "
+             "optimizer, on every layout. Off by default: it doubles the layouts enumerated "
+             "(+40-55% time) and changes answers where FSDP's lighter model state buys a "
+             "faster layout.")
+
+
+def fsdp_option(f: Callable) -> Callable:
+    """``--fsdp`` of search and plan (``solver.space.searched_optimizers``)."""
+    return click.option("--fsdp", "search_fsdp", is_flag=True, help=FSDP_HELP)(f)
+
+
 @main.command("search")
 @cluster_options
 @click.option("--top", "top_k", type=AsciiIntRange(1, 1000), default=10, show_default=True,
@@ -1137,6 +1149,7 @@ def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
                    "recompute_layers=1'  [default: a published reference for this model, GPU "
                    "and node count, else a stated default]")
 @click.option("--allow-fp8", is_flag=True, help="Let the seed phase try FP8 recipes.")
+@fsdp_option
 @click.option("--all-recompute-levels", is_flag=True,
               help="Keep every full-recompute depth that fits, not only the shallowest.")
 @lm_options
@@ -1167,7 +1180,8 @@ def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
 @click.pass_context
 @without_cyclic_gc
 def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Sequence[str],
-               goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
+               goal: str, baseline_text: str | None, allow_fp8: bool, search_fsdp: bool,
+               all_recompute_levels: bool,
                trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
                grad_reduce_in_bf16: bool, verify_n: int | None, verify_dir: str,
@@ -1202,7 +1216,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     progress = Progress("search")  # on a terminal's stderr only
     opts = SearchOptions(
         settings=settings, top_k=top_k, progress=progress.status, preferences=prefs, baseline=baseline,
-        allow_fp8=allow_fp8, goal=goal, **planner.options(),
+        allow_fp8=allow_fp8, fsdp=search_fsdp, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
         grad_reduce_in_fp32=not grad_reduce_in_bf16,
     )
@@ -1311,16 +1325,18 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@fsdp_option
 @grad_dtype_option
 @settings_options
 def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
              gbs: int | None, precision: str, tokens: float | None, prices: str | None,
              max_nodes: int, points: int, plot_path: str | None, as_json: bool,
-             grad_reduce_in_bf16: bool, **flags: Any) -> None:
+             search_fsdp: bool, grad_reduce_in_bf16: bool, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
     (FP8 falls back to BF16 on GPUs without FP8)."""
     from tune_cp.agent.plan import plan, training_for_precision
+    from tune_cp.oracle.uncertainty import band_text, bias_notes
 
     settings = run_settings(flags)
 
@@ -1341,7 +1357,7 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points, settings=settings,
-                 progress=bar.bar,
+                 progress=bar.bar, fsdp=search_fsdp,
                  grad_reduce_in_fp32=not grad_reduce_in_bf16)
     bar.close()
     if plot_path:
@@ -1353,12 +1369,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
 
         emit_json({"model": model.name, "seq_len": seq, "global_batch_size": batch, "rule": ANSWER_RULE,
                    "precision": precision, "grad_reduce_in_fp32": not grad_reduce_in_bf16,
+                   "fsdp_searched": search_fsdp,
                    "run_settings": run_settings_json(settings.options),
                    "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path,
                    "defaults": aliases})
         return
     click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
+               + (", FSDP searched" if search_fsdp else "")
                + (f", {tokens:.3g} tokens" if tokens else "")
                + (f"; run settings: {settings.options.label()}"
                   if settings.options.label() else ""))
@@ -1371,8 +1389,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             continue
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
-        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
-                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
+        head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':36} {'tok/s/GPU':>9} "
+                f"{'80% interval':>14} {'MFU':>6} {'cluster tok/s':>13}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -1385,11 +1403,15 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
                       f"mbs{c['mbs']}")
+            if c["dispatcher"] != "alltoall" and c["ep"] > 1:  # the search may pick another
+                layout += f" {c['dispatcher']}"
+            if c["fsdp"]:  # --fsdp
+                layout += " FSDP"
             iv = q.interval
-            band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
-                    if iv else "")
-            line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+            band = (band_text(iv["low_tokens_per_s_per_gpu"], iv["high_tokens_per_s_per_gpu"],
+                              not iv["contains_projection"]) if iv else "")
+            line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:36} {q.tokens_per_s_per_gpu:>9,.0f} "
+                    f"{band:>14} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
@@ -1402,16 +1424,17 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     from tune_cp.agent.search import ANSWER_RULE
 
     click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
-               "GPU-hours x price. Each row is the answer of the exhaustive search at that node "
-               f"count, by the search's rule: {ANSWER_RULE}.")
-    click.echo("Left out: the seed phase's extra selective-recompute sets (mlp on dense models, "
-               "moe_act+layernorm on MoE) and, on MoE models, the other token dispatchers, which "
-               "`tune-cp search` also tries at one node count and which can be a little faster.")
+               "GPU-hours x price. Each row is the answer of `tune-cp search` at that node count "
+               f"(without --lm; a sweep's row is the same), by the search's rule: {ANSWER_RULE}; "
+               "the seed phase's best replaces it when its lower bound is higher.")
     classes = sorted({q.interval["class_used"] for p in plans for q in p.points
                       if q.feasible and q.interval})
     if classes:
         click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
                    + "; ".join(classes) + " (oracle/catalog/residuals.json)")
+        for n in bias_notes([q.interval["bias_note"] for p in plans for q in p.points
+                             if q.feasible and q.interval]):
+            click.echo(n)
     if plot_path:
         click.echo(f"plot: {plot_path}")
 

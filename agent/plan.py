@@ -2,10 +2,13 @@
 fits and, over a range of node counts, the best configuration's projected throughput, the time
 to train a number of tokens, GPU-hours and cost.
 
-Each point is the exhaustive search of :mod:`agent.search` without the agent phases: the
-feasible set (CP-SAT) ranked by the oracle, its configuration chosen by the search's answer rule
-(``agent.search.choose_answer``, :data:`~agent.search.ANSWER_RULE`: the highest lower bound of
-the 80% interval, near ties to the least exotic). Formulas: cluster tokens/s = tokens/s/GPU x
+Each point is the answer of :func:`agent.search.search` at that node count (without the LLM
+phase, as ``tune-cp search`` and a sweep without ``--lm``): the feasible set (CP-SAT) ranked by
+the oracle, its answer by the search's rule (``agent.search.choose_answer``,
+:data:`~agent.search.ANSWER_RULE`: the highest lower bound of the 80% interval, near ties to the
+least exotic), against the seed phase's best (single-axis moves from the baseline, which also
+try what the space does not hold: the other MoE dispatchers, more selective-recompute sets), by
+the same lower bound. Formulas: cluster tokens/s = tokens/s/GPU x
 GPUs; time to train T tokens = T / cluster tokens/s; GPU-hours = GPUs x time / 3600; cost =
 GPU-hours x price per GPU-hour.
 
@@ -44,7 +47,7 @@ from tune_cp.solver.feasible import (
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import settings_space_problem
 from tune_cp.solver.settings import RunSettings
-from tune_cp.solver.space import default_space
+from tune_cp.solver.space import default_space, searched_optimizers
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -66,6 +69,9 @@ class PlanPoint:
     cost: float | None
     #: the 80 % interval of tokens_per_s_per_gpu (oracle.uncertainty), as in search --json
     interval: dict[str, Any] | None = None
+    #: the search phase that found the configuration (``exhaustive`` or ``seed``), as search's
+    #: ``best_phase``
+    phase: str | None = None
 
 
 @dataclass
@@ -79,10 +85,13 @@ class GpuPlan:
 
 
 def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 settings: RunSettings, grad_reduce_in_fp32: bool = True) -> Problem:
-    """The search's problem at ``cluster``: its default space under the run settings."""
+                 settings: RunSettings, grad_reduce_in_fp32: bool = True,
+                 fsdp: bool = False) -> Problem:
+    """The search's problem at ``cluster``: its default space under the run settings (with
+    Megatron-FSDP when ``fsdp``, as ``search --fsdp``)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                          allow_cross_scale_up=settings.allow_cross_scale_up)
+                          allow_cross_scale_up=settings.allow_cross_scale_up,
+                          optimizers=searched_optimizers(fsdp))
     # what the framework run settings refuse is the family run_settings; settings that leave
     # no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, settings.options)
@@ -93,43 +102,50 @@ def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,
-          grad_reduce_in_fp32: bool = True) -> Enumeration:
+          grad_reduce_in_fp32: bool = True, fsdp: bool = False) -> Enumeration:
     """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     # the removal counts are not shown: without them the enumeration costs about 40% less
     return enumerate_problem(plan_problem(model, cluster, training, settings,
-                                          grad_reduce_in_fp32), count_removed=False)
+                                          grad_reduce_in_fp32, fsdp), count_removed=False)
 
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
                settings: RunSettings, grad_reduce_in_fp32: bool = True,
-               enum: Enumeration | None = None) -> PlanPoint:
-    """One row: the feasible set at ``nodes`` (``enum``: its :func:`probe`, when done already),
-    ranked by the oracle, and the configuration the search's answer rule picks."""
-    from tune_cp.agent.search import choose_answer, rank_feasible
+               enum: Enumeration | None = None, fsdp: bool = False) -> PlanPoint:
+    """One row: the answer of ``tune-cp search`` at ``nodes`` (``agent.search.search`` without
+    the LLM phase, on the enumeration ``enum`` when done already: its :func:`probe`), so a plan's
+    row, the search and a sweep's row at one node count are one configuration."""
+    from tune_cp.agent.search import NoFeasibleConfiguration, SearchOptions, search
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     if enum is None:
-        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32)
+        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32, fsdp)
     world = cluster.world_size
+    empty = PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
     if enum.empty:
-        return PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
-    ranked = rank_feasible(model, cluster, training, enum, (), settings.calibration,
-                           settings.traits)
-    i = choose_answer(ranked)
-    cfg = ranked.configs[i]
-    per_gpu = float(ranked.tokens[i])
+        return empty
+    try:
+        # the enumeration's own space (the plan's: fsdp and the gradient dtype in it)
+        result = search(model, cluster, training,
+                        SearchOptions(settings=settings, space=enum.problem.space), enum=enum)
+    except NoFeasibleConfiguration:  # not reached: the enumeration is not empty
+        return empty
+    best = result.best
+    assert best.projection is not None and best.outcome.memory is not None
+    per_gpu = float(best.throughput)
     cluster_tps = per_gpu * world
     seconds = tokens / cluster_tps if tokens else None
     gpu_hours = world * seconds / SECONDS_PER_HOUR if seconds is not None else None
     return PlanPoint(
-        gpu=gpu.name, nodes=nodes, gpus=world, feasible=len(ranked.configs),
-        config=config_json(cfg, training), tokens_per_s_per_gpu=per_gpu,
-        mfu=float(ranked.scores["mfu"][i]), peak_bytes=int(ranked.peak_bytes[i]),
+        gpu=gpu.name, nodes=nodes, gpus=world, feasible=len(result.enumeration),
+        config=config_json(best.config, training), tokens_per_s_per_gpu=per_gpu,
+        mfu=float(best.projection.mfu), peak_bytes=int(best.outcome.memory.peak_bytes),
         cluster_tokens_per_s=cluster_tps,
         days=seconds / SECONDS_PER_DAY if seconds is not None else None,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
-        interval=ranked.intervals[i].to_json(),
+        interval=result.interval.to_json() if result.interval is not None else None,
+        phase=result.best_phase,
     )
 
 
@@ -172,11 +188,12 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
          max_nodes: int = 1024, points: int = 6, settings: RunSettings | None = None,
          progress: Callable[[int, int, str], None] | None = None,
-         grad_reduce_in_fp32: bool = True) -> list[GpuPlan]:
+         grad_reduce_in_fp32: bool = True, fsdp: bool = False) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
     configuration (doubling, then bisecting), then a table over node counts.
     ``settings``: the run's overheads, margin, cross-scale-up, constraints and calibration;
-    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16).
+    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16);
+    ``fsdp``: Megatron-FSDP in the space too (``search --fsdp``).
 
     ``progress(done, total, what)`` is called before each node count is first looked at (probed
     or enumerated): ``done`` node counts looked at so far, ``total`` an estimate of how many
@@ -211,7 +228,7 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                              f"{gpu.name}: {nodes_text(n)}")
                 cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpn)
                 problems[n] = plan_problem(model, cluster, training, settings,
-                                           grad_reduce_in_fp32)
+                                           grad_reduce_in_fp32, fsdp)
             return problems[n]
 
         def enumeration(n: int) -> Enumeration:

@@ -21,7 +21,9 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from tune_cp.oracle.uncertainty import band_text, bias_notes
 from tune_cp.solver.settings import RunSettings
+from tune_cp.solver.space import OptimizerChoice
 
 # ------------------------------------------------------------------------------ text
 
@@ -43,7 +45,7 @@ def short_layout(c: ParallelConfig) -> str:
         s += f" CP{c.cp}"
     if c.ep > 1 or c.etp_ != c.tp:
         s += f" EP{c.ep} ETP{c.etp_}"
-    return s + f" DP{c.dp}"
+    return s + f" DP{c.dp}" + (" FSDP" if c.fsdp else "")
 
 
 def variant_label(c: ParallelConfig) -> str:
@@ -74,6 +76,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                f"(CP-SAT, {took}removed by {removed})")
     if r.options.constraints:
         out.append("constraints: " + ", ".join(c.expr for c in r.options.constraints))
+    if OptimizerChoice.FSDP in r.enumeration.problem.space.optimizer:
+        out.append("optimizer state: the distributed optimizer and Megatron-FSDP, both searched "
+                   "(--fsdp)")
     out.append("")
     b = r.best
     if r.baseline is not None:
@@ -117,7 +122,8 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         iv = r.ranked.intervals[fastest]
         out.append(f"  the oracle's fastest is {short_layout(c)}, mbs {c.mbs}, recompute "
                    f"{recompute_label(c)}: {iv.projected:,.0f} tokens/s/GPU "
-                   f"({iv.low:,.0f}-{iv.high:,.0f}, class {iv.used.key}); "
+                   f"({iv.low:,.0f}-{iv.high:,.0f}, class {iv.used.key}"
+                   + (f", {iv.bias_text()}" if iv.bias is not None else "") + "); "
                    + ("its lower bound ties with the answer's (within 0.5%): the less exotic wins"
                       if r.ranked.lower[fastest] <= r.ranked.lower[r.answer_index] * 1.005 + 1e-9
                       and r.ranked.lower[fastest] >= r.ranked.lower[r.answer_index]
@@ -158,7 +164,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         c = r.ranked.configs[i]
         mark = "*" if g.answer else "~" if g.near_tie else " "
         iv = r.ranked.intervals[i] if r.ranked.intervals else None
-        band = f"{iv.low:,.0f}-{iv.high:,.0f}" if iv else ""
+        band = band_text(iv.low, iv.high, iv.bias is not None) if iv else ""
         out.append(f"{rank:>3}{mark}  {short_layout(c):32} {c.mbs:>3} {c.ga:>4} "
                    f"{recompute_label(c):10} {r.ranked.peak_bytes[i] / GIB:>9.1f} {hbm:>5.0f} "
                    f"{s['tokens_per_s_per_gpu'][i]:>10,.0f} {band:>15} "
@@ -172,6 +178,8 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     if classes:
         out.append("  intervals: 10th-90th percentile of the out-of-fold residuals of class "
                    + "; ".join(classes) + " (oracle/catalog/residuals.json)")
+        out.extend("  " + n for n in bias_notes([r.ranked.intervals[g.head].bias_text()
+                                                 for g in r.groups]))
     out.append("")
     out.extend(render_best_memory(b))
     if timings:

@@ -69,7 +69,7 @@ from tune_cp.solver.axes import (
 )
 from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from tune_cp.solver.explain import Explanation, explain_infeasible
-from tune_cp.solver.feasible import Enumeration, enumerate_feasible
+from tune_cp.solver.feasible import Enumeration, enumerate_feasible, enumeration_families
 from tune_cp.solver.rules import (
     RULES,
     options_problem,
@@ -77,7 +77,13 @@ from tune_cp.solver.rules import (
     training_precision,
 )
 from tune_cp.solver.settings import RunSettings, SettingsView
-from tune_cp.solver.space import OptimizerChoice, RecomputeOption, SearchSpace, default_space
+from tune_cp.solver.space import (
+    OptimizerChoice,
+    RecomputeOption,
+    SearchSpace,
+    default_space,
+    searched_optimizers,
+)
 
 MAX_PREFERENCE_WEIGHT = 0.5
 #: projections closer than this (relative) are one distinct configuration: the oracle cannot tell
@@ -141,6 +147,9 @@ class SearchOptions(SettingsView):
     grad_reduce_in_fp32: bool = True
     keep_all_recompute_levels: bool = False
     workers: int = 1  # processes for the enumeration's slices (same set, same order)
+    #: also enumerate Megatron-FSDP (``--fsdp``: ``solver.space.searched_optimizers``); ``space``
+    #: wins if given
+    fsdp: bool = False
     #: called with what the search is doing as each step starts ("enumerating ...",
     #: "explaining why nothing fits: ..."); the CLI draws it on a terminal's stderr
     progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
@@ -472,9 +481,14 @@ def precision_explanation(model: ModelSpec, cluster: ClusterSpec, training: Trai
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-           opts: SearchOptions) -> SearchResult:
+           opts: SearchOptions, *, enum: Enumeration | None = None) -> SearchResult:
     """Run the whole search. Raises :class:`NoFeasibleConfiguration` (with an explanation)
-    when nothing is legal."""
+    when nothing is legal.
+
+    ``enum``: the feasible set of this search's space when it is enumerated already (``tune-cp
+    plan`` enumerates each node count once, for its smallest-cluster search and its table; its
+    removal counts may be left out); everything after the enumeration runs as without it, so
+    plan, search and sweep give one answer at one node count."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     problem = options_problem(model, opts.settings.options)  # run settings no layout can fix
@@ -485,15 +499,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         raise NoFeasibleConfiguration(precision_explanation(model, cluster, training, refused))
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
-                                        grad_reduce_in_fp32=opts.grad_reduce_in_fp32)
+                                        grad_reduce_in_fp32=opts.grad_reduce_in_fp32,
+                                        optimizers=searched_optimizers(opts.fsdp))
     # what Megatron-Core refuses under the framework run settings is the family run_settings;
     # settings that leave no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, opts.settings.options)
     if problem:
         raise ConfigError(problem)
-    opts.say(f"enumerating {space.size():,} candidates (CP-SAT)")
-    enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
-                              families=opts.families, workers=opts.workers)
+    if enum is None:
+        opts.say(f"enumerating {space.size():,} candidates (CP-SAT)")
+        enum = enumerate_feasible(model, cluster, training, space, settings=opts.settings,
+                                  families=opts.families, workers=opts.workers)
+    elif enum.problem.space != space or enum.families != enumeration_families(opts.families):
+        raise ValueError("search(enum=...): the enumeration is not of this search's space and "
+                         "rule families")
     timings["enumerate_s"] = time.perf_counter() - t0
     if enum.empty:
         raise NoFeasibleConfiguration(explain_infeasible(

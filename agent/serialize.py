@@ -241,14 +241,15 @@ SEARCH_KEYS: tuple[str, ...] = (
     "model", "cluster", "training", "defaults", "run_settings",
     "best", "check_command", "answer_rule", "near_tie_band", "oracle_best", "top",
     "baseline", "baseline_source", "speedup_vs_baseline",
-    "feasible_count", "candidates", "removed_by_rule", "regret",
+    "feasible_count", "candidates", "optimizers_searched", "removed_by_rule", "regret",
     "exhaustive_best", "seed_best", "attribution", "seed_moves",
     "constraints", "preferences", "llm",
     "timings", "export", "verify", "pareto",
 )
 #: The value of each key that an outcome does not reach.
 _EMPTY: dict[str, Any] = {k: None for k in SEARCH_KEYS} | {
-    "defaults": [], "top": [], "removed_by_rule": {}, "attribution": [], "seed_moves": [],
+    "defaults": [], "top": [], "optimizers_searched": [], "removed_by_rule": {},
+    "attribution": [], "seed_moves": [],
     "constraints": [], "preferences": [], "feasible_count": 0}
 
 
@@ -315,6 +316,8 @@ def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
         speedup_vs_baseline=r.speedup,
         feasible_count=len(enum.configs),
         candidates=enum.space_size,
+        # the optimizer-state choices of the space (``--fsdp`` adds "fsdp")
+        optimizers_searched=[o.value for o in enum.problem.space.optimizer],
         removed_by_rule={k: v for k, v in enum.removed.items() if v},
         regret=r.regret,
         exhaustive_best=trial_json(r.exhaustive_best),
@@ -353,5 +356,6 @@ def sweep_settings_json(s: Settings) -> dict[str, Any]:
     return {"constraints": list(s.constraints), "preferences": list(s.preferences),
             "memory_margin": s.memory_margin, "grad_reduce_in_bf16": s.grad_reduce_in_bf16,
             "overheads": dict(s.overheads), "calibration": s.calibration} | (
-        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {}) | {
+        {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {}) | (
+        {"fsdp": True} if s.fsdp else {}) | {
         k: list(v) if isinstance(v, tuple) else v for k, v in s.run_options}

@@ -68,7 +68,7 @@ COLUMNS: tuple[tuple[str, type], ...] = (
     ("distributed_optimizer", bool), ("fsdp", bool), ("grad_reduce_in_fp32", bool),
     ("dispatcher", str), ("schedule", str), ("fp8_recipe", str), ("pipeline_split", str),
     ("tokens_per_s_per_gpu", float), ("tokens_per_s_per_gpu_low", float),
-    ("tokens_per_s_per_gpu_high", float), ("mfu", float), ("step_time_s", float),
+    ("tokens_per_s_per_gpu_high", float), ("class_bias", float), ("mfu", float), ("step_time_s", float),
     ("peak_bytes", int), ("peak_gib", float), ("hbm_limit_bytes", int),
     ("cluster_tokens_per_s", float), ("tokens", float), ("days", float), ("gpu_hours", float),
     ("price_per_gpu_hour", float), ("cost", float),
@@ -97,7 +97,7 @@ class GridError(ConfigError):
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
-                "allow_cross_scale_up", "name",
+                "allow_cross_scale_up", "fsdp", "name",
                 # the framework run settings (RunSettings fields), as solver/axes.py declares them
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
@@ -117,6 +117,8 @@ class Settings:
     allow_cross_scale_up: bool = False
     #: the framework run settings, as ``oracle.memory.RunOptions`` fields (None: the defaults)
     run_options: tuple[tuple[str, Any], ...] = ()
+    #: Megatron-FSDP searched too (``search --fsdp``)
+    fsdp: bool = False
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
 
     bf16 = flag("grad_reduce_in_bf16")
     cross = flag("allow_cross_scale_up")
+    fsdp = flag("fsdp")
     ov = data.get("overheads") or {}
     if not isinstance(ov, dict):
         raise GridError(f"grid key 'overheads': {_show(ov)} must be a mapping NAME: VALUE")
@@ -365,7 +368,7 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     except ValidationError as e:
         raise GridError(f"grid run settings: {validation_message(e)}") from None
     run = tuple((k, getattr(opts, k)) for k in given)
-    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run)
+    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run, fsdp)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -519,7 +522,7 @@ def scenario_inputs(sc: Scenario):
     opts = SearchOptions(
         settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),
-        grad_reduce_in_fp32=not st.grad_reduce_in_bf16)
+        grad_reduce_in_fp32=not st.grad_reduce_in_bf16, fsdp=st.fsdp)
     return cluster, training, opts
 
 
@@ -598,10 +601,11 @@ def result_columns(r: Any, sc: Scenario) -> dict[str, Any]:
     world = r.cluster.world_size
     per_gpu = float(best.throughput)
     lo, hi = interval_of(r)
+    bias = r.interval.bias if getattr(r, "interval", None) is not None else None
     peak = best.outcome.memory.peak_bytes if best.outcome.memory is not None else None
     out.update(
         status="ok", tokens_per_s_per_gpu=per_gpu, tokens_per_s_per_gpu_low=lo,
-        tokens_per_s_per_gpu_high=hi, mfu=float(proj.mfu), step_time_s=float(proj.step_time_s),
+        tokens_per_s_per_gpu_high=hi, class_bias=bias, mfu=float(proj.mfu), step_time_s=float(proj.step_time_s),
         peak_bytes=peak, peak_gib=peak / GIB if peak is not None else None,
         hbm_limit_bytes=int(best.outcome.limit_bytes), cluster_tokens_per_s=per_gpu * world,
         feasible=len(r.enumeration), candidates=int(r.enumeration.space_size),
@@ -1070,13 +1074,28 @@ def layout_label(r: Mapping[str, Any]) -> str:
     rc = r["recompute"]
     if rc == "full":
         rc = f"full{r['recompute_layers'] if r['recompute_layers'] is not None else ''}"
-    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} mbs{r['mbs']} "
-            f"rc {rc}")
+    disp = (f" {r['dispatcher']}" if r.get("dispatcher") not in (None, "alltoall")
+            and (r.get("ep") or 1) > 1 else "")  # the search may pick another MoE dispatcher
+    fsdp = " FSDP" if r.get("fsdp") else ""  # grid key fsdp: true
+    return (f"TP{r['tp']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']}{disp}{fsdp} "
+            f"mbs{r['mbs']} rc {rc}")
 
 
 def interval_text(r: Mapping[str, Any]) -> str:
+    """The row's interval, ``!`` after it when its class is biased (``class_bias`` set: the
+    interval does not hold the projection; :func:`render_table` notes the figure)."""
+    from tune_cp.oracle.uncertainty import band_text
+
     lo, hi = r.get("tokens_per_s_per_gpu_low"), r.get("tokens_per_s_per_gpu_high")
-    return "-" if lo is None or hi is None else f"{lo:,.0f}-{hi:,.0f}"
+    return "-" if lo is None or hi is None else band_text(lo, hi, r.get("class_bias") is not None)
+
+
+def bias_note(bias: float) -> str:
+    """The table note of a row's ``class_bias`` (``oracle.uncertainty.ClassInterval.biased``)."""
+    return (f"class biased: projections of the interval's class ran {abs(bias):.0%} "
+            f"{'above' if bias > 0 else 'below'} measured (median out-of-fold residual; column "
+            f"class_bias {bias:+.3f}), so the interval lies {'below' if bias > 0 else 'above'} "
+            f"the projection")
 
 
 def render_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -1102,6 +1121,10 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{r['tokens_per_s_per_gpu']:>9,.0f} {interval_text(r):>13} {100 * r['mfu']:>5.1f}% {r['peak_gib']:>8.1f} "
             f"{num(r['days'], '>8.1f')} {num(r['gpu_hours'], '>10,.0f')} "
             f"{num(r['cost'], '>10,.0f')} {r['feasible']:>8,}")
+    from tune_cp.oracle.uncertainty import bias_notes
+
+    lines.extend(bias_notes([bias_note(r["class_bias"]) for r in rows
+                             if r["status"] == "ok" and r.get("class_bias") is not None]))
     return lines
 
 

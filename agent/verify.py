@@ -77,7 +77,8 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
         prim = to_primus_overrides(m, cl, tr, cfg, options=opts).rstrip("\n")
         prim += "\n" + "\n".join(f"      {k2}: {v}" for k2, v in PRIMUS_BENCH)
         (d / "primus.yaml").write_text(prim + "\n")
-        band = f" (80% interval {iv.low:,.0f}-{iv.high:,.0f})" if iv else ""
+        band = (f" (80% interval {iv.low:,.0f}-{iv.high:,.0f}"
+                + (f"; {iv.bias_text()}" if iv.bias is not None else "") + ")" if iv else "")
         index.append(f"{name}: projected {proj:,.0f} tokens/s/GPU{band}"
                      + (" [the answer]" if g.answer else " [near tie]" if g.near_tie else ""))
         written.append(d)

@@ -66,6 +66,10 @@ FP4_FORMAT = "e2m1"  # TransformerConfig.fp4 (--fp4-format): the only FP4 elemen
 FP4_RECIPE = "nvfp4"  # --fp4-recipe: NVFP4BlockScaling, what Precision.FP4 models
 FLEX_BACKEND = "deepep"  # tune-cp's flex dispatcher is DeepEP (--moe-flex-dispatcher-backend)
 FSDP_STRATEGY = "optim_grads_params"  # full sharding, what tune-cp's fsdp models
+#: the checkpoint format Megatron-FSDP needs: Megatron-LM asserts it (arguments.py l.1169-1170 at
+#: d98e8a64dd; the default, training_config.py l.486, is torch_dist), Megatron-Bridge when a run
+#: saves or loads (training/config.py l.1105-1109 at 067f987df0)
+FSDP_CKPT_FORMAT = "fsdp_dtensor"
 UNFUSED_BACKEND = "unfused"  # --attention-backend that materialises the attention scores
 
 
@@ -263,7 +267,7 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
     if c.fsdp:
         # Megatron-FSDP v1 runs with the distributed optimizer (arguments.py turns it on)
         out += [("use_megatron_fsdp", True), ("data_parallel_sharding_strategy", FSDP_STRATEGY),
-                ("use_distributed_optimizer", True)]
+                ("use_distributed_optimizer", True), ("ckpt_format", FSDP_CKPT_FORMAT)]
     elif c.distributed_optimizer:
         out.append(("use_distributed_optimizer", True))
     out.append(("overlap_grad_reduce", True))
@@ -532,8 +536,9 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
                 ("recompute_num_layers", None)]
     out += [("use_distributed_optimizer", c.distributed_optimizer or c.fsdp),
             ("use_megatron_fsdp", c.fsdp)]
-    if c.fsdp:
-        out.append(("data_parallel_sharding_strategy", FSDP_STRATEGY))
+    if c.fsdp:  # Primus runs Megatron-LM's validate_args: the checkpoint format too
+        out += [("data_parallel_sharding_strategy", FSDP_STRATEGY),
+                ("ckpt_format", FSDP_CKPT_FORMAT)]
     # Primus's zero-bubble runtime forbids overlapped grad reduce / param gather with the
     # distributed optimizer (zbpp_utils.validate_arguments)
     overlap = not zero_bubble
@@ -699,7 +704,8 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
             ("optimizer.use_distributed_optimizer", repr(sharded)),
             ("ddp.use_megatron_fsdp", repr(c.fsdp))]
     if c.fsdp:
-        out.append(("ddp.data_parallel_sharding_strategy", json.dumps(FSDP_STRATEGY)))
+        out += [("ddp.data_parallel_sharding_strategy", json.dumps(FSDP_STRATEGY)),
+                ("checkpoint.ckpt_format", json.dumps(FSDP_CKPT_FORMAT))]
     out += [("ddp.overlap_grad_reduce", "True"), ("ddp.overlap_param_gather", repr(sharded))]
     if model.is_moe:
         flex = c.dispatcher is Dispatcher.FLEX

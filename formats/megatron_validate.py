@@ -5,8 +5,8 @@ the checks a launch meets before its first step, from NVIDIA/Megatron-LM at comm
 ``d98e8a64ddf34856e74b24714e3bedb2f5a39553`` (2026-08-22); every check names its file and lines:
 
 * ``megatron/training/arguments.py::validate_args``: world size over tp x pp x cp, the
-  virtual-stage arguments, the even-split divisibility, vpp and pp, selective recompute,
-  sequence length over cp, experts over ep;
+  virtual-stage arguments, the even-split divisibility, vpp and pp, Megatron-FSDP's checkpoint
+  format, selective recompute, sequence length over cp, experts over ep;
 * ``megatron/core/parallel_state.py::initialize_model_parallel``: the dense and expert grids;
 * ``megatron/core/num_microbatches_calculator.py``: the global batch over mbs x dp;
 * ``megatron/core/model_parallel_config.py`` / ``transformer/transformer_config.py``
@@ -50,6 +50,8 @@ _DEFAULTS: dict[str, Any] = {
     "group_query_attention": False, "mtp_num_layers": None, "hybrid_layer_pattern": None,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "micro_batch_size": 1, "global_batch_size": None, "seq_length": None,
+    # megatron/training/config/training_config.py l.486: ckpt_format's default
+    "use_megatron_fsdp": False, "ckpt_format": "torch_dist",
 }
 _INT = re.compile(r"-?\d+")
 
@@ -192,6 +194,11 @@ def _validate(a: dict[str, Any], world: int, need: Any, out: Validation) -> None
             need(pp > 2, "arguments.py l.1006", "When interleaved schedule is used and p2p "
                  "communication overlap is disabled, pipeline-model-parallel size should be "
                  "greater than 2")
+    # arguments.py l.1118-1170: Megatron-FSDP (the checks a layout's flags can fail; the
+    # optimizer and environment checks are not the layout's)
+    if a["use_megatron_fsdp"]:
+        need(a["ckpt_format"] == "fsdp_dtensor", "arguments.py l.1169",
+             "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format.")
     # arguments.py l.1335-1338
     if a["seq_length"] is not None and cp > 1:
         need(a["seq_length"] % (cp * 2) == 0, "arguments.py l.1336",

@@ -22,6 +22,13 @@ Classes: a configuration is described by five features, most general first:
 * ``prec``: ``bf16``, ``fp4`` or the FP8 recipe (``tensorwise``, ``blockwise``, ``mxfp8``,
   ``delayed``).
 
+A class whose residuals' 10th and 90th percentiles are on one side of zero (today the hybrid
+Mamba classes: their projections ran 23-32% above measured) gives intervals that do not hold
+their projections: the interval is kept as it is (where measurements of that class landed) and
+every output that prints it says the class is biased and by how much
+(:attr:`ClassInterval.biased`, ``class biased: ...``; ``--json``: ``contains_projection``,
+``class_bias``, ``bias_note``).
+
 The interval of a configuration is that of its most specific class (all five features, then
 dropping ``prec``, ``cp``, ``vpp``, ``moe``, ``arch`` in that order) with at least
 :data:`MIN_CLASS_ROWS` out-of-fold rows; the class used is reported (a configuration whose own
@@ -114,6 +121,28 @@ class ClassInterval:
         return {"class": self.key, "rows": self.rows, "q_lo": self.q_lo, "q_mid": self.q_mid,
                 "q_hi": self.q_hi}
 
+    @property
+    def biased(self) -> float | None:
+        """How far this class's projections ran from measured when its residuals' 10th and 90th
+        percentiles lie on one side of zero (so its intervals do not hold their projections):
+        projected / measured - 1 at the median residual, ``exp(-q_mid) - 1`` (positive: the
+        projections ran above measured; ``moe=hybrid``: exp(0.207) - 1 = +23%). None when the
+        interval holds the projection (``q_lo <= 0 <= q_hi``)."""
+        if self.q_lo <= 0.0 <= self.q_hi:
+            return None
+        return float(np.exp(-self.q_mid) - 1.0)
+
+    def bias_text(self) -> str:
+        """``class biased: projections of class K ran 23% above measured (median out-of-fold
+        residual, N rows); the interval is where measurements landed``; empty when unbiased."""
+        b = self.biased
+        if b is None:
+            return ""
+        return (f"class biased: projections of class {self.key} ran {abs(b):.0%} "
+                f"{'above' if b > 0 else 'below'} measured (median out-of-fold residual, "
+                f"{self.rows} rows), so the interval lies {'below' if b > 0 else 'above'} the "
+                f"projection")
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -130,17 +159,58 @@ class Interval:
     def widened(self) -> bool:
         return self.own != self.used.key
 
+    @property
+    def contains(self) -> bool:
+        """Whether the interval holds its own projection (its class's 10th and 90th percentile
+        residuals are on both sides of zero)."""
+        return self.used.biased is None
+
+    @property
+    def bias(self) -> float | None:
+        """The class's bias when the interval lies on one side of the projection:
+        :attr:`ClassInterval.biased` (None when it holds the projection)."""
+        return self.used.biased
+
+    def bias_text(self) -> str:
+        """``class biased: ...`` (:meth:`ClassInterval.bias_text`); empty when unbiased."""
+        return self.used.bias_text()
+
     def to_json(self) -> dict[str, Any]:
         return {"low_tokens_per_s_per_gpu": self.low, "high_tokens_per_s_per_gpu": self.high,
                 "quantiles": [Q_LO, Q_HI], "class": self.own, "class_used": self.used.key,
-                "class_rows": self.used.rows, "widened": self.widened}
+                "class_rows": self.used.rows, "widened": self.widened,
+                "contains_projection": self.contains, "class_bias": self.bias,
+                "bias_note": self.bias_text() or None}
 
     def text(self) -> str:
         why = (f"class {self.used.key}, {self.used.rows} rows: widened, the own class {self.own} "
                f"and the parents before it have fewer than {MIN_CLASS_ROWS}" if self.widened else
                f"class {self.used.key}, {self.used.rows} rows")
+        bias = f"; {self.bias_text()}" if self.bias is not None else ""
         return (f"{self.low:,.0f}-{self.high:,.0f} tokens/s/GPU (80% interval from out-of-fold "
-                f"residuals; {why})")
+                f"residuals; {why}{bias})")
+
+
+#: the mark after an interval that does not hold its projection (its class is biased); every
+#: output that prints the mark prints the class's bias in a note (:func:`bias_notes`)
+BIAS_MARK = "!"
+
+
+def band_text(low: float, high: float, biased: bool) -> str:
+    """``1,073-1,355`` for a table's interval column, :data:`BIAS_MARK` after it when the
+    interval's class is biased (the interval does not hold the projection)."""
+    return f"{low:,.0f}-{high:,.0f}{BIAS_MARK if biased else ''}"
+
+
+def bias_notes(notes: Sequence[str | None]) -> list[str]:
+    """The table notes of the biased classes among ``notes`` (each interval's ``bias_text()`` /
+    JSON ``bias_note``; empty or None for an unbiased one): one line per distinct note, in
+    first-seen order, after :data:`BIAS_MARK`."""
+    out: list[str] = []
+    for n in notes:
+        if n and n not in out:
+            out.append(n)
+    return [f"{BIAS_MARK} {n}" for n in out]
 
 
 class ResidualTable:

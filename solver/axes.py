@@ -221,7 +221,8 @@ AXIS_TABLE: tuple[Axis, ...] = (
     Axis("schedule", "from vpp (zero-bubble when asked)"),
     Axis("fp8_recipe", "from the training precision (every FP8 recipe when asked)"),
     Axis("dispatcher", "alltoall (flex when asked)"),
-    Axis("optimizer", "distributed optimizer (replicated, FSDP when asked)"),
+    Axis("optimizer", "distributed optimizer; Megatron-FSDP too with --fsdp "
+                      "(solver/space.py::searched_optimizers)"),
     Axis("recompute", "none; selective module sets per model; full block, K = 1 .. the largest "
                       "virtual stage"),
 )

@@ -282,7 +282,7 @@ def relaxations(problem: Problem, families: Iterable[str] | None = None,
         trials.append(("selective recompute", problem.replace(
             space=sp.with_domains(recompute=tuple(rc + sel)))))
     if OptimizerChoice.FSDP not in sp.optimizer:
-        trials.append(("FSDP", problem.replace(
+        trials.append(("FSDP (--fsdp)", problem.replace(
             space=sp.with_domains(optimizer=(*sp.optimizer, OptimizerChoice.FSDP)))))
     if 1 not in sp.mbs:
         trials.append(("micro-batch size 1", problem.replace(

@@ -43,6 +43,12 @@ from tune_cp.solver.symbolic import Sym
 DEFAULT_FAMILIES: tuple[str, ...] = tuple(RULES)
 
 
+def enumeration_families(families: Iterable[str] | None) -> tuple[str, ...]:
+    """The families an enumeration applies, in ``RULES`` order (None: :data:`DEFAULT_FAMILIES`)."""
+    chosen = set(DEFAULT_FAMILIES if families is None else families)
+    return tuple(f for f in RULES if f in chosen)
+
+
 @dataclass(frozen=True)
 class FeasibleConfig:
     """One feasible configuration: resolved, with the most loaded stage's bytes."""
@@ -401,7 +407,7 @@ def enumerate_problem(problem: Problem, families: Iterable[str] | None = None,
 def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: bool,
                workers: int, slice_axes: Sequence[str] | None) -> Enumeration:
     t0 = time.perf_counter()
-    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    fams = enumeration_families(families)
     if slice_axes is None:
         slice_axes = default_slice_axes(problem.space)
     parts = plan_slices(problem.space, slice_axes) or [{}]
@@ -499,7 +505,7 @@ def best_feasible(problem: Problem, objectives: Sequence[SoftObjective],
     """The feasible configuration that minimises the weighted soft objectives (each compiled
     to CP-SAT; :func:`solver.constraints.score` is the same number in Python), without
     enumerating the set; None when nothing is feasible. Ties go to CP-SAT's choice."""
-    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    fams = enumeration_families(families)
     lm = LegalityModel(problem, fams)
     for lit in lm.lit.values():
         lm.cp.Add(lit == 1)
@@ -534,7 +540,7 @@ def any_feasible(problem: Problem, families: Iterable[str] | None = None, *,
     that no configuration of the slice passes). ``tune-cp plan``'s smallest-cluster search
     asks only this at the node counts it bisects over. Raises :class:`EnumerationTooLong` when
     CP-SAT cannot decide within ``time_limit_s`` (all slices together)."""
-    fams = tuple(f for f in RULES if f in set(DEFAULT_FAMILIES if families is None else families))
+    fams = enumeration_families(families)
     parts = plan_slices(problem.space, slice_axes) if slice_axes else [{}]
     deadline = time.perf_counter() + time_limit_s
     for fixed in sorted(parts, key=lambda f: -f.get("pp", 0)):

@@ -262,6 +262,23 @@ def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True) -> 
 # ------------------------------------------------------------------------- default space
 
 
+def searched_optimizers(fsdp: bool = False) -> tuple[OptimizerChoice, ...]:
+    """The optimizer-state choices a search enumerates: the distributed optimizer, and with
+    ``fsdp`` (``--fsdp``) Megatron-FSDP too (parameters, gradients and optimizer state sharded
+    over the data-parallel group: Megatron-LM ``--use-megatron-fsdp``, whose checks in
+    ``megatron/training/arguments.py`` (l.1118-1187 at ``d98e8a64dd``) refuse no tp, pp, cp or
+    ep: FSDP is legal wherever the layout is; its memory is ``oracle/memory.py``'s FSDP terms).
+
+    Opt-in, not searched by default: with it every layout is enumerated twice (distributed
+    optimizer and Megatron-FSDP), +40 to +55% CPU time on the README's cases, and canonical
+    answers change where FSDP's lighter model state buys a faster layout (Llama 3.1 405B on
+    16 x 8 H100: TP4 PP32 176 -> TP4 PP8 FSDP 180 tokens/s/GPU); the default answers and
+    their cost stay as they are."""
+    if fsdp:
+        return (OptimizerChoice.DISTRIBUTED, OptimizerChoice.FSDP)
+    return (OptimizerChoice.DISTRIBUTED,)
+
+
 #: Full-recompute depths K tried one by one (1 .. this); deeper virtual stages (models of more
 #: layers than any published one: the largest catalog model has 126) get the powers of two
 #: above it and the whole stage, so the space stays small for a 100,000-layer model.

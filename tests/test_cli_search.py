@@ -141,6 +141,7 @@ def test_best_line_names_the_fp8_recipe(run_cli):
 @pytest.mark.parametrize("args", [
     BASE,  # dense
     ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2"),  # MoE, the answer has ETP1
+    (*BASE, "--fsdp"),  # an FSDP answer (search --fsdp): the line carries --fsdp
     # MoE with settings the line must carry: margin, an overhead, bf16 gradients, token-drop
     ("--model", "qwen3-30b-a3b", "--gpu", "h100", "--nodes", "1", "--memory-margin", "0.1",
      "--overhead", "fragmentation=0.07", "--grad-reduce-in-bf16", "--moe-token-drop", "1.25"),
@@ -263,3 +264,45 @@ def test_baseline_etp_defaults_like_check(run_json):
     assert any(d.startswith("--baseline etp=1 (as check's --etp") for d in data["defaults"])
     code, data = run_json(*args, "--baseline", "tp=2,pp=2,ep=8,etp=2")
     assert data["baseline"]["etp"] == 2 and not any("--baseline" in d for d in data["defaults"])
+
+
+def test_the_explanations_fsdp_fix_is_the_fsdp_flag(run_cli, run_json):
+    """Issue 30 item 7: the infeasibility explanation's "FSDP" fix names ``--fsdp``, and the
+    flag makes that search feasible (Llama 3 70B on 2 H100 nodes: 77.9 GiB at the least
+    without FSDP, over 76.0)."""
+    code, out, _ = run_cli("--model", "llama3-70b", "--gpu", "h100", "--nodes", "2")
+    assert code == 1 and "or FSDP (--fsdp)" in out  # EXIT_ILLEGAL
+    code, data = run_json("--model", "llama3-70b", "--gpu", "h100", "--nodes", "2", "--fsdp")
+    assert code == 0 and data["best"]["fsdp"] is True
+    assert data["optimizers_searched"] == ["distributed", "fsdp"]
+
+
+def test_fsdp_is_searched_with_the_flag(run_cli, run_json, tmp_path):
+    """Issue 30 item 7: FSDP is opt-in (``--fsdp``; ``solver.space.searched_optimizers``).
+    Llama 3 8B on one H100 node: without the flag the answer is TP2 (9,634 tokens/s/GPU), with
+    it TP1 FSDP (9,707); plan and a sweep take it too and give the same row."""
+    code, plain = run_json(*BASE)
+    assert plain["optimizers_searched"] == ["distributed"]
+    assert plain["best"]["fsdp"] is False and plain["feasible_count"] == 266
+    assert round(plain["best"]["projection"]["tokens_per_s_per_gpu"]) == 9634
+    code, fsdp = run_json(*BASE, "--fsdp")
+    assert fsdp["best"]["fsdp"] is True and fsdp["best"]["tp"] == 1
+    assert fsdp["feasible_count"] == 535
+    assert round(fsdp["best"]["projection"]["tokens_per_s_per_gpu"]) == 9707
+    code, out, _ = run_cli(*BASE, "--fsdp")
+    assert "optimizer state: the distributed optimizer and Megatron-FSDP, both searched" in out
+    assert "best: TP1 PP1 DP8 FSDP, mbs 1" in out
+    code, planned = run_json("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes", "1",
+                             "--points", "1", "--fsdp")
+    (row,) = planned["gpus"][0]["points"]
+    assert row["config"]["fsdp"] is True and planned["fsdp_searched"] is True
+    assert row["tokens_per_s_per_gpu"] == fsdp["best"]["projection"]["tokens_per_s_per_gpu"]
+    # and a sweep with the grid key fsdp: true
+    from tune_cp.agent.sweep import WorkerCache, load_grid, run_scenario
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nfsdp: true\n")
+    (sc,) = load_grid(str(grid)).scenarios
+    swept = run_scenario(sc, WorkerCache())
+    assert swept["fsdp"] is True
+    assert swept["tokens_per_s_per_gpu"] == row["tokens_per_s_per_gpu"]

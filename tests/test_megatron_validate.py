@@ -147,6 +147,8 @@ BRIDGE_DESTS = {
     "train.micro_batch_size": "micro_batch_size",
     "train.global_batch_size": "global_batch_size",
     "model.seq_length": "seq_length",
+    "ddp.use_megatron_fsdp": "use_megatron_fsdp",
+    "checkpoint.ckpt_format": "ckpt_format",
 }
 
 
@@ -180,8 +182,9 @@ MORE_SEARCHES = [("deepseek-v3", None, 16), ("deepseek-v3", "h100", 64),
                  ("qwen3-235b-a22b", None, 32), ("deepseek-v3", "h100", 24)]
 
 
-def _check_search(run_json, model: str, gpu: str | None, nodes: int) -> None:
-    args = ["--model", model, "--nodes", str(nodes)] + (["--gpu", gpu] if gpu else [])
+def _check_search(run_json, model: str, gpu: str | None, nodes: int, *extra: str) -> None:
+    args = ["--model", model, "--nodes", str(nodes)] + (["--gpu", gpu] if gpu else []) + [
+        *extra]
     code, out = run_json(*args)
     assert code == 0, out
     m = load_model(model)
@@ -204,3 +207,21 @@ def test_top_answers_pass_megatrons_assertions(run_json, model, gpu, nodes):
 @pytest.mark.parametrize(("model", "gpu", "nodes"), MORE_SEARCHES)
 def test_more_top_answers_pass_megatrons_assertions(run_json, model, gpu, nodes):
     _check_search(run_json, model, gpu, nodes)
+
+
+def test_megatron_fsdp_needs_the_fsdp_dtensor_checkpoint_format():
+    """arguments.py l.1169: Megatron-FSDP refuses the default checkpoint format (torch_dist,
+    training_config.py l.486); the exports write fsdp_dtensor."""
+    base = flags(load_model("llama3-8b"), tensor_model_parallel_size=8, global_batch_size=128,
+                 micro_batch_size=1, sequence_parallel=True, use_megatron_fsdp=True)
+    assert validate(base, 8).failures == [
+        "arguments.py l.1169: Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."]
+    assert validate({**base, "ckpt_format": "fsdp_dtensor"}, 8).failures == []
+
+
+@pytest.mark.parametrize(("model", "gpu", "nodes"), [("llama3-70b", "h100", 2),
+                                                     ("mixtral-8x7b", "h100", 2)])
+def test_fsdp_answers_pass_megatrons_assertions(run_json, model, gpu, nodes):
+    """`search --fsdp`: Llama 3 70B on 2 H100 nodes fits only with FSDP (all ten rows FSDP);
+    Mixtral 8x7B: eight FSDP rows and two distributed-optimizer rows."""
+    _check_search(run_json, model, gpu, nodes, "--fsdp")

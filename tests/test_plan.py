@@ -4,6 +4,8 @@ without building the chunks (``oracle.memory.chunk_spans``, ``max_chunk_layers``
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.conftest import setting
@@ -62,3 +64,44 @@ def test_chunk_spans_pinned_cases():
         (0, 31, True, False, 0), (31, 61, False, True, 1)]
     spans = chunk_spans(126, 0, 16, 1, PipelineSplit.LIGHT_ENDS)
     assert [hi - lo for lo, hi, *_ in spans] == [7] + [8] * 14 + [7]
+
+
+def test_plan_search_and_sweep_give_one_answer(tmp_path):
+    """Same question, same answer (issue 30): a plan's row, ``tune-cp search`` and a sweep's
+    row at one node count are one configuration with one projection. Nemotron 3 Super on 4
+    nodes of B200 is a case where the seed phase's flex dispatcher (not in the space) beats
+    the exhaustive answer (4,255 -> 6,796 tokens/s/GPU): the plan used to print the exhaustive
+    answer only."""
+    from tune_cp.agent.plan import plan, training_for_precision
+    from tune_cp.agent.search import SearchOptions, search
+    from tune_cp.agent.sweep import WorkerCache, load_grid, run_scenario
+    from tune_cp.oracle.specs import Dispatcher, Precision
+
+    model, cluster, training = setting("nemotron-3-super", "b200", 4, 8192, 512)
+    (p,) = plan(model, [(cluster.gpu, 8)], training_for_precision(8192, 512, Precision.BF16),
+                max_nodes=4, points=2)
+    assert [q.nodes for q in p.points] == [2, 4]
+    row = p.points[1]
+    r = search(model, cluster, training, SearchOptions())
+    assert r.best_phase == "seed" and r.best.config.dispatcher is Dispatcher.FLEX
+    assert r.best.throughput > 1.5 * r.exhaustive_best.throughput
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("models: [nemotron-3-super]\ngpus: [b200]\nnodes: [4]\nseq_len: 8192\n"
+                    "global_batch: 512\n")
+    (sc,) = load_grid(str(grid)).scenarios
+    swept = run_scenario(sc, WorkerCache())
+    assert row.phase == swept["best_phase"] == r.best_phase
+    assert row.tokens_per_s_per_gpu == swept["tokens_per_s_per_gpu"] == r.best.throughput
+    assert round(row.tokens_per_s_per_gpu) == 6796
+    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga", "recompute",
+            "recompute_layers", "dispatcher", "distributed_optimizer", "fsdp", "schedule",
+            "pipeline_split")
+    cfg = r.best.config
+    assert {k: row.config[k] for k in keys} == {k: swept[k] for k in keys} == {
+        k: (v.value if hasattr(v, "value") else v) for k, v in
+        ((k, getattr(cfg, k if k != "etp" else "etp_")) for k in keys)}
+    assert row.interval["low_tokens_per_s_per_gpu"] == swept["tokens_per_s_per_gpu_low"]
+    # the hybrid Blackwell class (18 rows, q_mid -0.2745) ran 32% above measured: flagged
+    assert row.interval["contains_projection"] is False
+    assert row.interval["class_bias"] == swept["class_bias"] == r.interval.bias
+    assert round(swept["class_bias"], 3) == round(math.exp(0.2745) - 1, 3) == 0.316

@@ -28,7 +28,7 @@ from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate
 from tune_cp.solver.rules import RULES
 from tune_cp.solver.settings import RunSettings
-from tune_cp.solver.space import EtpPolicy, OptimizerChoice, default_space
+from tune_cp.solver.space import EtpPolicy, OptimizerChoice, default_space, searched_optimizers
 
 TINY_GPT = ModelSpec(
     name="tiny-gpt", family="gpt3", num_layers=6, hidden_size=512, ffn_hidden_size=2048,
@@ -92,6 +92,11 @@ CASES = {
     "nemotron-3-nano": lambda: problem("nemotron-3-nano", "h100", 2, 4096, 64, mbs=(1, 2),
                                        full_recompute_layers=(1, 2),
                                        domains={"cp": (1, 2, 4), "vpp": (1, 2)}),
+    # the space of `search --fsdp` (solver.space.searched_optimizers) on a MoE model: FSDP's
+    # sharding over the data-parallel group beside the experts' expert-data-parallel one
+    "mixtral-8x7b-fsdp": lambda: problem("mixtral-8x7b", "h100", 2, 4096, 64, mbs=(1, 2),
+                                         full_recompute_layers=(1, 4),
+                                         optimizers=searched_optimizers(True)),
     "llama3-8b-fsdp-bf16-grads": lambda: problem(
         "llama3-8b", "h100", 1, 4096, 16, optimizers=tuple(OptimizerChoice),
         full_recompute_layers=(1, 4), fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)},

@@ -48,7 +48,7 @@ def test_fixed_choices_that_do_not_fit_suggest_freeing_them():
     space = base.with_domains(recompute=base.recompute[:1])  # no recompute
     why = explain_infeasible(Problem(m, cl, tr, space), max_nodes=2)
     assert not why.feasible and why.conflict == ("hbm",)
-    assert {"full recompute", "tp left free", "FSDP"} <= set(why.relaxations)
+    assert {"full recompute", "tp left free", "FSDP (--fsdp)"} <= set(why.relaxations)
     assert "micro-batch size 1" not in why.relaxations  # already 1
     assert "or full recompute" in why.text()
 

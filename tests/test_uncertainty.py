@@ -58,3 +58,104 @@ def test_few_logs_keep_the_published_residuals(tmp_path):
     table = residuals_for(_calibration_with(tmp_path, [0.5, -0.5, 0.4]))
     assert table is load_residuals()
     assert residuals_for(None) is load_residuals()
+
+
+# ---------------------------------------------------------------- biased classes (issue 30)
+
+import math  # noqa: E402
+import re  # noqa: E402
+
+from tune_cp.oracle.uncertainty import BIAS_MARK, ClassInterval, Interval  # noqa: E402
+
+
+def test_an_interval_holds_its_point_or_names_its_class_bias():
+    """Every class of the shipped residuals: its interval holds the projection exactly when the
+    10th and 90th percentile residuals straddle zero; else the bias is the median's
+    exp(-q_mid) - 1 and its text names it. moe=hybrid (22 rows, q 10/50/90 -0.330 / -0.207 /
+    -0.097; q_mid -0.2072 in the file): exp(0.2072) - 1 = 23.0% above measured."""
+    table = load_residuals()
+    seen_biased = 0
+    for ci in table.classes.values():
+        iv = Interval(1000.0, 1000.0 * math.exp(ci.q_lo), 1000.0 * math.exp(ci.q_hi), ci.key, ci)
+        assert iv.contains == (iv.low <= iv.projected <= iv.high)
+        if iv.contains:
+            assert iv.bias is None and iv.bias_text() == ""
+            assert iv.to_json()["class_bias"] is None and iv.to_json()["bias_note"] is None
+            continue
+        seen_biased += 1
+        assert iv.bias == math.exp(-ci.q_mid) - 1
+        assert f"{abs(iv.bias):.0%} {'above' if iv.bias > 0 else 'below'} measured" in iv.text()
+        assert iv.to_json()["contains_projection"] is False
+    assert seen_biased >= 3  # the hybrid classes at least
+    hybrid = table.classes["moe=hybrid"]
+    assert round(hybrid.biased, 4) == round(math.exp(0.2072) - 1, 4) == 0.2302
+    assert "ran 23% above measured" in hybrid.bias_text()
+    # a class above its projections (measured faster than projected) says so
+    slow = ClassInterval("x", 9, 0.02, 0.05, 0.10)
+    assert slow.biased == math.exp(-0.05) - 1 and "5% below measured" in slow.bias_text()
+    assert ClassInterval("y", 9, -0.1, 0.0, 0.0).biased is None  # on the boundary: held
+
+
+def _rows(text: str) -> list[tuple[float, float, float, bool]]:
+    """(point, low, high, marked) of every table row printing a tok/s and an interval."""
+    out = []
+    for m in re.finditer(r"\s([\d,]+)\s+([\d,]+)-([\d,]+)(!?)\s+[\d.]+%", text):
+        p, lo, hi = (float(x.replace(",", "")) for x in m.groups()[:3])
+        out.append((p, lo, hi, m.group(4) == BIAS_MARK))
+    return out
+
+
+def _assert_flagged(text: str) -> int:
+    """Every printed point lies inside its interval or is marked, and a mark has its note with
+    the bias figure; returns how many rows were marked."""
+    rows = _rows(text)
+    assert rows
+    marked = 0
+    for p, lo, hi, mark in rows:
+        inside = lo <= p <= hi
+        assert mark != inside, (p, lo, hi, mark)
+        marked += mark
+    if marked:
+        assert re.search(r"^\s*! class biased: projections of .* ran \d+% (above|below) "
+                         r"measured", text, re.M)
+    return marked
+
+
+def test_every_printed_point_is_inside_its_interval_or_flagged(run_cli, run_json, tmp_path):
+    """search, check, plan and sweep, text and --json: Nemotron-H 56B on H100 (the hybrid
+    class, projections 23% above measured) is flagged everywhere; Llama 3 8B is not."""
+    code, out, _ = run_cli("--model", "nemotron-h-56b", "--gpu", "h100", "--nodes", "8")
+    assert code == 0 and _assert_flagged(out) == 10
+    assert re.search(r"interval: 1,073-1,355 tokens/s/GPU .*class biased: projections of class "
+                     r"moe=hybrid ran 23% above measured", out)
+    code, data = run_json("--model", "nemotron-h-56b", "--gpu", "h100", "--nodes", "8")
+    ivs = [data["best"]["interval"]] + [t["interval"] for t in data["top"]]
+    for iv, p in zip(ivs, [data["best"]] + data["top"], strict=True):
+        tok = p["projection"]["tokens_per_s_per_gpu"] if "projection" in p else \
+            p["tokens_per_s_per_gpu"]
+        held = iv["low_tokens_per_s_per_gpu"] <= tok <= iv["high_tokens_per_s_per_gpu"]
+        assert iv["contains_projection"] is held is False
+        assert round(iv["class_bias"], 3) == 0.230 and "23% above" in iv["bias_note"]
+    code, out, _ = run_cli("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+    assert code == 0 and _assert_flagged(out) == 0 and "class biased" not in out
+
+    code, out, _ = run_cli("check", "--model", "nemotron-h-56b", "--gpu", "h100", "--nodes", "8",
+                           "--tp", "8")
+    assert "interval: 1,073-1,355 tokens/s/GPU" in out and "ran 23% above measured" in out
+    code, data = run_json("check", "--model", "nemotron-h-56b", "--gpu", "h100", "--nodes",
+                          "8", "--tp", "8")
+    assert data["interval"]["contains_projection"] is False
+    assert round(data["interval"]["class_bias"], 3) == 0.230
+
+    code, out, _ = run_cli("plan", "--model", "nemotron-h-56b", "--gpu", "h100", "--points", "1")
+    assert code == 0 and _assert_flagged(out) == 1
+    code, data = run_json("plan", "--model", "nemotron-h-56b", "--gpu", "h100", "--points", "1")
+    (pt,) = data["gpus"][0]["points"]
+    assert pt["interval"]["contains_projection"] is False
+    assert round(pt["interval"]["class_bias"], 3) == 0.230
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("models: [nemotron-h-56b, llama3-8b]\ngpus: [h100]\nnodes: [8]\n"
+                    "seq_len: 8192\nglobal_batch: 768\n")
+    code, out, _ = run_cli("sweep", str(grid), "--out", str(tmp_path / "s.csv"), "--table")
+    assert code == 0 and _assert_flagged(out) == 1 and "class_bias +0.230" in out
