@@ -320,6 +320,20 @@ def grad_dtype_option(f: Callable) -> Callable:
     return knob_option(KNOB["grad_reduce_in_fp32"])(f)
 
 
+#: ``--framework``'s values (``formats/frameworks.py::Framework``; spelt here so that the flag
+#: loads no formats module).
+FRAMEWORK_NAMES = ("megatron-lm", "bridge", "primus", "torchtitan")
+
+
+def framework_option(f: Callable) -> Callable:
+    return click.option(
+        "--framework", "framework_name", type=click.Choice(FRAMEWORK_NAMES), default=None,
+        help="The framework that runs the job: its recipes' defaults for the settings that "
+             "change memory (FP8 parameter gather, gradient dtype; formats/frameworks.py) "
+             "apply to the flags not given, and the memory verdict reads its measured-peak "
+             "spread  [default: megatron-lm; an import sets it]")(f)
+
+
 def config_options(f: Callable) -> Callable:
     """Every configuration flag, generated from the axis registry in its order."""
     for k in reversed(KNOBS):
@@ -574,6 +588,67 @@ def build_config(opts: dict[str, Any]) -> ParallelConfig:
 
 
 # ------------------------------------------------------------------------------ output
+
+
+def memory_verdict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, outcome: Any,
+                   settings: Any, framework_name: str | None) -> dict[str, Any] | None:
+    """The three-state memory verdict of a check (``oracle/memory_verdict.py``): its state, why
+    (the spread and the deciding term) and, at the edge or out of memory, the cheapest single
+    change that fits (``agent/memory_advice.py``). None when the layout has no memory."""
+    if outcome.memory is None:
+        return None
+    from tune_cp.formats.frameworks import FAMILY, Framework
+    from tune_cp.oracle.memory_verdict import MemoryState, fits_line_bytes, memory_state, spread_for
+
+    spread = spread_for(FAMILY[Framework(framework_name or "megatron-lm")])
+    mem, hbm = outcome.memory, cluster.gpu.hbm_bytes
+    state = memory_state(mem.peak_bytes, hbm, spread)
+    if any(v.rule == "hbm" for v in outcome.violations):
+        state = MemoryState.OUT_OF_MEMORY  # the legality line (--memory-margin) decides
+    elif state is MemoryState.OUT_OF_MEMORY:  # a --memory-margin below the default's
+        state = MemoryState.EDGE
+    term = mem.dominant_term
+    fits_at = fits_line_bytes(hbm, spread)
+    why = (f"peak {mem.peak_bytes / GIB:.1f} GiB; it fits at every measured overhead up to "
+           f"{fits_at / GIB:.1f} GiB ({hbm / GIB:.1f} GiB HBM / {spread.high:.2f}): "
+           f"{spread.text()}; {term} ({mem.peak.terms[term] / GIB:.1f} GiB) decides")
+    room = None
+    if state is not MemoryState.FITS and not any(v.rule != "hbm" for v in outcome.violations):
+        from tune_cp.agent.memory_advice import cheapest_room
+
+        best = cheapest_room(model, cluster, training, outcome.ctx.cfg, settings, spread)
+        if best is not None:
+            base = project(model, cluster, training, outcome.ctx.cfg,
+                           calib=settings.calibration, traits=settings.traits)
+            room = best.text(base.tokens_per_s_per_gpu)
+    return {"state": state.value, "family": spread.family, "spread_low": spread.low,
+            "spread_high": spread.high, "fits_line_bytes": fits_at, "deciding_term": term,
+            "why": why, "room": room}
+
+
+def apply_framework(ctx: click.Context, framework_name: str | None, cfg: ParallelConfig,
+                    training: TrainingSpec, defaults: list[str]) -> ParallelConfig:
+    """``cfg`` with ``--framework``'s recipe defaults (``formats/frameworks.py``) for the memory
+    settings whose flags were not given; each one applied, or the framework taken, is stated on
+    the defaults line."""
+    from tune_cp.formats.frameworks import Framework, framework_defaults
+
+    if framework_name is None:  # Megatron-LM's defaults are the flags' own
+        defaults.append("--framework megatron-lm (default)")
+        return cfg
+    fw = Framework(framework_name)
+    fp8 = training.precision is Precision.FP8 or cfg.fp8_recipe is not None
+    applied, update = [], {}
+    for d in framework_defaults(fw, cfg.fp8_recipe, fp8):
+        k = KNOB[d.field]
+        if ctx.get_parameter_source(k.param) is not click.core.ParameterSource.DEFAULT:
+            continue
+        if getattr(cfg, d.field) != d.value:
+            update[d.field] = d.value
+        applied.append(d.text())
+    defaults.append(f"--framework {fw.value}: " + "; ".join(applied) if applied
+                    else f"--framework {fw.value}")
+    return build("configuration", ParallelConfig, **(cfg.model_dump() | update)) if update else cfg
 
 
 def describe_setting(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> str:
@@ -867,11 +942,13 @@ CHECK_MOE_ETP = 1
                    "(and its start-up size line and global batch), read as `calibrate --log` "
                    "reads it; --megatron-args completes a cut dump.")
 @export_option
+@framework_option
 @click.pass_context
 def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, megatron_args: str | None, env_items: Sequence[str],
               primus_config: str | None, log_path: str | None, export_fmt: str | None,
+              framework_name: str | None,
               **flags: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
@@ -906,6 +983,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                               seq_len, gbs, precision, defaults)
         defaults.extend(search_space_defaults(ctx, model, config))
         cfg = build_config(config)
+        cfg = apply_framework(ctx, framework_name, cfg, training, defaults)
         taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
                  if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
                  and ctx.get_parameter_source(k.param) is click.core.ParameterSource.DEFAULT
@@ -951,6 +1029,9 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
         settings = imported_options(ctx, run, settings)
+        if framework_name is None:
+            framework_name = "primus" if "primus" in run.source.lower() else "megatron-lm"
+            defaults.append(f"--framework {framework_name} (the import)")
     check_options(model, settings)
     if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
@@ -964,6 +1045,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                           f"FP8 training, but the precision is {training.precision.value}: pass "
                           f"--precision fp8 (or an --fp8-recipe), or drop --fp8-param-gather")
     outcome = check_configuration(model, cluster, training, cfg, settings=settings)
+    verdict_state = memory_verdict(model, cluster, training, outcome, settings, framework_name)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
@@ -985,6 +1067,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                    **check_json(outcome),
                    "projection": projection.model_dump() if projection else None,
                    "interval": interval.to_json() if interval else None,
+                   "memory_verdict": verdict_state,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
@@ -1016,7 +1099,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         echo()
     if outcome.legal:
         mem = outcome.memory
-        echo(f"verdict: legal, fits (dominant: {mem.dominant_group.replace('_', ' ')}; "
+        state = verdict_state["state"] if verdict_state else "fits"
+        echo(f"verdict: legal, {state} (dominant: {mem.dominant_group.replace('_', ' ')}; "
              f"largest term {mem.dominant_term})")
     else:
         fits = outcome.memory is not None and outcome.memory.peak_bytes <= outcome.limit_bytes
@@ -1024,6 +1108,10 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         echo(f"verdict: {verdict}")
         for v in outcome.violations:
             echo(f"  [{v.rule}] {v.message}")
+    if verdict_state and verdict_state["state"] != "fits":
+        echo(f"  memory: {verdict_state['why']}")
+        if verdict_state["room"]:
+            echo(f"  cheapest change that gives room: {verdict_state['room']}")
     if exported:
         click.echo(exported)
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
