@@ -205,9 +205,13 @@ def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
         "mfu": float(s["mfu"][i]),
         "breakdown": {k: float(s[k][i]) for k in _breakdown_keys(s)},
     }
+    from tune_cp.oracle.memory_verdict import memory_state, spread_for
+
     row["memory"] = {"peak_bytes": int(r.ranked.peak_bytes[i]),
                      "hbm_bytes": r.cluster.gpu.hbm_bytes,
-                     "limit_bytes": r.best.outcome.limit_bytes}
+                     "limit_bytes": r.best.outcome.limit_bytes,
+                     "state": memory_state(int(r.ranked.peak_bytes[i]), r.cluster.gpu.hbm_bytes,
+                                           spread_for(None)).value}
     row["score"] = float(r.ranked.adjusted[i])
     if r.ranked.intervals:
         row["interval"] = r.ranked.intervals[i].to_json()

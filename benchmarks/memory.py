@@ -168,6 +168,50 @@ def spread_table(ratios: list[tuple[str, str, float]]) -> dict:
     return fams
 
 
+def verdict_table(rows, raw) -> tuple[int, int]:
+    """The three-state verdict (oracle/memory_verdict.py, with the row's family spread) of every
+    published run with a measured throughput, under its framework recipe's memory settings: as
+    stated when the row states its recompute, else the best of no recomputation, the selective
+    modules of :data:`SELECTIVE_TRIES` and full recomputation. Prints the runs called out of
+    memory; returns ``(out of memory as stated, out of memory under every setting tried)``."""
+    from tune_cp.oracle.memory_verdict import MemoryState, memory_state, spread_for
+
+    print("\n== Three-state verdict of the published runs (recipe memory settings; stated "
+          "recompute, else the best setting) ==")
+    counts = {s: 0 for s in MemoryState}
+    stated_oom = every_oom = 0
+    for r in rows:
+        src = raw.get(r.row_id, {})
+        if not r.representable or r.measured_tokens_per_s_per_gpu is None:
+            continue
+        cfg, ov = r.recipe_cfg(), overheads(r, True)
+        spread = spread_for(family(src.get("framework", "")))
+        hbm = r.cluster.gpu.hbm_bytes
+        tries = [cfg]
+        if not src.get("recompute", "").strip():
+            tries = [cfg.model_copy(update={"recompute": Recompute.NONE})]
+            tries += [cfg.model_copy(update={"recompute": Recompute.SELECTIVE,
+                                             "recompute_modules": mods})
+                      for mods in SELECTIVE_TRIES
+                      if r.model.is_moe != ("mlp" in mods) or mods == ("core_attn",)]
+            tries.append(cfg.model_copy(update={"recompute": Recompute.FULL,
+                                                "recompute_layers": None,
+                                                "recompute_method": RecomputeMethod.UNIFORM}))
+        states = [memory_state(peak(r, c, ov), hbm, spread) for c in tries]
+        best = min(states, key=list(MemoryState).index)
+        counts[best] += 1
+        if best is MemoryState.OUT_OF_MEMORY:
+            how = "as stated" if len(tries) == 1 else "under every recompute setting"
+            stated_oom += len(tries) == 1
+            every_oom += len(tries) > 1
+            print(f"row {r.row_id} {r.model.name} {r.cluster.gpu.name} "
+                  f"{r.cfg.label().replace(' ', '')} mbs{r.cfg.mbs}: out of memory {how} "
+                  f"({peak(r, tries[-1], ov) / GIB:.1f} GiB of {hbm / GIB:.0f})")
+    print("  " + ", ".join(f"{s.value} {n}" for s, n in counts.items())
+          + f"; out of memory as stated {stated_oom}, under every recompute setting {every_oom}")
+    return stated_oom, every_oom
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(ROOT / "benchmarks" / "published_runs.csv"))
@@ -234,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, use_recipe in (("the row's columns only", False),
                               ("with the framework recipe's memory settings", True)):
         oom_table(rows, raw, use_recipe, label)
+    verdict_table(rows, raw)
     return 0
 
 

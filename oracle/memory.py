@@ -25,9 +25,10 @@ gradients              main-gradient buffer, fp32 (4 B/param) by default, bf16 (
 optimizer              Adam fp32 master copy + two moments (12 B/param), sharded over dp x cp
                        (dense) and expert-dp (experts) by the distributed optimizer, with its
                        bucket padding to lcm(group, 128) elements; FSDP: 8 B/param sharded
-fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only)
-fsdp_buffers           unsharded bf16 params + grads (fp32 or bf16 as above) of the layers being
-                       gathered (FSDP only)
+fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only); under
+                       FSDP with FP8 parameters the sharded FP8 weights (:func:`fsdp_fp8_fractions`)
+fsdp_buffers           unsharded params (bf16, or FP8 parameters in their recipe's bytes) + grads
+                       (fp32 or bf16 as above) of the layers being gathered (FSDP only)
 activations            stored activations of all in-flight micro-batches (decoder layers,
                        checkpointed layer inputs, embedding inputs, MTP layers) and the cached
                        RoPE frequency table (:func:`rope_table_bytes`)

@@ -110,3 +110,20 @@ def test_edge_verdict_names_the_term_and_the_change(run_cli):
     assert code == 0 and "verdict: legal, at the edge" in out
     assert "activations (46.7 GiB) decides" in out
     assert "cheapest change that gives room: --recompute full (" in out
+
+
+def test_search_ranks_edge_configurations_and_marks_them(run_cli, run_json):
+    """Llama 3 70B FP8 on 64 H100: the fastest layouts keep every activation (no recompute,
+    70-80 GiB of 80): legal, ranked, and marked at the edge; --json rows carry the state."""
+    args = ("--model", "llama3-70b", "--gpu", "h100", "--nodes", "8", "--precision", "fp8")
+    code, data = run_json(*args)
+    states = [row["memory"]["state"] for row in data["top"]]
+    assert code == 0 and states[0] == "at the edge"
+    hbm = data["top"][0]["memory"]["hbm_bytes"]
+    for row in data["top"]:
+        peak = row["memory"]["peak_bytes"]
+        assert row["memory"]["state"] == ("fits" if peak * spread_for(None).high <= hbm
+                                          else "at the edge")
+        assert peak <= row["memory"]["limit_bytes"]
+    code, out, _ = run_cli(*args)
+    assert "at the edge of memory" in out and "  memory edge: legal, but above 68.0 GiB" in out
