@@ -320,6 +320,10 @@ def grad_dtype_option(f: Callable) -> Callable:
     return knob_option(KNOB["grad_reduce_in_fp32"])(f)
 
 
+def fp8_params_option(f: Callable) -> Callable:
+    return knob_option(KNOB["fp8_param_gather"])(f)
+
+
 #: ``--framework``'s values (``formats/frameworks.py::Framework``; spelt here so that the flag
 #: loads no formats module).
 FRAMEWORK_NAMES = ("megatron-lm", "bridge", "primus", "torchtitan")
@@ -1250,6 +1254,8 @@ def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
 @click.option("--verify-dir", default="tune-cp-verify", show_default=True,
               type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
+@fp8_params_option
+@framework_option
 @export_option
 @settings_options
 @click.pass_context
@@ -1258,8 +1264,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
                goal: str, baseline_text: str | None, allow_fp8: bool, all_recompute_levels: bool,
                trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
-               grad_reduce_in_bf16: bool, verify_n: int | None, verify_dir: str,
-               **flags: Any) -> None:
+               grad_reduce_in_bf16: bool, fp8_param_gather: bool, framework_name: str | None,
+               verify_n: int | None, verify_dir: str, **flags: Any) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -1287,12 +1293,20 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+    if fp8_param_gather and training.precision is not Precision.FP8:
+        raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
+                          f"FP8 training, but the precision is {training.precision.value}: pass "
+                          f"--precision fp8, or drop --fp8-param-gather")
+    fixed = build("configuration", ParallelConfig, grad_reduce_in_fp32=not grad_reduce_in_bf16,
+                  fp8_param_gather=fp8_param_gather)
+    fixed = apply_framework(ctx, framework_name, fixed, training, defaults)
     progress = Progress("search")  # on a terminal's stderr only
     opts = SearchOptions(
         settings=settings, top_k=top_k, progress=progress.status, preferences=prefs, baseline=baseline,
         allow_fp8=allow_fp8, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
-        grad_reduce_in_fp32=not grad_reduce_in_bf16,
+        grad_reduce_in_fp32=fixed.grad_reduce_in_fp32,
+        fp8_param_gather=fixed.fp8_param_gather and training.precision is Precision.FP8,
     )
     try:
         result = search(model, cluster, training, opts)

@@ -83,6 +83,7 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "distributed_optimizer": cfg.distributed_optimizer,
         "fsdp": cfg.fsdp,
         "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
+        "fp8_param_gather": cfg.fp8_param_gather,
         "dispatcher": cfg.dispatcher.value,
         "schedule": cfg.schedule_.value,
         "precision": compute_precision(training, cfg).value,

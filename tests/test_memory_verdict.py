@@ -127,3 +127,21 @@ def test_search_ranks_edge_configurations_and_marks_them(run_cli, run_json):
         assert peak <= row["memory"]["limit_bytes"]
     code, out, _ = run_cli(*args)
     assert "at the edge of memory" in out and "  memory edge: legal, but above 68.0 GiB" in out
+
+
+def test_search_takes_the_framework_defaults(run_json):
+    """--framework bridge fixes FP8 parameters and bf16 gradients for the whole search (the
+    space's fixed settings, like --grad-reduce-in-bf16): every ranked configuration has them,
+    and the defaults line says where they come from; Megatron-LM's defaults are the flags'."""
+    args = ("--model", "llama3-8b", "--gpu", "b200", "--nodes", "1", "--precision", "fp8",
+            "--top", "3")
+    code, data = run_json(*args, "--framework", "bridge")
+    assert code == 0 and data["best"]["fp8_param_gather"] is True
+    assert all(r["fp8_param_gather"] and not r["grad_reduce_in_fp32"] for r in data["top"])
+    assert any(d.startswith("--framework bridge: --grad-reduce-in-bf16 (")
+               for d in data["defaults"])
+    code, plain = run_json(*args)
+    assert plain["best"]["fp8_param_gather"] is False and plain["best"]["grad_reduce_in_fp32"]
+    assert "--framework megatron-lm (default)" in plain["defaults"]
+    code, data = run_json(*args, "--fp8-param-gather")
+    assert data["best"]["fp8_param_gather"] is True and data["best"]["grad_reduce_in_fp32"]

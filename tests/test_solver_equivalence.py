@@ -92,6 +92,12 @@ CASES = {
     "nemotron-3-nano": lambda: problem("nemotron-3-nano", "h100", 2, 4096, 64, mbs=(1, 2),
                                        full_recompute_layers=(1, 2),
                                        domains={"cp": (1, 2, 4), "vpp": (1, 2)}),
+    # FP8 parameters (a fixed setting of the space, --framework bridge's default): FSDP shards
+    # the FP8 weights and gathers layers in FP8, the others drop the bf16 copy (issue 28)
+    "llama3-8b-fp8-params": lambda: problem(
+        "llama3-8b", "b200", 1, 4096, 16, precision="fp8", fp8_recipes=True, hbm_gib=40,
+        optimizers=tuple(OptimizerChoice), full_recompute_layers=(1, 4), fix={"mbs": 1},
+        domains={"cp": (1, 2), "vpp": (1, 2)}, fp8_param_gather=True),
     "llama3-8b-fsdp-bf16-grads": lambda: problem(
         "llama3-8b", "h100", 1, 4096, 16, optimizers=tuple(OptimizerChoice),
         full_recompute_layers=(1, 4), fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)},
