@@ -1471,10 +1471,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
         if p.min_nodes is None:
             click.echo(f"{p.gpu}: {p.note}")
             continue
+        first = next((q for q in p.points if q.nodes == p.min_nodes), None)
+        edge = first is not None and first.memory_state not in (None, "fits")
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
-                   f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
+                   f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)"
+                   + (", at the edge of memory (oracle/memory_verdict.py: above HBM / the "
+                      "largest measured overhead)" if edge else ""))
         head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':30} {'tok/s/GPU':>9} "
-                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13}")
+                f"{'80% interval':>13} {'MFU':>6} {'cluster tok/s':>13} {'memory':>6}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -1491,7 +1495,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             band = (f"{iv['low_tokens_per_s_per_gpu']:,.0f}-{iv['high_tokens_per_s_per_gpu']:,.0f}"
                     if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:30} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+                    f"{band:>13} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f} "
+                    f"{'fits' if q.memory_state == 'fits' else 'edge':>6}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:

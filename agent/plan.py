@@ -66,6 +66,8 @@ class PlanPoint:
     cost: float | None
     #: the 80 % interval of tokens_per_s_per_gpu (oracle.uncertainty), as in search --json
     interval: dict[str, Any] | None = None
+    #: the chosen configuration's memory state (oracle/memory_verdict.py: fits / at the edge)
+    memory_state: str | None = None
 
 
 @dataclass
@@ -107,6 +109,7 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     """One row: the feasible set at ``nodes`` (``enum``: its :func:`probe`, when done already),
     ranked by the oracle, and the configuration the search's answer rule picks."""
     from tune_cp.agent.search import choose_answer, rank_feasible
+    from tune_cp.oracle.memory_verdict import memory_state, spread_for
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     if enum is None:
@@ -130,6 +133,8 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
         days=seconds / SECONDS_PER_DAY if seconds is not None else None,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
         interval=ranked.intervals[i].to_json(),
+        memory_state=memory_state(int(ranked.peak_bytes[i]), gpu.hbm_bytes,
+                                  spread_for(None)).value,
     )
 
 

@@ -145,3 +145,13 @@ def test_search_takes_the_framework_defaults(run_json):
     assert "--framework megatron-lm (default)" in plain["defaults"]
     code, data = run_json(*args, "--fp8-param-gather")
     assert data["best"]["fp8_param_gather"] is True and data["best"]["grad_reduce_in_fp32"]
+
+
+def test_plan_marks_the_memory_state(run_cli, run_json):
+    """Llama 3 70B on H100: 2 nodes are legal (TP8 PP2, 79.6 of 80 GiB) but at the edge."""
+    code, data = run_json("plan", "--model", "llama3-70b", "--gpu", "h100", "--points", "3")
+    pts = data["gpus"][0]["points"]
+    assert code == 0 and pts[0]["nodes"] == 2 and pts[0]["memory_state"] == "at the edge"
+    assert {p["memory_state"] for p in pts} <= {"fits", "at the edge"}
+    code, out, _ = run_cli("plan", "--model", "llama3-70b", "--gpu", "h100", "--points", "3")
+    assert "fits from 2 nodes (16 GPUs), at the edge of memory" in out
