@@ -630,6 +630,25 @@ def memory_verdict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             "why": why, "room": room}
 
 
+def framework_settings(framework_name: str | None, model: ModelSpec, cfg: ParallelConfig,
+                       settings: Any, defaults: list[str]) -> Any:
+    """``settings`` with the framework's fragmentation allowance (``formats/frameworks.py::
+    framework_fragmentation``) unless ``--overhead fragmentation=`` set one; stated on the
+    defaults line."""
+    from tune_cp.formats.frameworks import Framework, framework_fragmentation
+    from tune_cp.oracle.memory import MemoryOverheads
+
+    if framework_name is None:
+        return settings
+    frag = framework_fragmentation(Framework(framework_name), model.name, cfg.fsdp)
+    if frag is None or settings.overheads.fragmentation != MemoryOverheads().fragmentation:
+        return settings
+    defaults.append(f"--overhead fragmentation={frag:g} (--framework {framework_name}: "
+                    f"expandable_segments:True in its performance runs)")
+    return settings.with_(overheads=settings.overheads.model_copy(
+        update={"fragmentation": frag}))
+
+
 def apply_framework(ctx: click.Context, framework_name: str | None, cfg: ParallelConfig,
                     training: TrainingSpec, defaults: list[str]) -> ParallelConfig:
     """``cfg`` with ``--framework``'s recipe defaults (``formats/frameworks.py``) for the memory
@@ -1037,6 +1056,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
             framework_name = "primus" if "primus" in run.source.lower() else "megatron-lm"
             defaults.append(f"--framework {framework_name} (the import)")
     check_options(model, settings)
+    settings = framework_settings(framework_name if run is None else None, model, cfg, settings,
+                                  defaults)
     if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
     as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8
@@ -1300,6 +1321,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     fixed = build("configuration", ParallelConfig, grad_reduce_in_fp32=not grad_reduce_in_bf16,
                   fp8_param_gather=fp8_param_gather)
     fixed = apply_framework(ctx, framework_name, fixed, training, defaults)
+    settings = framework_settings(framework_name, model, fixed, settings, defaults)
     progress = Progress("search")  # on a terminal's stderr only
     opts = SearchOptions(
         settings=settings, top_k=top_k, progress=progress.status, preferences=prefs, baseline=baseline,

@@ -67,6 +67,20 @@ class FrameworkDefault:
         return f"{self.flag} ({self.source})"
 
 
+def framework_fragmentation(fw: Framework, model_name: str, fsdp: bool) -> float | None:
+    """The allocator-fragmentation allowance a framework's recipes imply, or None (tune-cp's
+    default, ``oracle/memory.py::MemoryOverheads.fragmentation``): 0 for Megatron-Bridge, whose
+    performance runs set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    (``scripts/performance/utils/executors.py::PERF_ENV_VARS``) except for Llama under
+    Megatron-FSDP (``perf_plugins.py`` removes it there); the same rule as the published rows'
+    ``formats/runs.py::recipe_fragmentation``."""
+    if fw is not Framework.BRIDGE:
+        return None
+    if fsdp and model_name.lower().startswith("llama"):
+        return None
+    return 0.0
+
+
 def framework_defaults(fw: Framework, fp8_recipe: Fp8Recipe | None,
                        fp8: bool) -> tuple[FrameworkDefault, ...]:
     """The memory settings ``fw``'s recipes use for a run (module docstring). ``fp8``: the run

@@ -102,14 +102,17 @@ def test_published_fp8_fsdp_runs_fit_with_bridge_defaults(run_json, run_cli, arg
 
 
 def test_edge_verdict_names_the_term_and_the_change(run_cli):
-    """Llama 3 70B on 64 H100, TP4 PP8 VPP5, FP8, no recompute (Megatron-Bridge's recipe):
-    74.3 GiB predicted, above 80 / 1.18 = 68.0 GiB, below 80 GiB: at the edge."""
+    """Llama 3 70B on 64 H100, TP4 PP8 VPP5, FP8, no recompute (Megatron-Bridge's recipe: FP8
+    parameters, bf16 gradients, no fragmentation allowance under expandable segments): 72.0 GiB
+    predicted, above 80 / 1.18 = 68.0 GiB, below 80 GiB: at the edge; FSDP (67.9 GiB) is the
+    fastest single change that fits, before full recompute."""
     code, out, _ = run_cli("check", "--model", "llama3-70b", "--gpu", "h100", "--nodes", "8",
                            "--precision", "fp8", "--seq-len", "8192", "--gbs", "128", "--mbs",
                            "1", "--tp", "4", "--pp", "8", "--vpp", "5", "--framework", "bridge")
     assert code == 0 and "verdict: legal, at the edge" in out
-    assert "activations (46.7 GiB) decides" in out
-    assert "cheapest change that gives room: --recompute full (" in out
+    assert "memory: peak 72.0 GiB" in out and "activations (46.7 GiB) decides" in out
+    assert "--overhead fragmentation=0 (--framework bridge: expandable_segments" in out
+    assert "cheapest change that gives room: --fsdp (peak 67.9 GiB, fits; " in out
 
 
 def test_search_ranks_edge_configurations_and_marks_them(run_cli, run_json):
