@@ -622,9 +622,8 @@ def memory_verdict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
         best = cheapest_room(model, cluster, training, outcome.ctx.cfg, settings, spread)
         if best is not None:
-            base = project(model, cluster, training, outcome.ctx.cfg,
-                           calib=settings.calibration, traits=settings.traits)
-            room = best.text(base.tokens_per_s_per_gpu)
+            base = check_projection(outcome)
+            room = best.text(base.tokens_per_s_per_gpu if base is not None else 0.0)
     return {"state": state.value, "family": spread.family, "spread_low": spread.low,
             "spread_high": spread.high, "fits_line_bytes": fits_at, "deciding_term": term,
             "why": why, "room": room}
