@@ -158,3 +158,9 @@ def test_plan_marks_the_memory_state(run_cli, run_json):
     assert {p["memory_state"] for p in pts} <= {"fits", "at the edge"}
     code, out, _ = run_cli("plan", "--model", "llama3-70b", "--gpu", "h100", "--points", "3")
     assert "fits from 2 nodes (16 GPUs), at the edge of memory" in out
+
+
+def test_fsdp_fp8_cache_hint_names_fp8_parameters(run_json):
+    code, data = run_json(*LLAMA70_FSDP)
+    (v,) = data["violations"]
+    assert v["rule"] == "hbm" and "use FP8 parameters (--fp8-param-gather" in v["message"]
