@@ -38,13 +38,34 @@ class Room:
                 f"{self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {change:+.1%})")
 
 
-def single_changes(cfg: ParallelConfig, training: TrainingSpec) -> list[tuple[str, dict]]:
-    """The single changes that lower memory without changing the layout: more recomputation,
-    a smaller micro-batch, FP8 parameters, bf16 gradients, a sharded optimizer."""
+#: Selective-recompute module sets tried (Megatron-Core ``--recompute-modules`` names), for
+#: dense and MoE models: the seed phase's extra sets and the MoE expert activations.
+SELECTIVE_SETS: dict[bool, tuple[tuple[str, ...], ...]] = {
+    False: (("mlp",), ("layernorm", "mlp")),
+    True: (("moe_act",), ("layernorm", "moe_act"), ("layernorm", "moe")),
+}
+#: Full recomputation of the first K layers of each virtual stage (block method) tried before
+#: every layer.
+FULL_LAYERS = (1, 2, 4, 8)
+
+
+def single_changes(model: ModelSpec, cfg: ParallelConfig,
+                   training: TrainingSpec) -> list[tuple[str, dict]]:
+    """The single changes that lower memory without changing the layout: more recomputation
+    (selective sets, full of K layers, full), a smaller micro-batch, FP8 parameters, bf16
+    gradients, a sharded optimizer."""
     out: list[tuple[str, dict]] = []
     if cfg.recompute is Recompute.NONE:
-        out.append(("--recompute selective", {"recompute": Recompute.SELECTIVE}))
+        for mods in SELECTIVE_SETS[model.is_moe]:
+            out.append((f"--recompute selective --recompute-modules {','.join(mods)}",
+                        {"recompute": Recompute.SELECTIVE, "recompute_modules": mods}))
     if cfg.recompute is not Recompute.FULL or cfg.recompute_layers is not None:
+        for k in FULL_LAYERS:
+            if cfg.recompute is Recompute.FULL and (cfg.recompute_layers or 0) >= k:
+                continue
+            out.append((f"--recompute full --recompute-layers {k}",
+                        {"recompute": Recompute.FULL, "recompute_layers": k,
+                         "recompute_method": RecomputeMethod.BLOCK}))
         out.append(("--recompute full", {"recompute": Recompute.FULL, "recompute_layers": None,
                                          "recompute_method": RecomputeMethod.BLOCK}))
     if cfg.mbs > 1:
@@ -65,7 +86,7 @@ def cheapest_room(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     """Among :func:`single_changes` that stay legal, the fastest that fits; else the one with
     the lowest peak (None when no change is legal)."""
     rooms = []
-    for flags, update in single_changes(cfg, training):
+    for flags, update in single_changes(model, cfg, training):
         base = cfg.model_dump() | update
         if update.get("mbs"):
             base["ga"] = None
