@@ -1435,11 +1435,15 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @grad_dtype_option
+@fp8_params_option
+@framework_option
 @settings_options
-def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
-             gbs: int | None, precision: str, tokens: float | None, prices: str | None,
-             max_nodes: int, points: int, plot_path: str | None, as_json: bool,
-             grad_reduce_in_bf16: bool, **flags: Any) -> None:
+@click.pass_context
+def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node: int | None,
+             seq_len: int | None, gbs: int | None, precision: str, tokens: float | None,
+             prices: str | None, max_nodes: int, points: int, plot_path: str | None,
+             as_json: bool, grad_reduce_in_bf16: bool, fp8_param_gather: bool,
+             framework_name: str | None, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
     (FP8 falls back to BF16 on GPUs without FP8)."""
@@ -1460,12 +1464,30 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
+    fp8 = Precision(precision) is Precision.FP8
+    if fp8_param_gather and not fp8:
+        fail(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs FP8 "
+             f"training, but the precision is {precision}: pass --precision fp8, or drop "
+             f"--fp8-param-gather")
+    framework_lines: list[str] = []
+    fixed = apply_framework(ctx, framework_name,
+                            build("configuration", ParallelConfig,
+                                  grad_reduce_in_fp32=not grad_reduce_in_bf16,
+                                  fp8_param_gather=fp8_param_gather),
+                            build("training settings", TrainingSpec, seq_len=seq,
+                                  global_batch_size=batch, precision=Precision(precision)),
+                            framework_lines)
+    settings = framework_settings(framework_name, model, fixed, settings, framework_lines)
+    grad_reduce_in_bf16 = not fixed.grad_reduce_in_fp32
+    if framework_name is not None:  # Megatron-LM's defaults are the flags' own: not stated
+        aliases = aliases + framework_lines
     bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points, settings=settings,
                  progress=bar.bar,
-                 grad_reduce_in_fp32=not grad_reduce_in_bf16)
+                 grad_reduce_in_fp32=not grad_reduce_in_bf16,
+                 fp8_param_gather=fixed.fp8_param_gather and fp8)
     bar.close()
     if plot_path:
         from tune_cp.agent.plots import plan_plot

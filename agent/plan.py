@@ -81,10 +81,13 @@ class GpuPlan:
 
 
 def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 settings: RunSettings, grad_reduce_in_fp32: bool = True) -> Problem:
-    """The search's problem at ``cluster``: its default space under the run settings."""
+                 settings: RunSettings, grad_reduce_in_fp32: bool = True, *,
+                 fp8_param_gather: bool = False) -> Problem:
+    """The search's problem at ``cluster``: its default space under the run settings
+    (``fp8_param_gather``: the space's fixed FP8 parameters, as in a search)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                          allow_cross_scale_up=settings.allow_cross_scale_up)
+                          allow_cross_scale_up=settings.allow_cross_scale_up,
+                          fp8_param_gather=fp8_param_gather)
     # what the framework run settings refuse is the family run_settings; settings that leave
     # no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, settings.options)
@@ -177,11 +180,13 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
          max_nodes: int = 1024, points: int = 6, settings: RunSettings | None = None,
          progress: Callable[[int, int, str], None] | None = None,
-         grad_reduce_in_fp32: bool = True) -> list[GpuPlan]:
+         grad_reduce_in_fp32: bool = True, fp8_param_gather: bool = False) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
     configuration (doubling, then bisecting), then a table over node counts.
     ``settings``: the run's overheads, margin, cross-scale-up, constraints and calibration;
-    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16).
+    ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16);
+    ``fp8_param_gather``: FP8 parameters for the FP8 configurations (``--fp8-param-gather``,
+    ``--framework bridge``).
 
     ``progress(done, total, what)`` is called before each node count is first looked at (probed
     or enumerated): ``done`` node counts looked at so far, ``total`` an estimate of how many
@@ -216,7 +221,8 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                              f"{gpu.name}: {nodes_text(n)}")
                 cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpn)
                 problems[n] = plan_problem(model, cluster, training, settings,
-                                           grad_reduce_in_fp32)
+                                           grad_reduce_in_fp32,
+                                           fp8_param_gather=fp8_param_gather)
             return problems[n]
 
         def enumeration(n: int) -> Enumeration:

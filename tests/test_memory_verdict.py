@@ -164,3 +164,16 @@ def test_fsdp_fp8_cache_hint_names_fp8_parameters(run_json):
     code, data = run_json(*LLAMA70_FSDP)
     (v,) = data["violations"]
     assert v["rule"] == "hbm" and "use FP8 parameters (--fp8-param-gather" in v["message"]
+
+
+def test_plan_takes_the_framework(run_json):
+    """plan --framework bridge: FP8 parameters and bf16 gradients for every node count."""
+    code, data = run_json("plan", "--model", "llama3-8b", "--gpu", "b200", "--precision", "fp8",
+                          "--points", "1", "--framework", "bridge")
+    cfg = data["gpus"][0]["points"][0]["config"]
+    assert code == 0 and cfg["fp8_param_gather"] is True and cfg["grad_reduce_in_fp32"] is False
+    assert any(d.startswith("--framework bridge: ") for d in data["defaults"])
+    code, data = run_json("plan", "--model", "llama3-8b", "--gpu", "b200", "--precision", "fp8",
+                          "--points", "1")
+    cfg = data["gpus"][0]["points"][0]["config"]
+    assert cfg["fp8_param_gather"] is False and cfg["grad_reduce_in_fp32"] is True
