@@ -320,6 +320,24 @@ def grad_dtype_option(f: Callable) -> Callable:
     return knob_option(KNOB["grad_reduce_in_fp32"])(f)
 
 
+def fp8_params_option(f: Callable) -> Callable:
+    return knob_option(KNOB["fp8_param_gather"])(f)
+
+
+#: ``--framework``'s values (``formats/frameworks.py::Framework``; spelt here so that the flag
+#: loads no formats module).
+FRAMEWORK_NAMES = ("megatron-lm", "bridge", "primus", "torchtitan")
+
+
+def framework_option(f: Callable) -> Callable:
+    return click.option(
+        "--framework", "framework_name", type=click.Choice(FRAMEWORK_NAMES), default=None,
+        help="The framework that runs the job: its recipes' defaults for the settings that "
+             "change memory (FP8 parameter gather, gradient dtype; formats/frameworks.py) "
+             "apply to the flags not given, and the memory verdict reads its measured-peak "
+             "spread  [default: megatron-lm; an import sets it]")(f)
+
+
 def config_options(f: Callable) -> Callable:
     """Every configuration flag, generated from the axis registry in its order."""
     for k in reversed(KNOBS):
@@ -574,6 +592,85 @@ def build_config(opts: dict[str, Any]) -> ParallelConfig:
 
 
 # ------------------------------------------------------------------------------ output
+
+
+def memory_verdict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, outcome: Any,
+                   settings: Any, framework_name: str | None) -> dict[str, Any] | None:
+    """The three-state memory verdict of a check (``oracle/memory_verdict.py``): its state, why
+    (the spread and the deciding term) and, at the edge or out of memory, the cheapest single
+    change that fits (``agent/memory_advice.py``). None when the layout has no memory."""
+    if outcome.memory is None:
+        return None
+    from tune_cp.formats.frameworks import FAMILY, Framework
+    from tune_cp.oracle.memory_verdict import MemoryState, fits_line_bytes, memory_state, spread_for
+
+    spread = spread_for(FAMILY[Framework(framework_name or "megatron-lm")])
+    mem, hbm = outcome.memory, cluster.gpu.hbm_bytes
+    state = memory_state(mem.peak_bytes, hbm, spread)
+    if any(v.rule == "hbm" for v in outcome.violations):
+        state = MemoryState.OUT_OF_MEMORY  # the legality line (--memory-margin) decides
+    elif state is MemoryState.OUT_OF_MEMORY:  # a --memory-margin below the default's
+        state = MemoryState.EDGE
+    term = mem.dominant_term
+    fits_at = fits_line_bytes(hbm, spread)
+    why = (f"peak {mem.peak_bytes / GIB:.1f} GiB; it fits at every measured overhead up to "
+           f"{fits_at / GIB:.1f} GiB ({hbm / GIB:.1f} GiB HBM / {spread.high:.2f}): "
+           f"{spread.text()}; {term} ({mem.peak.terms[term] / GIB:.1f} GiB) decides")
+    room = None
+    if state is not MemoryState.FITS and not any(v.rule != "hbm" for v in outcome.violations):
+        from tune_cp.agent.memory_advice import cheapest_room
+
+        best = cheapest_room(model, cluster, training, outcome.ctx.cfg, settings, spread)
+        if best is not None:
+            base = check_projection(outcome)
+            room = best.text(base.tokens_per_s_per_gpu if base is not None else 0.0)
+    return {"state": state.value, "family": spread.family, "spread_low": spread.low,
+            "spread_high": spread.high, "fits_line_bytes": fits_at, "deciding_term": term,
+            "why": why, "room": room}
+
+
+def framework_settings(framework_name: str | None, model: ModelSpec, cfg: ParallelConfig,
+                       settings: Any, defaults: list[str]) -> Any:
+    """``settings`` with the framework's fragmentation allowance (``formats/frameworks.py::
+    framework_fragmentation``) unless ``--overhead fragmentation=`` set one; stated on the
+    defaults line."""
+    from tune_cp.formats.frameworks import Framework, framework_fragmentation
+    from tune_cp.oracle.memory import MemoryOverheads
+
+    if framework_name is None:
+        return settings
+    frag = framework_fragmentation(Framework(framework_name), model.name, cfg.fsdp)
+    if frag is None or settings.overheads.fragmentation != MemoryOverheads().fragmentation:
+        return settings
+    defaults.append(f"--overhead fragmentation={frag:g} (--framework {framework_name}: "
+                    f"expandable_segments:True in its performance runs)")
+    return settings.with_(overheads=settings.overheads.model_copy(
+        update={"fragmentation": frag}))
+
+
+def apply_framework(ctx: click.Context, framework_name: str | None, cfg: ParallelConfig,
+                    training: TrainingSpec, defaults: list[str]) -> ParallelConfig:
+    """``cfg`` with ``--framework``'s recipe defaults (``formats/frameworks.py``) for the memory
+    settings whose flags were not given; each one applied, or the framework taken, is stated on
+    the defaults line."""
+    from tune_cp.formats.frameworks import Framework, framework_defaults
+
+    if framework_name is None:  # Megatron-LM's defaults are the flags' own
+        defaults.append("--framework megatron-lm (default)")
+        return cfg
+    fw = Framework(framework_name)
+    fp8 = training.precision is Precision.FP8 or cfg.fp8_recipe is not None
+    applied, update = [], {}
+    for d in framework_defaults(fw, cfg.fp8_recipe, fp8):
+        k = KNOB[d.field]
+        if ctx.get_parameter_source(k.param) is not click.core.ParameterSource.DEFAULT:
+            continue
+        if getattr(cfg, d.field) != d.value:
+            update[d.field] = d.value
+        applied.append(d.text())
+    defaults.append(f"--framework {fw.value}: " + "; ".join(applied) if applied
+                    else f"--framework {fw.value}")
+    return build("configuration", ParallelConfig, **(cfg.model_dump() | update)) if update else cfg
 
 
 def describe_setting(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> str:
@@ -867,11 +964,13 @@ CHECK_MOE_ETP = 1
                    "(and its start-up size line and global batch), read as `calibrate --log` "
                    "reads it; --megatron-args completes a cut dump.")
 @export_option
+@framework_option
 @click.pass_context
 def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, megatron_args: str | None, env_items: Sequence[str],
               primus_config: str | None, log_path: str | None, export_fmt: str | None,
+              framework_name: str | None,
               **flags: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
@@ -906,6 +1005,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                               seq_len, gbs, precision, defaults)
         defaults.extend(search_space_defaults(ctx, model, config))
         cfg = build_config(config)
+        cfg = apply_framework(ctx, framework_name, cfg, training, defaults)
         taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
                  if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
                  and ctx.get_parameter_source(k.param) is click.core.ParameterSource.DEFAULT
@@ -951,7 +1051,12 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
             notes.append("from the flags: " + ", ".join(f"{k}={getattr(v, 'value', v)}"
                                                         for k, v in overrides.items()))
         settings = imported_options(ctx, run, settings)
+        if framework_name is None:
+            framework_name = "primus" if "primus" in run.source.lower() else "megatron-lm"
+            defaults.append(f"--framework {framework_name} (the import)")
     check_options(model, settings)
+    settings = framework_settings(framework_name if run is None else None, model, cfg, settings,
+                                  defaults)
     if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
     as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8
@@ -964,6 +1069,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                           f"FP8 training, but the precision is {training.precision.value}: pass "
                           f"--precision fp8 (or an --fp8-recipe), or drop --fp8-param-gather")
     outcome = check_configuration(model, cluster, training, cfg, settings=settings)
+    verdict_state = memory_verdict(model, cluster, training, outcome, settings, framework_name)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
@@ -985,6 +1091,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                    **check_json(outcome),
                    "projection": projection.model_dump() if projection else None,
                    "interval": interval.to_json() if interval else None,
+                   "memory_verdict": verdict_state,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
     echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
@@ -1016,7 +1123,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         echo()
     if outcome.legal:
         mem = outcome.memory
-        echo(f"verdict: legal, fits (dominant: {mem.dominant_group.replace('_', ' ')}; "
+        state = verdict_state["state"] if verdict_state else "fits"
+        echo(f"verdict: legal, {state} (dominant: {mem.dominant_group.replace('_', ' ')}; "
              f"largest term {mem.dominant_term})")
     else:
         fits = outcome.memory is not None and outcome.memory.peak_bytes <= outcome.limit_bytes
@@ -1024,6 +1132,10 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         echo(f"verdict: {verdict}")
         for v in outcome.violations:
             echo(f"  [{v.rule}] {v.message}")
+    if verdict_state and verdict_state["state"] != "fits":
+        echo(f"  memory: {verdict_state['why']}")
+        if verdict_state["room"]:
+            echo(f"  cheapest change that gives room: {verdict_state['room']}")
     if exported:
         click.echo(exported)
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
@@ -1175,6 +1287,8 @@ def fsdp_option(f: Callable) -> Callable:
 @click.option("--verify-dir", default="tune-cp-verify", show_default=True,
               type=click.Path(file_okay=False), help="Folder for --verify.")
 @grad_dtype_option
+@fp8_params_option
+@framework_option
 @export_option
 @settings_options
 @click.pass_context
@@ -1184,8 +1298,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
                all_recompute_levels: bool,
                trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
-               grad_reduce_in_bf16: bool, verify_n: int | None, verify_dir: str,
-               **flags: Any) -> None:
+               grad_reduce_in_bf16: bool, fp8_param_gather: bool, framework_name: str | None,
+               verify_n: int | None, verify_dir: str, **flags: Any) -> None:
     """Search the fastest legal configuration (the default command).
 
     \b
@@ -1213,12 +1327,21 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
     if pareto_path is not None:
         check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+    if fp8_param_gather and training.precision is not Precision.FP8:
+        raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
+                          f"FP8 training, but the precision is {training.precision.value}: pass "
+                          f"--precision fp8, or drop --fp8-param-gather")
+    fixed = build("configuration", ParallelConfig, grad_reduce_in_fp32=not grad_reduce_in_bf16,
+                  fp8_param_gather=fp8_param_gather)
+    fixed = apply_framework(ctx, framework_name, fixed, training, defaults)
+    settings = framework_settings(framework_name, model, fixed, settings, defaults)
     progress = Progress("search")  # on a terminal's stderr only
     opts = SearchOptions(
         settings=settings, top_k=top_k, progress=progress.status, preferences=prefs, baseline=baseline,
         allow_fp8=allow_fp8, fsdp=search_fsdp, goal=goal, **planner.options(),
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
-        grad_reduce_in_fp32=not grad_reduce_in_bf16,
+        grad_reduce_in_fp32=fixed.grad_reduce_in_fp32,
+        fp8_param_gather=fixed.fp8_param_gather and training.precision is Precision.FP8,
     )
     try:
         result = search(model, cluster, training, opts)
@@ -1327,11 +1450,15 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @fsdp_option
 @grad_dtype_option
+@fp8_params_option
+@framework_option
 @settings_options
-def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len: int | None,
-             gbs: int | None, precision: str, tokens: float | None, prices: str | None,
-             max_nodes: int, points: int, plot_path: str | None, as_json: bool,
-             search_fsdp: bool, grad_reduce_in_bf16: bool, **flags: Any) -> None:
+@click.pass_context
+def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node: int | None,
+             seq_len: int | None, gbs: int | None, precision: str, tokens: float | None,
+             prices: str | None, max_nodes: int, points: int, plot_path: str | None,
+             as_json: bool, search_fsdp: bool, grad_reduce_in_bf16: bool, fp8_param_gather: bool,
+             framework_name: str | None, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
     (FP8 falls back to BF16 on GPUs without FP8)."""
@@ -1353,12 +1480,30 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
     seq = seq_len or model.default_seq_len
     batch = gbs or model.default_global_batch_size
     price_map = parse_prices(prices, [g.name for g in gpus])
+    fp8 = Precision(precision) is Precision.FP8
+    if fp8_param_gather and not fp8:
+        fail(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs FP8 "
+             f"training, but the precision is {precision}: pass --precision fp8, or drop "
+             f"--fp8-param-gather")
+    framework_lines: list[str] = []
+    fixed = apply_framework(ctx, framework_name,
+                            build("configuration", ParallelConfig,
+                                  grad_reduce_in_fp32=not grad_reduce_in_bf16,
+                                  fp8_param_gather=fp8_param_gather),
+                            build("training settings", TrainingSpec, seq_len=seq,
+                                  global_batch_size=batch, precision=Precision(precision)),
+                            framework_lines)
+    settings = framework_settings(framework_name, model, fixed, settings, framework_lines)
+    grad_reduce_in_bf16 = not fixed.grad_reduce_in_fp32
+    if framework_name is not None:  # Megatron-LM's defaults are the flags' own: not stated
+        aliases = aliases + framework_lines
     bar = Progress("planning")
     plans = plan(model, [(g, gpus_per_node or g.gpus_per_node) for g in gpus],
                  training_for_precision(seq, batch, Precision(precision)), tokens=tokens,
                  prices=price_map, max_nodes=max_nodes, points=points, settings=settings,
                  progress=bar.bar, fsdp=search_fsdp,
-                 grad_reduce_in_fp32=not grad_reduce_in_bf16)
+                 grad_reduce_in_fp32=not grad_reduce_in_bf16,
+                 fp8_param_gather=fixed.fp8_param_gather and fp8)
     bar.close()
     if plot_path:
         from tune_cp.agent.plots import plan_plot
@@ -1387,10 +1532,14 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
         if p.min_nodes is None:
             click.echo(f"{p.gpu}: {p.note}")
             continue
+        first = next((q for q in p.points if q.nodes == p.min_nodes), None)
+        edge = first is not None and first.memory_state not in (None, "fits")
         click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
-                   f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)")
+                   f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)"
+                   + (", at the edge of memory (oracle/memory_verdict.py: above HBM / the "
+                      "largest measured overhead)" if edge else ""))
         head = (f"  {'nodes':>5} {'GPUs':>6} {'best layout':36} {'tok/s/GPU':>9} "
-                f"{'80% interval':>14} {'MFU':>6} {'cluster tok/s':>13}")
+                f"{'80% interval':>14} {'MFU':>6} {'cluster tok/s':>13} {'memory':>6}")
         if tokens:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
@@ -1411,7 +1560,8 @@ def plan_cmd(model_name: str, gpu_names: str, gpus_per_node: int | None, seq_len
             band = (band_text(iv["low_tokens_per_s_per_gpu"], iv["high_tokens_per_s_per_gpu"],
                               not iv["contains_projection"]) if iv else "")
             line = (f"  {q.nodes:>5} {q.gpus:>6} {layout:36} {q.tokens_per_s_per_gpu:>9,.0f} "
-                    f"{band:>14} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f}")
+                    f"{band:>14} {100 * q.mfu:>5.1f}% {q.cluster_tokens_per_s:>13,.0f} "
+                    f"{'fits' if q.memory_state == 'fits' else 'edge':>6}")
             if tokens:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:

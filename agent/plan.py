@@ -72,6 +72,8 @@ class PlanPoint:
     #: the search phase that found the configuration (``exhaustive`` or ``seed``), as search's
     #: ``best_phase``
     phase: str | None = None
+    #: the chosen configuration's memory state (oracle/memory_verdict.py: fits / at the edge)
+    memory_state: str | None = None
 
 
 @dataclass
@@ -86,12 +88,14 @@ class GpuPlan:
 
 def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  settings: RunSettings, grad_reduce_in_fp32: bool = True,
-                 fsdp: bool = False) -> Problem:
+                 fsdp: bool = False, *, fp8_param_gather: bool = False) -> Problem:
     """The search's problem at ``cluster``: its default space under the run settings (with
-    Megatron-FSDP when ``fsdp``, as ``search --fsdp``)."""
+    Megatron-FSDP when ``fsdp``, as ``search --fsdp``; ``fp8_param_gather``: the space's fixed
+    FP8 parameters, as in a search)."""
     space = default_space(model, cluster, training, grad_reduce_in_fp32=grad_reduce_in_fp32,
                           allow_cross_scale_up=settings.allow_cross_scale_up,
-                          optimizers=searched_optimizers(fsdp))
+                          optimizers=searched_optimizers(fsdp),
+                          fp8_param_gather=fp8_param_gather)
     # what the framework run settings refuse is the family run_settings; settings that leave
     # no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, settings.options)
@@ -102,25 +106,31 @@ def plan_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def probe(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, settings: RunSettings,
-          grad_reduce_in_fp32: bool = True, fsdp: bool = False) -> Enumeration:
+          grad_reduce_in_fp32: bool = True, fsdp: bool = False, *,
+          fp8_param_gather: bool = False) -> Enumeration:
     """The feasible set of ``cluster`` (every family, as the search enumerates it)."""
     # the removal counts are not shown: without them the enumeration costs about 40% less
     return enumerate_problem(plan_problem(model, cluster, training, settings,
-                                          grad_reduce_in_fp32, fsdp), count_removed=False)
+                                          grad_reduce_in_fp32, fsdp,
+                                          fp8_param_gather=fp8_param_gather),
+                             count_removed=False)
 
 
 def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
                training: TrainingSpec, tokens: float | None, price: float | None,
                settings: RunSettings, grad_reduce_in_fp32: bool = True,
-               enum: Enumeration | None = None, fsdp: bool = False) -> PlanPoint:
+               enum: Enumeration | None = None, fsdp: bool = False, *,
+               fp8_param_gather: bool = False) -> PlanPoint:
     """One row: the answer of ``tune-cp search`` at ``nodes`` (``agent.search.search`` without
     the LLM phase, on the enumeration ``enum`` when done already: its :func:`probe`), so a plan's
     row, the search and a sweep's row at one node count are one configuration."""
     from tune_cp.agent.search import NoFeasibleConfiguration, SearchOptions, search
+    from tune_cp.oracle.memory_verdict import memory_state, spread_for
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     if enum is None:
-        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32, fsdp)
+        enum = probe(model, cluster, training, settings, grad_reduce_in_fp32, fsdp,
+                     fp8_param_gather=fp8_param_gather)
     world = cluster.world_size
     empty = PlanPoint(gpu.name, nodes, world, 0, None, None, None, None, None, None, None, None)
     if enum.empty:
@@ -146,6 +156,8 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
         interval=result.interval.to_json() if result.interval is not None else None,
         phase=result.best_phase,
+        memory_state=memory_state(int(best.outcome.memory.peak_bytes), gpu.hbm_bytes,
+                                  spread_for(None)).value,
     )
 
 
@@ -188,12 +200,15 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
          *, tokens: float | None = None, prices: dict[str, float] | None = None,
          max_nodes: int = 1024, points: int = 6, settings: RunSettings | None = None,
          progress: Callable[[int, int, str], None] | None = None,
-         grad_reduce_in_fp32: bool = True, fsdp: bool = False) -> list[GpuPlan]:
+         grad_reduce_in_fp32: bool = True, fsdp: bool = False,
+         fp8_param_gather: bool = False) -> list[GpuPlan]:
     """Plan for each ``(gpu, gpus_per_node)``: the smallest node count with a feasible
     configuration (doubling, then bisecting), then a table over node counts.
     ``settings``: the run's overheads, margin, cross-scale-up, constraints and calibration;
     ``grad_reduce_in_fp32``: the gradient buffer's dtype (fp32 default; False: bf16);
-    ``fsdp``: Megatron-FSDP in the space too (``search --fsdp``).
+    ``fsdp``: Megatron-FSDP in the space too (``search --fsdp``);
+    ``fp8_param_gather``: FP8 parameters for the FP8 configurations (``--fp8-param-gather``,
+    ``--framework bridge``).
 
     ``progress(done, total, what)`` is called before each node count is first looked at (probed
     or enumerated): ``done`` node counts looked at so far, ``total`` an estimate of how many
@@ -228,7 +243,8 @@ def plan(model: ModelSpec, gpus: Sequence[tuple[GpuSpec, int]], training_for: Ca
                              f"{gpu.name}: {nodes_text(n)}")
                 cluster = ClusterSpec(gpu=gpu, num_nodes=n, gpus_per_node=gpn)
                 problems[n] = plan_problem(model, cluster, training, settings,
-                                           grad_reduce_in_fp32, fsdp)
+                                           grad_reduce_in_fp32, fsdp,
+                                           fp8_param_gather=fp8_param_gather)
             return problems[n]
 
         def enumeration(n: int) -> Enumeration:

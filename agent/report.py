@@ -9,6 +9,7 @@ from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.llm import LlmReport
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS, split_label
+from tune_cp.oracle.memory_verdict import MemoryState, memory_state, spread_for
 from tune_cp.oracle.specs import (
     GIB,
     SLOT_SPLITS,
@@ -104,7 +105,10 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     out.append(f"best: {short_layout(b.config)}, mbs {b.config.mbs}, ga {b.config.ga}, recompute "
                f"{recompute_label(b.config)}{extra}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
                f"{100 * b.projection.mfu:.1f}%, step {b.projection.step_time_s:.2f} s, peak "
-               f"{peak / GIB:.1f} of {b.outcome.limit_bytes / GIB:.1f} GiB")
+               f"{peak / GIB:.1f} of {b.outcome.limit_bytes / GIB:.1f} GiB"
+               + (", at the edge of memory" if memory_state(peak, cl.gpu.hbm_bytes,
+                                                            spread_for(None))
+                  is not MemoryState.FITS else ""))
     seed_best = r.seed.best if r.seed else None
     found = {"exhaustive": "the exhaustive ranking of the feasible set",
              "seed": "the seed phase (single-axis moves, combined)",
@@ -155,10 +159,12 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                f"it; * the {star}, ~ a near tie: within {100 * r.near_tie_band:.1f}% of the "
                f"{near}, the median error of the projected ratio of two published runs):")
     head = (f"{'#':>4}  {'layout':32} {'mbs':>3} {'ga':>4} {'recompute':10} {'peak GiB':>9} "
-            f"{'HBM':>5} {'tok/s/GPU':>10} {'80% interval':>15} {'MFU':>6} {'step s':>7}")
+            f"{'HBM':>5} {'tok/s/GPU':>10} {'80% interval':>15} {'MFU':>6} {'step s':>7} memory")
     out.append(head)
     s = r.ranked.scores
     hbm = cl.gpu.hbm_bytes / GIB
+    spread = spread_for(None)
+    edges = 0
     for rank, g in enumerate(r.groups, 1):
         i = g.head
         c = r.ranked.configs[i]
@@ -168,11 +174,18 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         out.append(f"{rank:>3}{mark}  {short_layout(c):32} {c.mbs:>3} {c.ga:>4} "
                    f"{recompute_label(c):10} {r.ranked.peak_bytes[i] / GIB:>9.1f} {hbm:>5.0f} "
                    f"{s['tokens_per_s_per_gpu'][i]:>10,.0f} {band:>15} "
-                   f"{100 * s['mfu'][i]:>5.1f}% {s['step_time_s'][i]:>7.2f}")
+                   f"{100 * s['mfu'][i]:>5.1f}% {s['step_time_s'][i]:>7.2f} "
+                   f"{'edge' if (edge := memory_state(int(r.ranked.peak_bytes[i]), cl.gpu.hbm_bytes, spread) is not MemoryState.FITS) else 'fits'}")
+        edges += edge
         if g.variants:
             shown = [variant_label(r.ranked.configs[v]) for v in g.variants[:6]]
             more = f", +{len(g.variants) - 6} more" if len(g.variants) > 6 else ""
             out.append(f"      = {', '.join(shown)}{more}")
+    if edges:
+        out.append(f"  memory edge: legal, but above {hbm / spread.high:.1f} GiB ({hbm:.0f} GiB "
+                   f"HBM / {spread.high:.2f}), where "
+                   f"{spread.text()}: it may not fit (oracle/memory_verdict.py; `tune-cp check` "
+                   f"names the deciding term and the cheapest change that gives room)")
     classes = sorted({r.ranked.intervals[g.head].used.key for g in r.groups}
                      if r.ranked.intervals else set())
     if classes:

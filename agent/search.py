@@ -145,6 +145,8 @@ class SearchOptions(SettingsView):
     space: SearchSpace | None = None
     #: gradient buffer dtype, fixed for the whole search (not an axis); ``space`` wins if given
     grad_reduce_in_fp32: bool = True
+    #: FP8 parameters for the FP8 candidates, fixed for the whole search (not an axis)
+    fp8_param_gather: bool = False
     keep_all_recompute_levels: bool = False
     workers: int = 1  # processes for the enumeration's slices (same set, same order)
     #: also enumerate Megatron-FSDP (``--fsdp``: ``solver.space.searched_optimizers``); ``space``
@@ -500,7 +502,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     space = opts.space or default_space(model, cluster, training,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32,
-                                        optimizers=searched_optimizers(opts.fsdp))
+                                        optimizers=searched_optimizers(opts.fsdp),
+                                        fp8_param_gather=opts.fp8_param_gather)
     # what Megatron-Core refuses under the framework run settings is the family run_settings;
     # settings that leave no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, opts.settings.options)
@@ -547,7 +550,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                            f"gbs {ref.global_batch_size}, {ref.precision.value})")
     # the gradient dtype is a setting of the problem, not of the baseline
     baseline_cfg = baseline_cfg.model_copy(
-        update={"grad_reduce_in_fp32": space.grad_reduce_in_fp32})
+        update={"grad_reduce_in_fp32": space.grad_reduce_in_fp32,
+                "fp8_param_gather": space.fp8_param_gather})
     t2 = time.perf_counter()
     opts.say("seed phase: single-axis moves from the baseline")
     seed = seed_phase(ev, baseline_cfg, allow_fp8=opts.allow_fp8)

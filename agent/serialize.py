@@ -83,6 +83,7 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "distributed_optimizer": cfg.distributed_optimizer,
         "fsdp": cfg.fsdp,
         "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
+        "fp8_param_gather": cfg.fp8_param_gather,
         "dispatcher": cfg.dispatcher.value,
         "schedule": cfg.schedule_.value,
         "precision": compute_precision(training, cfg).value,
@@ -205,9 +206,13 @@ def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
         "mfu": float(s["mfu"][i]),
         "breakdown": {k: float(s[k][i]) for k in _breakdown_keys(s)},
     }
+    from tune_cp.oracle.memory_verdict import memory_state, spread_for
+
     row["memory"] = {"peak_bytes": int(r.ranked.peak_bytes[i]),
                      "hbm_bytes": r.cluster.gpu.hbm_bytes,
-                     "limit_bytes": r.best.outcome.limit_bytes}
+                     "limit_bytes": r.best.outcome.limit_bytes,
+                     "state": memory_state(int(r.ranked.peak_bytes[i]), r.cluster.gpu.hbm_bytes,
+                                           spread_for(None)).value}
     row["score"] = float(r.ranked.adjusted[i])
     if r.ranked.intervals:
         row["interval"] = r.ranked.intervals[i].to_json()

@@ -25,9 +25,10 @@ gradients              main-gradient buffer, fp32 (4 B/param) by default, bf16 (
 optimizer              Adam fp32 master copy + two moments (12 B/param), sharded over dp x cp
                        (dense) and expert-dp (experts) by the distributed optimizer, with its
                        bucket padding to lcm(group, 128) elements; FSDP: 8 B/param sharded
-fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only)
-fsdp_buffers           unsharded bf16 params + grads (fp32 or bf16 as above) of the layers being
-                       gathered (FSDP only)
+fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only); under
+                       FSDP with FP8 parameters the sharded FP8 weights (:func:`fsdp_fp8_fractions`)
+fsdp_buffers           unsharded params (bf16, or FP8 parameters in their recipe's bytes) + grads
+                       (fp32 or bf16 as above) of the layers being gathered (FSDP only)
 activations            stored activations of all in-flight micro-batches (decoder layers,
                        checkpointed layer inputs, embedding inputs, MTP layers) and the cached
                        RoPE frequency table (:func:`rope_table_bytes`)
@@ -1143,6 +1144,15 @@ class Sharding:
     fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
     fp8_cache_den: int
     linear_weight_bytes: int  # bf16 copy of a linear weight: 2, or 0 with FP8 parameters
+    # FSDP only (:func:`fsdp_fp8_fractions`): bytes per linear param of the unsharded FP8 copy
+    # Transformer Engine keeps for every layer, of the sharded FP8 weight buffer, and of one
+    # gathered linear weight (numerator / denominator each)
+    fsdp_cache_num: int
+    fsdp_cache_den: int
+    fsdp_shard_num: int
+    fsdp_shard_den: int
+    fsdp_gather_num: int
+    fsdp_gather_den: int
     collective_groups: int
     dispatcher_buffers: bool
 
@@ -1178,6 +1188,41 @@ def linear_weight_bytes(cfg: ParallelConfig) -> int:
     return 0 if cfg.fp8_param_gather and cfg.fp8_recipe is not None else BF16_BYTES
 
 
+def fsdp_fp8_fractions(
+    cfg: ParallelConfig, cache: tuple[int, int], fp4: bool = False
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Under FSDP (Megatron-FSDP, ``data_parallel_sharding_strategy=optim_grads_params``), the
+    bytes per linear weight parameter of ``(unsharded FP8 copy, sharded FP8 weight, gathered
+    weight)``, each a fraction; ``cache`` is :func:`fp8_weight_cache_bytes` of the recipe.
+
+    * FP8 parameters (``fp8_param_gather``): the linear weights are TE ``Float8Tensor`` /
+      ``MXFP8Tensor`` parameters, so Megatron-FSDP's model-weight buffer holds them sharded in
+      ``uint8`` (Megatron-LM ``megatron/core/distributed/fsdp/src/megatron_fsdp/
+      param_and_grad_buffer.py`` L2630-2684: ``param_dtype = torch.uint8`` for ``float8``
+      groups, a second, transposed buffer only where ``fp8_need_transpose_data``, i.e.
+      MXFP8's column-wise copy). Per-tensor recipes shard 1 B per parameter; MXFP8 shards both
+      copies with their scales (``2 x 33/32``). A layer is all-gathered in FP8 before its
+      forward and backward and released after (``megatron_fsdp.py`` L620-633: the transpose
+      cache a Hopper backward creates on the gathered weight, L498, is discarded with it unless
+      ``keep_fp8_transpose_cache``, which Megatron-Bridge's FSDP override sets False,
+      ``scripts/performance/utils/overrides.py`` L101): the gathered weight costs the whole
+      recipe fraction (``cache``). Transformer Engine keeps no copy of its own (a quantized
+      parameter is its own GEMM operand): no unsharded copy.
+    * bf16 parameters: the layer is gathered in bf16 (2 B) and Transformer Engine quantizes it
+      into a per-module workspace it caches across micro-batches (TE ``module/linear.py``
+      ``get_weight_workspace(..., cache_name="weight")`` whenever Megatron passes
+      ``is_first_microbatch``, i.e. unless ``disable_parameter_transpose_cache``: Megatron-LM
+      ``megatron/core/extensions/transformer_engine.py`` L1338-1345, reset per step in
+      ``pipeline_parallel/schedules.py`` L496). The workspace is built from the gathered
+      weight, so every layer's FP8 copy stays whole on every rank: ``cache`` per parameter,
+      unsharded, as without FSDP.
+    NVFP4 (``fp4``) has no parameter-gather path modelled: the bf16 case."""
+    if cfg.fp8_param_gather and cfg.fp8_recipe is not None and not fp4:
+        shard = cache if cfg.fp8_recipe is Fp8Recipe.MXFP8 else (1, 1)
+        return (0, 1), shard, cache
+    return cache, (0, 1), (BF16_BYTES, 1)
+
+
 def communicator_count(model: ModelSpec, cfg: ParallelConfig, expert_dp: int) -> int:
     """Communicators of size > 1 a rank belongs to: tp, cp, pp, the dense data-parallel group
     (dp x cp), and for MoE the expert (ep x etp) and expert-data-parallel groups."""
@@ -1195,6 +1240,7 @@ def sharding(
     assert cfg.dp is not None
     num, den = fp8_weight_cache_bytes(cfg.fp8_recipe, cluster.gpu.architecture, fp4)
     expert_dp = max(1, cluster.world_size // (cfg.pp * cfg.ep * cfg.etp_))
+    cache, shard, gather = fsdp_fp8_fractions(cfg, (num, den), fp4)
     return Sharding(
         dense_group=cfg.dp * cfg.cp,
         expert_group=expert_dp,
@@ -1206,6 +1252,12 @@ def sharding(
         fp8_cache_num=num,
         fp8_cache_den=den,
         linear_weight_bytes=linear_weight_bytes(cfg),
+        fsdp_cache_num=cache[0],
+        fsdp_cache_den=cache[1],
+        fsdp_shard_num=shard[0],
+        fsdp_shard_den=shard[1],
+        fsdp_gather_num=gather[0],
+        fsdp_gather_den=gather[1],
         collective_groups=communicator_count(model, cfg, expert_dp),
         dispatcher_buffers=model.is_moe and cfg.dispatcher is Dispatcher.FLEX and cfg.ep > 1,
     )
@@ -1309,8 +1361,18 @@ def combine(
         t["weights"] = FP32_BYTES * sharded
         t["gradients"] = gb * sharded
         t["optimizer"] = (ADAM_STATE_BYTES - FP32_BYTES) * sharded
-        # current and prefetched layer gathered in bf16, their grads reduced in the grad dtype
-        t["fsdp_buffers"] = 2 * (BF16_BYTES + gb) * pu.largest_layer
+        # current and prefetched layer gathered (bf16, or FP8 parameters in their recipe's
+        # bytes), their grads reduced in the grad dtype
+        t["fsdp_buffers"] = (2 * pu.largest_layer * sh.fsdp_gather_num // sh.fsdp_gather_den
+                             + 2 * gb * pu.largest_layer)
+        # FP8 copies (:func:`fsdp_fp8_fractions`): the sharded FP8 parameters, or TE's
+        # unsharded per-layer cache of bf16 parameters
+        linear_shard = shard_elements(
+            dense_params - c.has_embedding * pu.embedding - c.has_output * pu.output
+            - c.mtp_embeddings * pu.mtp_embedding, sh.dense_group, sh.dense_pad
+        ) + shard_elements(expert_params, sh.expert_group, sh.expert_pad)
+        t["fp8_weight_cache"] = (linear_shard * sh.fsdp_shard_num // sh.fsdp_shard_den
+                                 + linear_params * sh.fsdp_cache_num // sh.fsdp_cache_den)
     else:
         # embedding and output layer in bf16; linear weights in bf16 or, with FP8 parameters,
         # only as the FP8 copies of ``fp8_weight_cache``
@@ -1323,7 +1385,7 @@ def combine(
             t["optimizer"] = ADAM_STATE_BYTES * sharded
         else:
             t["optimizer"] = ADAM_STATE_BYTES * all_params
-    t["fp8_weight_cache"] = linear_params * sh.fp8_cache_num // sh.fp8_cache_den
+        t["fp8_weight_cache"] = linear_params * sh.fp8_cache_num // sh.fp8_cache_den
     mtp_layer = au.moe_layer if is_moe else au.dense_layer
     t["activations"] = (
         c.inflight_dense * au.dense_layer

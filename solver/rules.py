@@ -825,6 +825,11 @@ GROUP_HINTS = {
     "activations": "recompute more (full recompute), a smaller micro-batch, or more tp/cp/pp",
     "runtime": "lower the runtime overheads (--overhead) or use a GPU with more HBM",
 }
+#: The model-state hint when Transformer Engine's FP8 copies of bf16 parameters decide under
+#: FSDP (``oracle/memory.py::fsdp_fp8_fractions``: every layer's copy stays whole).
+FSDP_FP8_CACHE_HINT = ("use FP8 parameters (--fp8-param-gather; Megatron-Bridge's FP8 recipes "
+                       "set it): under FSDP, Transformer Engine keeps the FP8 copy of every "
+                       "bf16-parameter layer whole on each GPU, FP8 parameters are sharded")
 #: The activations hint when the run settings refuse full recomputation (per-layer CUDA graphs,
 #: the MoE all-to-all overlap: :data:`SETTING_REFUSALS`).
 NO_FULL_RECOMPUTE_HINT = ("recompute more (selective modules: the run settings refuse full "
@@ -843,6 +848,9 @@ def hbm(ctx: RuleContext) -> list[Violation]:
     hint = (NO_FULL_RECOMPUTE_HINT if group == "activations"
             and refused_by_settings(ctx.settings.options, recompute=Recompute.FULL)
             else GROUP_HINTS[group])
+    if (mem.dominant_term == "fp8_weight_cache" and ctx.cfg.fsdp
+            and not ctx.cfg.fp8_param_gather):
+        hint = FSDP_FP8_CACHE_HINT
     return [Violation("hbm", f"stage {mem.peak_stage} needs {gib(mem.peak_bytes)} but the limit "
                       f"is {gib(limit)} ({gib(mem.hbm_bytes)} HBM of {ctx.cluster.gpu.name} x "
                       f"(1 - {ctx.memory_margin:g} margin)); {name} dominates ({parts}): "

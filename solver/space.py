@@ -157,6 +157,9 @@ class SearchSpace(Spec):
     #: a fixed setting, not an axis: every candidate gets it (``ParallelConfig`` field)
     grad_reduce_in_fp32: bool = Field(
         default=True, description="gradient buffer in fp32 (True) or bf16 (False); not searched")
+    fp8_param_gather: bool = Field(
+        default=False, description="FP8 parameters for the candidates with an FP8 recipe "
+        "(--fp8-param-gather; --framework bridge's default); not searched")
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
@@ -245,9 +248,12 @@ class SearchSpace(Spec):
         return SearchSpace(**(self.model_dump() | update))
 
 
-def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True) -> ParallelConfig:
-    """The (unresolved) configuration of one candidate; ``grad_reduce_in_fp32`` is the space's
-    fixed setting (:attr:`SearchSpace.grad_reduce_in_fp32`)."""
+def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
+                     fp8_param_gather: bool = False) -> ParallelConfig:
+    """The (unresolved) configuration of one candidate; ``grad_reduce_in_fp32`` and
+    ``fp8_param_gather`` are the space's fixed settings (:attr:`SearchSpace.grad_reduce_in_fp32`,
+    :attr:`SearchSpace.fp8_param_gather`: FP8 parameters only where the candidate has an FP8
+    recipe)."""
     opt = c["optimizer"]
     rc: RecomputeOption = c["recompute"]
     return ParallelConfig(
@@ -255,7 +261,8 @@ def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True) -> 
         mbs=c["mbs"], distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
         fsdp=opt is OptimizerChoice.FSDP, dispatcher=c["dispatcher"], schedule=c["schedule"],
         fp8_recipe=c["fp8_recipe"], pipeline_split=c["pipeline_split"],
-        grad_reduce_in_fp32=grad_reduce_in_fp32, **rc.config_fields(),
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
+        fp8_param_gather=fp8_param_gather and c["fp8_recipe"] is not None, **rc.config_fields(),
     )
 
 
@@ -376,6 +383,7 @@ def default_space(
     dispatchers: tuple[Dispatcher, ...] = (Dispatcher.ALLTOALL,),
     pipeline_splits: tuple[PipelineSplit | None, ...] | None = None,
     grad_reduce_in_fp32: bool = True,
+    fp8_param_gather: bool = False,
 ) -> SearchSpace:
     """The space a search starts from (module docstring); ``fixed`` pins axes to one value.
 
@@ -383,7 +391,8 @@ def default_space(
     means nothing). ``full_recompute_layers`` overrides K (default 1 .. the largest virtual
     stage); ``uniform_recompute`` adds the uniform method for the same K values; ``fp8_recipes``
     tries every FP8 recipe when the training precision is FP8. ``grad_reduce_in_fp32`` is the
-    space's fixed gradient-buffer dtype (not an axis).
+    space's fixed gradient-buffer dtype (not an axis), ``fp8_param_gather`` its fixed FP8
+    parameters (FP8 recipes only; not an axis).
     """
     world = cluster.world_size
     limit = world if allow_cross_scale_up else cluster.scale_up_gpus
@@ -421,5 +430,6 @@ def default_space(
         mbs=mbs_dom, recompute=tuple(recompute), optimizer=optimizers, dispatcher=dispatchers,
         schedule=(None, Schedule.ZERO_BUBBLE) if zero_bubble else (None,), fp8_recipe=fp8,
         pipeline_split=pipeline_splits, grad_reduce_in_fp32=grad_reduce_in_fp32,
+        fp8_param_gather=fp8_param_gather and training.precision is Precision.FP8,
     )
     return space.fix(**fixed) if fixed else space

@@ -10,7 +10,9 @@ REF = ("check", "--model", "mixtral-8x22b", "--gpu", "mi355x", "--nodes", "4", "
 def test_amd_reference_fits(run_cli, run_json):
     code, out, _ = run_cli(*REF)
     assert code == 0
-    assert "stage 3" in out and "verdict: legal, fits" in out
+    # 254.8 GiB of 288: legal, but above 288 / 1.18 (the largest measured / predicted peak of
+    # the Megatron family, oracle/catalog/memory_spread.json): at the edge (issue 28)
+    assert "stage 3" in out and "verdict: legal, at the edge" in out
     code, data = run_json(*REF)
     assert code == 0 and data["legal"] is True and data["violations"] == []
     mem = data["memory"]

@@ -15,6 +15,7 @@ from tests.test_fuzz import one_line_error
 from tune_cp.oracle import params as P
 from tune_cp.oracle.catalog import load_model
 from tune_cp.oracle.specs import ConfigError, nodes_text
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXTRAL_LOG = ROOT / "tests/data/logs/megatron_mixtral8x7b_h100_issue756.log"
@@ -137,7 +138,7 @@ def test_check_states_its_defaults(run_cli, run_json):
     line = next(x for x in out.splitlines() if x.startswith("defaults: "))
     assert "--pp 1 --vpp 1 --cp 1 --mbs 1 --recompute none --dispatcher alltoall (flag " \
            "defaults" in line
-    assert "--memory-margin 0.05 (default)" in line and "--tp" not in line
+    assert f"--memory-margin {DEFAULT_MEMORY_MARGIN:g} (default)" in line and "--tp" not in line
     code, data = run_json("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1",
                           "--memory-margin", "0.1", "--mbs", "2")
     assert not any("--memory-margin" in d or "--mbs" in d or "dispatcher" in d

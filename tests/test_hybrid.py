@@ -307,8 +307,8 @@ def test_hybrid_space_offers_no_virtual_stages_nor_full_recompute():
     """solver/space.py::default_space no longer offers vpp > 1 or full recomputation for a
     hybrid model (the rules reject all of them): nemotron-h-8b on 1 x 8 h100 (seq 8192, gbs
     768) goes from 94,976 candidates (25,652 removed by pipeline_split, 3,952 by recompute; the
-    vpp domain of a transformer with 52 layers: 1, 2, 3, 9, 13, 26, 27) to 256, with the same 36
-    feasible configurations."""
+    vpp domain of a transformer with 52 layers: 1, 2, 3, 9, 13, 26, 27) to 256, with the same 39
+    feasible configurations (36 under the 5% margin before issue 28)."""
     from tune_cp.solver.feasible import enumerate_feasible
     from tune_cp.solver.space import (
         NO_RECOMPUTE,
@@ -329,7 +329,7 @@ def test_hybrid_space_offers_no_virtual_stages_nor_full_recompute():
     before, after = enumerate_feasible(m, cl, tr, old), enumerate_feasible(m, cl, tr, sp)
     assert (before.space_size, after.space_size) == (94_976, 256)
     assert before.removed["pipeline_split"] == 25_652 and before.removed["recompute"] == 3_952
-    assert len(before.configs) == len(after.configs) == 36
+    assert len(before.configs) == len(after.configs) == 39
     assert {f.config for f in before.configs} == {f.config for f in after.configs}
 
 
@@ -349,7 +349,10 @@ def test_seed_best_with_flex_dispatcher_is_printed_reproducibly(run_cli):
     """nemotron-3-nano on 4 x 8 h100: the seed phase's best uses the flex dispatcher, which the
     ranked space does not hold; the best line says so (before: it printed only the layout, and
     the table's starred row, a different configuration, was called 'the answer')."""
-    code, out, _ = run_cli("--model", "nemotron-3-nano", "--gpu", "h100", "--nodes", "4")
+    # the 5% margin of before issue 28 keeps the case (with the derived 0.003 the exhaustive
+    # ranking holds a better answer, EP8 selective moe_act at 79.4 GiB, at the edge of memory)
+    code, out, _ = run_cli("--model", "nemotron-3-nano", "--gpu", "h100", "--nodes", "4",
+                           "--memory-margin", "0.05")
     assert code == 0
     best = next(line for line in out.splitlines() if line.startswith("best: "))
     assert best.startswith("best: TP1 PP1 EP16 ETP1 DP32, mbs 1, ga 16, recompute none, "

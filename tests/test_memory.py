@@ -378,6 +378,33 @@ def test_fp8_parameters_drop_the_bf16_copy_of_linear_weights():
     assert fp8["fp8_weight_cache"] == bf16["fp8_weight_cache"]  # the FP8 copies are the weights
 
 
+@pytest.mark.parametrize(("gpu", "recipe", "shard", "gather"), [
+    ("b200", Fp8Recipe.TENSORWISE, (1, 1), (1, 1)),  # Blackwell: no transposed copy
+    ("h100", Fp8Recipe.TENSORWISE, (1, 1), (2, 1)),  # Hopper: transpose made on the gathered layer
+    ("b200", Fp8Recipe.MXFP8, (66, 32), (66, 32)),  # row- and column-wise, 1 scale per 32
+])
+def test_fsdp_fp8_copies_by_hand(gpu, recipe, shard, gather):
+    """Issue 28: under FSDP the FP8 copies are what Megatron-FSDP and Transformer Engine hold
+    (oracle/memory.py::fsdp_fp8_fractions). Llama 3 8B on 8 GPUs, FSDP over dp 8: 6,979,584,000
+    linear params (test above), a multiple of lcm(8, 128), so one rank's shard is 872,448,000;
+    the largest layer 218,112,000. With FP8 parameters only the sharded FP8 weights persist
+    and the two gathered layers are FP8; with bf16 parameters TE's per-module cache of the
+    gathered weights is the whole stage's FP8 copy (the bug of issue 28 was counting that for
+    FP8 parameters too)."""
+    m, cl, tr = setting("llama3-8b", gpu, 1, 4096, 64)
+    cfg = resolved(m, cl, tr, tp=1, fsdp=True, fp8_recipe=recipe)
+    bf16 = M.memory_report(m, cl, tr, cfg).peak.terms
+    fp8 = M.memory_report(m, cl, tr, cfg.model_copy(update={"fp8_param_gather": True})).peak.terms
+    whole = M.fp8_weight_cache_bytes(recipe, cl.gpu.architecture)
+    assert bf16["fp8_weight_cache"] == 6_979_584_000 * whole[0] // whole[1]
+    assert fp8["fp8_weight_cache"] == 872_448_000 * shard[0] // shard[1]
+    layer = 218_112_000
+    assert bf16["fsdp_buffers"] == 2 * (2 + 4) * layer
+    assert fp8["fsdp_buffers"] == 2 * layer * gather[0] // gather[1] + 2 * 4 * layer
+    for k in ("weights", "gradients", "optimizer", "activations"):
+        assert fp8[k] == bf16[k]
+
+
 def test_nvfp4_saves_gemm_inputs_at_nine_sixteenths_of_a_byte():
     """NVFP4 training: 4-bit values + one FP8 scale per 16 elements; fc1's saved input of
     t x h = 4096 x 4096 elements is 16,777,216 x 9 / 16 = 9,437,184 B; the weight copies (row-

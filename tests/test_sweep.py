@@ -21,6 +21,7 @@ from tune_cp.agent.sweep import (
     run_sweep,
     write_rows,
 )
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
 #: four fast scenarios (dense 8B, one or two nodes, two GPUs)
 SMALL = """\
@@ -298,5 +299,6 @@ def test_grid_settings_are_the_run_settings_search_takes(tmp_path):
     assert opts.settings.allow_cross_scale_up is True and opts.settings.memory_margin == 0.1
     assert [c.expr for c in opts.settings.constraints] == ["cp == 1"]
     _, _, opts = scenario_inputs(plain)
-    assert opts.settings.allow_cross_scale_up is False and opts.settings.memory_margin == 0.05
+    assert opts.settings.allow_cross_scale_up is False
+    assert opts.settings.memory_margin == DEFAULT_MEMORY_MARGIN
     assert plain.digest != cross.digest
