@@ -120,6 +120,23 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     out.append(f"  rule: {r.rule}")
     if r.check_command:
         out.append(f"  check it: {r.check_command}")
+    spread0 = spread_for(None)
+    if memory_state(peak, cl.gpu.hbm_bytes, spread0) is MemoryState.EDGE \
+            and r.ranked.configs:
+        from tune_cp.agent.search import choose_answer, memory_fits
+
+        fits = memory_fits(r.ranked, cl.gpu.hbm_bytes)
+        if fits.any():
+            j = choose_answer(r.ranked, fits, float("inf"))  # the best that fits
+            c = r.ranked.configs[j]
+            out.append(f"  at the edge of memory: the best configuration that fits is "
+                       f"{short_layout(c)}, mbs {c.mbs}, recompute {recompute_label(c)}: "
+                       f"{float(r.ranked.tokens[j]):,.0f} tokens/s/GPU, peak "
+                       f"{r.ranked.peak_bytes[j] / GIB:.1f} GiB (the answer's lower bound is "
+                       f"more than the near-tie band above it)")
+        else:
+            out.append("  at the edge of memory: no configuration of the space fits at the "
+                       "largest measured overhead")
     fastest = int(r.ranked.order[0])
     if r.answer_index is not None and fastest != r.answer_index and r.ranked.intervals:
         c = r.ranked.configs[fastest]
@@ -128,7 +145,14 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                    f"{recompute_label(c)}: {iv.projected:,.0f} tokens/s/GPU "
                    f"({iv.low:,.0f}-{iv.high:,.0f}, class {iv.used.key}"
                    + (f", {iv.bias_text()}" if iv.bias is not None else "") + "); "
-                   + ("its lower bound ties with the answer's (within 0.5%): the less exotic wins"
+                   + ("it is at the edge of memory (it may not fit): the answer is the best "
+                      "configuration that fits"
+                      if memory_state(int(r.ranked.peak_bytes[fastest]), cl.gpu.hbm_bytes,
+                                      spread_for(None)) is not MemoryState.FITS
+                      and memory_state(peak, cl.gpu.hbm_bytes, spread_for(None))
+                      is MemoryState.FITS
+                      else "its lower bound ties with the answer's (within 0.5%): the less "
+                      "exotic wins"
                       if r.ranked.lower[fastest] <= r.ranked.lower[r.answer_index] * 1.005 + 1e-9
                       and r.ranked.lower[fastest] >= r.ranked.lower[r.answer_index]
                       else "its lower bound is lower"))

@@ -44,6 +44,7 @@ from tune_cp.agent.llm import (
 )
 from tune_cp.agent.seed import SeedResult, Step, apply, seed_phase
 from tune_cp.oracle.inputs import finite, parse_number
+from tune_cp.oracle.memory_verdict import fits_line_bytes, spread_for
 from tune_cp.oracle.projection import score_configs
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
@@ -298,14 +299,39 @@ def exotic_key(c: ParallelConfig) -> tuple:
     return (sum(used), c.vpp, c.cp, c.pp, c.tp, c.mbs)
 
 
-def choose_answer(ranked: Ranked) -> int:
+def memory_fits(ranked: Ranked, hbm_bytes: int) -> np.ndarray:
+    """Which ranked configurations are in the memory state *fits* (``oracle/memory_verdict.py``:
+    the predicted peak times the largest measured overhead within HBM), as a boolean array."""
+    return ranked.peak_bytes <= fits_line_bytes(hbm_bytes, spread_for(None))
+
+
+def choose_answer(ranked: Ranked, fits: np.ndarray | None = None, edge_band: float = 0.0) -> int:
     """Index of the rule's answer: the highest lower bound; lower bounds within
-    :data:`ANSWER_TIE` of it tie, and the least exotic of those wins (then the higher
-    projection, then the enumeration order)."""
+    :data:`ANSWER_TIE` of it tie, and the least exotic of those wins (then the higher projection,
+    then the enumeration order). With ``fits`` (:func:`memory_fits`) the memory verdict comes
+    first: the answer is the best configuration that fits, unless the best one at the edge of
+    memory has a lower bound more than ``edge_band`` (the near-tie band: the oracle can tell the
+    two apart) above it (:func:`edge_worth_it`). An edge configuration is legal but may not fit
+    on the cluster: it is worth that risk only for a gain the oracle can resolve."""
     low = ranked.lower
-    top = float(low.max())
-    tied = np.flatnonzero(low >= top * (1 - ANSWER_TIE))
-    return int(min(tied, key=lambda i: (exotic_key(ranked.configs[i]), -ranked.adjusted[i], i)))
+
+    def best_of(pool: np.ndarray) -> int:
+        top = float(low[pool].max())
+        tied = pool[low[pool] >= top * (1 - ANSWER_TIE)]
+        return int(min(tied, key=lambda i: (exotic_key(ranked.configs[i]), -ranked.adjusted[i],
+                                            i)))
+
+    best = best_of(np.arange(len(low)))
+    if fits is None or not fits.any() or fits[best]:
+        return best
+    fitting = best_of(np.flatnonzero(fits))
+    return best if edge_worth_it(float(low[best]), float(low[fitting]), edge_band) else fitting
+
+
+def edge_worth_it(edge_lower: float, fit_lower: float, edge_band: float) -> bool:
+    """True when the edge configuration (lower bound ``edge_lower``) is worth its memory risk
+    over the best one that fits (``fit_lower``): more than ``edge_band`` above it."""
+    return edge_lower > fit_lower * (1 + edge_band)
 
 
 def group_ranked(ranked: Ranked, k: int, answer: int, near_tie_band: float) -> list[Group]:
@@ -341,7 +367,8 @@ def near_tie_band() -> float:
 
 
 ANSWER_RULE = ("the answer is the configuration with the highest lower bound of its 80% interval "
-               "(lower bounds within 0.5% tie, the least exotic wins: fewest of interleaving, CP, "
+               "that fits memory (one at the edge of memory only when its lower bound is above it "
+               "by more than the near-tie band; lower bounds within 0.5% tie, the least exotic wins: fewest of interleaving, CP, "
                "FP8, zero-bubble, FSDP, then the shallowest interleaving and smallest CP)")
 
 
@@ -558,7 +585,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     timings["seed_s"] = time.perf_counter() - t2
     base = seed.baseline
 
-    top = choose_answer(ranked)
+    fits = memory_fits(ranked, cluster.gpu.hbm_bytes)
+    band = near_tie_band()
+    top = choose_answer(ranked, fits, band)
     exhaustive = ev.evaluate(ranked.configs[top], "exhaustive",
                              "best of the feasible set (highest lower bound)")
     residuals = residuals_for(opts.calibration)
@@ -592,16 +621,30 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # the exhaustive answer wins ties within the rule's ANSWER_TIE (it already took the least
     # exotic of the lower bounds that tie), so an agent phase replaces it only when it is clearly
     # better than the rule's answer, not when it is the oracle's fastest by less than the tie
-    best_phase, best = max(
-        candidates, key=lambda pt: (lower(pt[1]) * (1 + ANSWER_TIE)
-                                    if pt[0] == "exhaustive" else lower(pt[1])))
+    fits_line = fits_line_bytes(cluster.gpu.hbm_bytes, spread_for(None))
+
+    def fits_memory(t: Trial) -> bool:
+        return bool(t.legal and t.outcome.memory is not None
+                    and t.outcome.memory.peak_bytes <= fits_line)
+
+    def rule_lower(pt: tuple[str, Trial]) -> float:
+        return lower(pt[1]) * (1 + ANSWER_TIE) if pt[0] == "exhaustive" else lower(pt[1])
+
+    # the same rule as choose_answer across the phases: the best that fits, unless the best at
+    # the edge of memory is more than the near-tie band above it
+    best_phase, best = max(candidates, key=rule_lower)
+    fitting = [pt for pt in candidates if fits_memory(pt[1])]
+    if fitting and not fits_memory(best):
+        fit_phase, fit_best = max(fitting, key=rule_lower)
+        if not edge_worth_it(rule_lower((best_phase, best)),
+                              rule_lower((fit_phase, fit_best)), band):
+            best_phase, best = fit_phase, fit_best
     agent_best = max((seed.best, llm_best) if llm_best else (seed.best,), key=lower)
     shortfall = regret(lower(agent_best), lower(exhaustive))
     attribution = attribute(ev, base, best.config, "attribution") if base.legal else []
     if base.legal and best_phase == "seed":
         attribution = list(seed.steps)
     costs = preference_costs(ranked, prefs)
-    band = near_tie_band()
     groups = group_ranked(ranked, opts.top_k, top, band)
     interval = residuals.interval(model, cluster, training, best.config, best.throughput)
     timings["total_s"] = time.perf_counter() - t0

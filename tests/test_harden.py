@@ -165,7 +165,7 @@ def test_plan_rows_follow_the_search_answer_rule(run_cli):
     exotic) unless the seed phase's best has a higher lower bound, and the output says so."""
     from tests.conftest import setting
     from tune_cp.agent.plan import plan, training_for_precision
-    from tune_cp.agent.search import SearchOptions, choose_answer, search
+    from tune_cp.agent.search import SearchOptions, choose_answer, memory_fits, search
     from tune_cp.oracle.catalog import load_gpu
     from tune_cp.oracle.specs import Precision
 
@@ -183,10 +183,17 @@ def test_plan_rows_follow_the_search_answer_rule(run_cli):
                 q.config["mbs"]) == (c.tp, c.pp, c.vpp, c.cp, c.mbs)
         if r.best_phase == "exhaustive":
             ranked = r.ranked
-            i = choose_answer(ranked)
+            fits = memory_fits(ranked, cl.gpu.hbm_bytes)
+            i = choose_answer(ranked, fits, r.near_tie_band)
             assert q.tokens_per_s_per_gpu == pytest.approx(float(ranked.tokens[i]), rel=1e-12)
+            # the highest lower bound (within the tie) of the configurations that fit memory,
+            # or one at the edge more than the near-tie band above them
             low = ranked.lower
-            assert float(low[i]) >= float(np.max(low)) * (1 - 0.005)
+            if fits[i] or not fits.any():
+                pool = low[fits] if fits.any() else low
+                assert float(low[i]) >= float(np.max(pool)) * (1 - 0.005)
+            else:
+                assert float(low[i]) > float(np.max(low[fits])) * (1 + r.near_tie_band)
     code, out, _ = run_cli("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes", "1",
                            "--points", "1")
     assert code == 0 and "by the search's rule: the answer is the configuration with the " \
