@@ -15,9 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from tune_cp.oracle.inputs import exists, finite, is_dir, read_mapping, show_name
+from tune_cp.oracle.inputs import exists, finite, is_dir, read_mapping, show_name, validate
 from tune_cp.oracle.specs import (
     GIB,
     ConfigError,
@@ -36,27 +36,71 @@ HERE = Path(__file__).parent
 # ------------------------------------------------------------------------------------ GPUs
 
 
+#: Plausible range of each physical quantity of a GPU file, in the file's units: (lowest,
+#: highest). Every accelerator tune-cp models lies well inside (the catalog spans 80-288 GiB,
+#: 312-2,500 dense BF16 TFLOP/s, 2-8 TB/s HBM, 160-900 GB/s scale-up, 25-50 GB/s NIC, 400-1,400
+#: W); the bounds are about what the arithmetic can hold, two to three orders of magnitude
+#: beyond any real part, so that only typos and hostile values are refused:
+#:
+#: * floors: the time model divides work by every rate (FLOPs / FLOP/s, bytes / bytes/s); a
+#:   rate of 1e-300 makes a step time overflow to inf (numpy warns, the CLI used to exit 3) and
+#:   5e-324 made MFU ``nan``. The floors are those of the slowest parts anyone trains on, cut
+#:   tenfold: 1 TFLOP/s of tensor math (a T4 has 65), 0.01 TB/s of HBM, 1 GB/s scale-up (PCIe 3
+#:   x16 is 16), 0.1 GB/s NIC (1 GbE is 0.125), 1 GiB of HBM (the memory tables work in bytes;
+#:   less cannot hold a layer), 10 W of board power;
+#: * ceilings: HBM up to 2**20 GiB keeps a GPU's bytes below 2**50 (int64 with room for the
+#:   CP-SAT sums of ``solver/model.py``); rates up to 1e6 TFLOP/s, 1,000 TB/s, 1e5 GB/s keep
+#:   every step time above 1e-18 s of a 1-FLOP step.
+GPU_RANGES: dict[str, tuple[float, float]] = {
+    "hbm_gib": (1.0, float(1 << 20)),
+    "peak_bf16_tflops": (1.0, 1e6),
+    "peak_fp8_tflops": (1.0, 1e6),
+    "peak_fp4_tflops": (1.0, 1e6),
+    "hbm_tb_per_s": (0.01, 1e3),
+    "sfu_exp_tera_per_s": (0.01, 1e4),
+    "scale_up_gb_per_s": (1.0, 1e5),
+    "nic_gb_per_s": (0.1, 1e5),
+    "tdp_w": (10.0, 1e5),
+}
+
+
+def _in_range(key: str, value: float | None) -> float | None:
+    """``value`` when it lies in :data:`GPU_RANGES` (None: not given); else a one-line error
+    with the range and why it exists."""
+    lo, hi = GPU_RANGES[key]
+    if value is not None and not lo <= value <= hi:
+        raise ValueError(f"outside the plausible range [{lo:g}, {hi:g}] (every "
+                         f"real GPU lies far inside; see oracle/catalog/__init__.py::GPU_RANGES)")
+    return value
+
+
 class GpuEntry(Spec):
-    """A GPU as written in ``gpus.json`` or a user's ``--gpu`` file (human units)."""
+    """A GPU as written in ``gpus.json`` or a user's ``--gpu`` file (human units; each physical
+    quantity within :data:`GPU_RANGES`)."""
 
     name: str = Field(min_length=1)
     aliases: list[str] = []
     vendor: Vendor = Vendor.OTHER
     architecture: str = ""
-    hbm_gib: float = Field(gt=0, le=1 << 20)
-    peak_bf16_tflops: float = Field(gt=0, le=1e6)
-    peak_fp8_tflops: float | None = Field(default=None, gt=0, le=1e6)
-    peak_fp4_tflops: float | None = Field(default=None, gt=0, le=1e6)
-    hbm_tb_per_s: float = Field(gt=0, le=1e3)
-    sfu_exp_tera_per_s: float | None = Field(default=None, gt=0, le=1e4)
-    scale_up_gb_per_s: float = Field(gt=0, le=1e5)
+    hbm_gib: float
+    peak_bf16_tflops: float
+    peak_fp8_tflops: float | None = None
+    peak_fp4_tflops: float | None = None
+    hbm_tb_per_s: float
+    sfu_exp_tera_per_s: float | None = None
+    scale_up_gb_per_s: float
     scale_up_domain_gpus: int = Field(ge=1, le=1 << 20)
-    nic_gb_per_s: float = Field(gt=0, le=1e5)
+    nic_gb_per_s: float
     gpus_per_node: int = Field(default=8, ge=1, le=1024, description="usual node size")
-    tdp_w: float | None = Field(default=None, gt=0, le=1e5)
+    tdp_w: float | None = None
     compute_units: int | None = Field(default=None, ge=1, le=1 << 20)
     source: str = ""
     notes: str = ""
+
+    @field_validator(*GPU_RANGES)
+    @classmethod
+    def _plausible(cls, v: float | None, info: ValidationInfo) -> float | None:
+        return _in_range(info.field_name or "", v)
 
     def to_spec(self) -> GpuSpec:
         """The spec in base units (bytes, FLOP/s, bytes/s); GiB and decimal T/G prefixes."""
@@ -152,7 +196,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
         raise _unknown("gpu", name_or_path, entries)
     data = _read_mapping(path, "GPU")
     try:
-        spec = GpuEntry(**data).to_spec()
+        spec = validate(GpuEntry, data, f"GPU file {show_name(path)}").to_spec()
         from tune_cp.oracle.constants import architecture_key
 
         try:
@@ -202,7 +246,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         if "model_type" in data or "architectures" in data:
             return model_from_hf_config(data, name=label or "custom")
         data.setdefault("name", label or "custom")
-        return ModelSpec(**data)
+        return validate(ModelSpec, data, "")
     except ValidationError as e:
         raise ConfigError(f"model file {show_name(path)}: {validation_message(e)}") from e
     except ConfigError as e:
