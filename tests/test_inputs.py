@@ -97,7 +97,7 @@ def test_aliases_shared_and_bounded():
 
 @pytest.mark.parametrize("update, match", [
     ({"max_position_embeddings": "8k"}, "'max_position_embeddings' must be an integer, got '8k'"),
-    ({"attention_dropout": "high"}, "'attention_dropout': 'high' is not a number"),
+    ({"attention_dropout": "high"}, "'attention_dropout' must be a number (without quotes), got 'high'"),
     ({"model_type": "qwen2_moe", "num_experts": 8, "moe_intermediate_size": 1024,
       "decoder_sparse_step": "two"}, "'decoder_sparse_step' must be an integer, got 'two'"),
 ])
