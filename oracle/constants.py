@@ -25,7 +25,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tune_cp.oracle.specs import ConfigError
+from pydantic import ConfigDict, Field
+
+from tune_cp.oracle.specs import ConfigError, Spec
 
 HERE = Path(__file__).parent
 CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
@@ -411,6 +413,63 @@ class CalibrationTable:
         }
 
 
+class MfuCeiling(Spec):
+    """One class's published MFU ceiling in a calibration header (``oracle/calibrate.py::
+    mfu_ceilings``): the best measured MFU, a fraction of the peak, and the row that set it."""
+
+    mfu: float = Field(gt=0, le=1)
+    row: str
+    model: str
+    gpu: str
+
+
+class FittedOn(Spec):
+    """A calibration file's ``fitted_on`` header: what ``calibrate`` (``oracle/calibrate.py::
+    calibrate``) and ``calibrate --log`` (``oracle/refit.py::calibrate_from_logs``) write. The
+    keys read by the projection (``gpus_fitted``, ``architectures_fitted``,
+    ``gpus_by_architecture``: ``evidence_note``; ``mfu_ceilings``: ``projection.mfu_note``;
+    ``user_residuals``: ``uncertainty.residuals_for``) and every other key written are typed;
+    further keys (of a later version) are kept unread."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
+
+    runs_file: str = ""
+    date: str = ""
+    rows: list[str] | int = []
+    logs: list[str] = []
+    user_row_weight: float = Field(default=1.0, gt=0)
+    excluded_sources: list[str] = []
+    architectures_fitted: list[str] = []
+    gpus_fitted: list[str] = []
+    gpus_by_architecture: dict[str, list[str]] = {}
+    software_stacks_fitted: list[str] = []
+    tokens_per_s_mape: float | None = Field(default=None, ge=0)
+    tokens_per_s_median_ape: float | None = Field(default=None, ge=0)
+    tokens_per_s_mape_priors_only: float | None = Field(default=None, ge=0)
+    method: str = ""
+    mfu_ceilings: dict[str, MfuCeiling] = {}
+    #: log(measured / projected) of each log's row (finite: ``oracle/inputs.py::check_tree``)
+    user_residuals: list[float] = []
+
+
+class CalibrationFile(Spec):
+    """The schema every calibration file is validated against (strictly: ``oracle/inputs.py::
+    validate``) before any of it is used, by every command: the shape
+    :meth:`CalibrationTable.to_json` writes. The constants' ranges are checked after it
+    (:func:`table_from_json`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True,
+                              populate_by_name=True)
+
+    about: str = Field(default="", alias="_about")
+    fitted_on: FittedOn | None = None
+    constants: dict[str, dict[str, str | bool]] | None = None
+    software_factors: dict[str, dict[str, str | bool]] | None = None
+    defaults: dict[str, float] | None = None
+    architectures: dict[str, dict[str, float]] | None = None
+    software: dict[str, dict[str, float]] | None = None
+
+
 #: Top-level keys of a calibration file (what :meth:`CalibrationTable.to_json` writes).
 CALIBRATION_KEYS = ("_about", "fitted_on", "constants", "software_factors", "defaults",
                     "architectures", "software")
@@ -446,6 +505,9 @@ def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTa
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {extra}; a calibration file has "
                           f"{', '.join(CALIBRATION_KEYS)}")
+    from tune_cp.oracle.inputs import validate
+
+    parsed = validate(CalibrationFile, data, where)
     if not data.get("defaults") and not data.get("architectures"):
         raise ConfigError(f"{where}: no 'defaults' or 'architectures' constants; write the "
                           f"file with `tune-cp calibrate --out`")
@@ -475,7 +537,8 @@ def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTa
             for a, vals in archs.items()
         },
         about=str(data.get("_about", "")),
-        fitted_on=data.get("fitted_on"),
+        fitted_on=None if parsed.fitted_on is None else parsed.fitted_on.model_dump(
+            exclude_unset=True),
         software={s: {k: _constant_value(SOFTWARE_BY_NAME[k], v, where, f"software.{s}.{k}")
                       for k, v in vals.items()} for s, vals in soft.items()},
     )

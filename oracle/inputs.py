@@ -346,6 +346,17 @@ def strict_message(err: Any) -> str:
             return f"{loc}: {value!r} is not a whole number; write an integer"
         if isinstance(value, dict | list):
             return f"{loc}: a {'list' if isinstance(value, list) else 'mapping'} is not {want}"
+    def shown(v: Any) -> str:
+        return type(v).__name__ if isinstance(v, dict | list) else repr(v)[:MAX_NUMBER_CHARS]
+
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"{loc} must be a mapping of keys to values, got {shown(value)}"
+    if kind in ("list_type", "tuple_type"):
+        return f"{loc} must be a list, got {shown(value)}"
+    if kind == "missing":
+        return f"{loc} is missing"
+    if kind == "extra_forbidden":
+        return f"{loc} is not a known key"
     if kind == "bool_type":
         return f"{loc}: {value!r} is not a boolean; write true or false (without quotes)"
     if kind == "string_type":

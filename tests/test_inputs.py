@@ -128,8 +128,8 @@ def test_names_over_255_characters(run_cli):
     ('{"defaults": {"gemm_efficiency_bf16": 0}}', "0 is outside the constant's range (> 0"),
     ('{"defaults": {"gemm_efficiency_bf16": 1e308}}', "outside the constant's range"),
     ('{"defaults": {"gemm_efficiency_bf16": NaN}}', "NaN is not a number JSON allows"),
-    ('{"defaults": {"gemm_efficiency_bf16": "fast"}}', "'fast' is not a number"),
-    ('{"defaults": 3}', "'defaults' must be a mapping, got int"),
+    ('{"defaults": {"gemm_efficiency_bf16": "fast"}}', "'fast' is a string, not a number"),
+    ('{"defaults": 3}', "defaults must be a mapping of keys to values, got 3"),
 ])
 def test_calibration_files(run_cli, tmp_path, content, match):
     path = tmp_path / "cal.json"
