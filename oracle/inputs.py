@@ -313,13 +313,14 @@ def json_only(data: Any, where: str, key: str = "") -> None:
         x, k = stack.pop()
         if not isinstance(x, JSON_TYPES):
             kind = type(x).__name__
-            raise ConfigError(f"{where}: {k or 'the document'} is a {kind} ({str(x)[:40]}); "
+            at = f"{where}: " if where else ""
+            raise ConfigError(f"{at}{k or 'the document'} is a {kind} ({str(x)[:40]}); "
                               f"write a number, a string in quotes, true/false, a list or a "
                               f"mapping")
         if isinstance(x, dict):
             for kk, v in x.items():
                 if not isinstance(kk, str | int) or isinstance(kk, bool):
-                    raise ConfigError(f"{where}: {k or 'the document'} has the key {kk!r} "
+                    raise ConfigError(f"{where or 'a file'}: {k or 'the document'} has the key {kk!r} "
                                       f"({type(kk).__name__}); keys are names")
                 stack.append((v, f"{k}.{kk}" if k else str(kk)))
         elif isinstance(x, list):
@@ -373,7 +374,7 @@ def validate(model: Any, data: Any, where: str) -> Any:
     ConfigError naming ``where`` (empty: the caller names the file), the key and the value."""
     from pydantic import ValidationError
 
-    json_only(data, where or "the file")
+    json_only(data, where)
     at = f"{where}: " if where else ""
     try:
         return model.model_validate_json(json.dumps(data, allow_nan=False), strict=True)
