@@ -483,15 +483,24 @@ def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
     return value
 
 
+#: Lowest efficiency a calibration file may give (a fraction of the peak rate): the time model
+#: divides work by peak x efficiency, and an efficiency of 5e-324 made a step time overflow to
+#: inf (numpy's warning, then ``MFU nan%``). No kernel class runs below 1% of its peak (the
+#: fitted values lie in 0.32-0.93: ``oracle/catalog/calibration.json``); a fit that went there
+#: would be wrong, not slow.
+MIN_EFFICIENCY = 0.01
+
+
 def _constant_value(c: ConstantDef, raw: Any, where: str, key: str) -> float:
     """A calibration value: a finite number within the constant's range (an efficiency or
-    factor also above 0: the time model divides by it)."""
+    factor also at least :data:`MIN_EFFICIENCY`: the time model divides by it)."""
     from tune_cp.oracle.inputs import finite
 
     v = finite(raw, f"{where}: {key}")
-    strict = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
-    if not ((v > c.lower if strict else v >= c.lower) and v <= c.upper):
-        low = f"> {c.lower:g}" if strict else f">= {c.lower:g}"
+    divides = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
+    lower = max(c.lower, MIN_EFFICIENCY) if divides else c.lower
+    if not (lower <= v <= c.upper):
+        low = f">= {lower:g}"
         raise ConfigError(f"{where}: {key} = {raw!r} is outside the constant's range "
                           f"({low} and <= {c.upper:g})")
     return v

@@ -124,8 +124,8 @@ def test_names_over_255_characters(run_cli):
 @pytest.mark.parametrize("content, match", [
     ("null", "must hold a mapping"), ("3", "must hold a mapping"), ("[1]", "must hold a mapping"),
     ('{"foo": 1}', "unknown key(s) ['foo']"),
-    ('{"defaults": {"gemm_efficiency_bf16": -1}}', "-1 is outside the constant's range (> 0"),
-    ('{"defaults": {"gemm_efficiency_bf16": 0}}', "0 is outside the constant's range (> 0"),
+    ('{"defaults": {"gemm_efficiency_bf16": -1}}', "-1 is outside the constant's range (>= 0.01"),
+    ('{"defaults": {"gemm_efficiency_bf16": 0}}', "0 is outside the constant's range (>= 0.01"),
     ('{"defaults": {"gemm_efficiency_bf16": 1e308}}', "outside the constant's range"),
     ('{"defaults": {"gemm_efficiency_bf16": NaN}}', "NaN is not a number JSON allows"),
     ('{"defaults": {"gemm_efficiency_bf16": "fast"}}', "'fast' is a string, not a number"),
