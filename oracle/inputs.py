@@ -277,8 +277,27 @@ def _loader() -> Any:
                                                  f"{m.line + 1}); give it once")
                 return super().construct_mapping(node, deep=deep)
 
+        # numbers as YAML 1.2's core schema spells them (ASCII decimal digits; a float may
+        # have an exponent without a point, 1e-05): PyYAML's YAML 1.1 also reads 1_000, 0x10,
+        # 0o17 and 1:30 (base 60) as integers, and reads 1e-05 as a string
+        int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+        Loader.yaml_implicit_resolvers = {
+            ch: [(tag, rx) for tag, rx in rs if tag not in (int_tag, float_tag)]
+            for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        Loader.add_implicit_resolver(int_tag, YAML_INT, list("-+0123456789"))
+        Loader.add_implicit_resolver(float_tag, YAML_FLOAT, list("-+0123456789."))
+        # decimal, as YAML 1.2 reads it (PyYAML's constructor reads 017 as octal 15)
+        Loader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node),
+                                                                 10))
         _LOADER = Loader
     return _LOADER
+
+
+#: YAML 1.2 core-schema integers and floats (the loader's number spellings; ``.inf`` and
+#: ``.nan`` are read, then refused by :func:`check_tree`)
+YAML_INT = re.compile(r"^[-+]?[0-9]+$")
+YAML_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 
 _LOADER: Any = None
