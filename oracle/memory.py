@@ -1527,7 +1527,8 @@ def memory_report(
 #: (or, from Python, receives as floats) any linear expression whose terms may sum beyond 2**63:
 #: a stage slot's total sums a few tens of terms, each at most this figure, so 2**56 leaves
 #: 2**7 of headroom. Real runs are far below: Llama 3.1 405B on one GPU with no sharding at
-#: all, sequence 131,072, needs about 2**45 bytes.
+#: all, sequence 131,072 and micro-batch 8, needs 85,310,216,922,726 bytes (2**46.3;
+#: ``tests/test_input_classes.py``).
 MAX_FIGURE_BYTES = 2**56
 
 
