@@ -38,8 +38,9 @@ HERE = Path(__file__).parent
 #: Plausible range of each physical quantity of a GPU file, in the file's units: (lowest,
 #: highest). Every accelerator tune-cp models lies well inside (the catalog spans 80-288 GiB,
 #: 312-2,500 dense BF16 TFLOP/s, 2-8 TB/s HBM, 160-900 GB/s scale-up, 25-50 GB/s NIC, 400-1,400
-#: W); the bounds are about what the arithmetic can hold, two to three orders of magnitude
-#: beyond any real part, so that only typos and hostile values are refused:
+#: W); the bounds are about what the arithmetic can hold, more than tenfold beyond any real
+#: part on either side (``tests/test_input_classes.py``), so that only typos and hostile
+#: values are refused:
 #:
 #: * floors: the time model divides work by every rate (FLOPs / FLOP/s, bytes / bytes/s); a
 #:   rate of 1e-300 makes a step time overflow to inf (numpy warns, the CLI used to exit 3) and
