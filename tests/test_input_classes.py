@@ -142,6 +142,7 @@ def test_tiny_calibration_efficiencies_are_refused(run_cli, tmp_path):
     (DEEPSEEK, {"n_group": 4, "topk_group": 8},
      "router_group_topk (8) must be at most router_num_groups (4)"),
     (DEEPSEEK, {"n_group": 3, "topk_group": 1}, "router_num_groups (3) must divide num_experts"),
+    (DEEPSEEK, {"n_group": 1, "topk_group": 4}, "topk_group (4) must be at most n_group (1)"),
     (DEEPSEEK, {"routed_scaling_factor": "2.5"}, "'routed_scaling_factor' must be a number"),
     (DEEPSEEK, {"routed_scaling_factor": 0}, "router_topk_scaling_factor"),
     (DEEPSEEK, {"n_shared_experts": "1"}, "'n_shared_experts' must be an integer"),

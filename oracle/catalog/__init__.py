@@ -437,7 +437,11 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
                  "router_num_groups": _num(cfg, "n_group", 0, whole=True),
                  "router_group_topk": _num(cfg, "topk_group", 0, whole=True),
                  "router_topk_scaling_factor": float(_num(cfg, "routed_scaling_factor", 1.0))}
-        if spec["router_num_groups"] <= 1:
+        groups, top = spec["router_num_groups"], spec["router_group_topk"]
+        if groups == 1 and top > 1:  # one group: the checks below never see it
+            raise ConfigError(f"config.json topk_group ({top}) must be at most n_group "
+                              f"({groups}): the router picks topk_group of the n_group groups")
+        if groups <= 1:  # one group is no group-limited routing
             spec["router_num_groups"] = spec["router_group_topk"] = 0
     if family == "qwen2_moe" and spec.get("num_shared_experts"):
         spec["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock.shared_expert_gate
