@@ -114,6 +114,20 @@ def test_gpu_quantities_outside_their_ranges_are_refused(run_cli, tmp_path, key)
         assert v is None or lo * 10 <= v <= hi / 10, (gpu.name, key, v)
 
 
+def test_power_fields_that_contradict_the_peak_are_refused(run_cli, tmp_path):
+    """10 W with 2**20 compute units projected an MFU of 114%: the power model's rate over the
+    stated peak must lie in POWER_FACTOR_RANGE (the catalog's parts: 0.90-1.33)."""
+    hopper = GPU | {"architecture": "hopper", "tdp_w": 10, "compute_units": 2**20}
+    err = one_error(run_cli, "check", "--model", "llama3-8b", "--nodes", "1", "--gpu",
+                    write(tmp_path, "g.json", hopper))
+    assert "compute_units (1048576) and tdp_w (10) give a power-limited rate of 8.73e+03" in err
+    # H100's own units and power beside its own peak: factor 1, accepted
+    h100 = load_gpu("h100")
+    ok = hopper | {"tdp_w": h100.tdp_w, "compute_units": h100.compute_units,
+                   "peak_bf16_tflops": h100.peak_bf16_flops / 1e12}
+    assert load_gpu(write(tmp_path, "ok.json", ok)).compute_units == h100.compute_units
+
+
 def test_tiny_calibration_efficiencies_are_refused(run_cli, tmp_path):
     path = write(tmp_path, "c.json", {"defaults": {"grouped_gemm_efficiency": 5e-324}})
     err = one_error(run_cli, "check", "--model", "mixtral-8x7b", "--nodes", "1",

@@ -74,6 +74,32 @@ def _in_range(key: str, value: float | None) -> float | None:
     return value
 
 
+#: Band of the power model's sustained tensor rate over a GPU's stated peak
+#: (``oracle/compute.py::sustained_rate``, taken at both ends of ``power_clock_exponent``'s range
+#: [0, 1], between which it is monotone). The catalog's parts lie in 0.90-1.33; outside 0.5-2 a
+#: file's ``compute_units`` and ``tdp_w`` contradict its own peak (10 W with 2**20 compute units
+#: projected an MFU of 114%).
+POWER_FACTOR_RANGE = (0.5, 2.0)
+
+
+def power_problem(gpu: GpuSpec) -> str | None:
+    """Why ``gpu``'s ``compute_units`` / ``tdp_w`` put its power-limited rate outside
+    :data:`POWER_FACTOR_RANGE` of its peak; None when they do not (or are not given)."""
+    from tune_cp.oracle.compute import power_ratios, sustained_rate
+
+    ratios = power_ratios(gpu)
+    lo, hi = POWER_FACTOR_RANGE
+    for gamma in (0.0, 1.0):
+        f = float(sustained_rate(*ratios, gamma))
+        if not lo <= f <= hi:
+            return (f"compute_units ({gpu.compute_units}) and tdp_w ({gpu.tdp_w:g}) give a "
+                    f"power-limited rate of {f:.3g} x the stated peak (power_clock_exponent "
+                    f"{gamma:g}), outside [{lo:g}, {hi:g}]: they contradict peak_bf16_tflops "
+                    f"against the {gpu.architecture} reference part (oracle/compute.py::"
+                    f"sustained_rate); correct them or leave them out")
+    return None
+
+
 class GpuEntry(Spec):
     """A GPU as written in ``gpus.json`` or a user's ``--gpu`` file (human units; each physical
     quantity within :data:`GPU_RANGES`)."""
@@ -203,6 +229,8 @@ def load_gpu(name_or_path: str) -> GpuSpec:
             architecture_key(spec.architecture)
         except ConfigError as e:
             raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+        if why := power_problem(spec):
+            raise ConfigError(f"GPU file {show_name(path)}: {why}")
         return spec
     except ValidationError as e:
         raise ConfigError(f"GPU file {show_name(path)}: {validation_message(e)}") from e
