@@ -302,6 +302,10 @@ def _gpu_quantity(rng: random.Random, tmp: Path) -> tuple[str, ...]:
     keys = GPU_QUANTITIES if rng.random() < 0.3 else rng.sample(GPU_QUANTITIES, 2)
     for key in keys:
         g[key] = rng.choice(GPU_EXTREMES)
+    if rng.random() < 0.3:  # power fields against the reference part (oracle/compute.py)
+        g |= {"architecture": rng.choice(("hopper", "blackwell", "cdna3")),
+              "compute_units": rng.choice((1, 132, 304, 2**20)),
+              "tdp_w": rng.choice((10, 700, 1e5))}
     p = tmp / f"gq{rng.randrange(10**9)}.json"
     p.write_text(json.dumps(g))
     return ("check", "--model", rng.choice(("llama3-8b", "mixtral-8x7b")), "--gpu", str(p),
