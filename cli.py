@@ -1057,6 +1057,10 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     check_options(model, settings)
     settings = framework_settings(framework_name if run is None else None, model, cfg, settings,
                                   defaults)
+    from tune_cp.oracle.memory import arithmetic_problem
+
+    if why := arithmetic_problem(model, training, cfg.mbs):  # as a search space checks it
+        raise ConfigError(why)
     if ctx.get_parameter_source("memory_margin") is click.core.ParameterSource.DEFAULT:
         defaults.append(f"--memory-margin {settings.memory_margin:g} (default)")
     as_run = training_as_run(training, cfg)  # one precision: an FP8 recipe trains in FP8

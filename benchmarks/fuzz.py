@@ -6,7 +6,10 @@
 Cases come from ``tests/fuzzing.py`` (malformed flags, files, expressions, output paths; and,
 unless ``--light``, searches of extreme models and cluster sizes and mutated Primus YAMLs),
 plus the runaway reproducers of issue 16 (a 100,000-layer model, ``--baseline vpp=100000``,
-``--moe-layer-freq '[1]*300000000'``, slow explanations, ...). Each case runs as
+``--moe-layer-freq '[1]*300000000'``, slow explanations, ...) and those of issue 29's
+data-input classes (``issue29_cases``: extreme shapes, tiny GPU rates, config.json strings,
+quoted numbers, calibration headers of the wrong shape, torchtitan TOMLs); every such case
+must end in exit 1 or 2 (an input the issue found accepted must now be refused). Each case runs as
 ``python cli.py ARGS`` in a scratch directory with a wall-clock limit (``--timeout``, default
 60 s) and an address-space limit (``resource.setrlimit(RLIMIT_AS)``, default 1 GiB).
 ``--batch N`` (N > 1) runs the cases of the light kinds N to a process instead (``cli.run``
@@ -74,6 +77,82 @@ def runaway_cases(tmp: Path) -> list[Case]:
     return [Case("runaway", tuple(x)) for x in lines]
 
 
+def issue29_cases(tmp: Path) -> list[Case]:
+    """The reproducers of issue 29's data-input classes (each was exit 3 or accepted silently):
+    every dimension at its documented maximum, huge MLA ranks, GPU rates of 1e-300 and 5e-324,
+    config.json strings and zeros, a quoted number, a key twice, calibration headers of the
+    wrong shape, a torchtitan TOML with tp 0 / nan / a datetime."""
+    m = 1 << 24
+    maximal = {"name": "big", "num_layers": 512, "hidden_size": m, "ffn_hidden_size": m,
+               "num_attention_heads": m, "num_kv_heads": m, "head_dim": m, "vocab_size": 1 << 28}
+    ds = {"model_type": "deepseek_v3", "hidden_size": 2048, "num_attention_heads": 16,
+          "num_hidden_layers": 8, "vocab_size": 129280, "intermediate_size": 8192,
+          "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 512,
+          "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": m,
+          "q_lora_rank": m, "qk_nope_head_dim": 1 << 23, "qk_rope_head_dim": 64,
+          "v_head_dim": m}
+    gpu = {"name": "g", "hbm_gib": 80, "peak_bf16_tflops": 900, "hbm_tb_per_s": 3,
+           "scale_up_gb_per_s": 450, "scale_up_domain_gpus": 8, "nic_gb_per_s": 50}
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
+             "intermediate_size": 14336}
+    files: dict[str, object] = {
+        "maximal.json": maximal, "mla.json": ds,
+        "tiny.json": gpu | {k: 1e-300 for k in ("peak_bf16_tflops", "hbm_tb_per_s",
+                                                "scale_up_gb_per_s", "nic_gb_per_s")},
+        "denormal.json": gpu | {k: 5e-324 for k in ("peak_bf16_tflops", "hbm_tb_per_s",
+                                                    "scale_up_gb_per_s", "nic_gb_per_s")},
+        "theta.json": llama | {"rope_theta": "big"}, "eps.json": llama | {"rms_norm_eps": "tiny"},
+        "scaling.json": llama | {"rope_scaling": {"rope_type": "llama3", "factor": "x"}},
+        "scaling_str.json": llama | {"rope_scaling": "llama3"},
+        "kv0.json": llama | {"num_key_value_heads": 0}, "theta0.json": llama | {"rope_theta": 0},
+        "relu.json": ds | {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                           "v_head_dim": 128, "scoring_func": "relu"},
+        "groups.json": ds | {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                             "v_head_dim": 128, "n_group": 4, "topk_group": 8},
+    }
+    for name, data in files.items():
+        (tmp / f"i29_{name}").write_text(json.dumps(data))
+    (tmp / "i29_quoted.yaml").write_text("name: s\nnum_layers: '8'\nhidden_size: 1024\n"
+                                         "ffn_hidden_size: 4096\nnum_attention_heads: 8\n"
+                                         "num_kv_heads: 8\nhead_dim: 128\nvocab_size: 32000\n")
+    (tmp / "i29_true.yaml").write_text((tmp / "i29_quoted.yaml").read_text().replace(
+        "'8'", "true"))
+    (tmp / "i29_twice.json").write_text('{"name": "s", "num_layers": 8, "num_layers": 4, '
+                                        '"hidden_size": 1024, "ffn_hidden_size": 4096, '
+                                        '"num_attention_heads": 8, "num_kv_heads": 8, '
+                                        '"head_dim": 128, "vocab_size": 32000}')
+    cal = json.loads((ROOT / "oracle/catalog/calibration.json").read_text())
+    for name, change in (("fo_list", {"fitted_on": [1]}), ("fo_int", {"fitted_on": 3}),
+                         ("res", {"fitted_on": cal["fitted_on"] | {"user_residuals": ["x"] * 9}}),
+                         ("gpus", {"fitted_on": cal["fitted_on"] | {"gpus_fitted": [[1]]}})):
+        (tmp / f"i29_cal_{name}.json").write_text(json.dumps(cal | change))
+    toml = (ROOT / "tests/data/logs/torchtitan_llama3_8b_fsdp8.toml").read_text()
+    for name, value in (("tp0", "0"), ("nan", "nan"), ("date", "1979-05-27T07:32:00Z")):
+        (tmp / f"i29_{name}.toml").write_text(toml.replace("tensor_parallel_degree = 1",
+                                                           f"tensor_parallel_degree = {value}"))
+    t = str(tmp)
+    check = ("check", "--gpu", "h100", "--nodes", "1")
+    lines = [("--model", f"{t}/i29_maximal.json", "--gpu", "h100", "--nodes", "1"),
+             ("plan", "--model", f"{t}/i29_maximal.json", "--max-nodes", "2", "--points", "1"),
+             ("--model", f"{t}/i29_mla.json", "--gpu", "h100", "--nodes", "1"),
+             ("check", "--model", "llama3-8b", "--nodes", "1", "--gpu", f"{t}/i29_tiny.json"),
+             ("check", "--model", "llama3-8b", "--nodes", "1", "--gpu", f"{t}/i29_denormal.json"),
+             *[(*check, "--model", f"{t}/i29_{n}") for n in (
+                 "theta.json", "eps.json", "scaling.json", "scaling_str.json", "kv0.json",
+                 "theta0.json", "relu.json", "groups.json", "quoted.yaml", "true.yaml",
+                 "twice.json")],
+             (*check, "--model", "llama3-8b", "--constraint", "tp <= 1_000"),
+             *[(*check, "--model", "llama3-8b", "--calibration", f"{t}/i29_cal_{n}.json")
+               for n in ("fo_list", "fo_int", "res", "gpus")],
+             *[("plan", "--model", "llama3-8b", "--max-nodes", "1", "--points", "1",
+                "--calibration", f"{t}/i29_cal_{n}.json") for n in ("fo_list", "gpus")],
+             *[("calibrate", "--log", str(ROOT / "tests/data/logs/torchtitan_issue1287.log"),
+                "--gpu", "h100", "--model", "llama3-8b", "--nodes", "1", "--config",
+                f"{t}/i29_{n}.toml") for n in ("tp0", "nan", "date")]]
+    return [Case("issue 29", tuple(x)) for x in lines]
+
+
 #: The children's environment: the caller's PYTHONPATH (where ``tune_cp`` is importable, e.g. a
 #: link to this checkout) and the checkout itself (``tests.fuzzing``).
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join(
@@ -104,6 +183,8 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
         return {"case": case, "code": "timeout", "wall_s": time.monotonic() - t0,
                 "cpu_s": None, "defects": ["ran past the time limit"], "err": ""}
     found = defects(p.returncode, p.stdout, p.stderr, case.args)
+    if case.kind == "issue 29" and p.returncode == 0:
+        found.append("accepted (exit 0) though it must be refused")
     if "MemoryError" in p.stderr or p.returncode in (-9, 137):
         found.append("out of memory")
     return {"case": case, "code": p.returncode, "wall_s": time.monotonic() - t0,
@@ -178,7 +259,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=2016)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--memory-gib", type=float, default=1.0)
-    ap.add_argument("--no-runaway", action="store_true", help="leave out the runaway cases")
+    ap.add_argument("--no-runaway", action="store_true",
+                    help="leave out the runaway cases (issue 16) and issue 29's reproducers")
     ap.add_argument("--light", action="store_true",
                     help="only the kinds of the bounded test (no searches of extreme models, "
                     "clusters or mutated Primus YAMLs)")
@@ -196,7 +278,7 @@ def main() -> None:
             keep = (keep - {"heavy"}) | (set(HEAVY) if "heavy" in keep else set())
             todo = [c for c in todo if c.kind in keep]
         if not args.no_runaway:
-            todo += runaway_cases(tmp)
+            todo += runaway_cases(tmp) + issue29_cases(tmp)
         results = []
         t0 = time.monotonic()
         mem = int(args.memory_gib * 2**30)

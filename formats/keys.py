@@ -518,6 +518,20 @@ MAX_INT_DIGITS = 19
 TRUE_WORDS = {"true": True, "false": False}
 
 
+def quoted_number(key: Key, value: str) -> bool:
+    """Whether a YAML string where a number of ``key``'s kind belongs spells one that YAML would
+    have read as a number unquoted: an integer, or a float with no exponent. A float with an
+    exponent stays readable: YAML 1.1 (PyYAML, Primus's loader) resolves ``1e-05`` and
+    ``1.0e5`` (no point, or no exponent sign) as strings, which Megatron-LM receives as the
+    number they spell."""
+    text = value.strip()
+    if key.kind is Kind.INT:
+        return bool(WHOLE_NUMBER.fullmatch(text))
+    if key.kind is Kind.FLOAT:
+        return bool(PRIMUS_FLOAT.fullmatch(text)) and "e" not in text.lower()
+    return False
+
+
 def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     """Check and convert one raw value by its kind."""
     if isinstance(value, str) and UNSET in value:
@@ -528,6 +542,10 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
         raise raw.fail(dest, value, "an unexpanded shell variable; pass its value with --env "
                        "NAME=VALUE or paste the command with its values filled in (for example "
                        "from the launch log)")
+    if raw.flavor is Flavor.PRIMUS and isinstance(value, str) and quoted_number(key, value):
+        # numbers in files are numbers: a YAML string that spells one was quoted (``'8'``); a
+        # ``${VAR:8}`` placeholder has become a number already (resolve_placeholders)
+        raise raw.fail(dest, value, "a string, not a number; write the number without quotes")
     if key.kind is Kind.INT:
         if isinstance(value, bool) or not (
             isinstance(value, int) or (isinstance(value, str) and WHOLE_NUMBER.fullmatch(value))

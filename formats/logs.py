@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tune_cp.oracle.specs import ConfigError
+from pydantic import Field
+
+from tune_cp.oracle.specs import MAX_GPUS, ConfigError, Spec
 
 #: iteration lines at the start of a log left out of the median (warm-up steps).
 WARMUP_ITERATIONS = 2
@@ -349,16 +351,65 @@ TITAN_KEYS = {
 }
 
 
-def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
-    """The settings of a torchtitan job TOML that tune-cp models (:data:`TITAN_KEYS`)."""
-    try:
-        from tune_cp.oracle.inputs import read_text
+#: torchtitan ``activation_checkpoint.mode`` values tune-cp models (``job_config.py``
+#: ``ActivationCheckpoint.mode``: ``selective``, ``full``, ``none``).
+TITAN_AC_MODES = ("none", "selective", "full")
 
+
+class TitanSettings(Spec):
+    """The settings of :data:`TITAN_KEYS`, validated strictly (``oracle/inputs.py::validate``)
+    before use. The bounds are torchtitan's (``torchtitan/distributed/parallel_dims.py::
+    ParallelDims._validate``: ``dp_replicate >= 1``, ``dp_shard == -1 or >= 1``, ``cp, tp, pp,
+    ep >= 1``; ``job_config.py``: ``global_batch_size`` -1 is derived from the local batch) and
+    tune-cp's cluster bound (:data:`oracle.specs.MAX_GPUS`)."""
+
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    cp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    ep: int = Field(default=1, ge=1, le=MAX_GPUS)
+    dp_shard: int = Field(default=-1, ge=-1, le=MAX_GPUS)
+    dp_replicate: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pp_schedule: str = ""
+    async_tp: bool = False
+    local_batch_size: int = Field(default=1, ge=1, le=1 << 30)
+    global_batch_size: int = Field(default=-1, ge=-1, le=1 << 30)
+    seq_len: int | None = Field(default=None, ge=1, le=1 << 24)
+    mbs: int | None = Field(default=None, ge=1, le=1 << 30)
+    ac_mode: str = "none"
+    model_name: str = ""
+    model_flavor: str = ""
+
+
+def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
+    """The settings of a torchtitan job TOML that tune-cp models (:data:`TITAN_KEYS`), checked
+    like every user file (``oracle/inputs.py``: size, UTF-8, nesting, finite numbers) and
+    against :class:`TitanSettings`; every failure is a one-line ConfigError."""
+    from tune_cp.oracle.inputs import check_tree, read_text, show_name, validate
+
+    where = f"--config file {show_name(path)}"
+    try:
         data = tomllib.loads(read_text(path, "--config file"))
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"--config {str(path)!r}: not a readable torchtitan TOML ({e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: not a readable torchtitan TOML ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: tables/arrays nest too deeply") from None
+    check_tree(data, where)
     out: dict[str, Any] = {}
     for (section, key), name in TITAN_KEYS.items():
-        if key in data.get(section, {}):
-            out.setdefault(name, data[section][key])
-    return out
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table, got "
+                              f"{type(table).__name__}")
+        if key in table:
+            out.setdefault(name, table[key])
+    toml_key = {name: f"{section}.{key}" for (section, key), name in TITAN_KEYS.items()}
+    try:
+        checked = validate(TitanSettings, out, "")
+    except ConfigError as e:  # named by the TOML's key, not the field's
+        name, _, rest = str(e).partition(" ")
+        name = name.rstrip(":")
+        raise ConfigError(f"{where}: {toml_key.get(name, name)}{str(e)[len(name):]}") from None
+    if checked.ac_mode.lower() not in TITAN_AC_MODES:
+        raise ConfigError(f"{where}: activation_checkpoint.mode {checked.ac_mode!r} is not "
+                          f"modelled; choose {', '.join(TITAN_AC_MODES)}")
+    return {k: getattr(checked, k) for k in out}

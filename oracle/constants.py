@@ -25,7 +25,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tune_cp.oracle.specs import ConfigError
+from pydantic import ConfigDict, Field
+
+from tune_cp.oracle.specs import ConfigError, Spec
 
 HERE = Path(__file__).parent
 CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
@@ -411,6 +413,63 @@ class CalibrationTable:
         }
 
 
+class MfuCeiling(Spec):
+    """One class's published MFU ceiling in a calibration header (``oracle/calibrate.py::
+    mfu_ceilings``): the best measured MFU, a fraction of the peak, and the row that set it."""
+
+    mfu: float = Field(gt=0, le=1)
+    row: str
+    model: str
+    gpu: str
+
+
+class FittedOn(Spec):
+    """A calibration file's ``fitted_on`` header: what ``calibrate`` (``oracle/calibrate.py::
+    calibrate``) and ``calibrate --log`` (``oracle/refit.py::calibrate_from_logs``) write. The
+    keys read by the projection (``gpus_fitted``, ``architectures_fitted``,
+    ``gpus_by_architecture``: ``evidence_note``; ``mfu_ceilings``: ``projection.mfu_note``;
+    ``user_residuals``: ``uncertainty.residuals_for``) and every other key written are typed;
+    further keys (of a later version) are kept unread."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
+
+    runs_file: str = ""
+    date: str = ""
+    rows: list[str] | int = []
+    logs: list[str] = []
+    user_row_weight: float = Field(default=1.0, gt=0)
+    excluded_sources: list[str] = []
+    architectures_fitted: list[str] = []
+    gpus_fitted: list[str] = []
+    gpus_by_architecture: dict[str, list[str]] = {}
+    software_stacks_fitted: list[str] = []
+    tokens_per_s_mape: float | None = Field(default=None, ge=0)
+    tokens_per_s_median_ape: float | None = Field(default=None, ge=0)
+    tokens_per_s_mape_priors_only: float | None = Field(default=None, ge=0)
+    method: str = ""
+    mfu_ceilings: dict[str, MfuCeiling] = {}
+    #: log(measured / projected) of each log's row (finite: ``oracle/inputs.py::check_tree``)
+    user_residuals: list[float] = []
+
+
+class CalibrationFile(Spec):
+    """The schema every calibration file is validated against (strictly: ``oracle/inputs.py::
+    validate``) before any of it is used, by every command: the shape
+    :meth:`CalibrationTable.to_json` writes. The constants' ranges are checked after it
+    (:func:`table_from_json`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True,
+                              populate_by_name=True)
+
+    about: str = Field(default="", alias="_about")
+    fitted_on: FittedOn | None = None
+    constants: dict[str, dict[str, str | bool]] | None = None
+    software_factors: dict[str, dict[str, str | bool]] | None = None
+    defaults: dict[str, float] | None = None
+    architectures: dict[str, dict[str, float]] | None = None
+    software: dict[str, dict[str, float]] | None = None
+
+
 #: Top-level keys of a calibration file (what :meth:`CalibrationTable.to_json` writes).
 CALIBRATION_KEYS = ("_about", "fitted_on", "constants", "software_factors", "defaults",
                     "architectures", "software")
@@ -424,15 +483,24 @@ def _mapping(value: Any, where: str, key: str) -> dict[str, Any]:
     return value
 
 
+#: Lowest efficiency a calibration file may give (a fraction of the peak rate): the time model
+#: divides work by peak x efficiency, and an efficiency of 5e-324 made a step time overflow to
+#: inf (numpy's warning, then ``MFU nan%``). No kernel class runs below 1% of its peak (the
+#: fitted values lie in 0.32-0.93: ``oracle/catalog/calibration.json``); a fit that went there
+#: would be wrong, not slow.
+MIN_EFFICIENCY = 0.01
+
+
 def _constant_value(c: ConstantDef, raw: Any, where: str, key: str) -> float:
     """A calibration value: a finite number within the constant's range (an efficiency or
-    factor also above 0: the time model divides by it)."""
+    factor also at least :data:`MIN_EFFICIENCY`: the time model divides by it)."""
     from tune_cp.oracle.inputs import finite
 
     v = finite(raw, f"{where}: {key}")
-    strict = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
-    if not ((v > c.lower if strict else v >= c.lower) and v <= c.upper):
-        low = f"> {c.lower:g}" if strict else f">= {c.lower:g}"
+    divides = c.lower == 0 and ("efficiency" in c.name or c.name.endswith("factor"))
+    lower = max(c.lower, MIN_EFFICIENCY) if divides else c.lower
+    if not (lower <= v <= c.upper):
+        low = f">= {lower:g}"
         raise ConfigError(f"{where}: {key} = {raw!r} is outside the constant's range "
                           f"({low} and <= {c.upper:g})")
     return v
@@ -446,6 +514,9 @@ def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTa
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {extra}; a calibration file has "
                           f"{', '.join(CALIBRATION_KEYS)}")
+    from tune_cp.oracle.inputs import validate
+
+    parsed = validate(CalibrationFile, data, where)
     if not data.get("defaults") and not data.get("architectures"):
         raise ConfigError(f"{where}: no 'defaults' or 'architectures' constants; write the "
                           f"file with `tune-cp calibrate --out`")
@@ -475,7 +546,8 @@ def table_from_json(data: Any, where: str = "calibration file") -> CalibrationTa
             for a, vals in archs.items()
         },
         about=str(data.get("_about", "")),
-        fitted_on=data.get("fitted_on"),
+        fitted_on=None if parsed.fitted_on is None else parsed.fitted_on.model_dump(
+            exclude_unset=True),
         software={s: {k: _constant_value(SOFTWARE_BY_NAME[k], v, where, f"software.{s}.{k}")
                       for k, v in vals.items()} for s, vals in soft.items()},
     )

@@ -190,23 +190,38 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows; give a finite number")
 
 
+class DuplicateKey(ValueError):
+    """A mapping names one key twice (JSON and YAML keep the last value silently)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(f"key {k!r} is given twice ({out[k]!r} and {v!r}); give it once")
+        out[k] = v
+    return out
+
+
 def parse_json(text: str, where: str) -> Any:
-    """Strict JSON (no NaN/Infinity), checked with :func:`check_tree`."""
+    """Strict JSON (no NaN/Infinity, no key given twice), checked with :func:`check_tree`."""
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column "
                           f"{e.colno}") from None
     except RecursionError:
         raise ConfigError(f"{where}: lists/mappings nest more than {MAX_NESTING} deep") from None
+    except DuplicateKey as e:
+        raise ConfigError(f"{where}: {one_line(str(e))}") from None
     except ValueError as e:  # NaN/Infinity, an integer over 4,300 digits
         raise ConfigError(f"{where} is not valid JSON: {one_line(str(e))}") from None
     return check_tree(data, where)
 
 
 def parse_yaml(text: str, where: str) -> Any:
-    """YAML (safe loader: aliases share the anchored object), checked with
-    :func:`check_tree`."""
+    """YAML (safe loader: aliases share the anchored object; no key given twice in one mapping,
+    keys merged with ``<<`` may be overridden), checked with :func:`check_tree`."""
     import yaml
 
     try:
@@ -243,8 +258,46 @@ def _loader() -> Any:
                 finally:
                     self._depth -= 1
 
+            def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+                # a key written twice in one mapping (PyYAML keeps the last value silently);
+                # keys brought in by a ``<<`` merge are defaults the mapping may override
+                if isinstance(node, yaml.MappingNode):
+                    seen: dict[Any, Any] = {}
+                    for key_node, value_node in node.value:
+                        if key_node.tag == "tag:yaml.org,2002:merge":
+                            continue
+                        key = self.construct_object(key_node, deep=True)
+                        try:
+                            first = seen.setdefault(key, value_node)
+                        except TypeError:  # an unhashable key: PyYAML refuses it itself
+                            continue
+                        if first is not value_node:
+                            m = key_node.start_mark
+                            raise yaml.YAMLError(f"key {key!r} is given twice (again at line "
+                                                 f"{m.line + 1}); give it once")
+                return super().construct_mapping(node, deep=deep)
+
+        # numbers as YAML 1.2's core schema spells them (ASCII decimal digits; a float may
+        # have an exponent without a point, 1e-05): PyYAML's YAML 1.1 also reads 1_000, 0x10,
+        # 0o17 and 1:30 (base 60) as integers, and reads 1e-05 as a string
+        int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+        Loader.yaml_implicit_resolvers = {
+            ch: [(tag, rx) for tag, rx in rs if tag not in (int_tag, float_tag)]
+            for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        Loader.add_implicit_resolver(int_tag, YAML_INT, list("-+0123456789"))
+        Loader.add_implicit_resolver(float_tag, YAML_FLOAT, list("-+0123456789."))
+        # decimal, as YAML 1.2 reads it (PyYAML's constructor reads 017 as octal 15)
+        Loader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node),
+                                                                 10))
         _LOADER = Loader
     return _LOADER
+
+
+#: YAML 1.2 core-schema integers and floats (the loader's number spellings; ``.inf`` and
+#: ``.nan`` are read, then refused by :func:`check_tree`)
+YAML_INT = re.compile(r"^[-+]?[0-9]+$")
+YAML_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 
 _LOADER: Any = None
@@ -262,6 +315,92 @@ def read_mapping(path: str | Path, what: str, fmt: str | None = None) -> dict[st
         raise ConfigError(f"{where} must hold a mapping of keys to values, got "
                           f"{type(data).__name__}")
     return data
+
+
+# ------------------------------------------------------------------------------- schemas
+
+#: The value types a user file may hold where a spec reads it (what JSON has): YAML dates,
+#: timestamps, binary and sets, TOML dates and times are refused by :func:`validate`.
+JSON_TYPES = (dict, list, str, int, float, bool, type(None))
+
+
+def json_only(data: Any, where: str, key: str = "") -> None:
+    """A one-line ConfigError naming the first value of ``data`` that JSON cannot hold (a YAML
+    or TOML date, a set, bytes), so that it never reaches a spec as an object it cannot read."""
+    stack = [(data, key)]
+    while stack:
+        x, k = stack.pop()
+        if not isinstance(x, JSON_TYPES):
+            kind = type(x).__name__
+            at = f"{where}: " if where else ""
+            raise ConfigError(f"{at}{k or 'the document'} is a {kind} ({str(x)[:40]}); "
+                              f"write a number, a string in quotes, true/false, a list or a "
+                              f"mapping")
+        if isinstance(x, dict):
+            for kk, v in x.items():
+                if not isinstance(kk, str | int) or isinstance(kk, bool):
+                    raise ConfigError(f"{where or 'a file'}: {k or 'the document'} has the key {kk!r} "
+                                      f"({type(kk).__name__}); keys are names")
+                stack.append((v, f"{k}.{kk}" if k else str(kk)))
+        elif isinstance(x, list):
+            stack.extend((v, f"{k}[{i}]") for i, v in enumerate(x))
+
+
+def strict_message(err: Any) -> str:
+    """The first problem of a strict pydantic validation error on one line, saying what the
+    value is when its type is wrong (a string or boolean where a number belongs)."""
+    from tune_cp.oracle.specs import validation_message
+
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"]) or "the document"
+    value, kind = e.get("input"), e["type"]
+    if kind in ("int_type", "float_type", "int_parsing", "float_parsing"):
+        whole = kind.startswith("int")
+        want = "a whole number" if whole else "a number"
+        if isinstance(value, str):
+            return (f"{loc}: {value[:MAX_NUMBER_CHARS]!r} is a string, not a number; write "
+                    f"{want} without quotes (numbers in files are numbers, not strings)")
+        if isinstance(value, bool):
+            return f"{loc}: {str(value).lower()} is a boolean, not {want}"
+        if isinstance(value, float) and whole:
+            return f"{loc}: {value!r} is not a whole number; write an integer"
+        if isinstance(value, dict | list):
+            return f"{loc}: a {'list' if isinstance(value, list) else 'mapping'} is not {want}"
+    def shown(v: Any) -> str:
+        return type(v).__name__ if isinstance(v, dict | list) else repr(v)[:MAX_NUMBER_CHARS]
+
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"{loc} must be a mapping of keys to values, got {shown(value)}"
+    if kind in ("list_type", "tuple_type"):
+        return f"{loc} must be a list, got {shown(value)}"
+    if kind == "missing":
+        return f"{loc} is missing"
+    if kind == "extra_forbidden":
+        return f"{loc} is not a known key"
+    if kind == "bool_type":
+        return f"{loc}: {value!r} is not a boolean; write true or false (without quotes)"
+    if kind == "string_type":
+        return f"{loc}: {value!r} is not a string; write it in quotes"
+    return validation_message(err)
+
+
+def validate(model: Any, data: Any, where: str) -> Any:
+    """``data`` (read from a user file) as an instance of the pydantic ``model``, validated
+    strictly, as JSON: a number is a JSON number (a string such as ``'8'`` or ``"NaN"`` is
+    refused, not converted), a whole number an integer (``8.0`` is refused where an integer
+    belongs), a boolean ``true``/``false`` (``1`` and ``"yes"`` are refused), and a boolean is
+    never a number (``num_layers: true`` is refused). Every failure is a one-line
+    ConfigError naming ``where`` (empty: the caller names the file), the key and the value."""
+    from pydantic import ValidationError
+
+    json_only(data, where)
+    at = f"{where}: " if where else ""
+    try:
+        return model.model_validate_json(json.dumps(data, allow_nan=False), strict=True)
+    except ValidationError as e:
+        raise ConfigError(f"{at}{strict_message(e)}") from None
+    except ValueError as e:  # a non-finite float (check_tree refuses it first)
+        raise ConfigError(f"{at}{one_line(str(e))}") from None
 
 
 # -------------------------------------------------------------------------------- numbers

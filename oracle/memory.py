@@ -1518,3 +1518,56 @@ def memory_report(
         dominant_term=dominant,
         dominant_group=group,
     )
+
+
+# ------------------------------------------------------------------- what the arithmetic holds
+
+#: Largest byte figure of one GPU tune-cp computes with (64 PiB). Memory is exact integer bytes
+#: in Python, numpy's int64 arrays and CP-SAT, which works in signed 64-bit integers and refuses
+#: (or, from Python, receives as floats) any linear expression whose terms may sum beyond 2**63:
+#: a stage slot's total sums a few tens of terms, each at most this figure, so 2**56 leaves
+#: 2**7 of headroom. Real runs are far below: Llama 3.1 405B on one GPU with no sharding at
+#: all, sequence 131,072 and micro-batch 8, needs 85,310,216,922,726 bytes (2**46.3;
+#: ``tests/test_input_classes.py``).
+MAX_FIGURE_BYTES = 2**56
+
+
+@lru_cache(maxsize=32)
+def unsharded_peak_bytes(model: ModelSpec, training: TrainingSpec, mbs: int) -> int:
+    """The peak bytes of the one-GPU configuration with no parallelism, sharding or
+    recomputation at micro-batch ``mbs``: the upper bound, within the interleaving and routing
+    factors, of every figure a search of ``model`` at this training setting tabulates (every
+    parallel size divides a term; an in-flight micro-batch of a pipeline stage holds only the
+    stage's layers)."""
+    from tune_cp.oracle.specs import GpuSpec, resolve_config
+
+    gpu = GpuSpec(name="unsharded bound", hbm_bytes=1 << 50, peak_bf16_flops=1e15,
+                  hbm_bytes_per_s=1e12, scale_up_bytes_per_s=1e11, scale_up_domain_gpus=1,
+                  nic_bytes_per_s=1e10, gpus_per_node=1)
+    cluster = ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=1)
+    one = training.model_copy(update={"global_batch_size": mbs})
+    cfg = resolve_config(ParallelConfig(mbs=mbs), model, cluster, one)
+    return memory_report(model, cluster, one, cfg).peak_bytes
+
+
+def arithmetic_problem(model: ModelSpec, training: TrainingSpec, mbs: int) -> str | None:
+    """Why ``model`` at this sequence length cannot be computed exactly (its
+    :func:`unsharded_peak_bytes` beyond :data:`MAX_FIGURE_BYTES`), naming the dimensions that
+    make it so; None when it can. Checked before a search space or a check is built, so that
+    no figure reaches numpy or CP-SAT beyond int64."""
+    peak = unsharded_peak_bytes(model, training, mbs)
+    if peak <= MAX_FIGURE_BYTES:
+        return None
+    dims = ", ".join(f"{k} {getattr(model, k):,}" for k in (
+        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+        "num_experts", "expert_ffn_hidden_size") if getattr(model, k))
+    if model.mla is not None:
+        dims += (f", MLA ranks q {model.mla.q_lora_rank:,} kv {model.mla.kv_lora_rank:,}, "
+                 f"head dims {model.mla.qk_nope_head_dim:,}/{model.mla.qk_rope_head_dim:,}/"
+                 f"{model.mla.v_head_dim:,}")
+    return (f"model {model.name!r} ({dims}) is too large for the solver's 64-bit arithmetic: "
+            f"at sequence length {training.seq_len:,} and micro-batch {mbs} it needs "
+            f"{peak / GIB:.3g} GiB on one unsharded GPU, beyond the {MAX_FIGURE_BYTES // GIB:,} "
+            f"GiB (2**56 bytes) that exact int64 and CP-SAT figures hold "
+            f"(oracle/memory.py::MAX_FIGURE_BYTES); check the model's dimensions or shorten "
+            f"--seq-len")

@@ -208,7 +208,9 @@ def _titan_run(m: LogMeasurement, config_path: str | None, model: ModelSpec | No
                           f"{world} GPUs")
     dp = world // (tp * pp * cp)
     local = int(t.get("local_batch_size", 1))
-    gbs = int(t.get("global_batch_size") or local * dp)
+    gbs = int(t.get("global_batch_size", -1))
+    if gbs == -1:  # torchtitan's default: the local batch on every data-parallel rank
+        gbs = local * dp
     mbs = int(t.get("mbs") or (max(1, local // pp) if pp > 1 else local))
     ac = str(t.get("ac_mode", "none")).lower()
     rc: dict[str, Any] = {"recompute": Recompute.NONE}

@@ -398,6 +398,16 @@ class ModelSpec(Spec):
                     f"num_dense_layers ({self.num_dense_layers}) exceeds "
                     f"num_layers ({self.num_layers})"
                 )
+            if self.router_num_groups:
+                # Megatron-Core moe_utils.py::group_limited_topk views the scores as
+                # (tokens, num_groups, num_experts / num_groups) and takes torch.topk of
+                # group_topk groups: the groups divide the experts and group_topk <= num_groups
+                if self.num_experts % self.router_num_groups:
+                    raise ValueError(f"router_num_groups ({self.router_num_groups}) must divide "
+                                     f"num_experts ({self.num_experts})")
+                if self.router_group_topk > self.router_num_groups:
+                    raise ValueError(f"router_group_topk ({self.router_group_topk}) must be at "
+                                     f"most router_num_groups ({self.router_num_groups})")
         elif self.moe_top_k or self.num_shared_experts or self.num_dense_layers:
             raise ValueError("moe_top_k / shared experts / num_dense_layers need num_experts > 0")
         if self.num_dense_layers_effective and self.ffn_hidden_size < 1:

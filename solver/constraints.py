@@ -21,6 +21,9 @@ constraints only ever add restrictions: every legality family stays in force.
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from functools import cached_property
@@ -82,6 +85,7 @@ def parse(text: str) -> tuple[ast.expr, str]:
     except (RecursionError, MemoryError):
         raise ConfigError(f"constraint '{src[:60]}...' nests too deeply; at most "
                           f"{MAX_EXPR_DEPTH} levels") from None
+    _check_spelling(src)
     depth = _depth(tree)
     if depth > MAX_EXPR_DEPTH:
         raise ConfigError(f"constraint '{src[:60]}{'...' if len(src) > 60 else ''}' nests "
@@ -97,6 +101,28 @@ MAX_EXPR_DEPTH = 64
 #: Largest integer a constraint may hold, and the largest magnitude any of its
 #: subexpressions may reach over the search space: CP-SAT works in signed 64-bit integers.
 MAX_EXPR_INT = 2**62
+
+
+#: How an integer of a constraint is spelled: ASCII digits only (as every number tune-cp reads:
+#: ``oracle/inputs.py::NUMBER_SPELLING``). Python also reads ``1_000``, ``0x10``, ``0o7`` and
+#: ``0b1``; a name is read after NFKC normalisation (``ｔｐ`` is ``tp``); tune-cp reads neither,
+#: so that what it reads is what the user sees.
+INT_SPELLING = re.compile(r"[0-9]+")
+
+
+def _check_spelling(src: str) -> None:
+    """Every number of ``src`` in ASCII digits and every name in ASCII (one tokenizer pass over
+    text that already parsed)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(src).readline))
+    except (tokenize.TokenError, SyntaxError):  # parsed by ast: cannot happen, checked there
+        return
+    for tok in tokens:
+        if tok.type == tokenize.NUMBER and not INT_SPELLING.fullmatch(tok.string):
+            raise _error(src, f"'{tok.string}' is not an integer in ASCII digits (such as 8 "
+                              f"or 1000)")
+        if tok.type == tokenize.NAME and not tok.string.isascii():
+            raise _error(src, f"'{tok.string}' is not an ASCII name")
 
 
 def _depth(tree: ast.AST) -> int:

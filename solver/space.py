@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from tune_cp.oracle.memory import max_chunk_layers
+from tune_cp.oracle.memory import arithmetic_problem, max_chunk_layers
 from tune_cp.oracle.specs import (
     SEARCHED_LIGHT_SPLITS,
     SLOT_SPLITS,
@@ -405,6 +405,9 @@ def default_space(
     etp_all = tuple(e for e in divisors(model.expert_ffn_hidden_size or 1) if e <= limit)
     gbs = training.global_batch_size
     mbs_dom = tuple(b for b in mbs if b <= gbs) or (1,)
+    # no figure of the space beyond what int64 and CP-SAT hold (every command's search space)
+    if why := arithmetic_problem(model, training, max(mbs_dom)):
+        raise ConfigError(why)
     # a hybrid Mamba model has neither virtual stages nor full recomputation (solver/rules.py
     # pipeline_split and recompute reject every such candidate): the space does not offer them
     # (full recomputation still when ``full_recompute_layers`` asks for it: the rule's tests)

@@ -239,6 +239,239 @@ def _grid_yaml(rng: random.Random) -> str:
     return "\n".join(f"{k}: {v}" for k, v in fields.items()) + "\n"
 
 
+# ------------------------------------------------------- the data-input classes of issue 29
+
+#: A tune-cp model file (the ModelSpec fields), the start of the "extreme shape" cases.
+MODEL_FILE = {"name": "m", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
+              "num_attention_heads": 8, "num_kv_heads": 8, "head_dim": 128, "vocab_size": 32000}
+#: The documented maximum of each dimension (oracle/specs.py: MAX_DIM, MAX_LAYERS, the vocab's
+#: 2**28) and values around the arithmetic bound (oracle/memory.py::MAX_FIGURE_BYTES).
+SHAPE_EXTREMES = (("num_layers", (1, 256, 512)),
+                  ("hidden_size", (2**18, 2**19, 2**20, 2**24)),
+                  ("ffn_hidden_size", (2**19, 2**24)),
+                  ("num_attention_heads", (1, 2**12, 2**24)),
+                  ("head_dim", (128, 2**16, 2**24)),
+                  ("vocab_size", (2**20, 2**28)))
+#: MLA ranks of the "extreme shape" cases (DEEPSEEK's).
+MLA_EXTREMES = (("kv_lora_rank", (512, 2**20, 2**24)), ("q_lora_rank", (0, 2**20, 2**24)),
+                ("qk_nope_head_dim", (128, 2**16, 2**23)), ("v_head_dim", (128, 2**20, 2**24)),
+                ("moe_intermediate_size", (512, 2**22, 2**24)))
+
+
+def _extreme_shape(rng: random.Random, tmp: Path) -> tuple[str, ...]:
+    """A search, check or plan of a well-typed model at or near the documented maxima: a
+    model file with every dimension extreme, or a DeepSeek config.json with huge MLA ranks."""
+    if rng.random() < 0.5:
+        m = dict(MODEL_FILE)
+        for key, values in SHAPE_EXTREMES:
+            if rng.random() < 0.7:
+                m[key] = rng.choice(values)
+        m["num_kv_heads"] = m["num_attention_heads"]
+    else:
+        m = dict(DEEPSEEK)
+        for key, values in MLA_EXTREMES:
+            if rng.random() < 0.6:
+                m[key] = rng.choice(values)
+    p = tmp / f"shape{rng.randrange(10**9)}.json"
+    p.write_text(json.dumps(m))
+    cmd = rng.choice((("check",), (), ("plan", "--max-nodes", "2", "--points", "1")))
+    nodes = () if cmd and cmd[0] == "plan" else ("--nodes", rng.choice(("1", "2")))
+    return (*cmd, "--model", str(p), "--gpu", rng.choice(("h100", "mi355x")), *nodes,
+            *rng.choice(((), ("--seq-len", "131072"), ("--seq-len", "1048576"))))
+
+
+#: Rates and sizes of the "gpu quantity" cases: tiny positive, denormal, huge, near the bounds.
+GPU_EXTREMES = (1e-300, 5e-324, 1e-9, 0.001, 0.009, 0.01, 0.099, 0.1, 0.99, 1.0, 1e5, 1e6,
+                1.1e6, 1e300, 2**20, 2**20 + 1)
+GPU_QUANTITIES = ("hbm_gib", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops",
+                  "hbm_tb_per_s", "sfu_exp_tera_per_s", "scale_up_gb_per_s", "nic_gb_per_s",
+                  "tdp_w")
+
+
+def _gpu_quantity(rng: random.Random, tmp: Path) -> tuple[str, ...]:
+    """A check on a GPU file with one to all physical quantities tiny, denormal or huge (or a
+    calibration file with an efficiency so): the time model divides by each."""
+    if rng.random() < 0.2:
+        key = rng.choice(("gemm_efficiency_bf16", "grouped_gemm_efficiency", "hbm_efficiency",
+                          "nic_efficiency", "attention_efficiency"))
+        p = tmp / f"eff{rng.randrange(10**9)}.json"
+        p.write_text(json.dumps({"defaults": {key: rng.choice(GPU_EXTREMES[:6])}}))
+        return ("check", "--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "1",
+                "--calibration", str(p))
+    g = dict(GPU, peak_fp8_tflops=1800, sfu_exp_tera_per_s=4, tdp_w=700)
+    keys = GPU_QUANTITIES if rng.random() < 0.3 else rng.sample(GPU_QUANTITIES, 2)
+    for key in keys:
+        g[key] = rng.choice(GPU_EXTREMES)
+    if rng.random() < 0.3:  # power fields against the reference part (oracle/compute.py)
+        g |= {"architecture": rng.choice(("hopper", "blackwell", "cdna3")),
+              "compute_units": rng.choice((1, 132, 304, 2**20)),
+              "tdp_w": rng.choice((10, 700, 1e5))}
+    p = tmp / f"gq{rng.randrange(10**9)}.json"
+    p.write_text(json.dumps(g))
+    return ("check", "--model", rng.choice(("llama3-8b", "mixtral-8x7b")), "--gpu", str(p),
+            "--nodes", "1", *rng.choice(((), ("--precision", "fp8"), ("--json",))))
+
+
+#: config.json values of the "hf types" cases: the wrong type, 0, or out of range.
+HF_TYPE_VALUES = {
+    "rope_theta": ("big", "500000", 0, -1, True, [1], None, 1e-300),
+    "rms_norm_eps": ("tiny", "1e-5", 0, 1, 2.5, False, {}),
+    "rope_scaling": ("llama3", [1], 3, {"rope_type": "llama3", "factor": "x"},
+                     {"rope_type": "yarn", "factor": 0.5}, {"rope_type": 7},
+                     {"rope_type": "llama3", "original_max_position_embeddings": "8k"},
+                     {"rope_type": "dynamic", "factor": 2.0}, None),
+    "num_key_value_heads": (0, -8, "8", 8.0, True, 3),
+    "head_dim": ("128", 0, 128.5, -1),
+    "tie_word_embeddings": ("yes", 1, "false"),
+    "intermediate_size": ("14336", 1.5, True),
+    "sliding_window": ("4096", 4096.0, True),
+    "attention_dropout": ("0.1", 1, 2.0, True),
+}
+HF_DEEPSEEK_VALUES = {
+    "scoring_func": ("relu", "tanh", 3, "", "SIGMOID", "sigmoid", "softmax"),
+    "n_group": (0, 1, 3, 8, "8", 2.0), "topk_group": (0, 4, 9, "4"),
+    "routed_scaling_factor": (0, -1, "2.5", True, 2.5),
+    "n_shared_experts": ("1", 1.0), "q_lora_rank": ("1536", None),
+}
+
+
+def _hf_types(rng: random.Random, tmp: Path) -> tuple[str, ...]:
+    """A check of a config.json (Mixtral or DeepSeek-V3 shaped) with one or two values of the
+    wrong type, 0 where 0 is not the default, or an unknown router score function."""
+    if rng.random() < 0.5:
+        cfg, table = dict(MIXTRAL), HF_TYPE_VALUES
+    else:
+        cfg, table = dict(DEEPSEEK), HF_TYPE_VALUES | HF_DEEPSEEK_VALUES
+    for _ in range(rng.randint(1, 2)):
+        key = rng.choice(sorted(table))
+        cfg[key] = rng.choice(table[key])
+    p = tmp / f"hft{rng.randrange(10**9)}.json"
+    p.write_text(json.dumps(cfg))
+    return ("check", "--model", str(p), "--gpu", "h100", "--nodes", "1",
+            *rng.choice(((), ("--json",))))
+
+
+#: Spellings a number must not have in a file (quoted, a boolean, YAML 1.1's, a float where
+#: an integer belongs), and duplicated keys.
+QUOTED_VALUES = ("'8'", '"8"', "'NaN'", '"nan"', "true", "false", "1_000", "0x10", "0o17",
+                 "1:30", "8.0", "'1e3'", "yes", "~", "2024-01-01", "!!binary aGk=", "[8]",
+                 "{a: 8}")
+
+
+def _quoted_number(rng: random.Random, tmp: Path) -> tuple[str, ...]:
+    """A model or GPU file (YAML or JSON), or a Primus experiment, where one number is written
+    as a string, a boolean, a YAML 1.1 spelling or a date, or where a key is given twice."""
+    kind = rng.choice(("model", "gpu", "primus"))
+    if kind == "primus":
+        key = rng.choice(("tensor_model_parallel_size", "micro_batch_size", "seq_length",
+                          "norm_epsilon", "global_batch_size"))
+        value = rng.choice(QUOTED_VALUES)
+        twice = f"      {key}: 1\n" if rng.random() < 0.3 else ""
+        p = tmp / f"qp{rng.randrange(10**9)}.yaml"
+        p.write_text(f"modules:\n  pre_trainer:\n    overrides:\n{twice}      {key}: {value}\n")
+        return ("check", "--primus-config", str(p), "--model", "llama3-8b", "--gpu", "h100",
+                "--nodes", "1")
+    base = MODEL_FILE if kind == "model" else GPU
+    key = rng.choice(sorted(k for k in base if k != "name"))
+    value = rng.choice(QUOTED_VALUES)
+    lines = [f"{k}: {value if k == key else json.dumps(v)}" for k, v in base.items()]
+    if rng.random() < 0.3:  # a key twice (the second value legal)
+        lines.append(f"{key}: {json.dumps(base[key])}")
+    if rng.random() < 0.5:
+        p = tmp / f"q{rng.randrange(10**9)}.yaml"
+        p.write_text("\n".join(lines) + "\n")
+    else:  # JSON: YAML spellings become JSON strings, literals stay
+        text = "{" + ", ".join(f'"{ln.split(": ", 1)[0]}": ' + _as_json(ln.split(": ", 1)[1])
+                               for ln in lines) + "}"
+        p = tmp / f"q{rng.randrange(10**9)}.json"
+        p.write_text(text)
+    flag = "--model" if kind == "model" else "--gpu"
+    other = ("--gpu", "h100") if kind == "model" else ("--model", "llama3-8b")
+    return ("check", flag, str(p), *other, "--nodes", "1", *rng.choice(((), ("--json",))))
+
+
+def _as_json(value: str) -> str:
+    """A YAML scalar of :data:`QUOTED_VALUES` as JSON text (a JSON literal stays itself)."""
+    try:
+        json.loads(value)
+        return value
+    except ValueError:
+        return json.dumps(value.strip("'\""))
+
+
+def _calibration_shape(rng: random.Random, tmp: Path, root: Path) -> tuple[str, ...]:
+    """The shipped calibration file with its header (``fitted_on``) or constants of the wrong
+    shape: a list, string or number for a mapping, a ceiling without ``mfu`` or with strings,
+    unhashable GPU names, residuals as strings or nested lists; used by check or plan."""
+    data = json.loads((root / "oracle/catalog/calibration.json").read_text())
+    fo = data["fitted_on"]
+    pick = rng.randrange(10)
+    if pick == 0:
+        data["fitted_on"] = rng.choice(([1], "x", 3, True, []))
+    elif pick == 1:
+        ceiling = fo["mfu_ceilings"][rng.choice(sorted(fo["mfu_ceilings"]))]
+        key = rng.choice(("mfu", "row", "model", "gpu"))
+        if rng.random() < 0.5:
+            ceiling.pop(key)
+        else:
+            ceiling[key] = rng.choice(("high", None, [1], 2.0, -0.1, {"a": 1}))
+    elif pick == 2:
+        fo["mfu_ceilings"] = rng.choice(([1], "x", 3, {"dense/hopper/bf16": 0.5}))
+    elif pick == 3:
+        fo[rng.choice(("gpus_fitted", "architectures_fitted"))] = rng.choice(
+            ([[1]], [{}], "h100", {"a": 1}, [1, 2], None))
+    elif pick == 4:
+        fo["gpus_by_architecture"] = rng.choice(({"hopper": "h100"}, [1], {"hopper": [[1]]}))
+    elif pick == 5:
+        fo["user_residuals"] = rng.choice((["x"] * 10, [[0.1]] * 10, "abc", [True] * 10,
+                                           {"a": 1}, [0.1] * 3 + ["y"]))
+    elif pick == 6:
+        data[rng.choice(("defaults", "architectures", "software"))] = rng.choice(
+            ([1], "x", {"hopper": "fast"}, {"gemm_efficiency_bf16": [1]}))
+    elif pick == 7:
+        data["_about"] = rng.choice(([1], 3, {"a": 1}))
+    elif pick == 8:
+        fo[rng.choice(("rows", "tokens_per_s_mape", "date"))] = rng.choice(([[1]], "x", {}))
+    else:
+        data["constants"] = rng.choice(([1], {"x": 3}, "x"))
+    p = tmp / f"cal{rng.randrange(10**9)}.json"
+    p.write_text(json.dumps(data))
+    cmd = rng.choice((("check", "--nodes", "1"), ("plan", "--max-nodes", "1", "--points", "1")))
+    return (*cmd, "--model", "llama3-8b", "--gpu", "h100", "--calibration", str(p))
+
+
+#: TOML values of the "titan toml" cases.
+TITAN_VALUES = ("0", "-1", "-2", "nan", "inf", "-inf", "1979-05-27T07:32:00Z", "07:32:00",
+                "1979-05-27", '"2"', "true", "[1, 2]", "{ a = 1 }", "1.5", "9" * 25, "2",
+                '"full"', '"sometimes"')
+
+
+def _titan_toml(rng: random.Random, tmp: Path, root: Path) -> tuple[str, ...]:
+    """``calibrate --log`` of a torchtitan log with its job TOML mutated: a value of the wrong
+    type, 0, nan/inf, a date, deep nesting, a table that is a number."""
+    lines = (root / "tests/data/logs/torchtitan_llama3_8b_fsdp8.toml").read_text().splitlines()
+    pick = rng.random()
+    if pick < 0.15:
+        depth = rng.choice((60, 500, 5000))
+        lines.append("deep = " + "[" * depth + "]" * depth)
+    elif pick < 0.25:
+        lines = [ln for ln in lines if not ln.startswith("[parallelism]")]
+        lines.insert(0, f"parallelism = {rng.choice(TITAN_VALUES)}")
+    else:
+        slots = [i for i, ln in enumerate(lines) if " = " in ln and not ln.startswith("#")]
+        for i in rng.sample(slots, k=min(len(slots), rng.randint(1, 2))):
+            key = lines[i].split(" = ", 1)[0]
+            if key == "mode":
+                value = rng.choice(('"full"', '"none"', '"sometimes"', "1"))
+            else:
+                value = rng.choice(TITAN_VALUES)
+            lines[i] = f"{key} = {value}"
+    p = tmp / f"titan{rng.randrange(10**9)}.toml"
+    p.write_text("\n".join(lines) + "\n")
+    return ("calibrate", "--log", str(root / "tests/data/logs/torchtitan_issue1287.log"),
+            "--gpu", "h100", "--model", "llama3-8b", "--nodes", "1", "--config", str(p))
+
+
 @dataclass(frozen=True)
 class Case:
     kind: str
@@ -461,6 +694,18 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
                     "--nodes", rng.choice(("1", "2", "8")),
                     *rng.choice(((), ("--precision", "fp8", "--fp8-param-gather"),
                                  ("--constraint", "cp==1"), ("--all-recompute-levels",))), *js)
+        elif kind == "extreme shape":
+            args = (*_extreme_shape(rng, tmp), *js)
+        elif kind == "gpu quantity":
+            args = _gpu_quantity(rng, tmp)
+        elif kind == "hf types":
+            args = _hf_types(rng, tmp)
+        elif kind == "quoted number":
+            args = _quoted_number(rng, tmp)
+        elif kind == "calibration shape":
+            args = (*_calibration_shape(rng, tmp, root), *js)
+        elif kind == "titan toml":
+            args = (*_titan_toml(rng, tmp, root), *js)
         else:  # plan run
             args = ("plan", "--model", rng.choice(("llama3-8b", "mixtral-8x7b", "nemotron-3-nano",
                                                    "deepseek-v3")),
@@ -479,10 +724,10 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
 LIGHT = ("int flag", "float flag", "overhead", "model file", "gpu file", "calibration file",
          "primus file", "constraint", "prefer", "output path", "baseline", "price", "runs file",
          "hybrid file", "mla file", "number file", "megatron args", "fp8 param gather",
-         "subcommand")
+         "subcommand", "gpu quantity", "hf types", "quoted number", "calibration shape")
 #: ("log": a log that reads refits the time model, tens of seconds)
 HEAVY = ("model search", "cluster size", "primus mutation", "runs csv", "sweep grid",
-         "hybrid search", "plan run", "log")
+         "hybrid search", "plan run", "log", "extreme shape", "titan toml")
 #: (key, values) a "hybrid search" case sets in the NemotronH config.json.
 HYBRID_EXTREMES = (("hybrid_override_pattern", ("M", "E", "*", "-", "M" * 200, "ME" * 64,
                                                 "*" * 3 + "M" * 3, "MEMEM*E" * 20)),

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = 16
 CASES = 300
 #: What an error line may name besides the command line's own flags and values: a flag (one
-#: the line lacks, or one inside --megatron-args or a launch script), or a quoted key or value.
-NAMED = re.compile(r"--[a-z][a-z0-9-]+|'[^']+'|\"[^\"]+\"")
+#: the line lacks, or one inside --megatron-args or a launch script), a quoted key or value, or
+#: a file's name with the key in it (``exp.yaml: norm_epsilon true: not a number``).
+NAMED = re.compile(r"--[a-z][a-z0-9-]+|'[^']+'|\"[^\"]+\"|[\w.-]+\.(?:ya?ml|json|toml): \w+")
 
 
 def test_fuzz_campaign(tmp_path, monkeypatch):

@@ -97,7 +97,7 @@ def test_aliases_shared_and_bounded():
 
 @pytest.mark.parametrize("update, match", [
     ({"max_position_embeddings": "8k"}, "'max_position_embeddings' must be an integer, got '8k'"),
-    ({"attention_dropout": "high"}, "'attention_dropout': 'high' is not a number"),
+    ({"attention_dropout": "high"}, "'attention_dropout' must be a number (without quotes), got 'high'"),
     ({"model_type": "qwen2_moe", "num_experts": 8, "moe_intermediate_size": 1024,
       "decoder_sparse_step": "two"}, "'decoder_sparse_step' must be an integer, got 'two'"),
 ])
@@ -124,12 +124,12 @@ def test_names_over_255_characters(run_cli):
 @pytest.mark.parametrize("content, match", [
     ("null", "must hold a mapping"), ("3", "must hold a mapping"), ("[1]", "must hold a mapping"),
     ('{"foo": 1}', "unknown key(s) ['foo']"),
-    ('{"defaults": {"gemm_efficiency_bf16": -1}}', "-1 is outside the constant's range (> 0"),
-    ('{"defaults": {"gemm_efficiency_bf16": 0}}', "0 is outside the constant's range (> 0"),
+    ('{"defaults": {"gemm_efficiency_bf16": -1}}', "-1 is outside the constant's range (>= 0.01"),
+    ('{"defaults": {"gemm_efficiency_bf16": 0}}', "0 is outside the constant's range (>= 0.01"),
     ('{"defaults": {"gemm_efficiency_bf16": 1e308}}', "outside the constant's range"),
     ('{"defaults": {"gemm_efficiency_bf16": NaN}}', "NaN is not a number JSON allows"),
-    ('{"defaults": {"gemm_efficiency_bf16": "fast"}}', "'fast' is not a number"),
-    ('{"defaults": 3}', "'defaults' must be a mapping, got int"),
+    ('{"defaults": {"gemm_efficiency_bf16": "fast"}}', "'fast' is a string, not a number"),
+    ('{"defaults": 3}', "defaults must be a mapping of keys to values, got 3"),
 ])
 def test_calibration_files(run_cli, tmp_path, content, match):
     path = tmp_path / "cal.json"

@@ -33,7 +33,10 @@ GOOD = ["ep * etp <= 8", "cp == 1", "pp in {2, 4}", "tp <= 4", "pp not in {1}",
     ("foo < 2", ("unknown name 'foo' in constraint 'foo < 2'; allowed names: tp, pp, vpp, cp, "
                  "ep, etp, dp, mbs, ga")),
     ("tp", "constraint 'tp' is a number, not a condition"),
-    ("tp < 1.5", "1.5 is not an integer"),
+    ("tp < 1.5", "'1.5' is not an integer in ASCII digits"),
+    # numbers in ASCII digits and ASCII names only, as Python's literals and NFKC names are not
+    ("tp <= 1_000", "'1_000' is not an integer in ASCII digits"),
+    ("tp <= 0x10", "'0x10' is not an integer"), ("ｔｐ <= 8", "'ｔｐ' is not an ASCII name"),
     ("tp in 3", "'3' after 'in' is not a set of integers"),
     ("__import__('os').system('x') == 0", "is not allowed in constraint"),
     ("tp.real < 2", "'tp.real' is not allowed"),

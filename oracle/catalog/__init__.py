@@ -15,15 +15,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from tune_cp.oracle.inputs import exists, finite, is_dir, read_mapping, show_name
+from tune_cp.oracle.inputs import exists, is_dir, read_mapping, show_name, validate
 from tune_cp.oracle.specs import (
     GIB,
     ConfigError,
     GpuSpec,
     MambaSpec,
-    MlaSpec,
     ModelSpec,
     Spec,
     Vendor,
@@ -36,27 +35,98 @@ HERE = Path(__file__).parent
 # ------------------------------------------------------------------------------------ GPUs
 
 
+#: Plausible range of each physical quantity of a GPU file, in the file's units: (lowest,
+#: highest). Every accelerator tune-cp models lies well inside (the catalog spans 80-288 GiB,
+#: 312-2,500 dense BF16 TFLOP/s, 2-8 TB/s HBM, 160-900 GB/s scale-up, 25-50 GB/s NIC, 400-1,400
+#: W); the bounds are about what the arithmetic can hold, more than tenfold beyond any real
+#: part on either side (``tests/test_input_classes.py``), so that only typos and hostile
+#: values are refused:
+#:
+#: * floors: the time model divides work by every rate (FLOPs / FLOP/s, bytes / bytes/s); a
+#:   rate of 1e-300 makes a step time overflow to inf (numpy warns, the CLI used to exit 3) and
+#:   5e-324 made MFU ``nan``. The floors are those of the slowest parts anyone trains on, cut
+#:   tenfold: 1 TFLOP/s of tensor math (a T4 has 65), 0.01 TB/s of HBM, 1 GB/s scale-up (PCIe 3
+#:   x16 is 16), 0.1 GB/s NIC (1 GbE is 0.125), 1 GiB of HBM (the memory tables work in bytes;
+#:   less cannot hold a layer), 10 W of board power;
+#: * ceilings: HBM up to 2**20 GiB keeps a GPU's bytes below 2**50 (int64 with room for the
+#:   CP-SAT sums of ``solver/model.py``); rates up to 1e6 TFLOP/s, 1,000 TB/s, 1e5 GB/s keep
+#:   every step time above 1e-18 s of a 1-FLOP step.
+GPU_RANGES: dict[str, tuple[float, float]] = {
+    "hbm_gib": (1.0, float(1 << 20)),
+    "peak_bf16_tflops": (1.0, 1e6),
+    "peak_fp8_tflops": (1.0, 1e6),
+    "peak_fp4_tflops": (1.0, 1e6),
+    "hbm_tb_per_s": (0.01, 1e3),
+    "sfu_exp_tera_per_s": (0.01, 1e4),
+    "scale_up_gb_per_s": (1.0, 1e5),
+    "nic_gb_per_s": (0.1, 1e5),
+    "tdp_w": (10.0, 1e5),
+}
+
+
+def _in_range(key: str, value: float | None) -> float | None:
+    """``value`` when it lies in :data:`GPU_RANGES` (None: not given); else a one-line error
+    with the range and why it exists."""
+    lo, hi = GPU_RANGES[key]
+    if value is not None and not lo <= value <= hi:
+        raise ValueError(f"outside the plausible range [{lo:g}, {hi:g}] (every "
+                         f"real GPU lies far inside; see oracle/catalog/__init__.py::GPU_RANGES)")
+    return value
+
+
+#: Band of the power model's sustained tensor rate over a GPU's stated peak
+#: (``oracle/compute.py::sustained_rate``, taken at both ends of ``power_clock_exponent``'s range
+#: [0, 1], between which it is monotone). The catalog's parts lie in 0.90-1.33; outside 0.5-2 a
+#: file's ``compute_units`` and ``tdp_w`` contradict its own peak (10 W with 2**20 compute units
+#: projected an MFU of 114%).
+POWER_FACTOR_RANGE = (0.5, 2.0)
+
+
+def power_problem(gpu: GpuSpec) -> str | None:
+    """Why ``gpu``'s ``compute_units`` / ``tdp_w`` put its power-limited rate outside
+    :data:`POWER_FACTOR_RANGE` of its peak; None when they do not (or are not given)."""
+    from tune_cp.oracle.compute import power_ratios, sustained_rate
+
+    ratios = power_ratios(gpu)
+    lo, hi = POWER_FACTOR_RANGE
+    for gamma in (0.0, 1.0):
+        f = float(sustained_rate(*ratios, gamma))
+        if not lo <= f <= hi:
+            return (f"compute_units ({gpu.compute_units}) and tdp_w ({gpu.tdp_w:g}) give a "
+                    f"power-limited rate of {f:.3g} x the stated peak (power_clock_exponent "
+                    f"{gamma:g}), outside [{lo:g}, {hi:g}]: they contradict peak_bf16_tflops "
+                    f"against the {gpu.architecture} reference part (oracle/compute.py::"
+                    f"sustained_rate); correct them or leave them out")
+    return None
+
+
 class GpuEntry(Spec):
-    """A GPU as written in ``gpus.json`` or a user's ``--gpu`` file (human units)."""
+    """A GPU as written in ``gpus.json`` or a user's ``--gpu`` file (human units; each physical
+    quantity within :data:`GPU_RANGES`)."""
 
     name: str = Field(min_length=1)
     aliases: list[str] = []
     vendor: Vendor = Vendor.OTHER
     architecture: str = ""
-    hbm_gib: float = Field(gt=0, le=1 << 20)
-    peak_bf16_tflops: float = Field(gt=0, le=1e6)
-    peak_fp8_tflops: float | None = Field(default=None, gt=0, le=1e6)
-    peak_fp4_tflops: float | None = Field(default=None, gt=0, le=1e6)
-    hbm_tb_per_s: float = Field(gt=0, le=1e3)
-    sfu_exp_tera_per_s: float | None = Field(default=None, gt=0, le=1e4)
-    scale_up_gb_per_s: float = Field(gt=0, le=1e5)
+    hbm_gib: float
+    peak_bf16_tflops: float
+    peak_fp8_tflops: float | None = None
+    peak_fp4_tflops: float | None = None
+    hbm_tb_per_s: float
+    sfu_exp_tera_per_s: float | None = None
+    scale_up_gb_per_s: float
     scale_up_domain_gpus: int = Field(ge=1, le=1 << 20)
-    nic_gb_per_s: float = Field(gt=0, le=1e5)
+    nic_gb_per_s: float
     gpus_per_node: int = Field(default=8, ge=1, le=1024, description="usual node size")
-    tdp_w: float | None = Field(default=None, gt=0, le=1e5)
+    tdp_w: float | None = None
     compute_units: int | None = Field(default=None, ge=1, le=1 << 20)
     source: str = ""
     notes: str = ""
+
+    @field_validator(*GPU_RANGES)
+    @classmethod
+    def _plausible(cls, v: float | None, info: ValidationInfo) -> float | None:
+        return _in_range(info.field_name or "", v)
 
     def to_spec(self) -> GpuSpec:
         """The spec in base units (bytes, FLOP/s, bytes/s); GiB and decimal T/G prefixes."""
@@ -152,13 +222,15 @@ def load_gpu(name_or_path: str) -> GpuSpec:
         raise _unknown("gpu", name_or_path, entries)
     data = _read_mapping(path, "GPU")
     try:
-        spec = GpuEntry(**data).to_spec()
+        spec = validate(GpuEntry, data, f"GPU file {show_name(path)}").to_spec()
         from tune_cp.oracle.constants import architecture_key
 
         try:
             architecture_key(spec.architecture)
         except ConfigError as e:
             raise ConfigError(f"GPU file {str(path)!r}: {e}") from e
+        if why := power_problem(spec):
+            raise ConfigError(f"GPU file {show_name(path)}: {why}")
         return spec
     except ValidationError as e:
         raise ConfigError(f"GPU file {show_name(path)}: {validation_message(e)}") from e
@@ -202,7 +274,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         if "model_type" in data or "architectures" in data:
             return model_from_hf_config(data, name=label or "custom")
         data.setdefault("name", label or "custom")
-        return ModelSpec(**data)
+        return validate(ModelSpec, data, "")
     except ValidationError as e:
         raise ConfigError(f"model file {show_name(path)}: {validation_message(e)}") from e
     except ConfigError as e:
@@ -243,6 +315,49 @@ def _int(cfg: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
+def _num(cfg: dict[str, Any], key: str, default: Any, whole: bool = False,
+         within: str = "") -> Any:
+    """An optional number of a config.json: ``default`` when absent or null, else the value as
+    written, which must be a JSON number (an integer when ``whole``); a string such as
+    ``"big"`` or ``"8"`` and a boolean are refused, not converted (0 stays 0: the spec's bounds
+    decide whether it is legal). ``within``: the mapping ``cfg`` is, for the message."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    kind = int if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        want = "an integer" if whole else "a number"
+        raise ConfigError(f"config.json {within}{key!r} must be {want} (without quotes), got "
+                          f"{value!r}")
+    return value
+
+
+def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """An optional boolean of a config.json (``default`` when absent or null)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"config.json {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _positive(cfg: dict[str, Any], key: str, default: int) -> int:
+    """An optional positive integer (``default`` when absent or null; 0 is refused, not read
+    as the default)."""
+    value = _num(cfg, key, default, whole=True)
+    if value < 1:
+        raise ConfigError(f"config.json {key!r} must be a positive integer, got {value!r} (leave "
+                          f"it out for the default, {default})")
+    return value
+
+
+#: DeepSeek-V2/V3 ``scoring_func`` values (transformers ``DeepseekV3TopkRouter``: sigmoid;
+#: DeepSeek-V2's ``MoEGate``: softmax); Megatron-LM ``--moe-router-score-function`` has the
+#: same two (``arguments.py``: ``choices=['softmax', 'sigmoid']``).
+HF_SCORING_FUNCS = ("softmax", "sigmoid")
+
+
 def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
     """Map a Hugging Face ``config.json`` to a :class:`ModelSpec` (field names per family)."""
     model_type = cfg.get("model_type")
@@ -260,21 +375,20 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
         "num_layers": _need(cfg, "num_hidden_layers", family),
         "hidden_size": h,
         "num_attention_heads": heads,
-        "num_kv_heads": cfg.get("num_key_value_heads") or heads,
-        "head_dim": cfg.get("head_dim") or (h // heads if heads else 0),
+        "num_kv_heads": _positive(cfg, "num_key_value_heads", heads),
+        "head_dim": _num(cfg, "head_dim", 0, whole=True) or (h // heads if heads else 0),
         "vocab_size": _need(cfg, "vocab_size", family),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "ffn_hidden_size": cfg.get("intermediate_size") or 0,
+        "tied_embeddings": _flag(cfg, "tie_word_embeddings", False),
+        "ffn_hidden_size": _num(cfg, "intermediate_size", 0, whole=True),
         "default_seq_len": min(_int(cfg, "max_position_embeddings", 4096), 8192),
         "source": f"Hugging Face config.json (model_type {model_type})",
     }
-    if cfg.get("attention_dropout"):
-        spec["attention_dropout"] = finite(cfg["attention_dropout"], "'attention_dropout'")
+    spec["attention_dropout"] = _num(cfg, "attention_dropout", 0.0)
     if family in ("qwen2", "qwen2_moe"):
         spec["qkv_bias"] = True
     if family in ("qwen3", "qwen3_moe"):
         spec["qk_norm"] = True
-    if cfg.get("attention_bias") and family in ("llama", "qwen3", "qwen3_moe"):
+    if _flag(cfg, "attention_bias", False) and family in ("llama", "qwen3", "qwen3_moe"):
         spec["qkv_bias"] = spec["attn_out_bias"] = True
     if family == "mixtral":
         spec |= {
@@ -293,29 +407,29 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
                 "mlp_only_layers / decoder_sparse_step != 1 (interleaved dense layers) are not "
                 "supported; only leading dense layers are"
             )
-        if cfg.get("shared_expert_intermediate_size"):
+        if shared := _num(cfg, "shared_expert_intermediate_size", 0, whole=True):
             spec["num_shared_experts"] = 1
-            spec["shared_expert_ffn_hidden_size"] = cfg["shared_expert_intermediate_size"]
+            spec["shared_expert_ffn_hidden_size"] = shared
     elif family == "deepseek_v3":
         spec |= {
             "num_experts": _need(cfg, "n_routed_experts", family),
             "moe_top_k": _need(cfg, "num_experts_per_tok", family),
             "expert_ffn_hidden_size": _need(cfg, "moe_intermediate_size", family),
-            "num_shared_experts": cfg.get("n_shared_experts") or 0,
-            "shared_expert_ffn_hidden_size": cfg.get("moe_intermediate_size") or 0,
-            "num_dense_layers": cfg.get("first_k_dense_replace") or 0,
+            "num_shared_experts": _num(cfg, "n_shared_experts", 0, whole=True),
+            "shared_expert_ffn_hidden_size": _num(cfg, "moe_intermediate_size", 0, whole=True),
+            "num_dense_layers": _num(cfg, "first_k_dense_replace", 0, whole=True),
             "router_expert_bias": cfg.get("topk_method") == "noaux_tc",
-            "num_mtp_layers": cfg.get("num_nextn_predict_layers") or 0,
+            "num_mtp_layers": _num(cfg, "num_nextn_predict_layers", 0, whole=True),
             "num_kv_heads": heads,
-            "mla": MlaSpec(
-                q_lora_rank=cfg.get("q_lora_rank") or 0,
-                kv_lora_rank=_need(cfg, "kv_lora_rank", family),
-                qk_nope_head_dim=_need(cfg, "qk_nope_head_dim", family),
-                qk_rope_head_dim=cfg.get("qk_rope_head_dim") or 0,
-                v_head_dim=_need(cfg, "v_head_dim", family),
-            ),
+            "mla": {
+                "q_lora_rank": _num(cfg, "q_lora_rank", 0, whole=True),
+                "kv_lora_rank": _need(cfg, "kv_lora_rank", family),
+                "qk_nope_head_dim": _need(cfg, "qk_nope_head_dim", family),
+                "qk_rope_head_dim": _num(cfg, "qk_rope_head_dim", 0, whole=True),
+                "v_head_dim": _need(cfg, "v_head_dim", family),
+            },
         }
-        spec["head_dim"] = spec["mla"].qk_nope_head_dim + spec["mla"].qk_rope_head_dim
+        spec["head_dim"] = spec["mla"]["qk_nope_head_dim"] + spec["mla"]["qk_rope_head_dim"]
     elif family == "gpt_oss":
         layer_types = cfg.get("layer_types") or []
         spec |= {
@@ -323,12 +437,12 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
             "moe_top_k": _need(cfg, "num_experts_per_tok", family),
             "expert_ffn_hidden_size": _need(cfg, "intermediate_size", family),
             "ffn_hidden_size": 0,
-            "qkv_bias": bool(cfg.get("attention_bias", True)),
-            "attn_out_bias": bool(cfg.get("attention_bias", True)),
+            "qkv_bias": _flag(cfg, "attention_bias", True),
+            "attn_out_bias": _flag(cfg, "attention_bias", True),
             "mlp_bias": True,
             "router_bias": True,
             "attention_sinks": True,
-            "sliding_window": cfg.get("sliding_window") or 0,
+            "sliding_window": _num(cfg, "sliding_window", 0, whole=True),
             "num_sliding_window_layers": sum(1 for t in layer_types if t == "sliding_attention"),
         }
     elif family == "nemotron_h":
@@ -340,13 +454,22 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
         # at swiglu_limit (Megatron-LM --quick-geglu --glu-linear-offset 1.0
         # --activation-func-clamp-value 7.0)
         spec |= {"activation": "quick_geglu", "glu_linear_offset": GPT_OSS_LINEAR_OFFSET,
-                 "activation_clamp": float(cfg.get("swiglu_limit") or GPT_OSS_CLAMP)}
+                 "activation_clamp": float(_num(cfg, "swiglu_limit", GPT_OSS_CLAMP))}
     if family == "deepseek_v3":
-        spec |= {"router_score": "sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
-                 "router_num_groups": int(cfg.get("n_group") or 0),
-                 "router_group_topk": int(cfg.get("topk_group") or 0),
-                 "router_topk_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0)}
-        if spec["router_num_groups"] <= 1:
+        score = cfg.get("scoring_func")
+        if score is not None and score not in HF_SCORING_FUNCS:
+            raise ConfigError(f"config.json scoring_func {score!r} is not a router score "
+                              f"function tune-cp or Megatron-LM knows; choose "
+                              f"{' or '.join(HF_SCORING_FUNCS)}")
+        spec |= {"router_score": score or "softmax",
+                 "router_num_groups": _num(cfg, "n_group", 0, whole=True),
+                 "router_group_topk": _num(cfg, "topk_group", 0, whole=True),
+                 "router_topk_scaling_factor": float(_num(cfg, "routed_scaling_factor", 1.0))}
+        groups, top = spec["router_num_groups"], spec["router_group_topk"]
+        if groups == 1 and top > 1:  # one group: the checks below never see it
+            raise ConfigError(f"config.json topk_group ({top}) must be at most n_group "
+                              f"({groups}): the router picks topk_group of the n_group groups")
+        if groups <= 1:  # one group is no group-limited routing
             spec["router_num_groups"] = spec["router_group_topk"] = 0
     if family == "qwen2_moe" and spec.get("num_shared_experts"):
         spec["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock.shared_expert_gate
@@ -354,10 +477,10 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec
         if cfg.get(key) not in (None, False, 0):
             raise ConfigError(f"config.json {key} {cfg[key]!r} changes the model and is not "
                               "modelled by tune-cp")
-    try:
-        return ModelSpec(**spec)
-    except ValidationError as e:
-        raise ConfigError(validation_message(e)) from e
+    # strictly, as a model file is: a value passed on unread (a string where a number
+    # belongs) is refused by the spec, not converted
+    return validate(ModelSpec, {k: v.model_dump(mode="json") if isinstance(v, Spec) else v
+                                for k, v in spec.items()}, "")
 
 
 def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
@@ -391,10 +514,11 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "hybrid_pattern": pattern,
         "num_layers": len(pattern),
-        "head_dim": cfg.get("head_dim") or cfg.get("attention_head_dim")
+        "head_dim": _num(cfg, "head_dim", 0, whole=True)
+        or _num(cfg, "attention_head_dim", 0, whole=True)
         or _need(cfg, "hidden_size", family) // heads,
         "gated_mlp": False, "activation": "squared_relu", "position_embedding": "none",
-        "ffn_hidden_size": cfg.get("intermediate_size") or 0 if "-" in pattern else 0,
+        "ffn_hidden_size": _num(cfg, "intermediate_size", 0, whole=True) if "-" in pattern else 0,
         "mamba": None,
     }
     if "M" in pattern:
@@ -429,7 +553,7 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
             chunk_size=size(("chunk_size", "mamba_chunk_size"), 128),
         )
     if "E" in pattern:
-        shared = cfg.get("moe_shared_expert_intermediate_size") or 0
+        shared = _num(cfg, "moe_shared_expert_intermediate_size", 0, whole=True)
 
         def positive(key: str) -> int:
             value = _need(cfg, key, family)
@@ -441,12 +565,12 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
             "num_experts": positive("n_routed_experts"),
             "moe_top_k": positive("num_experts_per_tok"),
             "expert_ffn_hidden_size": positive("moe_intermediate_size"),
-            "num_shared_experts": (cfg.get("n_shared_experts") or 1) if shared else 0,
+            "num_shared_experts": _num(cfg, "n_shared_experts", 1, whole=True) if shared else 0,
             "shared_expert_ffn_hidden_size": shared,
-            "moe_latent_size": cfg.get("moe_latent_size") or 0,
+            "moe_latent_size": _num(cfg, "moe_latent_size", 0, whole=True),
             "router_score": "sigmoid", "router_expert_bias": True,
-            "router_topk_scaling_factor": float(cfg.get("routed_scaling_factor") or 1.0),
-            "num_mtp_layers": cfg.get("num_nextn_predict_layers") or 0,
+            "router_topk_scaling_factor": float(_num(cfg, "routed_scaling_factor", 1.0)),
+            "num_mtp_layers": _num(cfg, "num_nextn_predict_layers", 0, whole=True),
         }
     return out
 
@@ -454,42 +578,62 @@ def _hf_nemotron_h(cfg: dict[str, Any], family: str) -> dict[str, Any]:
 GPT_OSS_LINEAR_OFFSET = 1.0  # openai/gpt-oss: (up + 1)
 GPT_OSS_CLAMP = 7.0  # openai/gpt-oss config.json swiglu_limit
 HF_DEFAULT_ROPE_THETA = 10000.0  # transformers PretrainedConfig default rope_theta
+#: the spellings of the norm epsilon in config.json files, the first present is read
+HF_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon")
 UNMODELLED_HF_KEYS = ("attn_logit_softcapping", "final_logit_softcapping",
                       "router_logit_softcapping")
 
 
 def _hf_rope_and_norm(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """``rope_theta``, ``rope_scaling`` (llama3 / yarn; other kinds are refused) and the norm
-    epsilon (``rms_norm_eps``)."""
-    out: dict[str, Any] = {"rotary_base": float(cfg.get("rope_theta") or HF_DEFAULT_ROPE_THETA)}
-    eps = (cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or cfg.get("norm_epsilon")
-           or cfg.get("layer_norm_epsilon"))
-    if eps:
+    """``rope_theta`` (a positive number; absent or null: transformers' default), ``rope_scaling``
+    (null or a mapping; llama3 / yarn, other kinds are refused) and the norm epsilon
+    (``rms_norm_eps`` or its other spellings: a number in (0, 1))."""
+    theta = _num(cfg, "rope_theta", HF_DEFAULT_ROPE_THETA)
+    if theta <= 0:
+        raise ConfigError(f"config.json 'rope_theta' must be a positive number, got {theta!r} "
+                          f"(leave it out for transformers' default, {HF_DEFAULT_ROPE_THETA:g})")
+    out: dict[str, Any] = {"rotary_base": float(theta)}
+    key = next((k for k in HF_EPS_KEYS if cfg.get(k) is not None), None)
+    if key is not None:
+        eps = _num(cfg, key, 0.0)
+        if not 0 < eps < 1:
+            raise ConfigError(f"config.json {key!r} must be a number in (0, 1), got {eps!r}")
         out["norm_epsilon"] = float(eps)
     scaling = cfg.get("rope_scaling")
-    if isinstance(scaling, dict):
-        kind = scaling.get("rope_type") or scaling.get("type")
-        if kind in ("llama3", "yarn"):
-            out |= {"rope_scaling": kind,
-                    "rope_scaling_factor": float(scaling.get("factor") or 1.0),
-                    "rope_original_max_position_embeddings":
-                        int(scaling.get("original_max_position_embeddings") or 0)}
-        elif kind not in (None, "default"):
-            raise ConfigError(f"config.json rope_scaling {kind!r} (model_type {model_type}) is "
-                              "not modelled; tune-cp reads llama3 and yarn rope scaling")
+    if scaling is None:
+        return out
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"config.json 'rope_scaling' must be a mapping such as "
+                          f'{{"rope_type": "llama3", "factor": 8.0}} or null, got {scaling!r}')
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind in ("llama3", "yarn"):
+        factor = _num(scaling, "factor", 1.0, within="rope_scaling ")
+        if factor < 1:
+            raise ConfigError(f"config.json rope_scaling 'factor' must be a number >= 1, got "
+                              f"{factor!r}")
+        original = _num(scaling, "original_max_position_embeddings", 0, whole=True,
+                        within="rope_scaling ")
+        if original < 0:
+            raise ConfigError(f"config.json rope_scaling 'original_max_position_embeddings' "
+                              f"must be a positive integer, got {original!r}")
+        out |= {"rope_scaling": kind, "rope_scaling_factor": float(factor),
+                "rope_original_max_position_embeddings": original}
+    elif kind not in (None, "default"):
+        raise ConfigError(f"config.json rope_scaling {kind!r} (model_type {model_type}) is "
+                          "not modelled; tune-cp reads llama3 and yarn rope scaling")
     return out
 
 
 def _hf_sliding_window(cfg: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
     """Mistral / Mixtral ``sliding_window``: every layer; Qwen2/3 only with
     ``use_sliding_window`` (on every layer from ``max_window_layers``: refused unless all)."""
-    window = cfg.get("sliding_window")
+    window = _num(cfg, "sliding_window", 0, whole=True)
     if model_type in ("mistral", "mixtral") and window:
-        return {"sliding_window": int(window), "num_sliding_window_layers": layers}
-    if model_type.startswith("qwen") and cfg.get("use_sliding_window") and window:
-        if int(cfg.get("max_window_layers") or 0) not in (0,):
+        return {"sliding_window": window, "num_sliding_window_layers": layers}
+    if model_type.startswith("qwen") and _flag(cfg, "use_sliding_window", False) and window:
+        if _num(cfg, "max_window_layers", 0, whole=True) != 0:
             raise ConfigError(f"config.json use_sliding_window with max_window_layers "
                               f"{cfg.get('max_window_layers')} (sliding windows on part of the "
                               "layers) is not modelled")
-        return {"sliding_window": int(window), "num_sliding_window_layers": layers}
+        return {"sliding_window": window, "num_sliding_window_layers": layers}
     return {}
