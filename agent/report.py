@@ -89,8 +89,17 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
         out.append(f"baseline: {short_layout(base.config)}, mbs {base.config.mbs}, recompute "
                    f"{recompute_label(base.config)}: {state}")
         out.append(f"  ({r.baseline_source.split(' (')[0]}; --json has the source)")
-    gain = f" ({pct(r.speedup - 1)} over the baseline)" if r.speedup else ""
     peak = b.outcome.memory.peak_bytes if b.outcome.memory else 0
+    base_peak = (r.baseline.outcome.memory.peak_bytes
+                 if r.baseline is not None and r.baseline.outcome.memory else 0)
+    # a slower answer than the baseline is the memory rule's choice: say so
+    base_edge = (r.speedup is not None and r.speedup < 1
+                 and memory_state(base_peak, cl.gpu.hbm_bytes, spread_for(None))
+                 is MemoryState.EDGE
+                 and memory_state(peak, cl.gpu.hbm_bytes, spread_for(None)) is MemoryState.FITS)
+    gain = (f" ({pct(r.speedup - 1)} over the baseline"
+            + (", which is at the edge of memory" if base_edge else "") + ")"
+            if r.speedup else "")
     # the non-layout settings a seed move can change, when not the default (else the printed
     # best could not be reproduced from this line)
     extra = "".join((
