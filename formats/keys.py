@@ -537,7 +537,7 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     if isinstance(value, str) and UNSET in value:
         name = unset_name(value)
         raise raw.fail(dest, value.replace(UNSET, ""),
-                       f"the value is {describe_unset(name or '?')}")
+                       f"the value is {describe_unset(name, value)}")
     if isinstance(value, str) and SHELL_VARIABLE.search(value):
         raise raw.fail(dest, value, "an unexpanded shell variable; pass its value with --env "
                        "NAME=VALUE or paste the command with its values filled in (for example "
