@@ -914,7 +914,8 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     if text is not None:
         return parse_megatron_args(text, model=model, env=env)
     if primus_config is not None:
-        return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
+        # only --env: the process environment may hold secrets (issue 29)
+        return parse_primus_config(primus_config, model=model, env=env)
     return None
 
 
@@ -955,7 +956,8 @@ CHECK_MOE_ETP = 1
                    "sets.")
 @click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
               help="A value the launch script or Primus YAML reads from the environment (or "
-                   "N=VALUE for the script's argument N); repeatable.")
+                   "N=VALUE for the script's argument N); repeatable. Only these are read: "
+                   "tune-cp never reads its own environment for them.")
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
