@@ -7,17 +7,32 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+
+def _interrupted_while_starting(_signum: int, _frame: object) -> None:
+    """Ctrl-C while the ``tune-cp`` process imports its modules (before :func:`run` can report
+    it): one line and exit 130, not an import traceback (issue 29)."""
+    os.write(2, b"tune-cp: interrupted (Ctrl-C)\n")
+    os._exit(130)
+
+
+if os.path.basename(sys.argv[0] if sys.argv else "") == "tune-cp":  # the console script
+    signal.signal(signal.SIGINT, _interrupted_while_starting)  # entry() puts Python's back
+
+import contextlib
+import errno
 import functools
 import gc
 import json
 import math
-import os
 import re
 import shutil
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -32,7 +47,8 @@ from tune_cp.agent.serialize import (
     strict_json,
 )
 from tune_cp.oracle import params as P
-from tune_cp.oracle.inputs import check_output_path, one_line
+from tune_cp.oracle.inputs import one_line
+from tune_cp.oracle.outputs import check_output_dir, check_output_path
 from tune_cp.oracle.specs import (
     GIB,
     MAX_MOE_CAPACITY_FACTOR,
@@ -130,6 +146,12 @@ def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3  # a bug: one line, the traceback with TUNE_CP_DEBUG=1
+#: Ctrl-C (SIGINT): the shell's convention, 128 + 2; one line on stderr.
+EXIT_INTERRUPTED = 130
+#: The reader of stdout went away (``tune-cp ... | head -1``): nothing more to say, exit 0
+#: quietly (not 141, the shell's 128 + SIGPIPE, so that ``set -o pipefail`` scripts do not
+#: read a search that printed its answer as a failure; not 1, which means infeasible).
+EXIT_BROKEN_PIPE = 0
 
 # ----------------------------------------------------------------------------- plumbing
 
@@ -799,6 +821,41 @@ class DefaultGroup(click.Group):
             args = ["--help"]
         return super().parse_args(ctx, args)
 
+    # click turns a broken pipe into exit 1 (read as "infeasible" under ``pipefail``) and Ctrl-C
+    # into a blank line and "Aborted!"; both are taken out of its hands here and reported by
+    # :func:`run` (one line, or none for a broken pipe).
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _streams_to_run():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _streams_to_run():
+            return super().invoke(ctx)
+
+
+class OutputFailed(Exception):
+    """Writing the output failed (``OSError``: a broken pipe, a full disk or ``/dev/full``),
+    taken out of click's hands (which turns a broken pipe into exit 1)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT), taken out of click's hands (which prints a blank line and
+    "Aborted!")."""
+
+
+@contextlib.contextmanager
+def _streams_to_run() -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        raise OutputFailed(e) from e
+    except KeyboardInterrupt as e:
+        raise Interrupted() from e
+
 
 def package_version() -> str:
     """The installed distribution's version; from a checkout that is not installed (the package
@@ -1271,7 +1328,7 @@ def fsdp_option(f: Callable) -> Callable:
 @click.option("--all-recompute-levels", is_flag=True,
               help="Keep every full-recompute depth that fits, not only the shallowest.")
 @lm_options
-@click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
+@click.option("--trials-out", default=None, metavar="FILE.jsonl",
               help="Write the candidates as JSON lines (.jsonl): first each configuration the "
                    "baseline, seed, LLM and attribution steps judged (legal or not, with its "
                    "violations; of each set the LLM phase narrowed, the best, which it judged), "
@@ -1281,7 +1338,7 @@ def fsdp_option(f: Callable) -> Callable:
 @click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
                    "order).")
-@click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--pareto", "pareto_path", default=None, metavar="FILE.png",
               help="Draw the feasible set (projected throughput against peak memory) to this PNG.")
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
@@ -1290,8 +1347,8 @@ def fsdp_option(f: Callable) -> Callable:
               help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
                    "N best distinct candidates to --verify-dir, ready to run and to feed back "
                    "with `tune-cp calibrate --log`.")
-@click.option("--verify-dir", default="tune-cp-verify", show_default=True,
-              type=click.Path(file_okay=False), help="Folder for --verify.")
+@click.option("--verify-dir", default="tune-cp-verify", show_default=True, metavar="DIR",
+              help="Folder for --verify.")
 @grad_dtype_option
 @fp8_params_option
 @framework_option
@@ -1330,9 +1387,11 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         check_baseline_layout(baseline_text or "", baseline, model, cluster, training)
     planner = LmFlags(flags)
     if trials_out is not None:
-        check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
+        trials_out = str(check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES))
     if pareto_path is not None:
-        check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+        pareto_path = str(check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES))
+    if verify_n:
+        verify_dir = str(check_output_dir(verify_dir, "--verify-dir"))
     if fp8_param_gather and training.precision is not Precision.FP8:
         raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
                           f"FP8 training, but the precision is {training.precision.value}: pass "
@@ -1451,7 +1510,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Largest node count considered.")
 @click.option("--points", type=AsciiIntRange(1, 16), default=6, show_default=True,
               help="Node counts in the table: the smallest that fits, then powers of two.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @fsdp_option
@@ -1474,7 +1533,7 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
     settings = run_settings(flags)
 
     if plot_path is not None:
-        check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
+        plot_path = str(check_output_path(plot_path, "--plot", PLOT_SUFFIXES))
     model = load_model(model_name)
     check_options(model, settings)
     names = [n.strip() for n in gpu_names.split(",") if n.strip()]
@@ -1612,7 +1671,7 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
               help="Nodes of the logged runs when the log does not print its world size.")
 @click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
               help="GPUs per node  [default: the GPU's usual node size]")
-@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--out", "out_path", default=None, metavar="FILE.json",
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
@@ -1627,7 +1686,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     if bool(runs_path) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
     if out_path is not None:
-        check_output_path(out_path, "calibrate --out", (".json",))
+        out_path = str(check_output_path(out_path, "calibrate --out", (".json",)))
     if log_paths:
         from tune_cp.oracle.refit import calibrate_from_logs, read_log_runs
 
@@ -1680,7 +1739,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
 
 @main.command("sweep")
 @click.argument("grid_path", metavar="GRID.yaml", type=click.Path(dir_okay=False))
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", "out_path", required=True, metavar="FILE.csv",
               help="Result table: FILE.csv, or FILE.parquet (needs pip install "
                    "'tune-cp[sweep]'). One row per scenario, sorted by scenario.")
 @click.option("--workers", type=AsciiIntRange(1, 1024), default=1, show_default=True,
@@ -1693,7 +1752,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
 @click.option("--resume", is_flag=True,
               help="Keep the rows already in --out (same scenario, same inputs) and run only the "
                    "rest; rows with status error run again.")
-@click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
+@click.option("--plot", "plot_dir", default=None, metavar="DIR",
               help="Draw the cost / time-to-train frontier per model and the best layout per "
                    "cell into this folder (PNG).")
 @click.option("--table", "show_table", is_flag=True,
@@ -1714,12 +1773,11 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
     """
     from tune_cp.agent.sweep import Progress, load_grid, make_engine, output_format, run_sweep
 
+    out_path = str(check_output_path(out_path, "--out", (".csv", ".parquet")))
     output_format(out_path)
     grid = load_grid(grid_path)
     if plot_dir:
-        from tune_cp.agent.sweep_plots import check_plot_dir
-
-        check_plot_dir(plot_dir)
+        plot_dir = str(check_output_dir(plot_dir, "--plot"))
     engine = make_engine(workers, ray_address)
     progress = Progress(len(grid.scenarios), enabled=not no_progress)
     try:
@@ -1761,16 +1819,26 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        main.main(args=args, prog_name="tune-cp", standalone_mode=False)
+        try:
+            main.main(args=args, prog_name="tune-cp", standalone_mode=False)
+        finally:
+            sys.stdout.flush()  # a failed write shows here, not as Python's exit message
     except SystemExit as e:
         return int(e.code or 0)
-    except BrokenPipeError:  # the reader went away (``| head``): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    except click.exceptions.Abort:
-        click.echo("tune-cp: aborted", err=True)
-        return 130
+    except (OutputFailed, OSError) as e:
+        error = e.error if isinstance(e, OutputFailed) else e
+        if error.errno == errno.EPIPE:
+            # the reader went away (``| head``): stop quietly, exit 0 (EXIT_BROKEN_PIPE)
+            _silence_stdout()
+            return EXIT_BROKEN_PIPE
+        where = f" {error.filename}" if error.filename else " to stdout"
+        _silence_stdout()
+        click.echo(f"tune-cp: error: cannot write the output{where}: "
+                   f"{error.strerror or error}", err=True)
+        return EXIT_USAGE
+    except (Interrupted, KeyboardInterrupt, click.exceptions.Abort):
+        click.echo("tune-cp: interrupted (Ctrl-C)", err=True)
+        return EXIT_INTERRUPTED
     except click.ClickException as e:
         return refuse(args, "error", one_line(e.format_message()), e.exit_code)
     except ConfigError as e:
@@ -1814,11 +1882,22 @@ def is_search_json(args: Sequence[str]) -> bool:
 BLAS_THREADS = "1"
 
 
+def _silence_stdout() -> None:
+    """Point stdout at ``/dev/null`` so that Python's final flush of what is left cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture)
+        pass
+
+
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
     imports numpy), then :func:`run`; the process ends with the command
     (:func:`without_cyclic_gc`)."""
     global _PROCESS_ENDS_WITH_COMMAND
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
     sys.exit(run())

@@ -811,7 +811,7 @@ class RayEngine:
 def output_format(path: str) -> str:
     """The table's format from ``--out``'s extension, once the path can be written (checked
     before any scenario runs: the rows are written atomically beside it)."""
-    from tune_cp.oracle.inputs import check_output_path
+    from tune_cp.oracle.outputs import check_output_path
 
     ext = Path(path).suffix.lower()
     if ext not in FORMATS:

@@ -5,6 +5,9 @@ and streams, echoed text, sweep and plan sizes)."""
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -198,3 +201,120 @@ def test_no_secret_from_the_environment_reaches_an_error_or_an_export(tmp_path, 
     code, out, err = run_cli("check", "--megatron-args", script, "--model", "llama3-8b",
                              "--nodes", "1")
     assert code == 2 and SECRET not in out + err and "OPENAI_API_KEY" in err
+
+
+# ------------------------------------------------------------------- output paths and streams
+
+GRID = Path(__file__).resolve().parent.parent / "benchmarks" / "grids" / "example.yaml"
+SEARCH = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+#: Every option that writes a file (a command line with FILE where its path goes).
+FILE_WRITERS = {
+    "--pareto": (*SEARCH, "--pareto", "FILE.png"),
+    "--trials-out": (*SEARCH, "--trials-out", "FILE.jsonl"),
+    "plan --plot": ("plan", "--model", "llama3-8b", "--gpu", "h100", "--plot", "FILE.png"),
+    "calibrate --out": ("calibrate", "--runs", "RUNS", "--out", "FILE.json"),
+    "sweep --out": ("sweep", str(GRID), "--out", "FILE.csv"),
+}
+#: Every option that writes into a folder.
+DIR_WRITERS = {
+    "--verify-dir": (*SEARCH, "--verify", "1", "--verify-dir", "DIR"),
+    "sweep --plot": ("sweep", str(GRID), "--out", "OK.csv", "--plot", "DIR"),
+}
+
+
+def _bad_paths(tmp_path: Path, suffix: str) -> dict[str, tuple[str, str]]:
+    """(path, what the one-line error must say) for each kind of unwritable path."""
+    (tmp_path / f"isdir{suffix}").mkdir(exist_ok=True)
+    return {
+        "trailing slash": (f"{tmp_path}/x{suffix}/", "names a directory"),
+        "unknown user": (f"~nosuchuser-tunecp/x{suffix}", "no home directory"),
+        "/proc": (f"/proc/x{suffix}", "cannot be written"),
+        "/sys": (f"/sys/x{suffix}", "cannot be written"),
+        "a directory": (f"{tmp_path}/isdir{suffix}", "is a directory"),
+        "no parent": (f"{tmp_path}/nodir/x{suffix}", "does not exist"),
+        "device": ("/dev/full", ""),
+    }
+
+
+def test_every_output_option_refuses_every_unwritable_path_in_one_line(run_cli, tmp_path,
+                                                                        monkeypatch):
+    """Issue 29: ``--pareto x.png/``, ``--trials-out DIR``, ``sweep --plot /proc/plots``,
+    ``~user`` that does not exist ended in FileNotFoundError / IsADirectoryError /
+    PermissionError / "Could not determine home directory" (exit 3). One validator
+    (oracle/outputs.py) checks every option before any work: exit 2, one line naming the
+    option."""
+    monkeypatch.chdir(tmp_path)
+    runs = Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.csv"
+    checked = 0
+    for option, line in FILE_WRITERS.items():
+        file_arg = next(a for a in line if a.startswith("FILE"))
+        for kind, (path, says) in _bad_paths(tmp_path, Path(file_arg).suffix).items():
+            args = [path if a == file_arg else str(runs) if a == "RUNS" else a for a in line]
+            code, out, err = run_cli(*args)
+            assert code == 2 and err.count("\n") == 1 and err.startswith("tune-cp: error: "), \
+                (option, kind, code, err)
+            assert option.split()[-1] in err and says in err, (option, kind, err)
+            checked += 1
+    for option, line in DIR_WRITERS.items():
+        for kind, path, says in (("/proc", "/proc/plots", "kernel file system"),
+                                 ("unknown user", "~nosuchuser-tunecp/d", "no home directory"),
+                                 ("a file", str(GRID), "not a directory"),
+                                 ("no parent", f"{tmp_path}/a/b", "does not exist")):
+            args = [path if a == "DIR" else a for a in line]
+            code, out, err = run_cli(*args)
+            assert code == 2 and err.count("\n") == 1 and says in err, (option, kind, err)
+            checked += 1
+    assert checked == 5 * 7 + 2 * 4
+
+
+def test_home_is_expanded_for_outputs(tmp_path, monkeypatch):
+    from tune_cp.oracle.outputs import check_output_dir, check_output_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert check_output_path("~/p.png", "--pareto", (".png",)) == tmp_path / "p.png"
+    assert check_output_dir("~/plots", "--plot") == tmp_path / "plots"
+    assert not (tmp_path / "p.png").exists() and not (tmp_path / "plots").exists()
+
+
+def _console() -> str:
+    script = Path(sys.executable).parent / "tune-cp"
+    if not script.exists():
+        pytest.skip("the tune-cp console script is not installed beside this Python")
+    return str(script)
+
+
+def test_stdout_that_cannot_be_written_is_one_line_and_a_broken_pipe_is_quiet():
+    """Issue 29: stdout to /dev/full was OSError (exit 3); ``| head -1`` exited 1 (click's
+    broken-pipe exit, read as "infeasible" under pipefail). Now /dev/full: one line, exit 2;
+    a reader that went away: nothing on stderr, exit 0 (cli.py::EXIT_BROKEN_PIPE)."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([_console(), "models", "--json"], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "cannot write the output to stdout: No space left on device" in p.stderr
+    p = subprocess.Popen([_console(), "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the first line
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 0 and err == b""
+
+
+def test_ctrl_c_is_one_line_and_exit_130_at_any_moment():
+    """Issue 29: Ctrl-C during a search printed a traceback; one second into the enumeration it
+    was reported as "did not finish within 60 s" (CP-SAT caught SIGINT and stopped as if out of
+    time). Ctrl-C while importing, enumerating or explaining is one line, exit 130."""
+    for at in (0.3, 1.5, 3.0):
+        p = subprocess.Popen([_console(), "--model", "deepseek-v3", "--gpu", "h100", "--nodes",
+                              "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(at)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 130 and err == "tune-cp: interrupted (Ctrl-C)\n", (at, err)
+        assert "did not finish" not in out + err and "no feasible" not in out
+
+
+def test_cp_sat_leaves_ctrl_c_to_python():
+    from tune_cp.solver.cpsat import cp_model
+    from tune_cp.solver.feasible import single_solve_solver
+
+    assert single_solve_solver().parameters.catch_sigint_signal is False
+    assert cp_model.CpSolver().parameters.catch_sigint_signal is True  # CP-SAT's default
