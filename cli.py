@@ -48,7 +48,7 @@ from tune_cp.agent.serialize import (
 )
 from tune_cp.oracle import params as P
 from tune_cp.oracle.inputs import one_line
-from tune_cp.oracle.outputs import check_output_dir, check_output_path
+from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
 from tune_cp.oracle.specs import (
     GIB,
     MAX_MOE_CAPACITY_FACTOR,
@@ -110,13 +110,22 @@ _PROCESS_ENDS_WITH_COMMAND = False
 def load_model(name: str) -> ModelSpec:
     from tune_cp.oracle.catalog import load_model as load
 
-    return load(name)
+    return load(named(name, "--model", "a model (see `tune-cp models`) or a config.json"))
 
 
 def load_gpu(name: str) -> Any:
     from tune_cp.oracle.catalog import load_gpu as load
 
-    return load(name)
+    return load(named(name, "--gpu", "a GPU (see `tune-cp gpus`) or a GPU file"))
+
+
+def named(name: str, flag: str, what: str) -> str:
+    """``name`` once it is not empty: an empty name (``--gpu ''``, the empty name before ``=`` in
+    ``--price-per-gpu-hour =1``) is a path to the catalogs' loaders, ``Path('')`` is ``.``, and
+    the user read "GPU file '.' is a directory" (issue 29)."""
+    if not str(name).strip():
+        fail(f"{flag} {name!r}: the name is empty; name {what}")
+    return name
 
 
 def model_entries() -> dict[str, Any]:
@@ -148,9 +157,10 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3  # a bug: one line, the traceback with TUNE_CP_DEBUG=1
 #: Ctrl-C (SIGINT): the shell's convention, 128 + 2; one line on stderr.
 EXIT_INTERRUPTED = 130
-#: The reader of stdout went away (``tune-cp ... | head -1``): nothing more to say, exit 0
-#: quietly (not 141, the shell's 128 + SIGPIPE, so that ``set -o pipefail`` scripts do not
-#: read a search that printed its answer as a failure; not 1, which means infeasible).
+#: The reader of stdout went away (``tune-cp ... | head -1``) while click itself wrote (help,
+#: usage): exit 0 quietly (not 141, the shell's 128 + SIGPIPE, so that ``set -o pipefail``
+#: scripts do not read it as a failure; not 1, which means infeasible). A command's own output
+#: (:func:`echo`) goes on to its own exit code instead: 0 found, 1 infeasible.
 EXIT_BROKEN_PIPE = 0
 
 # ----------------------------------------------------------------------------- plumbing
@@ -205,8 +215,27 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         fail(f"invalid {kind}: {validation_message(e)}")
 
 
+def echo(message: Any = "", err: bool = False) -> None:
+    """``click.echo`` of a line of text, made safe for a terminal
+    (:func:`oracle.outputs.terminal_safe`: the user's names are shown, never obeyed)."""
+    _write(terminal_safe(str(message)), err)
+
+
+def _write(text: str, err: bool = False) -> None:
+    """``click.echo``; when the reader has gone away (``| head -1``: a broken pipe), the rest of
+    the output goes to ``/dev/null`` and the command ends as it would have, with its own exit
+    code (0 found, 1 infeasible), instead of click's exit 1 (issue 29)."""
+    try:
+        click.echo(text, err=err)
+    except BrokenPipeError:
+        _silence_stdout(sys.stderr if err else sys.stdout)
+
+
+terminal_echo = echo  # for a command whose local ``echo`` picks the stream
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
+    _write(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
 
 
 def gib(n: float) -> str:
@@ -231,7 +260,7 @@ class Progress:
     def _draw(self, text: str) -> None:
         if self.on:
             width = shutil.get_terminal_size((80, 24)).columns - 1
-            sys.stderr.write("\r" + text[:width].ljust(width))
+            sys.stderr.write("\r" + terminal_safe(text)[:width].ljust(width))
             sys.stderr.flush()
 
     def bar(self, done: int, total: int, what: str) -> None:
@@ -876,7 +905,7 @@ def package_version() -> str:
 
 def print_version(ctx: click.Context, _param: Any, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(f"tune-cp, version {package_version()}")
+        echo(f"tune-cp, version {package_version()}")
         ctx.exit()
 
 
@@ -1157,7 +1186,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                    "memory_verdict": verdict_state,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
-    echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
+    echo = functools.partial(terminal_echo, err=bool(exported))
     echo(f"check: {describe_setting(model, cluster, training)}")
     if defaults:
         echo("defaults: " + "; ".join(defaults))
@@ -1200,7 +1229,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if verdict_state["room"]:
             echo(f"  cheapest change that gives room: {verdict_state['room']}")
     if exported:
-        click.echo(exported)
+        echo(exported)
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
 
 
@@ -1214,14 +1243,14 @@ def models_cmd(as_json: bool) -> None:
         emit_json([model_json(m) | {"source": m.source, "aliases": list(e.aliases)}
                    for m, e in zip(specs, entries, strict=True)])
         return
-    click.echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
+    echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
                f"{'total params':>16} {'active params':>16} {'seq':>6} {'gbs':>5}")
     for m in specs:
         experts = f"{m.num_experts}/{m.moe_top_k}" if m.is_moe else "-"
-        click.echo(f"{m.name:16} {m.family:12} {m.num_layers:>6} {m.hidden_size:>6} {experts:>8} "
+        echo(f"{m.name:16} {m.family:12} {m.num_layers:>6} {m.hidden_size:>6} {experts:>8} "
                    f"{P.total_params(m):>16,} {P.active_params(m):>16,} {m.default_seq_len:>6} "
                    f"{m.default_global_batch_size:>5}")
-    click.echo("experts: routed experts / top-k; counts follow the Hugging Face implementation "
+    echo("experts: routed experts / top-k; counts follow the Hugging Face implementation "
                "(unpadded vocabulary, MTP excluded); sources: `tune-cp models --json`")
 
 
@@ -1233,14 +1262,14 @@ def gpus_cmd(as_json: bool) -> None:
     if as_json:  # the catalog's entry format: what --gpu FILE reads (one entry per file)
         emit_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
         return
-    click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
+    echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
                f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
     for e in entries:
         fp8 = f"{e.peak_fp8_tflops:g}" if e.peak_fp8_tflops else "-"
-        click.echo(f"{e.name:8} {e.vendor.value:6} {e.hbm_gib:>8g} {e.peak_bf16_tflops:>8g} "
+        echo(f"{e.name:8} {e.vendor.value:6} {e.hbm_gib:>8g} {e.peak_bf16_tflops:>8g} "
                    f"{fp8:>8} {e.hbm_tb_per_s:>9g} {e.scale_up_gb_per_s:>13g} "
                    f"{e.scale_up_domain_gpus:>6} {e.nic_gb_per_s:>8g} {e.gpus_per_node:>8}")
-    click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
+    echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
 
 
 def write_trials(result: Any, path: str) -> None:
@@ -1419,8 +1448,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
                                              settings.options,
                                              [c.expr for c in settings.constraints]))
         else:
-            click.echo(f"search: {describe_setting(model, cluster, training)}")
-            click.echo(f"no feasible configuration: {e}")
+            echo(f"search: {describe_setting(model, cluster, training)}")
+            echo(f"no feasible configuration: {e}")
         sys.exit(EXIT_ILLEGAL)
     finally:
         progress.close()
@@ -1460,15 +1489,15 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         emit_json(data)
         return
     for line in render_search(result, timings):
-        click.echo(line, err=exported is not None)
+        echo(line, err=exported is not None)
     if pareto_path:
-        click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+        echo(f"pareto plot: {pareto_path}", err=exported is not None)
     if verified:
-        click.echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
+        echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
                    f"({', '.join(os.path.basename(v) for v in verified)}); see "
                    f"{verify_dir}/README.txt", err=exported is not None)
     if exported is not None:
-        click.echo(exported)
+        echo(exported)
 
 
 #: Highest price per GPU-hour taken (keeps costs finite; no GPU rents for more).
@@ -1481,7 +1510,12 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
-        name, sep, raw = item.rpartition("=")
+        name, sep, raw = item.partition("=")
+        if not sep:
+            name, raw = "", name
+        elif not name.strip() or "=" in raw:
+            fail(f"--price-per-gpu-hour {item!r}: write PRICE (every GPU) or GPU=PRICE, "
+                 f"e.g. h100=2.5")
         price = finite_number(f"--price-per-gpu-hour {item!r}", raw.strip())
         if not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
             fail(f"--price-per-gpu-hour {item!r}: a price is a finite number from 0 to "
@@ -1489,7 +1523,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
         if not sep:
             out.update(dict.fromkeys(gpus, price))
             continue
-        key = load_gpu(name).name
+        key = load_gpu(name.strip()).name
         if key not in gpus:
             fail(f"--price-per-gpu-hour {item!r}: {key} is not among --gpu ({', '.join(gpus)})")
         out[key] = price
@@ -1526,7 +1560,11 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
              framework_name: str | None, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
-    (FP8 falls back to BF16 on GPUs without FP8)."""
+    (FP8 falls back to BF16 on GPUs without FP8).
+
+    Exit code 0 when some GPU fits at some node count, 1 when none does (as the search), 2 for
+    bad input.
+    """
     from tune_cp.agent.plan import plan, training_for_precision
     from tune_cp.oracle.uncertainty import band_text, bias_notes
 
@@ -1536,10 +1574,13 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
         plot_path = str(check_output_path(plot_path, "--plot", PLOT_SUFFIXES))
     model = load_model(model_name)
     check_options(model, settings)
-    names = [n.strip() for n in gpu_names.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in gpu_names.split(",") if n.strip()))
     if not names:
         fail("--gpu: name at least one GPU (see `tune-cp gpus`)")
-    gpus = [load_gpu(n) for n in names]
+    if len(names) > MAX_PLAN_GPUS:
+        fail(f"--gpu: {len(names):,} GPUs named; plan compares at most {MAX_PLAN_GPUS} "
+             f"(MAX_PLAN_GPUS: each is a search over node counts); name fewer")
+    gpus = list({g.name: g for g in map(load_gpu, names)}.values())  # h100 and H100 once
     aliases = alias_statements(model_name, None) + [
         a for n in names for a in alias_statements(None, n)]
     seq = seq_len or model.default_seq_len
@@ -1583,23 +1624,23 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
                    "run_settings": run_settings_json(settings.options),
                    "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path,
                    "defaults": aliases})
-        return
-    click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
+        sys.exit(plan_exit_code(plans))
+    echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
                + (", FSDP searched" if search_fsdp else "")
                + (f", {tokens:.3g} tokens" if tokens else "")
                + (f"; run settings: {settings.options.label()}"
                   if settings.options.label() else ""))
     if aliases:
-        click.echo("defaults: " + "; ".join(aliases))
+        echo("defaults: " + "; ".join(aliases))
     for p in plans:
-        click.echo("")
+        echo("")
         if p.min_nodes is None:
-            click.echo(f"{p.gpu}: {p.note}")
+            echo(f"{p.gpu}: {p.note}")
             continue
         first = next((q for q in p.points if q.nodes == p.min_nodes), None)
         edge = first is not None and first.memory_state not in (None, "fits")
-        click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
+        echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)"
                    + (", at the edge of memory (oracle/memory_verdict.py: above HBM / the "
                       "largest measured overhead)" if edge else ""))
@@ -1609,10 +1650,10 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
                 head += f" {'cost':>12}"
-        click.echo(head)
+        echo(head)
         for q in p.points:
             if not q.feasible:
-                click.echo(f"  {q.nodes:>5} {q.gpus:>6} no feasible configuration")
+                echo(f"  {q.nodes:>5} {q.gpus:>6} no feasible configuration")
                 continue
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
@@ -1631,27 +1672,39 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
-            click.echo(line)
+            echo(line)
         note = plan_mfu_note(model, p, precision, settings.calibration)
         if note:
-            click.echo(f"  note: {note}")
-    click.echo("")
+            echo(f"  note: {note}")
+    echo("")
     from tune_cp.agent.search import ANSWER_RULE
 
-    click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
+    echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the answer of `tune-cp search` at that node count "
                f"(without --lm; a sweep's row is the same), by the search's rule: {ANSWER_RULE}; "
                "the seed phase's best replaces it when its lower bound is higher.")
     classes = sorted({q.interval["class_used"] for p in plans for q in p.points
                       if q.feasible and q.interval})
     if classes:
-        click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
+        echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
                    + "; ".join(classes) + " (oracle/catalog/residuals.json)")
         for n in bias_notes([q.interval["bias_note"] for p in plans for q in p.points
                              if q.feasible and q.interval]):
-            click.echo(n)
+            echo(n)
     if plot_path:
-        click.echo(f"plot: {plot_path}")
+        echo(f"plot: {plot_path}")
+    sys.exit(plan_exit_code(plans))
+
+
+#: Most distinct GPUs one plan compares (the catalog holds a dozen; a list of 1,000 copies of
+#: h100 ran past 90 s: names are deduplicated, then counted).
+MAX_PLAN_GPUS = 16
+
+
+def plan_exit_code(plans: Sequence[Any]) -> int:
+    """The search's rule: 1 (:data:`EXIT_ILLEGAL`) when nothing is feasible, here when no GPU
+    fits at any node count up to ``--max-nodes``; else 0."""
+    return 0 if any(p.min_nodes is not None for p in plans) else EXIT_ILLEGAL
 
 
 @main.command("calibrate")
@@ -1710,7 +1763,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
         if as_json:
             emit_json(result.to_json())
             return
-        click.echo(result.summary())
+        echo(result.summary())
         return
     assert runs_path is not None
     if not exists(runs_path):
@@ -1730,8 +1783,8 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
                    "prior_mape": report.prior_mape, "out": report.out_path,
                    "calibration": report.table.to_json()})
         return
-    click.echo(report.summary())
-    click.echo(format_constants(report.table))
+    echo(report.summary())
+    echo(format_constants(report.table))
 
 
 # ------------------------------------------------------------------------------- sweep
@@ -1783,7 +1836,7 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
     try:
         report = run_sweep(grid.scenarios, out_path, engine, resume=resume, progress=progress)
     except KeyboardInterrupt:
-        click.echo(f"\ntune-cp: interrupted; {out_path} holds the rows written so far "
+        echo(f"\ntune-cp: interrupted; {out_path} holds the rows written so far "
                    f"(run again with --resume to finish)", err=True)
         sys.exit(130)
     plots: list[str] = []
@@ -1802,13 +1855,13 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
             from tune_cp.agent.sweep import render_table
 
             for line in render_table(report.rows):
-                click.echo(line)
-            click.echo("")
-        click.echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
+                echo(line)
+            echo("")
+        echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
                    f"{report.resumed} kept from {out_path}) on {report.engine}: {report.ok} ok, "
                    f"{report.infeasible} infeasible, {report.failed} failed -> {out_path}")
         for p in plots:
-            click.echo(f"plot: {p}")
+            echo(f"plot: {p}")
     sys.exit(EXIT_ILLEGAL if report.failed else 0)
 
 
@@ -1833,11 +1886,11 @@ def run(argv: Sequence[str] | None = None) -> int:
             return EXIT_BROKEN_PIPE
         where = f" {error.filename}" if error.filename else " to stdout"
         _silence_stdout()
-        click.echo(f"tune-cp: error: cannot write the output{where}: "
+        echo(f"tune-cp: error: cannot write the output{where}: "
                    f"{error.strerror or error}", err=True)
         return EXIT_USAGE
     except (Interrupted, KeyboardInterrupt, click.exceptions.Abort):
-        click.echo("tune-cp: interrupted (Ctrl-C)", err=True)
+        echo("tune-cp: interrupted (Ctrl-C)", err=True)
         return EXIT_INTERRUPTED
     except click.ClickException as e:
         return refuse(args, "error", one_line(e.format_message()), e.exit_code)
@@ -1857,7 +1910,7 @@ def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
     ``--json`` also prints its JSON document on stdout with ``status`` "error" and ``error``
     this message (an internal error's with its kind), so that every outcome of ``search --json``
     has one schema (``docs/json.md``)."""
-    click.echo(f"tune-cp: {kind}: {message}", err=True)
+    echo(f"tune-cp: {kind}: {message}", err=True)
     if is_search_json(args):
         from tune_cp.agent.serialize import error_search_json
 
@@ -1882,11 +1935,14 @@ def is_search_json(args: Sequence[str]) -> bool:
 BLAS_THREADS = "1"
 
 
-def _silence_stdout() -> None:
-    """Point stdout at ``/dev/null`` so that Python's final flush of what is left cannot fail."""
+def _silence_stdout(stream: Any = None) -> None:
+    """Point stdout (or ``stream``) at ``/dev/null`` so that what is still written, and
+    Python's final flush, cannot fail."""
+    stream = sys.stdout if stream is None else stream
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
     except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture)
         pass
 

@@ -22,6 +22,7 @@ The rules:
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -40,10 +41,13 @@ def expand_home(path: str | Path, what: str) -> Path:
     s = str(path)
     if not s.startswith("~"):
         return Path(s)
-    expanded = os.path.expanduser(s)
-    if expanded.startswith("~"):
-        user = s[1:].split("/", 1)[0]
-        who = f"user {user!r}" if user else "this user ($HOME is not set)"
+    user = s[1:].split("/", 1)[0]
+    try:
+        expanded = os.path.expanduser(s)
+    except (KeyError, RuntimeError, OSError):
+        expanded = s
+    if expanded.startswith("~") or (not user and os.environ.get("HOME", None) == ""):
+        who = f"user {user!r}" if user else "this user ($HOME is empty)"
         raise ConfigError(f"{what} {show_name(s)}: {who} has no home directory here; write the "
                           f"path out")
     return Path(expanded)
@@ -168,3 +172,21 @@ def check_output_dir(path: str | Path, what: str) -> Path:
         raise ConfigError(f"{what} {show_name(s)} cannot be created: {_why(e)}") from None
     os.rmdir(p)
     return p
+
+
+# ------------------------------------------------------------------------- terminal text
+
+#: Characters a terminal acts on instead of showing: C0 controls but tab and newline (ESC
+#: starts the CSI/OSC sequences that set a window title, write the clipboard or hide text), DEL,
+#: C1 controls (U+009B is a one-byte CSI) and the bidirectional overrides and isolates, which
+#: reorder what is shown.
+TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` as a terminal may show it: every character of :data:`TERMINAL_CONTROLS`
+    written as its Python escape (``\\x1b``, ``\\u202e``), so that a name from a user's file
+    (a model name carrying an OSC sequence) is printed, never obeyed. The one helper every line
+    of text output goes through (``cli.py::echo``, the progress lines); JSON output escapes the
+    same characters itself (``json.dumps``, ``ensure_ascii``)."""
+    return TERMINAL_CONTROLS.sub(lambda m: repr(m.group(0))[1:-1], text)

@@ -4,6 +4,7 @@ and streams, echoed text, sweep and plan sizes)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -318,3 +319,108 @@ def test_cp_sat_leaves_ctrl_c_to_python():
 
     assert single_solve_solver().parameters.catch_sigint_signal is False
     assert cp_model.CpSolver().parameters.catch_sigint_signal is True  # CP-SAT's default
+
+
+# ------------------------------------------------------------------------------ messages
+
+def test_empty_names_are_refused_as_names_not_read_as_the_current_folder(run_cli):
+    """Issue 29: ``--price-per-gpu-hour '=1'`` said "GPU file '.' is a directory": the empty
+    name before ``=`` reached the GPU loader as a path (``Path('')`` is ``.``). Every empty name
+    (``--gpu ''``, ``--model ''``, ``=PRICE``, ``GPU==PRICE``) is a one-line error about the
+    name."""
+    cases = {
+        ("plan", "--model", "llama3-8b", "--gpu", "h100", "--price-per-gpu-hour", "=1"):
+            "write PRICE (every GPU) or GPU=PRICE",
+        ("plan", "--model", "llama3-8b", "--gpu", "h100", "--price-per-gpu-hour", "h100==1"):
+            "write PRICE (every GPU) or GPU=PRICE",
+        ("plan", "--model", "llama3-8b", "--gpu", "h100", "--price-per-gpu-hour", " =1"):
+            "write PRICE (every GPU) or GPU=PRICE",
+        ("check", "--model", "llama3-8b", "--gpu", "", "--nodes", "1"): "--gpu '': the name is "
+                                                                         "empty",
+        ("check", "--model", " ", "--nodes", "1"): "--model ' ': the name is empty",
+    }
+    for args, says in cases.items():
+        code, _, err = run_cli(*args)
+        assert code == 2 and says in err and "'.'" not in err and err.count("\n") == 1, err
+
+
+def test_text_output_shows_terminal_escapes_never_sends_them(run_cli, tmp_path):
+    """Issue 29: a model name carrying an OSC sequence was printed raw (a terminal sets its
+    title, or worse). Every text line goes through one helper (oracle/outputs.py::
+    terminal_safe): the escape is shown as ``\\x1b``; JSON escapes it itself."""
+    from tune_cp.oracle.outputs import terminal_safe
+
+    assert terminal_safe("a\x1b]0;t\x07b\u202ec\x9b\td\n") == "a\\x1b]0;t\\x07b\\u202ec\\x9b\td\n"
+    evil = tmp_path / "m\x1b]2;pwned\x07.json"
+    evil.write_text(json.dumps({"model_type": "llama", "hidden_size": 1024,
+                                "num_attention_heads": 8, "num_hidden_layers": 4,
+                                "vocab_size": 32000, "intermediate_size": 4096}))
+    for args in (("check", "--model", str(evil), "--gpu", "h100", "--nodes", "1"),
+                 ("check", "--model", "nosuch\x1b]2;x\x07", "--nodes", "1"),
+                 ("check", "--model", "llama3-8b", "--nodes", "1", "--megatron-args",
+                  "--num-layers \x1b[31m")):
+        code, out, err = run_cli(*args)
+        assert "\x1b" not in out + err and "\x07" not in out + err, (args, out, err)
+        assert "\\x1b" in out + err
+
+
+def test_grid_calibration_is_relative_to_the_grid_file(tmp_path, monkeypatch):
+    """Issue 29: a grid's ``calibration:`` was resolved against the working directory, where
+    ``models:`` and ``gpus:`` are resolved against the grid file's folder."""
+    from tune_cp.agent.sweep import GridError, load_grid
+
+    sub = tmp_path / "grids"
+    sub.mkdir()
+    shutil.copy(Path(__file__).resolve().parent.parent / "oracle" / "catalog" /
+                "calibration.json", sub / "cal.json")
+    (sub / "g.yaml").write_text("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\n"
+                                "calibration: cal.json\n")
+    monkeypatch.chdir(tmp_path)
+    grid = load_grid(str(sub / "g.yaml"))
+    assert grid.scenarios[0].settings.calibration == str(sub / "cal.json")
+    (sub / "g.yaml").write_text("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\n"
+                                "calibration: nosuch.json\n")
+    with pytest.raises(GridError, match="relative to the grid file"):
+        load_grid(str(sub / "g.yaml"))
+    (sub / "g.yaml").write_text("models: ['~nosuchuser-tunecp/m.json']\ngpus: [h100]\n"
+                                "nodes: [1]\n")
+    with pytest.raises(GridError, match="no home directory"):
+        load_grid(str(sub / "g.yaml"))
+
+
+# -------------------------------------------------------------------------- sizes of work
+
+def test_a_grid_is_counted_before_it_is_built_and_refused_past_the_cap(tmp_path):
+    """Issue 29: a grid of 1e9 scenarios was built whole (no output in 90 s, RSS growing); one
+    of 1e5 ran 20 s before its first progress line. The product of the axes' lengths is
+    counted first and refused above MAX_SCENARIOS, naming the count and the cap."""
+    from tune_cp.agent.sweep import MAX_SCENARIOS, GridError, load_grid
+
+    many = ", ".join(str(i) for i in range(1, 1001))
+    (tmp_path / "g.yaml").write_text(f"models: [llama3-8b]\ngpus: [h100]\nnodes: [{many}]\n"
+                                     f"seq_len: [{many}]\nglobal_batch: [{many}]\n")
+    t0 = time.monotonic()
+    with pytest.raises(GridError, match=r"1,000,000,000 scenarios.*at most 10,000.*MAX_SCEN"):
+        load_grid(str(tmp_path / "g.yaml"))
+    assert time.monotonic() - t0 < 10 and MAX_SCENARIOS == 10_000
+    (tmp_path / "g.yaml").write_text(f"models: [llama3-8b]\ngpus: [h100]\nnodes: [{many}]\n"
+                                     "seq_len: [4096, 8192]\n")
+    assert len(load_grid(str(tmp_path / "g.yaml")).scenarios) == 2000
+
+
+def test_plan_deduplicates_and_caps_its_gpus_and_exits_1_when_nothing_fits(run_cli):
+    """Issue 29: ``plan --gpu`` with 1,000 copies of h100 ran past 90 s (a plan each); plan
+    exited 0 when nothing was feasible, where search exits 1."""
+    from tune_cp.cli import MAX_PLAN_GPUS
+
+    t0 = time.monotonic()
+    code, out, _ = run_cli("plan", "--model", "llama3-8b", "--gpu", ",".join(["h100"] * 1000),
+                           "--max-nodes", "1", "--points", "1")
+    assert code == 0 and out.count("h100 (8 per node)") == 1 and time.monotonic() - t0 < 30
+    code, _, err = run_cli("plan", "--model", "llama3-8b", "--gpu",
+                           ",".join(f"g{i}" for i in range(MAX_PLAN_GPUS + 1)))
+    assert code == 2 and "MAX_PLAN_GPUS" in err
+    for extra in ((), ("--json",)):
+        code, out, _ = run_cli("plan", "--model", "llama3.1-405b", "--gpu", "h100",
+                               "--max-nodes", "1", "--points", "1", *extra)
+        assert code == 1 and "no feasible configuration" in out
