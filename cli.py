@@ -19,7 +19,7 @@ def _interrupted_while_starting(_signum: int, _frame: object) -> None:
     os._exit(130)
 
 
-if os.path.basename(sys.argv[0] if sys.argv else "") == "tune-cp":  # the console script
+if __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "tune-cp":
     signal.signal(signal.SIGINT, _interrupted_while_starting)  # entry() puts Python's back
 
 import contextlib
@@ -47,7 +47,7 @@ from tune_cp.agent.serialize import (
     strict_json,
 )
 from tune_cp.oracle import params as P
-from tune_cp.oracle.inputs import one_line
+from tune_cp.oracle.inputs import one_line, show_name
 from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
 from tune_cp.oracle.specs import (
     GIB,
@@ -985,20 +985,27 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
         fail("give either --log or --primus-config, not both")
     model = load_model(model_name) if model_name else None
     env = parse_env(env_items)
-    text = megatron_args
+    from tune_cp.formats.shell import ShellError
+
+    text, source = megatron_args, "--megatron-args"
     if text == "-":
         from tune_cp.oracle.inputs import read_stdin
 
         text = read_stdin("--megatron-args")
+        source = "--megatron-args - (standard input)"
     elif text is not None and "\n" not in text and len(text) < 4096 \
             and not text.lstrip().startswith("-") and is_file(text):
         text = read_text(text, "launch script")
-    if log is not None:  # a formats.logs.LogMeasurement
-        from tune_cp.oracle.refit import log_launch
+        source = f"launch script {show_name(megatron_args)}"
+    try:
+        if log is not None:  # a formats.logs.LogMeasurement
+            from tune_cp.oracle.refit import log_launch
 
-        return log_launch(log, text or "", model)
-    if text is not None:
-        return parse_megatron_args(text, model=model, env=env)
+            return log_launch(log, text or "", model)
+        if text is not None:
+            return parse_megatron_args(text, model=model, env=env)
+    except ShellError as e:
+        raise ConfigError(f"{source}: {e}") from None
     if primus_config is not None:
         # only --env: the process environment may hold secrets (issue 29)
         return parse_primus_config(primus_config, model=model, env=env)

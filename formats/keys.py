@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tune_cp.formats.shell import UNSET, describe_unset, unset_name
-from tune_cp.oracle.inputs import is_file, read_mapping
+from tune_cp.oracle.inputs import is_file, read_mapping, show_name
 from tune_cp.oracle.specs import ConfigError
 from tune_cp.solver.axes import KNOBS
 
@@ -950,11 +950,13 @@ def _load_chain(path: Path, env: Mapping[str, str], notes: list[str], root: Path
                 seen: frozenset[Path], reads: list[int]) -> dict[str, Any]:
     reads[0] += 1
     if reads[0] > MAX_PRESET_READS:
-        raise ConfigError(f"{path.name}: the extends: chain reads more than {MAX_PRESET_READS} "
+        raise ConfigError(f"Primus model file {show_name(path)}: the extends: chain reads more "
+                          f"than {MAX_PRESET_READS} "
                           f"model files (MAX_PRESET_READS; presets that extend each other "
                           f"several times?); merge the presets into fewer files")
     if len(seen) >= MAX_PRESET_DEPTH:
-        raise ConfigError(f"{path.name}: the extends: chain is more than {MAX_PRESET_DEPTH} "
+        raise ConfigError(f"Primus model file {show_name(path)}: the extends: chain is more "
+                          f"than {MAX_PRESET_DEPTH} "
                           f"files deep (MAX_PRESET_DEPTH); merge the presets into fewer files")
     data = resolve_placeholders(read_yaml_mapping(path, "Primus model file"), env, notes,
                                 f"{path.name}: ")

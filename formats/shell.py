@@ -68,6 +68,11 @@ ARITH_MAX = 2**63 - 1
 MAX_SHELL_SECONDS = 10.0
 
 
+class ShellError(ConfigError):
+    """A launch text the reader refuses (a bound of the module docstring, an unclosed quote);
+    the CLI names the option or file it came from."""
+
+
 @dataclass
 class Word:
     """A raw word as written (quotes kept) or an operator / newline."""
@@ -169,7 +174,7 @@ def _lex(text: str, notes: list[str]) -> list[Word]:
 
 def _too_deep(what: str) -> ConfigError:
     """``what`` is the construct that went one level too deep."""
-    return ConfigError(f"the launch text nests {what} more than {MAX_SHELL_DEPTH} deep "
+    return ShellError(f"the launch text nests {what} more than {MAX_SHELL_DEPTH} deep "
                        f"(MAX_SHELL_DEPTH: expansions, quotes and if blocks together); write the "
                        f"values out")
 
@@ -190,7 +195,7 @@ def _close_quote(text: str, i: int, depth: int = 0) -> int:
         if text[j] == q:
             return j + 1
         j += 1
-    raise ConfigError(f"the launch text has an unclosed {q} quote; check the quotes")
+    raise ShellError(f"the launch text has an unclosed {q} quote; check the quotes")
 
 
 def _close_dollar(text: str, i: int, dq: bool, depth: int = 0) -> int:
@@ -220,7 +225,7 @@ def _close_dollar(text: str, i: int, dq: bool, depth: int = 0) -> int:
             if depth_here == 0:
                 return j + 1
         j += 1
-    raise ConfigError(f"the launch text has an unclosed {text[i:i + 2]}; check the brackets")
+    raise ShellError(f"the launch text has an unclosed {text[i:i + 2]}; check the brackets")
 
 
 # ---------------------------------------------------------------------------------- expansion
@@ -253,7 +258,7 @@ class _Shell:
 
     def on_time(self) -> None:
         if time.monotonic() > self.deadline:
-            raise ConfigError(f"reading the launch script took more than {MAX_SHELL_SECONDS:g} s "
+            raise ShellError(f"reading the launch script took more than {MAX_SHELL_SECONDS:g} s "
                               f"(MAX_SHELL_SECONDS); paste the expanded command (for example "
                               f"from the launch log)")
 
@@ -261,7 +266,7 @@ class _Shell:
         """Count ``chars`` expanded characters; refused past :data:`MAX_EXPANDED_CHARS`."""
         self.produced += chars
         if self.produced > MAX_EXPANDED_CHARS:
-            raise ConfigError(f"the launch script's expansions produce more than "
+            raise ShellError(f"the launch script's expansions produce more than "
                               f"{MAX_EXPANDED_CHARS:,} characters (MAX_EXPANDED_CHARS; a "
                               f"variable that doubles itself, A=\"$A$A\"?); write the values out")
 
@@ -329,7 +334,7 @@ class _Shell:
         text = re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*)\b",
                       lambda m: f"({self.lookup(m.group(1)) or ''})", text)
         if len(text) > MAX_ARITH_CHARS:
-            raise ConfigError(f"the launch script's arithmetic $(({_shown(expr)})) is "
+            raise ShellError(f"the launch script's arithmetic $(({_shown(expr)})) is "
                               f"{len(text):,} characters once expanded; at most "
                               f"{MAX_ARITH_CHARS:,} are evaluated (MAX_ARITH_CHARS)")
         if not text.strip() or not INT_EXPR.fullmatch(text):
@@ -337,7 +342,7 @@ class _Shell:
         try:
             value = _Arith(text).value()
         except _ArithOverflow:
-            raise ConfigError(f"the launch script's arithmetic $(({_shown(expr)})) leaves 64-bit "
+            raise ShellError(f"the launch script's arithmetic $(({_shown(expr)})) leaves 64-bit "
                               f"integers (|n| <= 2**63 - 1: ARITH_MAX; bash would wrap around); "
                               f"write the value out") from None
         except (SyntaxError, ZeroDivisionError):
@@ -394,7 +399,7 @@ class _Shell:
             if c == "'" and not dq:
                 j = raw.find("'", i + 1)
                 if j < 0:
-                    raise ConfigError(f"the launch text has an unclosed ' quote in "
+                    raise ShellError(f"the launch text has an unclosed ' quote in "
                                       f"{_shown(raw)}; check the quotes")
                 cur.append(raw[i + 1:j])
                 have = True
@@ -793,7 +798,7 @@ def _matching(words: list[Word], i: int, opener: str, closer: str) -> int:
             depth -= 1
             if depth == 0:
                 return k + 1
-    raise ConfigError(f"the launch script has a {opener} without its {closer}; check the script")
+    raise ShellError(f"the launch script has a {opener} without its {closer}; check the script")
 
 
 def _skip_function(words: list[Word], i: int) -> int:
@@ -811,7 +816,7 @@ def _skip_function(words: list[Word], i: int) -> int:
 def expand_launch(text: str, env: Mapping[str, str] | None = None) -> Script:
     """The words of the launch in ``text`` (see the module docstring)."""
     if len(text) > MAX_SCRIPT_CHARS:
-        raise ConfigError(f"the launch text is {len(text):,} characters; at most "
+        raise ShellError(f"the launch text is {len(text):,} characters; at most "
                           f"{MAX_SCRIPT_CHARS:,} are read (MAX_SCRIPT_CHARS); give the launch "
                           f"script itself or its argument block")
     notes: list[str] = []
