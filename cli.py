@@ -229,6 +229,10 @@ def _write(text: str, err: bool = False) -> None:
         click.echo(text, err=err)
     except BrokenPipeError:
         _silence_stdout(sys.stderr if err else sys.stdout)
+    except OSError:
+        if not err:
+            raise  # stdout: reported on stderr (run), exit 2
+        _silence_stdout(sys.stderr)  # stderr itself cannot be written: nothing to say it with
 
 
 terminal_echo = echo  # for a command whose local ``echo`` picks the stream
