@@ -1240,7 +1240,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if verdict_state["room"]:
             echo(f"  cheapest change that gives room: {verdict_state['room']}")
     if exported:
-        echo(exported)
+        terminal_echo(exported)
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
 
 
