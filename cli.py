@@ -1967,7 +1967,11 @@ def entry() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
-    sys.exit(run())
+    code = run()
+    # the command is over: a Ctrl-C while Python shuts down (which puts SIGINT's default back)
+    # would kill the process by the signal instead of ending it with its code
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
