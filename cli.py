@@ -1901,8 +1901,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                    f"{error.strerror or error}", err=True)
         return EXIT_USAGE
     except (Interrupted, KeyboardInterrupt, click.exceptions.Abort):
-        echo("tune-cp: interrupted (Ctrl-C)", err=True)
-        return EXIT_INTERRUPTED
+        return refuse(args, "interrupted", "Ctrl-C", EXIT_INTERRUPTED)
     except click.ClickException as e:
         return refuse(args, "error", one_line(e.format_message()), e.exit_code)
     except ConfigError as e:
@@ -1921,7 +1920,8 @@ def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
     ``--json`` also prints its JSON document on stdout with ``status`` "error" and ``error``
     this message (an internal error's with its kind), so that every outcome of ``search --json``
     has one schema (``docs/json.md``)."""
-    echo(f"tune-cp: {kind}: {message}", err=True)
+    echo(f"tune-cp: {kind} ({message})" if kind == "interrupted" else
+         f"tune-cp: {kind}: {message}", err=True)
     if is_search_json(args):
         from tune_cp.agent.serialize import error_search_json
 

@@ -311,6 +311,13 @@ def test_ctrl_c_is_one_line_and_exit_130_at_any_moment():
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err == "tune-cp: interrupted (Ctrl-C)\n", (at, err)
         assert "did not finish" not in out + err and "no feasible" not in out
+    p = subprocess.Popen([_console(), "--model", "deepseek-v3", "--gpu", "h100", "--nodes", "16",
+                          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "tune-cp: interrupted (Ctrl-C)\n"
+    assert json.loads(out)["status"] == "error" and json.loads(out)["error"] == "interrupted: Ctrl-C"
 
 
 def test_cp_sat_leaves_ctrl_c_to_python():
