@@ -561,7 +561,10 @@ class _Shell:
         if plus and name in self.arrays:
             self.arrays[name].append(text)
         else:
-            self.scalars[name] = (self.scalars.get(name, "") + text) if plus else text
+            if plus:  # NAME+=text builds a new value: it counts whole (A+=x 100,000 times)
+                text = self.scalars.get(name, "") + text
+                self.spend(len(text))
+            self.scalars[name] = text
             self.arrays.pop(name, None)
         return j + 1
 

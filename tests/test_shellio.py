@@ -36,6 +36,7 @@ SHELL_BOMBS = {
                            "MAX_SHELL_DEPTH"),
     "arithmetic length": ("A=" + "1+" * 3000 + "1\ntorchrun x.py --n $((A))", "MAX_ARITH_CHARS"),
     "scalar doubling": ("A=x\n" + 'A="$A$A"\n' * 60 + "torchrun x.py", "MAX_EXPANDED_CHARS"),
+    "scalar appending": ("A+=xxxxxxx\n" * 2000 + "torchrun x.py --n $A", "MAX_EXPANDED_CHARS"),
     "array doubling": ("A=(x)\n" + "A=(${A[@]} ${A[@]})\n" * 60 + "torchrun x.py",
                        "MAX_EXPANDED_CHARS"),
     "nested defaults": ("torchrun x.py --n " + "${A:-" * 3000 + "4" + "}" * 3000,
