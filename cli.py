@@ -7,17 +7,32 @@ stderr with exit code 2 (bad input); ``check`` exits 1 for an illegal configurat
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+
+def _interrupted_while_starting(_signum: int, _frame: object) -> None:
+    """Ctrl-C while the ``tune-cp`` process imports its modules (before :func:`run` can report
+    it): one line and exit 130, not an import traceback (issue 29)."""
+    os.write(2, b"tune-cp: interrupted (Ctrl-C)\n")
+    os._exit(130)
+
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "tune-cp":
+    signal.signal(signal.SIGINT, _interrupted_while_starting)  # entry() puts Python's back
+
+import contextlib
+import errno
 import functools
 import gc
 import json
 import math
-import os
 import re
 import shutil
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -32,7 +47,8 @@ from tune_cp.agent.serialize import (
     strict_json,
 )
 from tune_cp.oracle import params as P
-from tune_cp.oracle.inputs import check_output_path, one_line
+from tune_cp.oracle.inputs import one_line, show_name
+from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
 from tune_cp.oracle.specs import (
     GIB,
     MAX_MOE_CAPACITY_FACTOR,
@@ -94,13 +110,22 @@ _PROCESS_ENDS_WITH_COMMAND = False
 def load_model(name: str) -> ModelSpec:
     from tune_cp.oracle.catalog import load_model as load
 
-    return load(name)
+    return load(named(name, "--model", "a model (see `tune-cp models`) or a config.json"))
 
 
 def load_gpu(name: str) -> Any:
     from tune_cp.oracle.catalog import load_gpu as load
 
-    return load(name)
+    return load(named(name, "--gpu", "a GPU (see `tune-cp gpus`) or a GPU file"))
+
+
+def named(name: str, flag: str, what: str) -> str:
+    """``name`` once it is not empty: an empty name (``--gpu ''``, the empty name before ``=`` in
+    ``--price-per-gpu-hour =1``) is a path to the catalogs' loaders, ``Path('')`` is ``.``, and
+    the user read "GPU file '.' is a directory" (issue 29)."""
+    if not str(name).strip():
+        fail(f"{flag} {name!r}: the name is empty; name {what}")
+    return name
 
 
 def model_entries() -> dict[str, Any]:
@@ -130,6 +155,13 @@ def check_configuration(*args: Any, **kwargs: Any) -> CheckOutcome:
 EXIT_ILLEGAL = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3  # a bug: one line, the traceback with TUNE_CP_DEBUG=1
+#: Ctrl-C (SIGINT): the shell's convention, 128 + 2; one line on stderr.
+EXIT_INTERRUPTED = 130
+#: The reader of stdout went away (``tune-cp ... | head -1``) while click itself wrote (help,
+#: usage): exit 0 quietly (not 141, the shell's 128 + SIGPIPE, so that ``set -o pipefail``
+#: scripts do not read it as a failure; not 1, which means infeasible). A command's own output
+#: (:func:`echo`) goes on to its own exit code instead: 0 found, 1 infeasible.
+EXIT_BROKEN_PIPE = 0
 
 # ----------------------------------------------------------------------------- plumbing
 
@@ -183,8 +215,31 @@ def build(kind: str, factory: Callable[..., Any], **kwargs: Any) -> Any:
         fail(f"invalid {kind}: {validation_message(e)}")
 
 
+def echo(message: Any = "", err: bool = False) -> None:
+    """``click.echo`` of a line of text, made safe for a terminal
+    (:func:`oracle.outputs.terminal_safe`: the user's names are shown, never obeyed)."""
+    _write(terminal_safe(str(message)), err)
+
+
+def _write(text: str, err: bool = False) -> None:
+    """``click.echo``; when the reader has gone away (``| head -1``: a broken pipe), the rest of
+    the output goes to ``/dev/null`` and the command ends as it would have, with its own exit
+    code (0 found, 1 infeasible), instead of click's exit 1 (issue 29)."""
+    try:
+        click.echo(text, err=err)
+    except BrokenPipeError:
+        _silence_stdout(sys.stderr if err else sys.stdout)
+    except OSError:
+        if not err:
+            raise  # stdout: reported on stderr (run), exit 2
+        _silence_stdout(sys.stderr)  # stderr itself cannot be written: nothing to say it with
+
+
+terminal_echo = echo  # for a command whose local ``echo`` picks the stream
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
+    _write(json.dumps(strict_json(data), indent=2, sort_keys=False, allow_nan=False))
 
 
 def gib(n: float) -> str:
@@ -209,7 +264,7 @@ class Progress:
     def _draw(self, text: str) -> None:
         if self.on:
             width = shutil.get_terminal_size((80, 24)).columns - 1
-            sys.stderr.write("\r" + text[:width].ljust(width))
+            sys.stderr.write("\r" + terminal_safe(text)[:width].ljust(width))
             sys.stderr.flush()
 
     def bar(self, done: int, total: int, what: str) -> None:
@@ -799,6 +854,41 @@ class DefaultGroup(click.Group):
             args = ["--help"]
         return super().parse_args(ctx, args)
 
+    # click turns a broken pipe into exit 1 (read as "infeasible" under ``pipefail``) and Ctrl-C
+    # into a blank line and "Aborted!"; both are taken out of its hands here and reported by
+    # :func:`run` (one line, or none for a broken pipe).
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _streams_to_run():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _streams_to_run():
+            return super().invoke(ctx)
+
+
+class OutputFailed(Exception):
+    """Writing the output failed (``OSError``: a broken pipe, a full disk or ``/dev/full``),
+    taken out of click's hands (which turns a broken pipe into exit 1)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT), taken out of click's hands (which prints a blank line and
+    "Aborted!")."""
+
+
+@contextlib.contextmanager
+def _streams_to_run() -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        raise OutputFailed(e) from e
+    except KeyboardInterrupt as e:
+        raise Interrupted() from e
+
 
 def package_version() -> str:
     """The installed distribution's version; from a checkout that is not installed (the package
@@ -819,7 +909,7 @@ def package_version() -> str:
 
 def print_version(ctx: click.Context, _param: Any, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(f"tune-cp, version {package_version()}")
+        echo(f"tune-cp, version {package_version()}")
         ctx.exit()
 
 
@@ -899,22 +989,30 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
         fail("give either --log or --primus-config, not both")
     model = load_model(model_name) if model_name else None
     env = parse_env(env_items)
-    text = megatron_args
+    from tune_cp.formats.shell import ShellError
+
+    text, source = megatron_args, "--megatron-args"
     if text == "-":
         from tune_cp.oracle.inputs import read_stdin
 
         text = read_stdin("--megatron-args")
+        source = "--megatron-args - (standard input)"
     elif text is not None and "\n" not in text and len(text) < 4096 \
             and not text.lstrip().startswith("-") and is_file(text):
         text = read_text(text, "launch script")
-    if log is not None:  # a formats.logs.LogMeasurement
-        from tune_cp.oracle.refit import log_launch
+        source = f"launch script {show_name(megatron_args)}"
+    try:
+        if log is not None:  # a formats.logs.LogMeasurement
+            from tune_cp.oracle.refit import log_launch
 
-        return log_launch(log, text or "", model)
-    if text is not None:
-        return parse_megatron_args(text, model=model, env=env)
+            return log_launch(log, text or "", model)
+        if text is not None:
+            return parse_megatron_args(text, model=model, env=env)
+    except ShellError as e:
+        raise ConfigError(f"{source}: {e}") from None
     if primus_config is not None:
-        return parse_primus_config(primus_config, model=model, env={**os.environ, **env})
+        # only --env: the process environment may hold secrets (issue 29)
+        return parse_primus_config(primus_config, model=model, env=env)
     return None
 
 
@@ -955,7 +1053,8 @@ CHECK_MOE_ETP = 1
                    "sets.")
 @click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
               help="A value the launch script or Primus YAML reads from the environment (or "
-                   "N=VALUE for the script's argument N); repeatable.")
+                   "N=VALUE for the script's argument N); repeatable. Only these are read: "
+                   "tune-cp never reads its own environment for them.")
 @click.option("--primus-config", default=None, type=click.Path(dir_okay=False),
               help="Check a Primus experiment YAML (its overrides; the model YAML it names when "
                    "found, else --model).")
@@ -1098,7 +1197,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                    "memory_verdict": verdict_state,
                    "imported": imported, "export": exported})
         sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
-    echo = (lambda line="": click.echo(line, err=True)) if exported else click.echo
+    echo = functools.partial(terminal_echo, err=bool(exported))
     echo(f"check: {describe_setting(model, cluster, training)}")
     if defaults:
         echo("defaults: " + "; ".join(defaults))
@@ -1141,7 +1240,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if verdict_state["room"]:
             echo(f"  cheapest change that gives room: {verdict_state['room']}")
     if exported:
-        click.echo(exported)
+        terminal_echo(exported)
     sys.exit(0 if outcome.legal else EXIT_ILLEGAL)
 
 
@@ -1155,14 +1254,14 @@ def models_cmd(as_json: bool) -> None:
         emit_json([model_json(m) | {"source": m.source, "aliases": list(e.aliases)}
                    for m, e in zip(specs, entries, strict=True)])
         return
-    click.echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
+    echo(f"{'model':16} {'family':12} {'layers':>6} {'hidden':>6} {'experts':>8} "
                f"{'total params':>16} {'active params':>16} {'seq':>6} {'gbs':>5}")
     for m in specs:
         experts = f"{m.num_experts}/{m.moe_top_k}" if m.is_moe else "-"
-        click.echo(f"{m.name:16} {m.family:12} {m.num_layers:>6} {m.hidden_size:>6} {experts:>8} "
+        echo(f"{m.name:16} {m.family:12} {m.num_layers:>6} {m.hidden_size:>6} {experts:>8} "
                    f"{P.total_params(m):>16,} {P.active_params(m):>16,} {m.default_seq_len:>6} "
                    f"{m.default_global_batch_size:>5}")
-    click.echo("experts: routed experts / top-k; counts follow the Hugging Face implementation "
+    echo("experts: routed experts / top-k; counts follow the Hugging Face implementation "
                "(unpadded vocabulary, MTP excluded); sources: `tune-cp models --json`")
 
 
@@ -1174,14 +1273,14 @@ def gpus_cmd(as_json: bool) -> None:
     if as_json:  # the catalog's entry format: what --gpu FILE reads (one entry per file)
         emit_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
         return
-    click.echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
+    echo(f"{'gpu':8} {'vendor':6} {'HBM GiB':>8} {'BF16 TF':>8} {'FP8 TF':>8} {'HBM TB/s':>9} "
                f"{'scale-up GB/s':>13} {'domain':>6} {'NIC GB/s':>8} {'per node':>8}")
     for e in entries:
         fp8 = f"{e.peak_fp8_tflops:g}" if e.peak_fp8_tflops else "-"
-        click.echo(f"{e.name:8} {e.vendor.value:6} {e.hbm_gib:>8g} {e.peak_bf16_tflops:>8g} "
+        echo(f"{e.name:8} {e.vendor.value:6} {e.hbm_gib:>8g} {e.peak_bf16_tflops:>8g} "
                    f"{fp8:>8} {e.hbm_tb_per_s:>9g} {e.scale_up_gb_per_s:>13g} "
                    f"{e.scale_up_domain_gpus:>6} {e.nic_gb_per_s:>8g} {e.gpus_per_node:>8}")
-    click.echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
+    echo("dense peaks; bandwidths per GPU per direction; sources: `tune-cp gpus --json`")
 
 
 def write_trials(result: Any, path: str) -> None:
@@ -1269,7 +1368,7 @@ def fsdp_option(f: Callable) -> Callable:
 @click.option("--all-recompute-levels", is_flag=True,
               help="Keep every full-recompute depth that fits, not only the shallowest.")
 @lm_options
-@click.option("--trials-out", default=None, type=click.Path(dir_okay=False),
+@click.option("--trials-out", default=None, metavar="FILE.jsonl",
               help="Write the candidates as JSON lines (.jsonl): first each configuration the "
                    "baseline, seed, LLM and attribution steps judged (legal or not, with its "
                    "violations; of each set the LLM phase narrowed, the best, which it judged), "
@@ -1279,7 +1378,7 @@ def fsdp_option(f: Callable) -> Callable:
 @click.option("--workers", type=AsciiIntRange(1, 256), default=1, show_default=True,
               help="Processes for the CP-SAT enumeration (its slices; same result in the same "
                    "order).")
-@click.option("--pareto", "pareto_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--pareto", "pareto_path", default=None, metavar="FILE.png",
               help="Draw the feasible set (projected throughput against peak memory) to this PNG.")
 @click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
                                                    "recompute"]), default="pp",
@@ -1288,8 +1387,8 @@ def fsdp_option(f: Callable) -> Callable:
               help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "
                    "N best distinct candidates to --verify-dir, ready to run and to feed back "
                    "with `tune-cp calibrate --log`.")
-@click.option("--verify-dir", default="tune-cp-verify", show_default=True,
-              type=click.Path(file_okay=False), help="Folder for --verify.")
+@click.option("--verify-dir", default="tune-cp-verify", show_default=True, metavar="DIR",
+              help="Folder for --verify.")
 @grad_dtype_option
 @fp8_params_option
 @framework_option
@@ -1328,9 +1427,11 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         check_baseline_layout(baseline_text or "", baseline, model, cluster, training)
     planner = LmFlags(flags)
     if trials_out is not None:
-        check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES)
+        trials_out = str(check_output_path(trials_out, "--trials-out", TRIALS_SUFFIXES))
     if pareto_path is not None:
-        check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES)
+        pareto_path = str(check_output_path(pareto_path, "--pareto", PLOT_SUFFIXES))
+    if verify_n:
+        verify_dir = str(check_output_dir(verify_dir, "--verify-dir"))
     if fp8_param_gather and training.precision is not Precision.FP8:
         raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
                           f"FP8 training, but the precision is {training.precision.value}: pass "
@@ -1358,8 +1459,8 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
                                              settings.options,
                                              [c.expr for c in settings.constraints]))
         else:
-            click.echo(f"search: {describe_setting(model, cluster, training)}")
-            click.echo(f"no feasible configuration: {e}")
+            echo(f"search: {describe_setting(model, cluster, training)}")
+            echo(f"no feasible configuration: {e}")
         sys.exit(EXIT_ILLEGAL)
     finally:
         progress.close()
@@ -1399,15 +1500,15 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         emit_json(data)
         return
     for line in render_search(result, timings):
-        click.echo(line, err=exported is not None)
+        echo(line, err=exported is not None)
     if pareto_path:
-        click.echo(f"pareto plot: {pareto_path}", err=exported is not None)
+        echo(f"pareto plot: {pareto_path}", err=exported is not None)
     if verified:
-        click.echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
+        echo(f"verify: {len(verified)} short benchmark launches in {verify_dir}/ "
                    f"({', '.join(os.path.basename(v) for v in verified)}); see "
                    f"{verify_dir}/README.txt", err=exported is not None)
     if exported is not None:
-        click.echo(exported)
+        echo(exported)
 
 
 #: Highest price per GPU-hour taken (keeps costs finite; no GPU rents for more).
@@ -1420,7 +1521,12 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
-        name, sep, raw = item.rpartition("=")
+        name, sep, raw = item.partition("=")
+        if not sep:
+            name, raw = "", name
+        elif not name.strip() or "=" in raw:
+            fail(f"--price-per-gpu-hour {item!r}: write PRICE (every GPU) or GPU=PRICE, "
+                 f"e.g. h100=2.5")
         price = finite_number(f"--price-per-gpu-hour {item!r}", raw.strip())
         if not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
             fail(f"--price-per-gpu-hour {item!r}: a price is a finite number from 0 to "
@@ -1428,7 +1534,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
         if not sep:
             out.update(dict.fromkeys(gpus, price))
             continue
-        key = load_gpu(name).name
+        key = load_gpu(name.strip()).name
         if key not in gpus:
             fail(f"--price-per-gpu-hour {item!r}: {key} is not among --gpu ({', '.join(gpus)})")
         out[key] = price
@@ -1449,7 +1555,7 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
               help="Largest node count considered.")
 @click.option("--points", type=AsciiIntRange(1, 16), default=6, show_default=True,
               help="Node counts in the table: the smallest that fits, then powers of two.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               help="Draw throughput and time to train against nodes to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @fsdp_option
@@ -1465,20 +1571,27 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
              framework_name: str | None, **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
-    (FP8 falls back to BF16 on GPUs without FP8)."""
+    (FP8 falls back to BF16 on GPUs without FP8).
+
+    Exit code 0 when some GPU fits at some node count, 1 when none does (as the search), 2 for
+    bad input.
+    """
     from tune_cp.agent.plan import plan, training_for_precision
     from tune_cp.oracle.uncertainty import band_text, bias_notes
 
     settings = run_settings(flags)
 
     if plot_path is not None:
-        check_output_path(plot_path, "--plot", PLOT_SUFFIXES)
+        plot_path = str(check_output_path(plot_path, "--plot", PLOT_SUFFIXES))
     model = load_model(model_name)
     check_options(model, settings)
-    names = [n.strip() for n in gpu_names.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in gpu_names.split(",") if n.strip()))
     if not names:
         fail("--gpu: name at least one GPU (see `tune-cp gpus`)")
-    gpus = [load_gpu(n) for n in names]
+    if len(names) > MAX_PLAN_GPUS:
+        fail(f"--gpu: {len(names):,} GPUs named; plan compares at most {MAX_PLAN_GPUS} "
+             f"(MAX_PLAN_GPUS: each is a search over node counts); name fewer")
+    gpus = list({g.name: g for g in map(load_gpu, names)}.values())  # h100 and H100 once
     aliases = alias_statements(model_name, None) + [
         a for n in names for a in alias_statements(None, n)]
     seq = seq_len or model.default_seq_len
@@ -1522,23 +1635,23 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
                    "run_settings": run_settings_json(settings.options),
                    "tokens": tokens, "gpus": [plan_json(p) for p in plans], "plot": plot_path,
                    "defaults": aliases})
-        return
-    click.echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
+        sys.exit(plan_exit_code(plans))
+    echo(f"plan: {model.name}, seq {seq}, gbs {batch}, {precision}"
                + (", bf16 gradients" if grad_reduce_in_bf16 else "")
                + (", FSDP searched" if search_fsdp else "")
                + (f", {tokens:.3g} tokens" if tokens else "")
                + (f"; run settings: {settings.options.label()}"
                   if settings.options.label() else ""))
     if aliases:
-        click.echo("defaults: " + "; ".join(aliases))
+        echo("defaults: " + "; ".join(aliases))
     for p in plans:
-        click.echo("")
+        echo("")
         if p.min_nodes is None:
-            click.echo(f"{p.gpu}: {p.note}")
+            echo(f"{p.gpu}: {p.note}")
             continue
         first = next((q for q in p.points if q.nodes == p.min_nodes), None)
         edge = first is not None and first.memory_state not in (None, "fits")
-        click.echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
+        echo(f"{p.gpu} ({p.gpus_per_node} per node): fits from {p.min_nodes} node"
                    f"{'s' if p.min_nodes != 1 else ''} ({p.min_nodes * p.gpus_per_node} GPUs)"
                    + (", at the edge of memory (oracle/memory_verdict.py: above HBM / the "
                       "largest measured overhead)" if edge else ""))
@@ -1548,10 +1661,10 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
             head += f" {'days':>8} {'GPU-hours':>11}"
             if p.price_per_gpu_hour is not None:
                 head += f" {'cost':>12}"
-        click.echo(head)
+        echo(head)
         for q in p.points:
             if not q.feasible:
-                click.echo(f"  {q.nodes:>5} {q.gpus:>6} no feasible configuration")
+                echo(f"  {q.nodes:>5} {q.gpus:>6} no feasible configuration")
                 continue
             c = q.config
             layout = (f"TP{c['tp']} PP{c['pp']} VPP{c['vpp']} CP{c['cp']} EP{c['ep']} "
@@ -1570,27 +1683,39 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
                 line += f" {q.days:>8.1f} {q.gpu_hours:>11,.0f}"
                 if q.cost is not None:
                     line += f" {q.cost:>12,.0f}"
-            click.echo(line)
+            echo(line)
         note = plan_mfu_note(model, p, precision, settings.calibration)
         if note:
-            click.echo(f"  note: {note}")
-    click.echo("")
+            echo(f"  note: {note}")
+    echo("")
     from tune_cp.agent.search import ANSWER_RULE
 
-    click.echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
+    echo("time to train = tokens / (tokens/s/GPU x GPUs); GPU-hours = GPUs x time; cost = "
                "GPU-hours x price. Each row is the answer of `tune-cp search` at that node count "
                f"(without --lm; a sweep's row is the same), by the search's rule: {ANSWER_RULE}; "
                "the seed phase's best replaces it when its lower bound is higher.")
     classes = sorted({q.interval["class_used"] for p in plans for q in p.points
                       if q.feasible and q.interval})
     if classes:
-        click.echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
+        echo("80% interval: 10th-90th percentile of the out-of-fold residuals of class "
                    + "; ".join(classes) + " (oracle/catalog/residuals.json)")
         for n in bias_notes([q.interval["bias_note"] for p in plans for q in p.points
                              if q.feasible and q.interval]):
-            click.echo(n)
+            echo(n)
     if plot_path:
-        click.echo(f"plot: {plot_path}")
+        echo(f"plot: {plot_path}")
+    sys.exit(plan_exit_code(plans))
+
+
+#: Most distinct GPUs one plan compares (the catalog holds a dozen; a list of 1,000 copies of
+#: h100 ran past 90 s: names are deduplicated, then counted).
+MAX_PLAN_GPUS = 16
+
+
+def plan_exit_code(plans: Sequence[Any]) -> int:
+    """The search's rule: 1 (:data:`EXIT_ILLEGAL`) when nothing is feasible, here when no GPU
+    fits at any node count up to ``--max-nodes``; else 0."""
+    return 0 if any(p.min_nodes is not None for p in plans) else EXIT_ILLEGAL
 
 
 @main.command("calibrate")
@@ -1610,7 +1735,7 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
               help="Nodes of the logged runs when the log does not print its world size.")
 @click.option("--gpus-per-node", type=AsciiIntRange(1, 1024), default=None,
               help="GPUs per node  [default: the GPU's usual node size]")
-@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--out", "out_path", default=None, metavar="FILE.json",
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
@@ -1625,7 +1750,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     if bool(runs_path) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
     if out_path is not None:
-        check_output_path(out_path, "calibrate --out", (".json",))
+        out_path = str(check_output_path(out_path, "calibrate --out", (".json",)))
     if log_paths:
         from tune_cp.oracle.refit import calibrate_from_logs, read_log_runs
 
@@ -1649,7 +1774,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
         if as_json:
             emit_json(result.to_json())
             return
-        click.echo(result.summary())
+        echo(result.summary())
         return
     assert runs_path is not None
     if not exists(runs_path):
@@ -1669,8 +1794,8 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
                    "prior_mape": report.prior_mape, "out": report.out_path,
                    "calibration": report.table.to_json()})
         return
-    click.echo(report.summary())
-    click.echo(format_constants(report.table))
+    echo(report.summary())
+    echo(format_constants(report.table))
 
 
 # ------------------------------------------------------------------------------- sweep
@@ -1678,7 +1803,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
 
 @main.command("sweep")
 @click.argument("grid_path", metavar="GRID.yaml", type=click.Path(dir_okay=False))
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", "out_path", required=True, metavar="FILE.csv",
               help="Result table: FILE.csv, or FILE.parquet (needs pip install "
                    "'tune-cp[sweep]'). One row per scenario, sorted by scenario.")
 @click.option("--workers", type=AsciiIntRange(1, 1024), default=1, show_default=True,
@@ -1691,7 +1816,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
 @click.option("--resume", is_flag=True,
               help="Keep the rows already in --out (same scenario, same inputs) and run only the "
                    "rest; rows with status error run again.")
-@click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
+@click.option("--plot", "plot_dir", default=None, metavar="DIR",
               help="Draw the cost / time-to-train frontier per model and the best layout per "
                    "cell into this folder (PNG).")
 @click.option("--table", "show_table", is_flag=True,
@@ -1712,18 +1837,17 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
     """
     from tune_cp.agent.sweep import Progress, load_grid, make_engine, output_format, run_sweep
 
+    out_path = str(check_output_path(out_path, "--out", (".csv", ".parquet")))
     output_format(out_path)
     grid = load_grid(grid_path)
     if plot_dir:
-        from tune_cp.agent.sweep_plots import check_plot_dir
-
-        check_plot_dir(plot_dir)
+        plot_dir = str(check_output_dir(plot_dir, "--plot"))
     engine = make_engine(workers, ray_address)
     progress = Progress(len(grid.scenarios), enabled=not no_progress)
     try:
         report = run_sweep(grid.scenarios, out_path, engine, resume=resume, progress=progress)
     except KeyboardInterrupt:
-        click.echo(f"\ntune-cp: interrupted; {out_path} holds the rows written so far "
+        echo(f"\ntune-cp: interrupted; {out_path} holds the rows written so far "
                    f"(run again with --resume to finish)", err=True)
         sys.exit(130)
     plots: list[str] = []
@@ -1742,13 +1866,13 @@ def sweep_cmd(grid_path: str, out_path: str, workers: int, ray_address: str | No
             from tune_cp.agent.sweep import render_table
 
             for line in render_table(report.rows):
-                click.echo(line)
-            click.echo("")
-        click.echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
+                echo(line)
+            echo("")
+        echo(f"sweep {grid.name}: {report.total} scenarios ({report.computed} computed, "
                    f"{report.resumed} kept from {out_path}) on {report.engine}: {report.ok} ok, "
                    f"{report.infeasible} infeasible, {report.failed} failed -> {out_path}")
         for p in plots:
-            click.echo(f"plot: {p}")
+            echo(f"plot: {p}")
     sys.exit(EXIT_ILLEGAL if report.failed else 0)
 
 
@@ -1759,16 +1883,25 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code; every error is one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        main.main(args=args, prog_name="tune-cp", standalone_mode=False)
+        try:
+            main.main(args=args, prog_name="tune-cp", standalone_mode=False)
+        finally:
+            sys.stdout.flush()  # a failed write shows here, not as Python's exit message
     except SystemExit as e:
         return int(e.code or 0)
-    except BrokenPipeError:  # the reader went away (``| head``): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    except click.exceptions.Abort:
-        click.echo("tune-cp: aborted", err=True)
-        return 130
+    except (OutputFailed, OSError) as e:
+        error = e.error if isinstance(e, OutputFailed) else e
+        if error.errno == errno.EPIPE:
+            # the reader went away (``| head``): stop quietly, exit 0 (EXIT_BROKEN_PIPE)
+            _silence_stdout()
+            return EXIT_BROKEN_PIPE
+        where = f" {error.filename}" if error.filename else " to stdout"
+        _silence_stdout()
+        echo(f"tune-cp: error: cannot write the output{where}: "
+                   f"{error.strerror or error}", err=True)
+        return EXIT_USAGE
+    except (Interrupted, KeyboardInterrupt, click.exceptions.Abort):
+        return refuse(args, "interrupted", "Ctrl-C", EXIT_INTERRUPTED)
     except click.ClickException as e:
         return refuse(args, "error", one_line(e.format_message()), e.exit_code)
     except ConfigError as e:
@@ -1787,7 +1920,8 @@ def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
     ``--json`` also prints its JSON document on stdout with ``status`` "error" and ``error``
     this message (an internal error's with its kind), so that every outcome of ``search --json``
     has one schema (``docs/json.md``)."""
-    click.echo(f"tune-cp: {kind}: {message}", err=True)
+    echo(f"tune-cp: {kind} ({message})" if kind == "interrupted" else
+         f"tune-cp: {kind}: {message}", err=True)
     if is_search_json(args):
         from tune_cp.agent.serialize import error_search_json
 
@@ -1812,14 +1946,32 @@ def is_search_json(args: Sequence[str]) -> bool:
 BLAS_THREADS = "1"
 
 
+def _silence_stdout(stream: Any = None) -> None:
+    """Point stdout (or ``stream``) at ``/dev/null`` so that what is still written, and
+    Python's final flush, cannot fail."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture)
+        pass
+
+
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
     imports numpy), then :func:`run`; the process ends with the command
     (:func:`without_cyclic_gc`)."""
     global _PROCESS_ENDS_WITH_COMMAND
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
-    sys.exit(run())
+    code = run()
+    # the command is over: a Ctrl-C while Python shuts down (which puts SIGINT's default back)
+    # would kill the process by the signal instead of ending it with its code
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

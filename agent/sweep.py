@@ -102,6 +102,10 @@ SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferenc
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")
+#: Most scenarios one grid runs, counted before any is built (the product of the axes'
+#: lengths): each is one search of about a second, so 10,000 are hours of CPU; a grid of 1e9
+#: was built whole (RSS growing, nothing printed), 1e5 took 20 s before the first progress line.
+MAX_SCENARIOS = 10_000
 
 
 @dataclass(frozen=True)
@@ -190,12 +194,20 @@ def _number(key: str, v: Any, *, positive: bool = False) -> float:
     return float(v)
 
 
-def _resolve_path(entry: str, base: Path) -> str:
-    """A grid entry that names a file, relative to the grid file's folder."""
-    p = Path(entry).expanduser()
-    if not p.is_absolute() and (base / p).exists():
+def _resolve_path(entry: str, base: Path, key: str = "models") -> str:
+    """A grid entry that names a file, relative to the grid file's folder (``~`` expanded; an
+    unknown ``~user`` is a one-line GridError, not Python's "Could not determine home
+    directory")."""
+    from tune_cp.oracle.inputs import exists
+    from tune_cp.oracle.outputs import expand_home
+
+    try:
+        p = expand_home(entry, f"grid key {key!r}:")
+    except ConfigError as e:
+        raise GridError(str(e)) from None
+    if not p.is_absolute() and exists(base / p):
         return str(base / p)
-    return entry
+    return str(p) if entry.startswith("~") else entry
 
 
 def _per_gpu(key: str, value: Any, gpus: Sequence[tuple[str, GpuSpec]], check: Callable[[Any], Any]
@@ -245,8 +257,9 @@ def load_grid(path: str) -> Grid:
         if not isinstance(entry, str) or not entry.strip():
             raise GridError(f"grid key {kind!r}: {_show(entry)} must be a catalog name or a file "
                             f"path")
+        path = _resolve_path(entry.strip(), base, kind)
         try:
-            return loader(_resolve_path(entry.strip(), base))
+            return loader(path)
         except ConfigError as e:
             raise GridError(f"grid key {kind!r}: {_show(entry)}: {e}") from None
 
@@ -284,8 +297,15 @@ def load_grid(path: str) -> Grid:
                    lambda v: _positive_int("gpus_per_node", v, 1024))
     prices = _per_gpu("price_per_gpu_hour", data.get("price_per_gpu_hour"), gpus,
                       lambda v: _number("price_per_gpu_hour", v))
-    settings = _settings(data)
+    settings = _settings(data, base)
     name = str(data.get("name") or p.stem)
+    axes = (models, gpus, nodes, seqs, batches, precisions, tokens)
+    count = math.prod(len(axis) for axis in axes)
+    if count > MAX_SCENARIOS:
+        raise GridError(f"grid: {' x '.join(str(len(axis)) for axis in axes)} = {count:,} "
+                        f"scenarios (models x gpus x nodes x seq_len x global_batch "
+                        f"x precision x tokens); at most {MAX_SCENARIOS:,} run in one sweep "
+                        f"(MAX_SCENARIOS); split the grid into several files")
 
     scenarios = []
     for (mi, (_, model)), (gi, (gname, gpu)), (ni, n), (si, seq), (bi, gbs), (qi, prec), \
@@ -309,7 +329,7 @@ def load_grid(path: str) -> Grid:
     return Grid(str(p), name, tuple(scenarios))
 
 
-def _settings(data: Mapping[str, Any]) -> Settings:
+def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
     from tune_cp.agent.search import Preference
     from tune_cp.solver.constraints import HardConstraint
 
@@ -355,8 +375,13 @@ def _settings(data: Mapping[str, Any]) -> Settings:
     overheads = tuple(sorted((str(k), v) for k, v in ov.items()))
     _overheads(overheads)  # validates
     calib = data.get("calibration")
-    if calib is not None and (not isinstance(calib, str) or not Path(calib).is_file()):
-        raise GridError(f"grid key 'calibration': {_show(calib)} is not a file")
+    if calib is not None:  # a path relative to the grid file, as models and gpus (issue 29)
+        from tune_cp.oracle.inputs import is_file
+
+        if not isinstance(calib, str) or not calib.strip() or \
+                not is_file(calib := _resolve_path(calib.strip(), base, "calibration")):
+            raise GridError(f"grid key 'calibration': {_show(data.get('calibration'))} is not a "
+                            f"file (a path relative to the grid file's folder, or absolute)")
     from pydantic import ValidationError
 
     from tune_cp.oracle.memory import RunOptions
@@ -811,7 +836,7 @@ class RayEngine:
 def output_format(path: str) -> str:
     """The table's format from ``--out``'s extension, once the path can be written (checked
     before any scenario runs: the rows are written atomically beside it)."""
-    from tune_cp.oracle.inputs import check_output_path
+    from tune_cp.oracle.outputs import check_output_path
 
     ext = Path(path).suffix.lower()
     if ext not in FORMATS:

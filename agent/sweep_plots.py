@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tune_cp.oracle.specs import ConfigError
-
 #: tokens assumed for the time axis when the grid names none (days per 10^12 tokens)
 REFERENCE_TOKENS = 1e12
 SECONDS_PER_DAY = 86400.0
@@ -24,9 +22,10 @@ SECONDS_PER_HOUR = 3600.0
 
 
 def check_plot_dir(path: str) -> None:
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"--plot {path!r}: exists and is not a folder; name a folder")
+    """``--plot``'s folder, by the one output check (``oracle/outputs.py``)."""
+    from tune_cp.oracle.outputs import check_output_dir
+
+    check_output_dir(path, "--plot")
 
 
 def _pyplot():

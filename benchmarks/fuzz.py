@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fuzzing import HEAVY, LIGHT, Case, cases, defects  # noqa: E402
+from tests.fuzzing import FUZZ_SECRET, HEAVY, LIGHT, SECRET_VARS, Case, cases, defects  # noqa: E402
 
 
 def runaway_cases(tmp: Path) -> list[Case]:
@@ -154,9 +155,11 @@ def issue29_cases(tmp: Path) -> list[Case]:
 
 
 #: The children's environment: the caller's PYTHONPATH (where ``tune_cp`` is importable, e.g. a
-#: link to this checkout) and the checkout itself (``tests.fuzzing``).
+#: link to this checkout) and the checkout itself (``tests.fuzzing``), and a secret under the
+#: names the generated files reference (issue 29: it must never appear in any output).
 ENV = os.environ | {"PYTHONPATH": os.pathsep.join(
-    x for x in (os.environ.get("PYTHONPATH"), str(ROOT)) if x)}
+    x for x in (os.environ.get("PYTHONPATH"), str(ROOT)) if x)} | dict.fromkeys(SECRET_VARS,
+                                                                              FUZZ_SECRET)
 
 
 def limit(memory_bytes: int):
@@ -173,6 +176,8 @@ def _children_cpu_s() -> float:
 def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict:
     """One case in its own process; ``cpu_s``: the process's CPU time (a niced campaign on a
     loaded machine waits far longer than it computes)."""
+    if case.stdout != "pipe" or case.interrupt_s is not None:
+        return run_stream_case(case, cwd, timeout_s, memory_bytes)
     t0, c0 = time.monotonic(), _children_cpu_s()
     try:
         p = subprocess.run([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
@@ -189,6 +194,43 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
         found.append("out of memory")
     return {"case": case, "code": p.returncode, "wall_s": time.monotonic() - t0,
             "cpu_s": _children_cpu_s() - c0, "defects": found, "err": p.stderr.strip()[:160]}
+
+
+def run_stream_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict:
+    """A case whose stdout is ``/dev/full`` or a pipe closed before the first line, or that gets
+    Ctrl-C (SIGINT) ``interrupt_s`` after its start (issue 29). A closed pipe must end quietly;
+    an interrupted run with exit 130 and one line, or as it would have had it ended first."""
+    t0, c0 = time.monotonic(), _children_cpu_s()
+    out_target = open("/dev/full", "w") if case.stdout == "full" else subprocess.PIPE
+    p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
+                         stdout=out_target, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, preexec_fn=limit(memory_bytes), env=ENV)
+    if case.stdout == "closed":
+        p.stdout.close()
+    try:
+        if case.interrupt_s is not None:
+            try:
+                p.wait(timeout=case.interrupt_s)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGINT)
+        err = p.stderr.read()
+        out = p.stdout.read() if case.stdout == "pipe" else ""
+        p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return {"case": case, "code": "timeout", "wall_s": time.monotonic() - t0,
+                "cpu_s": None, "defects": ["ran past the time limit"], "err": ""}
+    finally:
+        if case.stdout == "full":
+            out_target.close()
+    found = defects(p.returncode, out, err, case.args)
+    if case.stdout == "closed" and ("pipe" in err.lower() or "Errno" in err):
+        found.append("a closed pipe was not quiet")  # (an input error is still said)
+    if p.returncode in (-signal.SIGINT, -9, 137) or "MemoryError" in err:
+        found.append("killed by a signal" if p.returncode == -signal.SIGINT else "out of memory")
+    return {"case": case, "code": p.returncode, "wall_s": time.monotonic() - t0,
+            "cpu_s": _children_cpu_s() - c0, "defects": found, "err": err.strip()[:160]}
 
 
 #: Runs the cases of a JSON list (argv[1]) with ``cli.run`` in this process, one JSON line of
@@ -294,7 +336,7 @@ def main() -> None:
                 print(f"  {len(results)}/{len(todo)} cases, {time.monotonic() - t0:.0f} s",
                       file=sys.stderr)
     kinds = sorted({r["case"].kind for r in results})
-    codes = ["0", "1", "2", "3", "timeout", "other"]
+    codes = ["0", "1", "2", "3", "130", "timeout", "other"]
 
     def col(r: dict) -> str:
         c = str(r["code"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tune_cp.formats.shell import UNSET, describe_unset, unset_name
-from tune_cp.oracle.inputs import is_file, read_mapping
+from tune_cp.oracle.inputs import is_file, read_mapping, show_name
 from tune_cp.oracle.specs import ConfigError
 from tune_cp.solver.axes import KNOBS
 
@@ -537,7 +538,7 @@ def read_value(raw: RawArgs, dest: str, key: Key, value: Any) -> Any:
     if isinstance(value, str) and UNSET in value:
         name = unset_name(value)
         raise raw.fail(dest, value.replace(UNSET, ""),
-                       f"the value is {describe_unset(name or '?')}")
+                       f"the value is {describe_unset(name, value)}")
     if isinstance(value, str) and SHELL_VARIABLE.search(value):
         raise raw.fail(dest, value, "an unexpanded shell variable; pass its value with --env "
                        "NAME=VALUE or paste the command with its values filled in (for example "
@@ -875,29 +876,88 @@ def _child(where: str, key: str) -> str:
     return f"{where}{key}" if not where or where.endswith(" ") else f"{where}.{key}"
 
 
-def find_model_file(experiment: Path, name: str) -> Path | None:
-    """The model YAML an experiment names: a path relative to the experiment, or ``name`` in a
-    ``models/`` folder (``models/``, ``models/megatron/``, ``configs/models/megatron/``,
-    ``primus/configs/models/megatron/``) in the experiment's folder or any folder above it."""
+#: The folders a Primus model YAML is looked up in, under the experiment's folder or a folder
+#: above it (Primus keeps them in ``primus/configs/models/megatron``).
+MODEL_FOLDERS = ("models", "models/megatron", "configs/models/megatron",
+                 "primus/configs/models/megatron")
+#: Most model YAMLs one experiment's ``extends:`` chain reads, every read counted (a preset
+#: extended twice is read twice, as Primus does): real chains read two or three
+#: (``mixtral_8x22B_v0.1.yaml`` -> ``mixtral_base.yaml`` -> ``language_model.yaml``); a chain
+#: that fans out (each file extending the next one twice) would read 2**depth.
+MAX_PRESET_READS = 64
+#: Deepest ``extends:`` chain followed.
+MAX_PRESET_DEPTH = 16
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` lies in ``root``: as written (``..`` folded) and, when it exists, with
+    its symbolic links followed."""
+    try:
+        Path(os.path.normpath(path)).relative_to(os.path.normpath(root))
+        if os.path.lexists(path):
+            path.resolve().relative_to(root.resolve())
+    except (ValueError, OSError, RuntimeError):
+        return False
+    return True
+
+
+def _refuse_outside(name: str, what: str, root: Path) -> ConfigError:
+    return ConfigError(f"{what} {_show(name)} lies outside the experiment's Primus tree "
+                       f"{_show(str(root))}; tune-cp reads model files only inside it (next to "
+                       f"the experiment or in a models/ folder of it or above it), so name a "
+                       f"file there")
+
+
+def find_model_file(experiment: Path, name: str) -> tuple[Path, Path] | None:
+    """The model YAML an experiment names, with the tree it lies in (its presets must lie in
+    it too): a path relative to the experiment's folder (the tree: that folder), or ``name``
+    in a folder of :data:`MODEL_FOLDERS` in the experiment's folder or any folder above it
+    (the tree: that folder). An absolute path, or one that leaves its tree (``../``, a symbolic
+    link out of it), is refused with the path named: tune-cp reads no file outside the
+    experiment's layout (issue 29: ``model: /etc/shadow`` was read)."""
     candidate = Path(name)
-    if candidate.is_absolute():
-        return candidate if is_file(candidate) else None
     here = experiment.resolve().parent
-    if is_file(here / candidate):
-        return here / candidate
+    if candidate.is_absolute() or not _inside(here / candidate, here):
+        raise _refuse_outside(name, "modules.pre_trainer.model", here)
+    direct = here / candidate
+    if is_file(direct):
+        return direct, here
     for folder in (here, *here.parents):
-        for sub in ("models", "models/megatron", "configs/models/megatron",
-                    "primus/configs/models/megatron"):
+        for sub in MODEL_FOLDERS:
             path = folder / sub / candidate
             if is_file(path):
-                return path
+                if not _inside(path, folder):
+                    raise _refuse_outside(name, "modules.pre_trainer.model", folder)
+                return path, folder
     return None
 
 
 def load_model_chain(path: Path, env: Mapping[str, str], notes: list[str],
-                     seen: frozenset[Path] = frozenset()) -> dict[str, Any]:
-    """A Primus model YAML with its ``extends:`` presets merged (presets first, the file last;
-    ``yaml_loader.py::_apply_extends``). A preset that cannot be found is noted and skipped."""
+                     root: Path | None = None) -> dict[str, Any]:
+    """A Primus model YAML with its ``extends:`` presets merged (presets first, the file last).
+    Primus joins each preset name to the extending file's folder
+    (``primus/core/config/yaml_loader.py::_apply_extends``, ``os.path.join(os.path.dirname(path),
+    ext)``); tune-cp refuses a preset outside ``root`` (the tree :func:`find_model_file` found
+    the model in; default: the model file's folder) and stops a chain past
+    :data:`MAX_PRESET_READS` reads or :data:`MAX_PRESET_DEPTH` links. A preset that cannot be
+    found is noted and skipped."""
+    reads = [0]
+    return _load_chain(path, env, notes, path.parent if root is None else root, frozenset(),
+                       reads)
+
+
+def _load_chain(path: Path, env: Mapping[str, str], notes: list[str], root: Path,
+                seen: frozenset[Path], reads: list[int]) -> dict[str, Any]:
+    reads[0] += 1
+    if reads[0] > MAX_PRESET_READS:
+        raise ConfigError(f"Primus model file {show_name(path)}: the extends: chain reads more "
+                          f"than {MAX_PRESET_READS} "
+                          f"model files (MAX_PRESET_READS; presets that extend each other "
+                          f"several times?); merge the presets into fewer files")
+    if len(seen) >= MAX_PRESET_DEPTH:
+        raise ConfigError(f"Primus model file {show_name(path)}: the extends: chain is more "
+                          f"than {MAX_PRESET_DEPTH} "
+                          f"files deep (MAX_PRESET_DEPTH); merge the presets into fewer files")
     data = resolve_placeholders(read_yaml_mapping(path, "Primus model file"), env, notes,
                                 f"{path.name}: ")
     bases = data.pop("extends", None) or []
@@ -908,6 +968,8 @@ def load_model_chain(path: Path, env: Mapping[str, str], notes: list[str],
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
         base_path = path.parent / str(base)
+        if Path(str(base)).is_absolute() or not _inside(base_path, root):
+            raise _refuse_outside(str(base), f"{path.name}: extends:", root)
         if is_file(base_path) and base_path.resolve() in seen | {path.resolve()}:
             notes.append(f"model preset {base} (extended by {path.name}) extends itself; "
                          "skipped")
@@ -916,5 +978,5 @@ def load_model_chain(path: Path, env: Mapping[str, str], notes: list[str],
             notes.append(f"model preset {base} (extended by {path.name}) was not found next to "
                          "it; its keys take Primus's language_model.yaml defaults")
             continue
-        merged |= load_model_chain(base_path, env, notes, seen | {path.resolve()})
+        merged |= _load_chain(base_path, env, notes, root, seen | {path.resolve()}, reads)
     return merged | data

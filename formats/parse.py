@@ -212,7 +212,10 @@ def parse_primus_config(
     Megatron argument names, over the model YAML named by ``modules.pre_trainer.model`` when it
     can be found (:func:`formats.keys.find_model_file`; with its ``extends:`` presets),
     over Primus's module defaults (stated). ``${VAR:default}`` placeholders take ``env[VAR]`` when
-    given, else their default (pass ``os.environ`` to resolve them as a launch from this shell)."""
+    given, else their default; ``${VAR}`` without one stays unset (noted). Only ``env`` (the
+    CLI's ``--env``) is read, never this process's environment, so that no secret of the shell
+    (``${OPENAI_API_KEY}``) reaches a message or an export (issue 29). Model files are read only
+    inside the experiment's Primus tree (:func:`formats.keys.find_model_file`)."""
     path = Path(path)
     env = env if env is not None else {}
     raw = RawArgs(Flavor.PRIMUS, where=path.name)
@@ -240,7 +243,7 @@ def parse_primus_config(
             raw.notes.append(f"model file {model_name} (modules.pre_trainer.model) was not found "
                              "next to the experiment or in a models/ folder above it")
         else:
-            chain = load_model_chain(found, env, raw.notes)
+            chain = load_model_chain(found[0], env, raw.notes, root=found[1])
     refused = refused_architecture({**chain, **overrides})
     if refused:
         raise ConfigError(f"Primus experiment {path.name} (model {model_name}): tune-cp does not "

@@ -15,11 +15,24 @@ name what to pass.
 
 The launch command is the last command that runs ``torchrun`` / ``torch.distributed.run`` /
 a ``*.py`` script; text without one (an argument block) is read whole.
+
+Only ``env`` is read, never this process's environment: a script's ``$OPENAI_API_KEY`` stays
+``${OPENAI_API_KEY}`` (a name), so no secret of the shell tune-cp runs in reaches a message or an
+export.
+
+Every expansion is bounded (a one-line ConfigError naming the limit, where bash would run out of
+memory or time): nesting of ``${...}`` defaults, quotes and ``if`` blocks
+(:data:`MAX_SHELL_DEPTH`), the characters all expansions produce together
+(:data:`MAX_EXPANDED_CHARS`: ``A="$A$A"`` doubling), the text itself
+(:data:`MAX_SCRIPT_CHARS`), arithmetic (:data:`MAX_ARITH_CHARS`
+characters, 64-bit integers as in bash, whose wrap-around is refused rather than imitated) and
+the wall-clock time of the whole reading (:data:`MAX_SHELL_SECONDS`).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -38,6 +51,26 @@ SKIPPED_BLOCKS = {"while": "done", "until": "done", "for": "done", "select": "do
                   "case": "esac"}
 INT_EXPR = re.compile(r"[\d\s+\-*/%()]+")
 UNSET = "\0"  # marker in a word for an expansion the script leaves to its caller
+
+#: Deepest nesting of ``${A:-${B:-...}}`` defaults, quotes inside expansions and ``if`` blocks
+#: (real launch scripts nest two or three deep).
+MAX_SHELL_DEPTH = 64
+#: Longest launch text read (1 MiB; Megatron-LM's longest example script is about 10 KiB).
+MAX_SCRIPT_CHARS = 2**20
+#: Most characters all expansions of one script produce together, each field counting one more
+#: (its separator): four times the longest script; ``A="$A$A"`` 30 times would be 1 GiB.
+MAX_EXPANDED_CHARS = 4 * MAX_SCRIPT_CHARS
+#: Longest ``$((...))`` expression evaluated, after its variables are substituted.
+MAX_ARITH_CHARS = 4096
+#: bash arithmetic is signed 64-bit (``intmax_t``); a result outside it is refused.
+ARITH_MAX = 2**63 - 1
+#: Longest a launch script's reading may take (wall clock); a real one takes milliseconds.
+MAX_SHELL_SECONDS = 10.0
+
+
+class ShellError(ConfigError):
+    """A launch text the reader refuses (a bound of the module docstring, an unclosed quote);
+    the CLI names the option or file it came from."""
 
 
 @dataclass
@@ -108,7 +141,7 @@ def _lex(text: str, notes: list[str]) -> list[Word]:
             i = j
             continue
         if c == "$" and i + 1 < n and text[i + 1] in "({":
-            j = _close_dollar(text, i)
+            j = _close_dollar(text, i, dq=False)
             cur.append(text[i:j])
             i = j
             continue
@@ -139,7 +172,17 @@ def _lex(text: str, notes: list[str]) -> list[Word]:
     return out
 
 
-def _close_quote(text: str, i: int) -> int:
+def _too_deep(what: str) -> ConfigError:
+    """``what`` is the construct that went one level too deep."""
+    return ShellError(f"the launch text nests {what} more than {MAX_SHELL_DEPTH} deep "
+                       f"(MAX_SHELL_DEPTH: expansions, quotes and if blocks together); write the "
+                       f"values out")
+
+
+def _close_quote(text: str, i: int, depth: int = 0) -> int:
+    """End of the quoted string starting at ``i``."""
+    if depth > MAX_SHELL_DEPTH:
+        raise _too_deep("quotes and expansions")
     q = text[i]
     j = i + 1
     while j < len(text):
@@ -147,32 +190,42 @@ def _close_quote(text: str, i: int) -> int:
             j += 2
             continue
         if q == '"' and text[j] == "$" and j + 1 < len(text) and text[j + 1] in "({":
-            j = _close_dollar(text, j)
+            j = _close_dollar(text, j, dq=True, depth=depth + 1)
             continue
         if text[j] == q:
             return j + 1
         j += 1
-    raise ConfigError(f"the launch text has an unclosed {q} quote; check the quotes")
+    raise ShellError(f"the launch text has an unclosed {q} quote; check the quotes")
 
 
-def _close_dollar(text: str, i: int) -> int:
-    """End of ``${...}`` / ``$(...)`` / ``$((...))`` starting at ``i`` (nesting respected)."""
+def _close_dollar(text: str, i: int, dq: bool, depth: int = 0) -> int:
+    """End of ``${...}`` / ``$(...)`` / ``$((...))`` starting at ``i`` (nesting respected).
+    Quotes inside are skipped whole (bash: ``${A:-"}"}`` is ``}``); inside double quotes
+    (``dq``) a single quote in ``${...}`` is a plain character (``"${A:-it's}"``)."""
+    if depth > MAX_SHELL_DEPTH:
+        raise _too_deep("quotes and expansions")
     open_ch = text[i + 1]
     close_ch = "}" if open_ch == "{" else ")"
-    depth, j = 0, i + 1
+    depth_here, j = 0, i + 1
     while j < len(text):
         c = text[j]
-        if c in "'\"" and open_ch == "(":
-            j = _close_quote(text, j)
+        if c == "\\":
+            j += 2
+            continue
+        if c == '"' or (c == "'" and (open_ch == "(" or not dq)):
+            j = _close_quote(text, j, depth + 1)
+            continue
+        if c == "$" and j + 1 < len(text) and text[j + 1] in "({" and j > i + 1:
+            j = _close_dollar(text, j, dq, depth + 1)
             continue
         if c == open_ch:
-            depth += 1
+            depth_here += 1
         elif c == close_ch:
-            depth -= 1
-            if depth == 0:
+            depth_here -= 1
+            if depth_here == 0:
                 return j + 1
         j += 1
-    raise ConfigError(f"the launch text has an unclosed {text[i:i + 2]}; check the brackets")
+    raise ShellError(f"the launch text has an unclosed {text[i:i + 2]}; check the brackets")
 
 
 # ---------------------------------------------------------------------------------- expansion
@@ -187,6 +240,35 @@ class _Shell:
         self.notes: list[str] = []
         self.launches: list[list[str]] = []
         self.commands: list[list[str]] = []
+        self.depth = 0  # nesting of expansions and if blocks now (MAX_SHELL_DEPTH)
+        self.produced = 0  # characters expanded so far (MAX_EXPANDED_CHARS)
+        self.deadline = time.monotonic() + MAX_SHELL_SECONDS
+
+    # ---- bounds
+    def enter(self, what: str) -> None:
+        """One level deeper (an expansion inside an expansion, an ``if`` inside an ``if``);
+        refused past :data:`MAX_SHELL_DEPTH`, and past :data:`MAX_SHELL_SECONDS`."""
+        self.depth += 1
+        if self.depth > MAX_SHELL_DEPTH:
+            raise _too_deep(what)
+        self.on_time()
+
+    def leave(self) -> None:
+        self.depth -= 1
+
+    def on_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise ShellError(f"reading the launch script took more than {MAX_SHELL_SECONDS:g} s "
+                              f"(MAX_SHELL_SECONDS); paste the expanded command (for example "
+                              f"from the launch log)")
+
+    def spend(self, chars: int) -> None:
+        """Count ``chars`` expanded characters; refused past :data:`MAX_EXPANDED_CHARS`."""
+        self.produced += chars
+        if self.produced > MAX_EXPANDED_CHARS:
+            raise ShellError(f"the launch script's expansions produce more than "
+                              f"{MAX_EXPANDED_CHARS:,} characters (MAX_EXPANDED_CHARS; a "
+                              f"variable that doubles itself, A=\"$A$A\"?); write the values out")
 
     # ---- values
     def lookup(self, name: str) -> str | None:
@@ -200,8 +282,9 @@ class _Shell:
             return "0"
         return None
 
-    def param(self, body: str) -> list[str] | str:
-        """``${body}``: a string, or a list of fields for ``NAME[@]``."""
+    def param(self, body: str, dq: bool = False) -> list[str] | str:
+        """``${body}``: a string, or a list of fields for ``NAME[@]`` (``dq``: inside double
+        quotes, where a default's single quotes are plain characters)."""
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]", body)
         if m:
             name = m.group(1)
@@ -221,12 +304,12 @@ class _Shell:
         empty = value is None or (colon and value == "")
         if kind in ("-", "="):
             if empty:
-                value = self.expand_string(alt or "")
+                value = self.expand_string(alt or "", dq)
                 if kind == "=" and not name.isdigit():
                     self.scalars[name] = value
             return value
         if kind == "+":
-            return "" if empty else self.expand_string(alt or "")
+            return "" if empty else self.expand_string(alt or "", dq)
         if value is None:
             if name in "@*":
                 return []
@@ -243,29 +326,50 @@ class _Shell:
             self.notes.append(text)
 
     def arith(self, expr: str) -> str:
+        """``$((expr))`` in bash's 64-bit integers (``+ - * / % **``, parentheses; ``$NAME``
+        substituted as text, a bare ``NAME`` as its value in parentheses); anything else, an
+        unset variable or a division by zero is left as written."""
         text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?",
                       lambda m: self.lookup(m.group(1)) or "", expr)
-        text = re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*)\b", lambda m: self.lookup(m.group(1)) or "",
-                      text)
+        text = re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*)\b",
+                      lambda m: f"({self.lookup(m.group(1)) or ''})", text)
+        if len(text) > MAX_ARITH_CHARS:
+            raise ShellError(f"the launch script's arithmetic $(({_shown(expr)})) is "
+                              f"{len(text):,} characters once expanded; at most "
+                              f"{MAX_ARITH_CHARS:,} are evaluated (MAX_ARITH_CHARS)")
         if not text.strip() or not INT_EXPR.fullmatch(text):
             return UNSET + "$((" + expr + "))"
         try:
-            return str(int(eval(text.replace("/", "//"), {"__builtins__": {}}, {})))  # noqa: S307
-        except (SyntaxError, ZeroDivisionError, ValueError, TypeError):
+            value = _Arith(text).value()
+        except _ArithOverflow:
+            raise ShellError(f"the launch script's arithmetic $(({_shown(expr)})) leaves 64-bit "
+                              f"integers (|n| <= 2**63 - 1: ARITH_MAX; bash would wrap around); "
+                              f"write the value out") from None
+        except (SyntaxError, ZeroDivisionError):
             return UNSET + "$((" + expr + "))"
+        return str(value)
 
-    def expand_string(self, text: str) -> str:
+    def expand_string(self, text: str, dq: bool = False) -> str:
         """Expansion without field splitting (assignment values, defaults)."""
-        fields = self.expand(text, split=False)
+        fields = self.expand(text, split=False, dq=dq)
         return " ".join(fields)
 
-    def expand(self, raw: str, split: bool = True) -> list[str]:
-        """Fields of one raw word as bash gives them (quote removal, unquoted results split)."""
+    def expand(self, raw: str, split: bool = True, dq: bool = False) -> list[str]:
+        """Fields of one raw word as bash gives them (quote removal, unquoted results split);
+        ``dq``: the word starts inside double quotes (a default inside ``"${...}"``)."""
+        self.enter("${...} expansions")
+        try:
+            fields = self._expand(raw, split, dq)
+        finally:
+            self.leave()
+        self.spend(sum(len(f) + 1 for f in fields))
+        return fields
+
+    def _expand(self, raw: str, split: bool, dq: bool) -> list[str]:
         fields: list[str] = []
         cur: list[str] = []
         have = False  # whether the current field exists (a quoted empty string makes one)
         i, n = 0, len(raw)
-        dq = False
 
         def add_unquoted(value: str | list[str]) -> None:
             nonlocal have
@@ -293,7 +397,10 @@ class _Shell:
         while i < n:
             c = raw[i]
             if c == "'" and not dq:
-                j = raw.index("'", i + 1)
+                j = raw.find("'", i + 1)
+                if j < 0:
+                    raise ShellError(f"the launch text has an unclosed ' quote in "
+                                      f"{_shown(raw)}; check the quotes")
                 cur.append(raw[i + 1:j])
                 have = True
                 i = j + 1
@@ -316,7 +423,7 @@ class _Shell:
                 i += 2
                 continue
             if c == "$" and i + 1 < n:
-                value, j = self._dollar(raw, i)
+                value, j = self._dollar(raw, i, dq)
                 if value is None:
                     cur.append("$")
                     have = True
@@ -350,18 +457,18 @@ class _Shell:
         end_field()
         return fields
 
-    def _dollar(self, raw: str, i: int) -> tuple[str | list[str] | None, int]:
+    def _dollar(self, raw: str, i: int, dq: bool) -> tuple[str | list[str] | None, int]:
         nxt = raw[i + 1]
         if raw.startswith("$((", i):
-            j = _close_dollar(raw, i)
+            j = _close_dollar(raw, i, dq)
             return self.arith(raw[i + 3:j - 2]), j
         if nxt == "(":
-            j = _close_dollar(raw, i)
-            self.note(f"command substitution {raw[i:j]} is not run; left as written")
+            j = _close_dollar(raw, i, dq)
+            self.note(f"command substitution {_shown(raw[i:j])} is not run; left as written")
             return UNSET + raw[i:j], j
         if nxt == "{":
-            j = _close_dollar(raw, i)
-            return self.param(raw[i + 2:j - 1]), j
+            j = _close_dollar(raw, i, dq)
+            return self.param(raw[i + 2:j - 1], dq), j
         m = NAME.match(raw, i + 1)
         if m:
             return self.param(m.group(0)), m.end()
@@ -373,6 +480,7 @@ class _Shell:
     def run(self, words: list[Word]) -> None:
         i = 0
         while i < len(words):
+            self.on_time()
             i = self.statement(words, i)
 
     def statement(self, words: list[Word], i: int) -> int:
@@ -453,7 +561,10 @@ class _Shell:
         if plus and name in self.arrays:
             self.arrays[name].append(text)
         else:
-            self.scalars[name] = (self.scalars.get(name, "") + text) if plus else text
+            if plus:  # NAME+=text builds a new value: it counts whole (A+=x 100,000 times)
+                text = self.scalars.get(name, "") + text
+                self.spend(len(text))
+            self.scalars[name] = text
             self.arrays.pop(name, None)
         return j + 1
 
@@ -480,10 +591,14 @@ class _Shell:
                     part_start, kind = k + 1, "cond" if w.text == "elif" else "else"
             k += 1
         branches.append((cond if kind == "body" else None, words[part_start:end - 1]))
-        for cond_words, body in branches:
-            if cond_words is None or self.condition(cond_words):
-                self.run(body)
-                break
+        self.enter("if blocks")
+        try:
+            for cond_words, body in branches:
+                if cond_words is None or self.condition(cond_words):
+                    self.run(body)
+                    break
+        finally:
+            self.leave()
         return end
 
     def condition(self, words: list[Word]) -> bool:
@@ -555,6 +670,122 @@ class _Shell:
         return None
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    """A piece of the script for a message: one line, cut at ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _ArithOverflow(Exception):
+    """An arithmetic result outside bash's 64-bit integers."""
+
+
+class _Arith:
+    """bash arithmetic over ``+ - * / % **`` and parentheses in 64-bit integers: ``**`` binds
+    tightest and to the right, unary signs next, then ``* / %``, then ``+ -``; division and
+    remainder truncate toward zero (C, as bash). A result beyond :data:`ARITH_MAX` is
+    :class:`_ArithOverflow` (bash wraps; a reader refuses), an exponent below zero or a
+    malformed expression a SyntaxError. Parentheses nest at most :data:`MAX_SHELL_DEPTH`."""
+
+    TOKEN = re.compile(r"\s*(?:(\d+)|(\*\*|[-+*/%()]))")
+
+    def __init__(self, text: str) -> None:
+        self.tokens: list[str] = []
+        pos = 0
+        text = text.rstrip()
+        while pos < len(text):
+            m = self.TOKEN.match(text, pos)
+            if not m:
+                raise SyntaxError(text)
+            self.tokens.append(m.group(1) or m.group(2))
+            pos = m.end()
+        self.i = 0
+        self.depth = 0
+
+    def value(self) -> int:
+        v = self.sum()
+        if self.i != len(self.tokens):
+            raise SyntaxError("trailing tokens")
+        return v
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self) -> str:
+        if self.i >= len(self.tokens):
+            raise SyntaxError("unexpected end")
+        self.i += 1
+        return self.tokens[self.i - 1]
+
+    @staticmethod
+    def check(v: int) -> int:
+        if abs(v) > ARITH_MAX:
+            raise _ArithOverflow
+        return v
+
+    def sum(self) -> int:
+        v = self.product()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            r = self.product()
+            v = self.check(v + r if op == "+" else v - r)
+        return v
+
+    def product(self) -> int:
+        v = self.unary()
+        while self.peek() in ("*", "/", "%"):
+            op = self.take()
+            r = self.unary()
+            if op == "*":
+                v = self.check(v * r)
+            else:
+                if r == 0:
+                    raise ZeroDivisionError
+                q = abs(v) // abs(r) * (1 if (v >= 0) == (r >= 0) else -1)
+                v = self.check(q if op == "/" else v - q * r)
+        return v
+
+    def unary(self) -> int:
+        if self.peek() in ("+", "-"):
+            op = self.take()
+            self.depth += 1
+            if self.depth > MAX_SHELL_DEPTH:
+                raise _too_deep("arithmetic signs and parentheses")
+            v = self.unary()
+            self.depth -= 1
+            return -v if op == "-" else v
+        return self.power()
+
+    def power(self) -> int:
+        base = self.atom()
+        if self.peek() != "**":
+            return base
+        self.take()
+        exp = self.unary()  # right-associative, and 2**-1 parses (then is refused)
+        if exp < 0:
+            raise SyntaxError("exponent less than 0")
+        if abs(base) > 1 and exp > 63:
+            raise _ArithOverflow
+        return self.check(base ** exp)
+
+    def atom(self) -> int:
+        tok = self.take()
+        if tok == "(":
+            self.depth += 1
+            if self.depth > MAX_SHELL_DEPTH:
+                raise _too_deep("arithmetic signs and parentheses")
+            v = self.sum()
+            self.depth -= 1
+            if self.take() != ")":
+                raise SyntaxError("unclosed (")
+            return v
+        if not tok.isdigit():
+            raise SyntaxError(tok)
+        if len(tok) > 19:
+            raise _ArithOverflow
+        return self.check(int(tok))
+
+
 def _matching(words: list[Word], i: int, opener: str, closer: str) -> int:
     """Index after the ``closer`` that ends the block opened at ``i``."""
     depth = 0
@@ -570,7 +801,7 @@ def _matching(words: list[Word], i: int, opener: str, closer: str) -> int:
             depth -= 1
             if depth == 0:
                 return k + 1
-    raise ConfigError(f"the launch script has a {opener} without its {closer}; check the script")
+    raise ShellError(f"the launch script has a {opener} without its {closer}; check the script")
 
 
 def _skip_function(words: list[Word], i: int) -> int:
@@ -587,6 +818,10 @@ def _skip_function(words: list[Word], i: int) -> int:
 
 def expand_launch(text: str, env: Mapping[str, str] | None = None) -> Script:
     """The words of the launch in ``text`` (see the module docstring)."""
+    if len(text) > MAX_SCRIPT_CHARS:
+        raise ShellError(f"the launch text is {len(text):,} characters; at most "
+                          f"{MAX_SCRIPT_CHARS:,} are read (MAX_SCRIPT_CHARS); give the launch "
+                          f"script itself or its argument block")
     notes: list[str] = []
     words = _lex(text, notes)
     shell = _Shell(env or {})
@@ -610,12 +845,23 @@ def expand_launch(text: str, env: Mapping[str, str] | None = None) -> Script:
 
 
 def unset_name(value: str) -> str | None:
-    """The variable an unexpanded value waits for (``NUM_LAYERS``, ``2`` for ``$2``)."""
-    m = re.search(UNSET + r"\$\{([^}:]+)", value)
+    """The variable an unexpanded value waits for (``NUM_LAYERS``, ``2`` for ``$2``); None when
+    what is left is not a variable (a command substitution, arithmetic, an expansion tune-cp
+    does not read)."""
+    m = re.search(re.escape(UNSET) + r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)\}", value)
     return m.group(1) if m else None
 
 
-def describe_unset(name: str) -> str:
+def describe_unset(name: str | None, value: str = "") -> str:
+    """What an unexpanded value waits for and how to give it: ``--env NAME=VALUE`` for a
+    variable, else (``name`` None: a command substitution, arithmetic or an expansion tune-cp
+    does not read, ``value`` as written) the value itself."""
+    if name is None:
+        shown = _shown(value.replace(UNSET, "")) if value else "it"
+        return (f"{shown}, which tune-cp leaves unexpanded (it runs no commands); give the value "
+                f"with tune-cp's own flag, or paste the command with its values filled in (for "
+                f"example from the launch log)")
     if name.isdigit():
-        return f"the script's argument ${name}, which it was not given"
+        return (f"the script's argument ${name}, which it was not given; pass --env "
+                f"{name}=VALUE")
     return f"${name}, which the script takes from the environment; pass --env {name}=VALUE"

@@ -456,48 +456,6 @@ def is_file(path: str | Path) -> bool:
         return False
 
 
-def check_output_path(path: str | Path, what: str, suffixes: tuple[str, ...]) -> Path:
-    """``path`` once it can be written with one of ``suffixes`` (lower-case, with the dot):
-    checked before any work starts. An existing path must be a regular, writable file (not a
-    directory, device, FIFO, ``/proc`` entry or dangling symlink); a new one must lie in an
-    existing, writable directory and be creatable (tried, then removed)."""
-    s = str(path)
-    if not s.strip():
-        raise ConfigError(f"{what}: the file name is empty")
-    p = Path(s)
-    suffix = p.suffix.lower()
-    if suffix not in suffixes:
-        raise ConfigError(f"{what} {show_name(p)}: {suffix or 'no extension'} is not a supported "
-                          f"format; end the name with {' or '.join(suffixes)}")
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{what} {show_name(p)} cannot be written: "
-                          f"{getattr(e, 'strerror', None) or e}") from None
-    if st is not None:
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise ConfigError(f"{what} {show_name(p)} is {kind}; give a file name")
-        if not os.access(p, os.W_OK) or Path("/proc") in p.resolve().parents:
-            raise ConfigError(f"{what} {show_name(p)} cannot be written: permission denied")
-        return p
-    if os.path.lexists(p):
-        raise ConfigError(f"{what} {show_name(p)} is a symbolic link to nothing; give a file name")
-    parent = p.parent
-    if not is_dir(parent):
-        raise ConfigError(f"{what} {show_name(p)}: the directory {show_name(parent)} does not "
-                          f"exist")
-    try:
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError as e:
-        raise ConfigError(f"{what} {show_name(p)} cannot be written: {e.strerror or e}") from None
-    os.close(fd)
-    os.unlink(p)
-    return p
-
-
 #: How a number may be spelled on the command line and in text fields: ASCII digits, an optional
 #: sign, point and exponent (``8``, ``-0.5``, ``1e-3``, ``.25``). Python's ``float()``/``int()``
 #: also take ``1_000``, fullwidth and Arabic-Indic digits and surrounding spaces; tune-cp does

@@ -163,8 +163,14 @@ def solver_parameters(solver: cp_model.CpSolver, time_limit_s: float | None = No
     save here; implied bounds and the newer linear propagator too (Mixtral 8x22B on 4 nodes:
     23 s with CP-SAT's defaults, 2.1 s with these).
     Presolve must keep every solution while enumerating; ``Arith.le`` avoids the one OR-Tools
-    9.15 rule that did not (see its docstring)."""
+    9.15 rule that did not (see its docstring).
+    CP-SAT does not catch Ctrl-C (``catch_sigint_signal`` off): caught, it stopped the solve as
+    if its time had run out (read as "did not finish within 60 s" or as infeasible), or was
+    lost when the solve finished anyway, and its handler left SIGINT's default behind (a second
+    Ctrl-C killed the process silently). Python's handler raises KeyboardInterrupt in the next
+    solution callback or when the solve returns (issue 29)."""
     prm = solver.parameters
+    prm.catch_sigint_signal = False
     prm.num_workers = 1
     prm.search_branching = cp_model.FIXED_SEARCH
     prm.cp_model_probing_level = 0

@@ -474,8 +474,15 @@ def _titan_toml(rng: random.Random, tmp: Path, root: Path) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Case:
+    """A command line and the kind of input it attacks; ``stdout`` is where its output goes
+    (``pipe``: captured; ``full``: ``/dev/full``; ``closed``: a pipe closed before the first
+    line) and ``interrupt_s`` when Ctrl-C (SIGINT) is sent, for the kinds that attack streams
+    and processes (``benchmarks/fuzz.py`` runs those in a process each)."""
+
     kind: str
     args: tuple[str, ...]
+    stdout: str = "pipe"
+    interrupt_s: float | None = None
 
     def line(self) -> str:
         shown = " ".join(a if len(a) < 40 else a[:37] + "..." for a in self.args)
@@ -546,7 +553,7 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
                 "/nonexistent/config.json", "", "/etc/shadow", "/proc/self/mem"]
     out_paths = ["out.txt", "p.json", "/etc/passwd/x.png", "/proc/version", "/dev/full",
                  "nodir/x.png", "x" * 300 + ".png", "", str(tmp / "dir.png"), str(fifo),
-                 "/sys/x.png", ".png", "/"]
+                 "/sys/x.png", ".png", "/", *IO_OUT_PATHS]
     out: list[Case] = []
     for _ in range(n):
         kind = rng.choice(LIGHT + (HEAVY if heavy else ()))
@@ -575,8 +582,7 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
                 args = (*SEARCH, "--prefer", f"{expr}:{rng.choice(BAD_NUMBERS)}", "--pareto",
                         "out.txt", *js)
         elif kind == "output path":
-            flag = rng.choice(("--pareto", "--trials-out"))
-            args = (*SEARCH, flag, rng.choice(out_paths), *js)
+            args = _output_path_case(rng, rng.choice(out_paths), js)
         elif kind == "baseline":
             key = rng.choice(("tp", "pp", "vpp", "mbs", "recompute", "nosuch", ""))
             args = (*SEARCH, "--baseline", f"{key}={bad}", "--trials-out", "/dev/full", *js)
@@ -706,6 +712,10 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
             args = (*_calibration_shape(rng, tmp, root), *js)
         elif kind == "titan toml":
             args = (*_titan_toml(rng, tmp, root), *js)
+        elif kind in IO_KINDS:
+            return_case = _io_case(kind, rng, tmp, root, js)
+            out.append(return_case)
+            continue
         else:  # plan run
             args = ("plan", "--model", rng.choice(("llama3-8b", "mixtral-8x7b", "nemotron-3-nano",
                                                    "deepseek-v3")),
@@ -724,10 +734,15 @@ def cases(seed: int, n: int, tmp: Path, heavy: bool = False) -> list[Case]:
 LIGHT = ("int flag", "float flag", "overhead", "model file", "gpu file", "calibration file",
          "primus file", "constraint", "prefer", "output path", "baseline", "price", "runs file",
          "hybrid file", "mla file", "number file", "megatron args", "fp8 param gather",
-         "subcommand", "gpu quantity", "hf types", "quoted number", "calibration shape")
+         "subcommand", "gpu quantity", "hf types", "quoted number", "calibration shape",
+         # issue 29: the reader, path, stream and process classes (cheap: refused up front)
+         "shell bomb", "primus tree", "name value", "escape text", "sweep size")
 #: ("log": a log that reads refits the time model, tens of seconds)
 HEAVY = ("model search", "cluster size", "primus mutation", "runs csv", "sweep grid",
-         "hybrid search", "plan run", "log", "extreme shape", "titan toml")
+         "hybrid search", "plan run", "log", "extreme shape", "titan toml",
+         # issue 29: output to /dev/full or a closed pipe, Ctrl-C at a random moment (a process
+         # each), plan over many copies of a GPU
+         "stream", "plan gpus")
 #: (key, values) a "hybrid search" case sets in the NemotronH config.json.
 HYBRID_EXTREMES = (("hybrid_override_pattern", ("M", "E", "*", "-", "M" * 200, "ME" * 64,
                                                 "*" * 3 + "M" * 3, "MEMEM*E" * 20)),
@@ -752,6 +767,12 @@ def strict_json(text: str) -> bool:
 def defects(code: int, out: str, err: str, args: tuple[str, ...]) -> list[str]:
     """What is wrong with one run's result (empty: nothing)."""
     found = []
+    if FUZZ_SECRET in out or FUZZ_SECRET in err:
+        found.append("secret from the environment shown")
+    if code == 130:  # Ctrl-C: one line, nothing else on stderr
+        if err != "tune-cp: interrupted (Ctrl-C)\n":
+            found.append("Ctrl-C not one line")
+        return found
     if code not in (0, 1, 2):
         found.append(f"exit {code}")
     if "Traceback" in err or "internal error" in err:
@@ -763,3 +784,182 @@ def defects(code: int, out: str, err: str, args: tuple[str, ...]) -> list[str]:
     if "--json" not in args and any(w in out for w in (" nan ", " inf ", "nan%", "NaN")):
         found.append("nan/inf in text")
     return found
+
+
+# -------------------------------------------------------- issue 29: readers, paths, streams
+
+#: A value the fuzz campaigns put in the environment (``TUNE_CP_FUZZ_SECRET``, and
+#: ``OPENAI_API_KEY`` in ``benchmarks/fuzz.py``): the generated files and scripts reference it;
+#: it must never appear in any output (``defects``).
+FUZZ_SECRET = "sk-fuzz-0123456789abcdef-must-not-leak"
+SECRET_VARS = ("TUNE_CP_FUZZ_SECRET", "OPENAI_API_KEY")
+#: Output paths of the issue-29 kinds: a trailing slash, an unknown user's home, a kernel file
+#: system, a folder where a file goes.
+IO_OUT_PATHS = ("x.png/", "x.jsonl/", "~nosuchuser-fuzz/x.png", "~/", "/proc/plots/x.png",
+                "/proc/x.csv", ".", "..", "/tmp/", "x.csv/.")
+#: The issue-29 kinds (generated by :func:`_io_case`).
+IO_KINDS = ("shell bomb", "primus tree", "name value", "escape text", "sweep size", "stream",
+            "plan gpus")
+#: Terminal escapes a name may carry (OSC title, CSI colour, C1 CSI, bidi override, BEL).
+ESCAPES = ("\x1b]0;pwned\x07", "\x1b[31m", "\x9b2J", "\u202e", "\x07", "\x1b]52;c;aGk=\x07")
+
+
+def _output_path_case(rng: random.Random, path: str, js: tuple[str, ...]) -> tuple[str, ...]:
+    """``path`` given to one of the options that write a file or a folder."""
+    grid = str(Path(__file__).resolve().parent.parent / "benchmarks/grids/example.yaml")
+    return rng.choice((
+        (*SEARCH, "--pareto", path, *js), (*SEARCH, "--trials-out", path, *js),
+        (*SEARCH, "--verify", "1", "--verify-dir", path, *js),
+        ("plan", "--model", "llama3-8b", "--gpu", "h100", "--plot", path, *js),
+        ("calibrate", "--runs", "/nonexistent.csv", "--out", path, *js),
+        ("sweep", grid, "--out", path, "--no-progress", *js),
+        ("sweep", grid, "--out", "/proc/s.csv", "--plot", path, *js),
+    ))
+
+
+def _shell_bomb(rng: random.Random) -> str:
+    """A launch script that attacks one bound of the shell reader (formats/shell.py)."""
+    n = rng.choice((10, 40, 65, 200, 3000))
+    flags = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8"
+    pick = rng.randrange(12)
+    if pick == 0:
+        return f"torchrun x.py {flags} --seq-length $((" + "**".join(["2"] * rng.randint(3, 9)) \
+            + "))"
+    if pick == 1:
+        return f"torchrun x.py {flags} --seq-length $((" + "(" * n + "1" + ")" * n + "))"
+    if pick == 2:
+        return "A=xy\n" + 'A="$A$A"\n' * n + f"torchrun x.py {flags} --seq-length 8"
+    if pick == 3:
+        return "A=(x)\n" + "A=(${A[@]} ${A[@]})\n" * n + f"torchrun x.py {flags}"
+    if pick == 4:
+        return f"torchrun x.py {flags} --seq-length " + "${A:-" * n + "8" + "}" * n
+    if pick == 5:
+        return f'torchrun x.py {flags} --seq-length "' + '${A:-"' * n + "8" + '"}' * n + '"'
+    if pick == 6:
+        return "if [[ 1 ]]; then\n" * n + f"torchrun x.py {flags}\n" + "fi\n" * n
+    if pick == 7:
+        return f"torchrun x.py {flags} --seq-length " + rng.choice((
+            '"${A:-it\'s}"', "${A:-'x}", '${A:-"x}', '"${A:-"}"}"', "${A", "$((1+", "'x",
+            "$(nproc)", "`nproc`", "${A/x/y}", "$((N*2))", "${#A[@]}", "${@}"))
+    if pick == 8:
+        return f"torchrun x.py {flags} --seq-length $((9223372036854775807 + 1))"
+    if pick == 9:
+        return f"torchrun x.py {flags} --micro-batch-size ${{{rng.choice(SECRET_VARS)}}}"
+    if pick == 10:
+        return f"MBS=${rng.choice(SECRET_VARS)}\ntorchrun x.py {flags} --micro-batch-size $MBS"
+    return "torchrun x.py " + "--num-layers 4 " * rng.choice((1000, 80_000))
+
+
+def _primus_tree_case(rng: random.Random, tmp: Path, root: Path) -> Path:
+    """A copy of the Primus test tree whose model or preset path leaves it (absolute, ``../``,
+    a symbolic link out), whose ``extends:`` fans out or loops, or whose values reference a
+    secret in the environment; returns the experiment."""
+    folder = tmp / f"tree{rng.randrange(10**9)}"
+    models = folder / "models" / "megatron"
+    models.mkdir(parents=True)
+    exp = folder / "experiment.yaml"
+    exp.write_text((root / PRIMUS_EXAMPLES[0]).read_text())
+    for src in sorted((root / "tests/data/primus/models/megatron").glob("*.yaml")):
+        (models / src.name).write_text(src.read_text())
+    outside = tmp / "outside.yaml"
+    outside.write_text(f"num_layers: {FUZZ_SECRET}\n")
+    model = models / "mixtral_8x22B_v0.1.yaml"
+    pick = rng.randrange(8)
+    if pick == 0:
+        exp.write_text(exp.read_text().replace("model: mixtral_8x22B_v0.1.yaml",
+                                               f"model: {rng.choice((str(outside), '/etc/shadow', '/dev/zero', '../outside.yaml', '../../outside.yaml'))}"))
+    elif pick == 1:
+        model.write_text(model.read_text().replace("  - mixtral_base.yaml", "  - " + rng.choice(
+            (str(outside), "/etc/passwd", "../../../outside.yaml", "../../../../etc/shadow"))))
+    elif pick == 2:
+        (models / "link.yaml").symlink_to(outside)
+        model.write_text(model.read_text().replace("  - mixtral_base.yaml", "  - link.yaml"))
+    elif pick in (3, 4):
+        depth, fan = (rng.randint(6, 30), rng.randint(2, 6)) if pick == 3 else (
+            rng.randint(17, 60), 1)
+        for k in range(depth):
+            (models / f"p{k}.yaml").write_text(f"extends: {[f'p{k + 1}.yaml'] * fan}\n")
+        (models / f"p{depth}.yaml").write_text("num_layers: 8\n")
+        model.write_text(model.read_text().replace("  - mixtral_base.yaml",
+                                                   "  - mixtral_base.yaml\n  - p0.yaml"))
+    elif pick == 5:
+        (models / "a.yaml").write_text("extends: [b.yaml, b.yaml]\n")
+        (models / "b.yaml").write_text("extends: [a.yaml]\n")
+        model.write_text(model.read_text().replace("  - mixtral_base.yaml", "  - a.yaml"))
+    else:
+        var = rng.choice(SECRET_VARS)
+        key = rng.choice(("micro_batch_size: 1", "tensor_model_parallel_size: ${PRIMUS_TP:1}",
+                          'wandb_project: "tune-cp-reference"', "train_iters: 50"))
+        value = rng.choice((f"${{{var}}}", f"${{{var}:1}}", f"${{{var}:x}}", f"x${{{var}}}y"))
+        exp.write_text(exp.read_text().replace(key, f"{key.split(':')[0]}: {value}"))
+    return exp
+
+
+def _grid_of(tmp: Path, rng: random.Random) -> Path:
+    """A grid whose scenarios number past MAX_SCENARIOS (up to 1e9): refused before any is
+    built."""
+    lengths = rng.choice(((1000, 1000, 1000), (101, 100, 1), (10001, 1, 1), (100, 100, 100),
+                          (317, 317, 1)))
+    axes = [", ".join(str(i + 1) for i in range(n)) for n in lengths]
+    p = tmp / f"big{rng.randrange(10**9)}.yaml"
+    p.write_text(f"models: [llama3-8b]\ngpus: [h100]\nnodes: [{axes[0]}]\n"
+                 f"seq_len: [{', '.join(str(1024 * (i + 1)) for i in range(lengths[1]))}]\n"
+                 f"global_batch: [{axes[2]}]\n")
+    return p
+
+
+def _io_case(kind: str, rng: random.Random, tmp: Path, root: Path, js: tuple[str, ...]) -> Case:
+    """One case of an issue-29 kind."""
+    if kind == "shell bomb":
+        text = _shell_bomb(rng)
+        if rng.random() < 0.5 or len(text) > 100_000:
+            p = tmp / f"bomb{rng.randrange(10**9)}.sh"
+            p.write_text(text)
+            text = str(p)
+        return Case(kind, ("check", "--megatron-args", text, "--model", "llama3-8b", "--gpu",
+                           "h100", "--nodes", "1",
+                           *rng.choice(((), ("--export", "megatron"), ("--env", "A=1")))))
+    if kind == "primus tree":
+        return Case(kind, ("check", "--primus-config", str(_primus_tree_case(rng, tmp, root)),
+                           "--gpu", "mi355x", "--nodes", "4",
+                           *rng.choice(((), ("--export", rng.choice(("megatron", "primus",
+                                                                      "nemo"))))), *js))
+    if kind == "name value":
+        value = rng.choice(("=1", "==1", " =1", "=", "=,=", "h100==1", "=h100", "==", ",=1,"))
+        return Case(kind, rng.choice((
+            ("plan", "--model", "llama3-8b", "--gpu", "h100", "--price-per-gpu-hour", value,
+             *js),
+            (*CHECK, "--overhead", value, *js), (*CHECK, "--env", value, *js),
+            (*SEARCH, "--baseline", value, "--pareto", "x.txt", *js),
+            ("check", "--model", rng.choice(("", " ", "=1")), "--nodes", "1", *js),
+            ("check", "--model", "llama3-8b", "--gpu", rng.choice(("", " ", "=1")), "--nodes",
+             "1", *js),
+        )))
+    if kind == "escape text":
+        esc = rng.choice(ESCAPES)
+        p = tmp / f"m{esc}{rng.randrange(10**6)}.json"
+        p.write_text(json.dumps(MIXTRAL))
+        return Case(kind, rng.choice((
+            ("check", "--model", str(p), "--gpu", "h100", "--nodes", "1"),
+            ("check", "--model", f"nosuch{esc}", "--nodes", "1"),
+            ("check", "--model", "llama3-8b", "--gpu", f"g{esc}", "--nodes", "1"),
+            (*CHECK, "--megatron-args", f"--num-layers {esc}"),
+            (*CHECK, "--constraint", f"tp == {esc}"),
+            (*SEARCH, "--pareto", f"x{esc}.txt"),
+        )))
+    if kind == "sweep size":
+        return Case(kind, ("sweep", str(_grid_of(tmp, rng)), "--out", "s.csv", "--no-progress",
+                           *js))
+    if kind == "plan gpus":
+        n = rng.choice((2, 100, 1000, 5000))
+        names = ",".join(rng.choice(("h100", "H100", "b200")) for _ in range(n))
+        return Case(kind, ("plan", "--model", "llama3-8b", "--gpu", names, "--max-nodes", "1",
+                           "--points", "1", *js))
+    # stream: output nowhere, or Ctrl-C at a random moment of a search, plan or check
+    line = rng.choice((SEARCH, ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "4"),
+                       ("--model", "deepseek-v3", "--gpu", "h100", "--nodes", "16"),
+                       ("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes", "4"),
+                       CHECK, ("models",), ("--help",)))
+    if rng.random() < 0.5:
+        return Case(kind, (*line, *js), stdout=rng.choice(("full", "closed")))
+    return Case(kind, (*line, *js), interrupt_s=round(rng.uniform(0.2, 4.0), 2))

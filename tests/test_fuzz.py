@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.fuzzing import cases, defects
+from tests.fuzzing import FUZZ_SECRET, SECRET_VARS, cases, defects
 from tune_cp import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +26,8 @@ NAMED = re.compile(r"--[a-z][a-z0-9-]+|'[^']+'|\"[^\"]+\"|[\w.-]+\.(?:ya?ml|json
 
 def test_fuzz_campaign(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    for name in SECRET_VARS:  # the generated files reference it; no output may show it
+        monkeypatch.setenv(name, FUZZ_SECRET)
     runner = CliRunner()
     found, t0, codes = [], time.monotonic(), {}
     for case in cases(SEED, CASES, tmp_path):
