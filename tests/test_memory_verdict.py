@@ -177,3 +177,69 @@ def test_plan_takes_the_framework(run_json):
                           "--points", "1")
     cfg = data["gpus"][0]["points"][0]["config"]
     assert cfg["fp8_param_gather"] is False and cfg["grad_reduce_in_fp32"] is True
+
+
+def test_framework_names_are_the_frameworks():
+    from tune_cp.solver.defaults import FRAMEWORK_NAMES
+
+    assert FRAMEWORK_NAMES == tuple(f.value for f in Framework)
+
+
+def test_torchtitan_search_marks_rows_by_its_spread_and_equals_check(run_cli, run_json):
+    """Llama 3 8B on 8 H100 under --framework torchtitan: every row's state is read with the
+    torchtitan spread (high 1.69: fits up to 80 / 1.69 = 47.3 GiB), TP2 PP1 at 58.3 GiB (which
+    fits Megatron's 1.18) is at the edge, and the answer is the fastest that fits, TP2 PP2 at
+    47.2 GiB; its check line (with --framework torchtitan) gives the same state and deciding
+    term."""
+    tt, mg = spread_for("torchtitan"), spread_for(None)
+    assert tt.high == pytest.approx(1.69, abs=0.005)
+    args = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+    code, data = run_json(*args, "--framework", "torchtitan")
+    assert code == 0
+    hbm = data["top"][0]["memory"]["hbm_bytes"]
+    moved = 0
+    for row in data["top"]:
+        peak = row["memory"]["peak_bytes"]
+        assert row["memory"]["state"] == ("fits" if peak * tt.high <= hbm else "at the edge")
+        moved += peak * tt.high > hbm >= peak * mg.high
+    assert moved >= 1
+    best = data["best"]
+    assert (best["tp"], best["pp"], best["memory"]["state"]) == (2, 2, "fits")
+    assert best["memory"]["deciding_term"] == best["memory"]["dominant_term"] == "activations"
+    assert data["check_command"].endswith(" --framework torchtitan")
+    code, plain = run_json(*args)
+    assert (plain["best"]["tp"], plain["best"]["pp"]) == (2, 1)  # Megatron's spread: it fits
+    code, checked = run_json(*data["check_command"].split()[1:])
+    verdict = checked["memory_verdict"]
+    assert (verdict["family"], verdict["state"], verdict["deciding_term"]) == (
+        "torchtitan", best["memory"]["state"], best["memory"]["deciding_term"])
+    code, out, _ = run_cli(*args, "--framework", "torchtitan")
+    assert "  memory edge: legal, but above 47.3 GiB (80 GiB HBM / 1.69)" in out
+
+
+def test_search_rows_name_the_deciding_term_check_names():
+    """Each --json row's memory carries the state and the term that decides it: that of
+    ``check`` on the row's configuration (same peak, same largest term of the most loaded
+    stage). Llama 3 70B FP8 on 64 H100: the fastest rows keep every activation, at the edge,
+    activations decide."""
+    from tune_cp.agent.search import SearchOptions, search
+    from tune_cp.agent.serialize import ranked_row, search_json
+    from tune_cp.oracle.catalog import load_gpu, load_model
+    from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
+    from tune_cp.solver.check import check_configuration
+
+    model = load_model("llama3-70b")
+    cluster = ClusterSpec(gpu=load_gpu("h100"), num_nodes=8, gpus_per_node=8)
+    training = TrainingSpec(seq_len=8192, global_batch_size=128, precision=Precision.FP8)
+    r = search(model, cluster, training, SearchOptions(top_k=3))
+    rows = [ranked_row(r, g.head) for g in r.groups]
+    assert rows[0]["memory"]["state"] == "at the edge"
+    assert rows[0]["memory"]["deciding_term"] == "activations"
+    for g, row in zip(r.groups, rows, strict=True):
+        out = check_configuration(model, cluster, training, r.ranked.configs[g.head],
+                                  settings=r.options.settings)
+        assert out.memory.peak_bytes == row["memory"]["peak_bytes"]
+        assert out.memory.dominant_term == row["memory"]["deciding_term"]
+    best = search_json(r)["best"]["memory"]
+    assert best["deciding_term"] == r.best.outcome.memory.dominant_term
+    assert best["state"] in ("fits", "at the edge")
