@@ -243,3 +243,18 @@ def test_search_rows_name_the_deciding_term_check_names():
     best = search_json(r)["best"]["memory"]
     assert best["deciding_term"] == r.best.outcome.memory.dominant_term
     assert best["state"] in ("fits", "at the edge")
+
+
+def test_json_doc_lists_the_ranked_rows_memory_keys(run_json):
+    """docs/json.md names the keys of a ranked row's memory object, as search --json writes
+    them (each top row, its variants, oracle_best), and the verdict keys of best.memory."""
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "json.md").read_text()
+    line = re.search(r"The memory of a ranked row \(.*?\):\s*(.*?)\.\s", doc, re.S).group(1)
+    keys = re.findall(r"`(\w+)`", line)
+    code, data = run_json("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--top", "2")
+    rows = [data["oracle_best"]] + [r for t in data["top"] for r in (t, *t["variants"])]
+    assert code == 0 and all(list(r["memory"]) == keys for r in rows)
+    assert {"state", "deciding_term"} <= set(data["best"]["memory"])
