@@ -9,7 +9,7 @@ from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.llm import LlmReport
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS, split_label
-from tune_cp.oracle.memory_verdict import MemoryState, legal_state
+from tune_cp.oracle.memory_verdict import MemoryState, legal_state, memory_state
 from tune_cp.oracle.specs import (
     GIB,
     SLOT_SPLITS,
@@ -95,9 +95,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                  if r.baseline is not None and r.baseline.outcome.memory else 0)
     # a slower answer than the baseline is the memory rule's choice: say so
     base_edge = (r.speedup is not None and r.speedup < 1
-                 and memory_state(base_peak, cl.gpu.hbm_bytes, spread_for(None))
+                 and memory_state(base_peak, cl.gpu.hbm_bytes, spread0)
                  is MemoryState.EDGE
-                 and memory_state(peak, cl.gpu.hbm_bytes, spread_for(None)) is MemoryState.FITS)
+                 and legal_state(peak, cl.gpu.hbm_bytes, spread0) is MemoryState.FITS)
     gain = (f" ({pct(r.speedup - 1)} over the baseline"
             + (", which is at the edge of memory" if base_edge else "") + ")"
             if r.speedup else "")
