@@ -258,3 +258,19 @@ def test_json_doc_lists_the_ranked_rows_memory_keys(run_json):
     rows = [data["oracle_best"]] + [r for t in data["top"] for r in (t, *t["variants"])]
     assert code == 0 and all(list(r["memory"]) == keys for r in rows)
     assert {"state", "deciding_term"} <= set(data["best"]["memory"])
+
+
+def test_plan_reads_the_frameworks_spread(run_json):
+    """plan --framework torchtitan: each node count's answer is the search's under torchtitan's
+    spread (Llama 3 8B on one H100 node: TP2 PP2 at 47.2 GiB, fits below 80 / 1.69; Megatron's
+    TP2 PP1 at 58.3 GiB would be at the edge there)."""
+    args = ("plan", "--model", "llama3-8b", "--gpu", "h100", "--points", "1")
+    code, data = run_json(*args, "--framework", "torchtitan")
+    (pt,) = data["gpus"][0]["points"]
+    assert code == 0 and (pt["nodes"], pt["config"]["tp"], pt["config"]["pp"]) == (1, 2, 2)
+    assert pt["memory_state"] == "fits"
+    assert pt["peak_bytes"] * spread_for("torchtitan").high <= 80 * 2**30
+    code, data = run_json(*args)
+    (pt,) = data["gpus"][0]["points"]
+    assert (pt["config"]["tp"], pt["config"]["pp"], pt["memory_state"]) == (2, 1, "fits")
+    assert pt["peak_bytes"] * spread_for("torchtitan").high > 80 * 2**30
