@@ -311,12 +311,13 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
     (sequence parallel on at tp > 1, the schedule from vpp, the automatic pipeline split, the
     distributed optimizer, fp32 gradients), so the line stays readable. The training flags are
     all written, and the run settings that are not their defaults (``--memory-margin``,
-    ``--overhead``, ``--allow-cross-scale-up``, ``--calibration``, ``--framework``, the framework
-    run settings).
+    ``--overhead``, ``--allow-cross-scale-up``, ``--calibration``, ``--framework`` when its
+    memory spread is not the default family's, the framework run settings).
     ``--constraint`` is not written: a constraint restricts the search, the answer satisfies
     it, and a check's figures do not depend on it. ``model_arg`` / ``gpu_arg``: the catalog
     name or the file path the run was given."""
     from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
+    from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
     from tune_cp.oracle.specs import auto_pipeline_split, given_pipeline_split
     from tune_cp.solver.axes import KNOB
     from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
@@ -381,7 +382,11 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         args.append(("--allow-cross-scale-up", None))
     if settings.calibration is not None:
         args.append(("--calibration", settings.calibration))
-    if settings.framework is not None:  # its memory spread decides the verdict
+    # the framework's memory spread decides the verdict: written when it is not the default
+    # family's (torchtitan); a Megatron-family framework's defaults are all written above as
+    # flags, and --framework bridge would give FP8 parameters to an --allow-fp8 answer of a
+    # bf16 search, which the search did not
+    if settings.framework is not None and settings.memory_family != DEFAULT_FAMILY:
         args.append(("--framework", settings.framework))
     run = settings.options
     if run.cuda_graph_scope:

@@ -274,3 +274,21 @@ def test_plan_reads_the_frameworks_spread(run_json):
     (pt,) = data["gpus"][0]["points"]
     assert (pt["config"]["tp"], pt["config"]["pp"], pt["memory_state"]) == (2, 1, "fits")
     assert pt["peak_bytes"] * spread_for("torchtitan").high > 80 * 2**30
+
+
+@pytest.mark.parametrize("extra", [
+    ("--framework", "bridge", "--allow-fp8"),  # FP8 candidates of a bf16 search: bf16 weights
+    ("--framework", "torchtitan"),
+    ("--framework", "bridge", "--precision", "fp8"),
+])
+def test_check_line_reproduces_the_answer_and_its_state_under_a_framework(run_json, extra):
+    code, data = run_json("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--top", "1",
+                          *extra)
+    best = data["best"]
+    code, checked = run_json(*data["check_command"].split()[1:])
+    assert checked["config"]["fp8_param_gather"] == best["fp8_param_gather"]
+    assert checked["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+    assert checked["projection"]["tokens_per_s_per_gpu"] == pytest.approx(
+        best["projection"]["tokens_per_s_per_gpu"], rel=1e-12)
+    assert checked["memory_verdict"]["state"] == best["memory"]["state"]
+    assert ("--framework torchtitan" in data["check_command"]) == ("torchtitan" in extra)
