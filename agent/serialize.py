@@ -388,5 +388,6 @@ def sweep_settings_json(s: Settings) -> dict[str, Any]:
             "overheads": dict(s.overheads), "calibration": s.calibration} | (
         {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {}) | (
         {"fsdp": True} if s.fsdp else {}) | (
-        {"framework": s.framework} if s.framework is not None else {}) | {
+        {"framework": s.framework} if s.framework is not None else {}) | (
+        {"fp8_param_gather": True} if s.fp8_param_gather else {}) | {
         k: list(v) if isinstance(v, tuple) else v for k, v in s.run_options}

@@ -97,7 +97,7 @@ class GridError(ConfigError):
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
-                "allow_cross_scale_up", "fsdp", "framework", "name",
+                "allow_cross_scale_up", "fsdp", "framework", "fp8_param_gather", "name",
                 # the framework run settings (RunSettings fields), as solver/axes.py declares them
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
@@ -128,6 +128,9 @@ class Settings:
     #: ``grad_reduce_in_bf16`` / ``overheads.fragmentation`` are given), its FP8 parameters per
     #: scenario (:func:`scenario_inputs`), and the verdict reads its family's spread
     framework: str | None = None
+    #: FP8 parameters for the FP8 scenarios (``search --fp8-param-gather``; a non-FP8 scenario
+    #: with it is an error row, as the search refuses it)
+    fp8_param_gather: bool = False
 
 
 @dataclass(frozen=True)
@@ -374,6 +377,7 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
     bf16 = flag("grad_reduce_in_bf16")
     cross = flag("allow_cross_scale_up")
     fsdp = flag("fsdp")
+    fp8_params = flag("fp8_param_gather")
     ov = data.get("overheads") or {}
     if not isinstance(ov, dict):
         raise GridError(f"grid key 'overheads': {_show(ov)} must be a mapping NAME: VALUE")
@@ -420,7 +424,7 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
         raise GridError(f"grid run settings: {validation_message(e)}") from None
     run = tuple((k, getattr(opts, k)) for k in given)
     return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run, fsdp,
-                    framework)
+                    framework, fp8_params)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -572,8 +576,12 @@ def scenario_inputs(sc: Scenario):
                            allow_cross_scale_up=st.allow_cross_scale_up, **given,
                            framework=st.framework, **dict(st.run_options))
     fp8 = sc.precision is Precision.FP8
-    fp8_params = False
-    if st.framework is not None:  # as search --framework: its FP8 parameters for FP8 runs
+    if st.fp8_param_gather and not fp8:  # the search's own refusal (cli.py search_cmd)
+        raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
+                          f"FP8 training, but the precision is {sc.precision.value}: pass "
+                          f"--precision fp8, or drop --fp8-param-gather")
+    fp8_params = st.fp8_param_gather
+    if st.framework is not None and not fp8_params:  # search --framework: FP8 runs' parameters
         from tune_cp.formats.frameworks import Framework, framework_defaults
 
         fp8_params = fp8 and any(d.field == "fp8_param_gather" and d.value

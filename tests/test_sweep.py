@@ -335,3 +335,22 @@ def test_grid_key_framework_gives_the_search_with_the_same_flag(tmp_path, run_js
         assert (best["tp"], best["pp"]) == (2, 2)
     else:
         assert best["fp8_param_gather"] is True and best["grad_reduce_in_fp32"] is False
+
+
+def test_grid_key_fp8_param_gather_is_the_search_flag(tmp_path, run_json):
+    """``fp8_param_gather: true``: the FP8 scenarios are ``search --fp8-param-gather``; a bf16
+    one is an error row with the search's own refusal."""
+    g = grid_file(tmp_path, "models: llama3-8b\ngpus: b200\nnodes: 1\nprecision: [fp8, bf16]\n"
+                            "fp8_param_gather: true\n")
+    out = str(tmp_path / "r.csv")
+    run_sweep(load_grid(g).scenarios, out, SerialEngine())
+    fp8, bf16 = rows_of(out)
+    code, data = run_json("--model", "llama3-8b", "--gpu", "b200", "--nodes", "1", "--precision",
+                          "fp8", "--fp8-param-gather")
+    assert code == 0 and fp8["status"] == "ok" and data["best"]["fp8_param_gather"] is True
+    assert int(fp8["peak_bytes"]) == data["best"]["memory"]["peak_bytes"]
+    assert bf16["status"] == "error" and bf16["reason"].startswith(
+        "--fp8-param-gather keeps only FP8 copies of the weights, so it needs FP8 training")
+    with pytest.raises(GridError, match="grid key 'fp8_param_gather': 'yes' must be true or false"):
+        load_grid(grid_file(tmp_path, "models: llama3-8b\ngpus: b200\nnodes: 1\n"
+                                      "fp8_param_gather: 'yes'\n", "bad.yaml"))
