@@ -62,7 +62,7 @@ from tune_cp.oracle.specs import (
     validation_message,
 )
 from tune_cp.solver.axes import BASELINE_KEYS, KNOB, KNOBS, RUN_KNOB, FlagKind, Knob
-from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
     from tune_cp.oracle.memory import MemoryOverheads
@@ -379,20 +379,6 @@ def fp8_params_option(f: Callable) -> Callable:
     return knob_option(KNOB["fp8_param_gather"])(f)
 
 
-#: ``--framework``'s values (``formats/frameworks.py::Framework``; spelt here so that the flag
-#: loads no formats module).
-FRAMEWORK_NAMES = ("megatron-lm", "bridge", "primus", "torchtitan")
-
-
-def framework_option(f: Callable) -> Callable:
-    return click.option(
-        "--framework", "framework_name", type=click.Choice(FRAMEWORK_NAMES), default=None,
-        help="The framework that runs the job: its recipes' defaults for the settings that "
-             "change memory (FP8 parameter gather, gradient dtype; formats/frameworks.py) "
-             "apply to the flags not given, and the memory verdict reads its measured-peak "
-             "spread  [default: megatron-lm; an import sets it]")(f)
-
-
 def config_options(f: Callable) -> Callable:
     """Every configuration flag, generated from the axis registry in its order."""
     for k in reversed(KNOBS):
@@ -418,6 +404,12 @@ SETTINGS_FLAGS: dict[str, Callable] = {
     "allow_cross_scale_up": click.option(
         "--allow-cross-scale-up", is_flag=True,
         help="Allow tp/etp larger than the scale-up domain (NVLink/xGMI)."),
+    "framework": click.option(
+        "--framework", "framework", type=click.Choice(FRAMEWORK_NAMES), default=None,
+        help="The framework that runs the job: its recipes' defaults for the settings that "
+             "change memory (FP8 parameter gather, gradient dtype; formats/frameworks.py) "
+             "apply to the flags not given, and the memory verdict reads its measured-peak "
+             "spread  [default: megatron-lm; an import sets it]"),
     "calibration": click.option(
         "--calibration", "calibration", default=None, metavar="FILE.json",
         help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
@@ -650,16 +642,15 @@ def build_config(opts: dict[str, Any]) -> ParallelConfig:
 
 
 def memory_verdict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, outcome: Any,
-                   settings: Any, framework_name: str | None) -> dict[str, Any] | None:
+                   settings: Any) -> dict[str, Any] | None:
     """The three-state memory verdict of a check (``oracle/memory_verdict.py``): its state, why
     (the spread and the deciding term) and, at the edge or out of memory, the cheapest single
     change that fits (``agent/memory_advice.py``). None when the layout has no memory."""
     if outcome.memory is None:
         return None
-    from tune_cp.formats.frameworks import FAMILY, Framework
-    from tune_cp.oracle.memory_verdict import MemoryState, fits_line_bytes, memory_state, spread_for
+    from tune_cp.oracle.memory_verdict import MemoryState, fits_line_bytes, memory_state
 
-    spread = spread_for(FAMILY[Framework(framework_name or "megatron-lm")])
+    spread = settings.memory_spread  # the run's framework family (--framework, an import)
     mem, hbm = outcome.memory, cluster.gpu.hbm_bytes
     state = memory_state(mem.peak_bytes, hbm, spread)
     if any(v.rule == "hbm" for v in outcome.violations):
@@ -1063,13 +1054,11 @@ CHECK_MOE_ETP = 1
                    "(and its start-up size line and global batch), read as `calibrate --log` "
                    "reads it; --megatron-args completes a cut dump.")
 @export_option
-@framework_option
 @click.pass_context
 def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: int | None,
               gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: str,
               as_json: bool, megatron_args: str | None, env_items: Sequence[str],
               primus_config: str | None, log_path: str | None, export_fmt: str | None,
-              framework_name: str | None,
               **flags: Any) -> None:
     """Check one configuration: legality, per-stage memory, projection and the verdict.
 
@@ -1078,6 +1067,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     from tune_cp.oracle.specs import training_as_run
 
     settings = run_settings(flags)
+    framework_name = settings.framework
     config = flags  # the configuration flags (solver/axes.py::KNOBS)
     log = None
     if log_path is not None:
@@ -1153,6 +1143,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         if framework_name is None:
             framework_name = "primus" if "primus" in run.source.lower() else "megatron-lm"
             defaults.append(f"--framework {framework_name} (the import)")
+            settings = settings.with_(framework=framework_name)
     check_options(model, settings)
     settings = framework_settings(framework_name if run is None else None, model, cfg, settings,
                                   defaults)
@@ -1172,7 +1163,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                           f"FP8 training, but the precision is {training.precision.value}: pass "
                           f"--precision fp8 (or an --fp8-recipe), or drop --fp8-param-gather")
     outcome = check_configuration(model, cluster, training, cfg, settings=settings)
-    verdict_state = memory_verdict(model, cluster, training, outcome, settings, framework_name)
+    verdict_state = memory_verdict(model, cluster, training, outcome, settings)
     projection = interval = None
     unprojectable = any(v.rule == "precision" for v in outcome.violations)
     if outcome.memory is not None and not unprojectable:  # the layout exists (may not fit)
@@ -1391,7 +1382,6 @@ def fsdp_option(f: Callable) -> Callable:
               help="Folder for --verify.")
 @grad_dtype_option
 @fp8_params_option
-@framework_option
 @export_option
 @settings_options
 @click.pass_context
@@ -1401,7 +1391,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
                all_recompute_levels: bool,
                trials_out: str | None, timings: bool, workers: int,
                pareto_path: str | None, pareto_color: str, export_fmt: str | None,
-               grad_reduce_in_bf16: bool, fp8_param_gather: bool, framework_name: str | None,
+               grad_reduce_in_bf16: bool, fp8_param_gather: bool,
                verify_n: int | None, verify_dir: str, **flags: Any) -> None:
     """Search the fastest legal configuration (the default command).
 
@@ -1420,6 +1410,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
 
     # every flag and output path is checked before any work starts (issue 16)
     settings = run_settings(flags)
+    framework_name = settings.framework
     check_options(model, settings)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text, model, defaults) if baseline_text else None
@@ -1561,14 +1552,13 @@ def parse_prices(text: str | None, gpus: Sequence[str]) -> dict[str, float]:
 @fsdp_option
 @grad_dtype_option
 @fp8_params_option
-@framework_option
 @settings_options
 @click.pass_context
 def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node: int | None,
              seq_len: int | None, gbs: int | None, precision: str, tokens: float | None,
              prices: str | None, max_nodes: int, points: int, plot_path: str | None,
              as_json: bool, search_fsdp: bool, grad_reduce_in_bf16: bool, fp8_param_gather: bool,
-             framework_name: str | None, **flags: Any) -> None:
+             **flags: Any) -> None:
     """What-if capacity planning: the smallest cluster that fits and, over node counts, the best
     configuration's throughput, time to train, GPU-hours and cost, for one or several GPUs
     (FP8 falls back to BF16 on GPUs without FP8).
@@ -1580,6 +1570,7 @@ def plan_cmd(ctx: click.Context, model_name: str, gpu_names: str, gpus_per_node:
     from tune_cp.oracle.uncertainty import band_text, bias_notes
 
     settings = run_settings(flags)
+    framework_name = settings.framework
 
     if plot_path is not None:
         plot_path = str(check_output_path(plot_path, "--plot", PLOT_SUFFIXES))

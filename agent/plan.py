@@ -125,7 +125,7 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
     the LLM phase, on the enumeration ``enum`` when done already: its :func:`probe`), so a plan's
     row, the search and a sweep's row at one node count are one configuration."""
     from tune_cp.agent.search import NoFeasibleConfiguration, SearchOptions, search
-    from tune_cp.oracle.memory_verdict import memory_state, spread_for
+    from tune_cp.oracle.memory_verdict import legal_state
 
     cluster = ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)
     if enum is None:
@@ -156,8 +156,8 @@ def plan_point(model: ModelSpec, gpu: GpuSpec, nodes: int, gpus_per_node: int,
         gpu_hours=gpu_hours, cost=gpu_hours * price if gpu_hours is not None and price else None,
         interval=result.interval.to_json() if result.interval is not None else None,
         phase=result.best_phase,
-        memory_state=memory_state(int(best.outcome.memory.peak_bytes), gpu.hbm_bytes,
-                                  spread_for(None)).value,
+        memory_state=legal_state(int(best.outcome.memory.peak_bytes), gpu.hbm_bytes,
+                                  settings.memory_spread).value,
     )
 
 

@@ -9,7 +9,7 @@ from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.llm import LlmReport
 from tune_cp.agent.search import SearchResult
 from tune_cp.oracle.memory import TERMS, split_label
-from tune_cp.oracle.memory_verdict import MemoryState, memory_state, spread_for
+from tune_cp.oracle.memory_verdict import MemoryState, legal_state, memory_state
 from tune_cp.oracle.specs import (
     GIB,
     SLOT_SPLITS,
@@ -82,6 +82,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                    "(--fsdp)")
     out.append("")
     b = r.best
+    spread0 = r.options.memory_spread  # the run's framework family (RunSettings.framework)
     if r.baseline is not None:
         base = r.baseline
         state = (f"{base.throughput:,.0f} tokens/s/GPU" if base.legal else
@@ -94,9 +95,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                  if r.baseline is not None and r.baseline.outcome.memory else 0)
     # a slower answer than the baseline is the memory rule's choice: say so
     base_edge = (r.speedup is not None and r.speedup < 1
-                 and memory_state(base_peak, cl.gpu.hbm_bytes, spread_for(None))
+                 and memory_state(base_peak, cl.gpu.hbm_bytes, spread0)
                  is MemoryState.EDGE
-                 and memory_state(peak, cl.gpu.hbm_bytes, spread_for(None)) is MemoryState.FITS)
+                 and legal_state(peak, cl.gpu.hbm_bytes, spread0) is MemoryState.FITS)
     gain = (f" ({pct(r.speedup - 1)} over the baseline"
             + (", which is at the edge of memory" if base_edge else "") + ")"
             if r.speedup else "")
@@ -115,8 +116,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                f"{recompute_label(b.config)}{extra}: {b.throughput:,.0f} tokens/s/GPU{gain}, MFU "
                f"{100 * b.projection.mfu:.1f}%, step {b.projection.step_time_s:.2f} s, peak "
                f"{peak / GIB:.1f} of {b.outcome.limit_bytes / GIB:.1f} GiB"
-               + (", at the edge of memory" if memory_state(peak, cl.gpu.hbm_bytes,
-                                                            spread_for(None))
+               + (", at the edge of memory" if legal_state(peak, cl.gpu.hbm_bytes, spread0)
                   is not MemoryState.FITS else ""))
     seed_best = r.seed.best if r.seed else None
     found = {"exhaustive": "the exhaustive ranking of the feasible set",
@@ -129,12 +129,11 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     out.append(f"  rule: {r.rule}")
     if r.check_command:
         out.append(f"  check it: {r.check_command}")
-    spread0 = spread_for(None)
-    if memory_state(peak, cl.gpu.hbm_bytes, spread0) is MemoryState.EDGE \
+    if legal_state(peak, cl.gpu.hbm_bytes, spread0) is MemoryState.EDGE \
             and r.ranked.configs:
         from tune_cp.agent.search import choose_answer, memory_fits
 
-        fits = memory_fits(r.ranked, cl.gpu.hbm_bytes)
+        fits = memory_fits(r.ranked, cl.gpu.hbm_bytes, spread0)
         if fits.any():
             j = choose_answer(r.ranked, fits, float("inf"))  # the best that fits
             c = r.ranked.configs[j]
@@ -156,9 +155,9 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                    + (f", {iv.bias_text()}" if iv.bias is not None else "") + "); "
                    + ("it is at the edge of memory (it may not fit): the answer is the best "
                       "configuration that fits"
-                      if memory_state(int(r.ranked.peak_bytes[fastest]), cl.gpu.hbm_bytes,
-                                      spread_for(None)) is not MemoryState.FITS
-                      and memory_state(peak, cl.gpu.hbm_bytes, spread_for(None))
+                      if legal_state(int(r.ranked.peak_bytes[fastest]), cl.gpu.hbm_bytes,
+                                      spread0) is not MemoryState.FITS
+                      and legal_state(peak, cl.gpu.hbm_bytes, spread0)
                       is MemoryState.FITS
                       else "its lower bound ties with the answer's (within 0.5%): the less "
                       "exotic wins"
@@ -196,7 +195,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     out.append(head)
     s = r.ranked.scores
     hbm = cl.gpu.hbm_bytes / GIB
-    spread = spread_for(None)
+    spread = r.options.memory_spread
     edges = 0
     for rank, g in enumerate(r.groups, 1):
         i = g.head
@@ -208,7 +207,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
                    f"{recompute_label(c):10} {r.ranked.peak_bytes[i] / GIB:>9.1f} {hbm:>5.0f} "
                    f"{s['tokens_per_s_per_gpu'][i]:>10,.0f} {band:>15} "
                    f"{100 * s['mfu'][i]:>5.1f}% {s['step_time_s'][i]:>7.2f} "
-                   f"{'edge' if (edge := memory_state(int(r.ranked.peak_bytes[i]), cl.gpu.hbm_bytes, spread) is not MemoryState.FITS) else 'fits'}")
+                   f"{'edge' if (edge := legal_state(int(r.ranked.peak_bytes[i]), cl.gpu.hbm_bytes, spread) is not MemoryState.FITS) else 'fits'}")
         edges += edge
         if g.variants:
             shown = [variant_label(r.ranked.configs[v]) for v in g.variants[:6]]
@@ -312,11 +311,13 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
     (sequence parallel on at tp > 1, the schedule from vpp, the automatic pipeline split, the
     distributed optimizer, fp32 gradients), so the line stays readable. The training flags are
     all written, and the run settings that are not their defaults (``--memory-margin``,
-    ``--overhead``, ``--allow-cross-scale-up``, ``--calibration``, the framework run settings).
+    ``--overhead``, ``--allow-cross-scale-up``, ``--calibration``, ``--framework`` when its
+    memory spread is not the default family's, the framework run settings).
     ``--constraint`` is not written: a constraint restricts the search, the answer satisfies
     it, and a check's figures do not depend on it. ``model_arg`` / ``gpu_arg``: the catalog
     name or the file path the run was given."""
     from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
+    from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
     from tune_cp.oracle.specs import auto_pipeline_split, given_pipeline_split
     from tune_cp.solver.axes import KNOB
     from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
@@ -381,6 +382,12 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         args.append(("--allow-cross-scale-up", None))
     if settings.calibration is not None:
         args.append(("--calibration", settings.calibration))
+    # the framework's memory spread decides the verdict: written when it is not the default
+    # family's (torchtitan); a Megatron-family framework's defaults are all written above as
+    # flags, and --framework bridge would give FP8 parameters to an --allow-fp8 answer of a
+    # bf16 search, which the search did not
+    if settings.framework is not None and settings.memory_family != DEFAULT_FAMILY:
+        args.append(("--framework", settings.framework))
     run = settings.options
     if run.cuda_graph_scope:
         args.append(("--cuda-graph-scope", ",".join(run.cuda_graph_scope)))

@@ -44,7 +44,7 @@ from tune_cp.agent.llm import (
 )
 from tune_cp.agent.seed import SeedResult, Step, apply, seed_phase
 from tune_cp.oracle.inputs import finite, parse_number
-from tune_cp.oracle.memory_verdict import fits_line_bytes, spread_for
+from tune_cp.oracle.memory_verdict import Spread, fits_line_bytes
 from tune_cp.oracle.projection import score_configs
 from tune_cp.oracle.specs import (
     DEFAULT_SELECTIVE_MODULES,
@@ -299,10 +299,11 @@ def exotic_key(c: ParallelConfig) -> tuple:
     return (sum(used), c.vpp, c.cp, c.pp, c.tp, c.mbs)
 
 
-def memory_fits(ranked: Ranked, hbm_bytes: int) -> np.ndarray:
+def memory_fits(ranked: Ranked, hbm_bytes: int, spread: Spread) -> np.ndarray:
     """Which ranked configurations are in the memory state *fits* (``oracle/memory_verdict.py``:
-    the predicted peak times the largest measured overhead within HBM), as a boolean array."""
-    return ranked.peak_bytes <= fits_line_bytes(hbm_bytes, spread_for(None))
+    the predicted peak times the largest measured overhead of ``spread`` -- the run's framework
+    family, ``RunSettings.memory_spread`` -- within HBM), as a boolean array."""
+    return ranked.peak_bytes <= fits_line_bytes(hbm_bytes, spread)
 
 
 def choose_answer(ranked: Ranked, fits: np.ndarray | None = None, edge_band: float = 0.0) -> int:
@@ -585,7 +586,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     timings["seed_s"] = time.perf_counter() - t2
     base = seed.baseline
 
-    fits = memory_fits(ranked, cluster.gpu.hbm_bytes)
+    fits = memory_fits(ranked, cluster.gpu.hbm_bytes, opts.memory_spread)
     band = near_tie_band()
     top = choose_answer(ranked, fits, band)
     exhaustive = ev.evaluate(ranked.configs[top], "exhaustive",
@@ -621,7 +622,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # the exhaustive answer wins ties within the rule's ANSWER_TIE (it already took the least
     # exotic of the lower bounds that tie), so an agent phase replaces it only when it is clearly
     # better than the rule's answer, not when it is the oracle's fastest by less than the tie
-    fits_line = fits_line_bytes(cluster.gpu.hbm_bytes, spread_for(None))
+    fits_line = fits_line_bytes(cluster.gpu.hbm_bytes, opts.memory_spread)
 
     def fits_memory(t: Trial) -> bool:
         return bool(t.legal and t.outcome.memory is not None

@@ -195,6 +195,20 @@ def _breakdown_keys(scores: dict[str, Any]) -> list[str]:
     return [k for k in BREAKDOWN if k in scores]
 
 
+def memory_verdict_json(r: SearchResult, peak_bytes: int, cfg: ParallelConfig) -> dict[str, Any]:
+    """A searched configuration's memory verdict (``oracle/memory_verdict.py``) under the run's
+    framework family (``RunSettings.memory_spread``): ``state`` and the term that decides it,
+    ``deciding_term`` (the largest term of the most loaded stage, as ``check`` names it: its
+    memory report, ``oracle/memory.py::memory_report``)."""
+    from tune_cp.oracle.memory import memory_report
+    from tune_cp.oracle.memory_verdict import legal_state
+
+    report = memory_report(r.model, r.cluster, r.training, cfg, r.options.overheads)
+    return {"state": legal_state(peak_bytes, r.cluster.gpu.hbm_bytes,
+                                  r.options.memory_spread).value,
+            "deciding_term": report.dominant_term}
+
+
 def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
     cfg = r.ranked.configs[i]
     row = config_json(cfg, r.training)
@@ -206,13 +220,10 @@ def ranked_row(r: SearchResult, i: int) -> dict[str, Any]:
         "mfu": float(s["mfu"][i]),
         "breakdown": {k: float(s[k][i]) for k in _breakdown_keys(s)},
     }
-    from tune_cp.oracle.memory_verdict import memory_state, spread_for
-
     row["memory"] = {"peak_bytes": int(r.ranked.peak_bytes[i]),
                      "hbm_bytes": r.cluster.gpu.hbm_bytes,
                      "limit_bytes": r.best.outcome.limit_bytes,
-                     "state": memory_state(int(r.ranked.peak_bytes[i]), r.cluster.gpu.hbm_bytes,
-                                           spread_for(None)).value}
+                     **memory_verdict_json(r, int(r.ranked.peak_bytes[i]), cfg)}
     row["score"] = float(r.ranked.adjusted[i])
     if r.ranked.intervals:
         row["interval"] = r.ranked.intervals[i].to_json()
@@ -298,6 +309,20 @@ def error_search_json(message: str) -> dict[str, Any]:
     return search_outcome_json("error", error=message)
 
 
+def _with_verdict(r: SearchResult, best: dict[str, Any]) -> dict[str, Any]:
+    """The answer's ``memory`` with its verdict's ``state`` (``deciding_term`` is its
+    ``dominant_term``, as ``check --json``'s ``memory_verdict`` names it)."""
+    mem = r.best.outcome.memory
+    if best.get("memory") is None or mem is None:
+        return best
+    from tune_cp.oracle.memory_verdict import legal_state
+
+    verdict = {"state": legal_state(mem.peak_bytes, r.cluster.gpu.hbm_bytes,
+                                     r.options.memory_spread).value,
+               "deciding_term": mem.dominant_term}
+    return best | {"memory": best["memory"] | verdict}
+
+
 def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
     """Everything the text report says (keys :data:`SEARCH_KEYS`, ``status`` "ok"). Deterministic
     for the same inputs unless ``timings`` adds the wall-clock seconds of each phase;
@@ -309,7 +334,7 @@ def search_json(r: SearchResult, timings: bool = False) -> dict[str, Any]:
         **search_setting_json(r.model, r.cluster, r.training),
         defaults=r.defaults,
         run_settings=run_settings_json(r.options.settings.options),
-        best=trial_json(r.best) | {"phase": r.best_phase} | (
+        best=_with_verdict(r, trial_json(r.best)) | {"phase": r.best_phase} | (
             {"interval": r.interval.to_json()} if r.interval else {}),
         check_command=r.check_command,
         answer_rule=r.rule,
@@ -362,5 +387,7 @@ def sweep_settings_json(s: Settings) -> dict[str, Any]:
             "memory_margin": s.memory_margin, "grad_reduce_in_bf16": s.grad_reduce_in_bf16,
             "overheads": dict(s.overheads), "calibration": s.calibration} | (
         {"allow_cross_scale_up": True} if s.allow_cross_scale_up else {}) | (
-        {"fsdp": True} if s.fsdp else {}) | {
+        {"fsdp": True} if s.fsdp else {}) | (
+        {"framework": s.framework} if s.framework is not None else {}) | (
+        {"fp8_param_gather": True} if s.fp8_param_gather else {}) | {
         k: list(v) if isinstance(v, tuple) else v for k, v in s.run_options}

@@ -97,7 +97,7 @@ class GridError(ConfigError):
 AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", "tokens")
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
-                "allow_cross_scale_up", "fsdp", "name",
+                "allow_cross_scale_up", "fsdp", "framework", "fp8_param_gather", "name",
                 # the framework run settings (RunSettings fields), as solver/axes.py declares them
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
@@ -123,6 +123,14 @@ class Settings:
     run_options: tuple[tuple[str, Any], ...] = ()
     #: Megatron-FSDP searched too (``search --fsdp``)
     fsdp: bool = False
+    #: the framework that runs the jobs (``search --framework``; None: Megatron-LM's defaults):
+    #: its gradient dtype and fragmentation defaults are applied when the grid is read (unless
+    #: ``grad_reduce_in_bf16`` / ``overheads.fragmentation`` are given), its FP8 parameters per
+    #: scenario (:func:`scenario_inputs`), and the verdict reads its family's spread
+    framework: str | None = None
+    #: FP8 parameters for the FP8 scenarios (``search --fp8-param-gather``; a non-FP8 scenario
+    #: with it is an error row, as the search refuses it)
+    fp8_param_gather: bool = False
 
 
 @dataclass(frozen=True)
@@ -369,9 +377,31 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
     bf16 = flag("grad_reduce_in_bf16")
     cross = flag("allow_cross_scale_up")
     fsdp = flag("fsdp")
+    fp8_params = flag("fp8_param_gather")
     ov = data.get("overheads") or {}
     if not isinstance(ov, dict):
         raise GridError(f"grid key 'overheads': {_show(ov)} must be a mapping NAME: VALUE")
+    framework = data.get("framework")
+    if framework is not None:
+        from tune_cp.formats.frameworks import (
+            Framework,
+            framework_defaults,
+            framework_fragmentation,
+        )
+        from tune_cp.solver.defaults import FRAMEWORK_NAMES
+
+        if framework not in FRAMEWORK_NAMES:
+            raise GridError(f"grid key 'framework': {_show(framework)} is not a framework; "
+                            f"give one of {', '.join(FRAMEWORK_NAMES)}")
+        fw = Framework(framework)
+        # as search --framework (cli.py::apply_framework, framework_settings): the defaults of
+        # the settings not given; the search's fixed configuration is not FSDP
+        if data.get("grad_reduce_in_bf16") is None:
+            bf16 = not next(d.value for d in framework_defaults(fw, None, False)
+                            if d.field == "grad_reduce_in_fp32")
+        frag = framework_fragmentation(fw, "", False)
+        if frag is not None and "fragmentation" not in ov:
+            ov = dict(ov) | {"fragmentation": frag}
     overheads = tuple(sorted((str(k), v) for k, v in ov.items()))
     _overheads(overheads)  # validates
     calib = data.get("calibration")
@@ -393,7 +423,8 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
     except ValidationError as e:
         raise GridError(f"grid run settings: {validation_message(e)}") from None
     run = tuple((k, getattr(opts, k)) for k in given)
-    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run, fsdp)
+    return Settings(constraints, preferences, margin, bf16, overheads, calib, cross, run, fsdp,
+                    framework, fp8_params)
 
 
 def _overheads(items: Iterable[tuple[str, Any]]):
@@ -543,11 +574,23 @@ def scenario_inputs(sc: Scenario):
     settings = RunSettings(constraints=st.constraints, overheads=_overheads(st.overheads),
                            calibration=st.calibration,
                            allow_cross_scale_up=st.allow_cross_scale_up, **given,
-                           **dict(st.run_options))
+                           framework=st.framework, **dict(st.run_options))
+    fp8 = sc.precision is Precision.FP8
+    if st.fp8_param_gather and not fp8:  # the search's own refusal (cli.py search_cmd)
+        raise ConfigError(f"--fp8-param-gather keeps only FP8 copies of the weights, so it needs "
+                          f"FP8 training, but the precision is {sc.precision.value}: pass "
+                          f"--precision fp8, or drop --fp8-param-gather")
+    fp8_params = st.fp8_param_gather
+    if st.framework is not None and not fp8_params:  # search --framework: FP8 runs' parameters
+        from tune_cp.formats.frameworks import Framework, framework_defaults
+
+        fp8_params = fp8 and any(d.field == "fp8_param_gather" and d.value
+                                 for d in framework_defaults(Framework(st.framework), None, fp8))
     opts = SearchOptions(
         settings=settings, top_k=1,
         preferences=tuple(Preference.parse(p) for p in st.preferences),
-        grad_reduce_in_fp32=not st.grad_reduce_in_bf16, fsdp=st.fsdp)
+        grad_reduce_in_fp32=not st.grad_reduce_in_bf16, fsdp=st.fsdp,
+        fp8_param_gather=fp8_params)
     return cluster, training, opts
 
 

@@ -120,8 +120,8 @@ def oom_table(rows, raw, use_recipe: bool, label: str) -> int:
             continue
         unmodelled = [n for n in r.recipe_notes if "not modelled" in n] if use_recipe else []
         lines.append((r.row_id, r.model.name, r.cluster.gpu.name,
-                      r.cfg.label().replace(" ", "") + (" FSDP" if r.cfg.fsdp else ""),
-                      f"mbs{r.cfg.mbs}", r.training.precision.value, f"{got / GIB:.1f}",
+                      cfg.label().replace(" ", "") + (" FSDP" if cfg.fsdp else ""),
+                      f"mbs{cfg.mbs}", r.training.precision.value, f"{got / GIB:.1f}",
                       f"{hbm / GIB:.0f}", "; ".join([*unmodelled, oom_reason(r, cfg, ov)])))
     head = ("row", "model", "gpu", "layout", "mbs", "prec", "tune-cp", "HBM", "reason")
     widths = [max(len(h), *(len(t[i]) for t in lines)) if lines else len(h)
@@ -205,7 +205,7 @@ def verdict_table(rows, raw) -> tuple[int, int]:
             stated_oom += len(tries) == 1
             every_oom += len(tries) > 1
             print(f"row {r.row_id} {r.model.name} {r.cluster.gpu.name} "
-                  f"{r.cfg.label().replace(' ', '')} mbs{r.cfg.mbs}: out of memory {how} "
+                  f"{cfg.label().replace(' ', '')} mbs{cfg.mbs}: out of memory {how} "
                   f"({peak(r, tries[-1], ov) / GIB:.1f} GiB of {hbm / GIB:.0f})")
     print("  " + ", ".join(f"{s.value} {n}" for s, n in counts.items())
           + f"; out of memory as stated {stated_oom}, under every recompute setting {every_oom}")

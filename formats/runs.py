@@ -463,11 +463,64 @@ def recipe_fragmentation(row: dict[str, str], model: ModelSpec, fsdp: bool) -> f
     return 0.0
 
 
+#: The NeMo Framework Launcher's H100 example launches of the NeMo 1.x (24.07) performance runs
+#: (NVIDIA/NeMo-Framework-Launcher, tag ``24.07`` = 8325688d): which models' pretraining
+#: launches set ``+training.model.optim.grad_sync_dtype=bf16`` (every
+#: ``examples/training/gpt/h100/*.sh`` and ``examples/training/llama/h100/*.sh``; the Nemotron
+#: and Mixtral ones do not), as the row's model-name prefix.
+NEMO1_BF16_GRAD_MODELS = ("gpt3-", "llama2-", "llama3-")
+#: The launcher's H100 SFT launches (``examples/peft/llama/h100/{7b_1node,13b_1node,
+#: 70b_2node}.sh`` at tag ``24.07``), by (row model, GPUs): their virtual pipeline size
+#: (``peft.model.virtual_pipeline_model_parallel_size``; 13b_1node.sh L26, 70b_2node.sh L26). All
+#: three set ``++peft.model.fp8_params=true`` (70b_2node.sh L32) and run ``peft/llama/sft.yaml``
+#: (L250-258: ``distributed_fused_adam``, ``grad_sync_dtype: bf16``, ``dtype: bf16``).
+NEMO1_SFT_VPP: dict[tuple[str, int], int] = {("llama2-13b", 8): 10, ("llama2-70b", 16): 20}
+
+
+def nemo1_recipe_settings(row: dict[str, str], model: ModelSpec,
+                          recipe: Fp8Recipe | None) -> tuple[dict[str, Any], list[str]]:
+    """The memory settings of a NeMo 1.x (24.07) row's launcher recipe (:data:`NEMO1_BF16_GRAD_MODELS`,
+    :data:`NEMO1_SFT_VPP`), with one note each. NeMo 1.x runs Apex's ``DistributedFusedAdam``
+    (``optim.name: distributed_fused_adam``), whose contiguous gradient buffer holds every
+    bucket in ``grad_sync_dtype`` (apex ``contrib/optimizers/distributed_fused_adam.py``
+    ``_init_grad_buffer``; default: the optimizer ``dtype``, fp32): ``grad_sync_dtype=bf16`` is a
+    bf16 gradient buffer, tune-cp's ``grad_reduce_in_fp32=False``. ``fp8_params`` keeps the
+    linear weights in FP8 only (Transformer Engine ``fp8_model_init``), tune-cp's
+    ``fp8_param_gather``. Not modelled (there is no setting for it): the optimizer state dtype
+    -- fp32 state over bf16 parameters stores 2-byte remainders for the master weights, 10 B per
+    parameter where tune-cp counts 12 (NeMo ``megatron_base_model.py`` L785-806 at r2.0.0rc1,
+    ``store_param_remainders``), and the SFT recipe's ``dtype: bf16`` keeps master weights and
+    moments in bf16, 6 B per parameter: tune-cp's optimizer term is an upper bound there."""
+    name = row.get("model", "").strip().lower()
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    sft = row.get("workload", "").lower().startswith("sft")
+    if sft or name.startswith(NEMO1_BF16_GRAD_MODELS):
+        out["grad_reduce_in_fp32"] = False
+        notes.append("bf16 gradient buffers (NeMo Framework Launcher 24.07: optim.grad_sync_dtype "
+                     "bf16)")
+    if sft and recipe is not None:
+        out["fp8_param_gather"] = True
+        notes.append("FP8 parameters (NeMo Framework Launcher 24.07 SFT launches: fp8_params true)")
+    gpus = int(row.get("num_gpus") or 0)
+    vpp = NEMO1_SFT_VPP.get((name, gpus)) if sft else None
+    if vpp and not row.get("vpp", "").strip() and model.num_layers % (int(row["pp"]) * vpp) == 0:
+        out |= {"vpp": vpp, "schedule": Schedule.INTERLEAVED}
+        notes.append(f"virtual pipeline {vpp} (NeMo Framework Launcher 24.07 SFT launch)")
+    if sft:
+        notes.append("optimizer state in bf16 (sft.yaml dtype: bf16; not modelled: tune-cp counts "
+                     "12 B per parameter, the recipe 6)")
+    return out, notes
+
+
 def recipe_settings(row: dict[str, str], model: ModelSpec,
                     recipe: Fp8Recipe | None) -> tuple[dict[str, Any], list[str]]:
     """Memory settings a row's framework recipe implies and the row does not state, with one
     note each (see the module docstring, "Recipe memory settings")."""
-    if "megatron-bridge" not in row.get("framework", "").lower():
+    framework = row.get("framework", "").lower()
+    if framework.startswith("nemo (1.x") and row.get("release_or_date", "") == "NeMo 24.07":
+        return nemo1_recipe_settings(row, model, recipe)
+    if "megatron-bridge" not in framework:
         return {}, []
     out: dict[str, Any] = {"grad_reduce_in_fp32": False}
     notes = ["bf16 gradient buffers (Megatron-Bridge performance recipes: grad_reduce_in_fp32 "

@@ -86,6 +86,15 @@ def memory_state(peak_bytes: int, hbm_bytes: int, spread: Spread) -> MemoryState
     return MemoryState.FITS
 
 
+def legal_state(peak_bytes: int, hbm_bytes: int, spread: Spread) -> MemoryState:
+    """The state of a configuration the legality line kept (a searched one): out of memory is
+    the legality line's to say (``--memory-margin``, the Megatron family's ``low``), so a legal
+    configuration below a family's own ``low`` (torchtitan's 1.009) is at the edge, as ``check``
+    says of it (``cli.py::memory_verdict``)."""
+    state = memory_state(peak_bytes, hbm_bytes, spread)
+    return MemoryState.EDGE if state is MemoryState.OUT_OF_MEMORY else state
+
+
 def fits_line_bytes(hbm_bytes: int, spread: Spread) -> int:
     """The largest predicted peak that fits at the pessimistic end of the spread."""
     return int(hbm_bytes / spread.high)

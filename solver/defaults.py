@@ -14,3 +14,7 @@ DEFAULT_MEMORY_MARGIN = 0.003
 
 #: Largest ``--memory-margin`` (grid key ``memory_margin``).
 MAX_MEMORY_MARGIN = 0.9
+
+#: ``--framework``'s values (``formats/frameworks.py::Framework``, which a test holds to this
+#: tuple; spelt here so that the flag and the run settings load no formats module).
+FRAMEWORK_NAMES = ("megatron-lm", "bridge", "primus", "torchtitan")

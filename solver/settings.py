@@ -13,14 +13,17 @@ no OR-Tools and no numpy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from tune_cp.oracle.memory import MemoryOverheads, RunOptions
 from tune_cp.oracle.specs import Spec
 from tune_cp.solver.constraints import HardConstraint, as_constraints
-from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
+from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
+
+#: The type of :attr:`RunSettings.framework` (``--framework``'s values).
+FrameworkName = Literal[FRAMEWORK_NAMES]  # type: ignore[valid-type]
 
 
 class RunSettings(Spec):
@@ -30,7 +33,10 @@ class RunSettings(Spec):
     kept free (``--memory-margin``); ``allow_cross_scale_up``: tp/etp may cross the scale-up
     domain (``--allow-cross-scale-up``); ``constraints``: extra hard constraints, family
     ``extra`` (``--constraint``; text is parsed); ``calibration``: the time model's constants
-    file (``--calibration``; None: the shipped one).
+    file (``--calibration``; None: the shipped one); ``framework``: the framework that runs the
+    job (``--framework``; None: Megatron-LM's defaults), the one place a run says which it is:
+    the memory verdict of every check, search, plan and sweep row reads its family's spread
+    (:attr:`memory_spread`, ``oracle/memory_verdict.py``).
 
     The framework run settings (``solver/axes.py::RUN_KNOBS``, :class:`oracle.memory.RunOptions`):
     ``cuda_graph_scope`` (``--cuda-graph-scope``; ``()``: none), ``moe_a2a_overlap``
@@ -47,6 +53,7 @@ class RunSettings(Spec):
     allow_cross_scale_up: bool = False
     constraints: tuple[HardConstraint, ...] = ()
     calibration: str | None = None
+    framework: FrameworkName | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -69,6 +76,22 @@ class RunSettings(Spec):
     def options(self) -> RunOptions:
         """The framework run settings as one spec (what the exporters write)."""
         return self.overheads.run
+
+    @property
+    def memory_family(self) -> str:
+        """The framework family whose measured peaks give the memory spread
+        (``formats/frameworks.py::FAMILY``; Megatron-LM's without ``framework``)."""
+        from tune_cp.formats.frameworks import FAMILY, Framework
+
+        return FAMILY[Framework(self.framework or "megatron-lm")]
+
+    @property
+    def memory_spread(self) -> Any:
+        """The :class:`oracle.memory_verdict.Spread` of :attr:`memory_family`: the line between
+        fits, at the edge and out of memory for this run."""
+        from tune_cp.oracle.memory_verdict import spread_for
+
+        return spread_for(self.memory_family)
 
     @property
     def traits(self) -> Any:
@@ -127,6 +150,14 @@ class SettingsView:
     @property
     def calibration(self) -> str | None:
         return self.settings.calibration
+
+    @property
+    def framework(self) -> str | None:
+        return self.settings.framework
+
+    @property
+    def memory_spread(self) -> Any:
+        return self.settings.memory_spread
 
     @property
     def traits(self) -> Any:

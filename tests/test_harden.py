@@ -183,7 +183,7 @@ def test_plan_rows_follow_the_search_answer_rule(run_cli):
                 q.config["mbs"]) == (c.tp, c.pp, c.vpp, c.cp, c.mbs)
         if r.best_phase == "exhaustive":
             ranked = r.ranked
-            fits = memory_fits(ranked, cl.gpu.hbm_bytes)
+            fits = memory_fits(ranked, cl.gpu.hbm_bytes, r.options.memory_spread)
             i = choose_answer(ranked, fits, r.near_tie_band)
             assert q.tokens_per_s_per_gpu == pytest.approx(float(ranked.tokens[i]), rel=1e-12)
             # the highest lower bound (within the tie) of the configurations that fit memory,

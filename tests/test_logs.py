@@ -203,7 +203,7 @@ def test_search_rows_are_distinct_and_the_answer_follows_its_rule():
         assert b < a * (1 - GROUP_TOLERANCE)
     assert sum(g.answer for g in r.groups) <= 1
     low = r.ranked.lower
-    fits = memory_fits(r.ranked, r.cluster.gpu.hbm_bytes)
+    fits = memory_fits(r.ranked, r.cluster.gpu.hbm_bytes, r.options.memory_spread)
     # the highest lower bound (within the tie) of the configurations that fit memory, or one at
     # the edge of memory more than the near-tie band above them (search.choose_answer)
     assert fits[r.answer_index] or low[r.answer_index] > low[fits].max() * (1 + r.near_tie_band)

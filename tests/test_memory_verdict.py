@@ -177,3 +177,118 @@ def test_plan_takes_the_framework(run_json):
                           "--points", "1")
     cfg = data["gpus"][0]["points"][0]["config"]
     assert cfg["fp8_param_gather"] is False and cfg["grad_reduce_in_fp32"] is True
+
+
+def test_framework_names_are_the_frameworks():
+    from tune_cp.solver.defaults import FRAMEWORK_NAMES
+
+    assert FRAMEWORK_NAMES == tuple(f.value for f in Framework)
+
+
+def test_torchtitan_search_marks_rows_by_its_spread_and_equals_check(run_cli, run_json):
+    """Llama 3 8B on 8 H100 under --framework torchtitan: every row's state is read with the
+    torchtitan spread (high 1.69: fits up to 80 / 1.69 = 47.3 GiB), TP2 PP1 at 58.3 GiB (which
+    fits Megatron's 1.18) is at the edge, and the answer is the fastest that fits, TP2 PP2 at
+    47.2 GiB; its check line (with --framework torchtitan) gives the same state and deciding
+    term."""
+    tt, mg = spread_for("torchtitan"), spread_for(None)
+    assert tt.high == pytest.approx(1.69, abs=0.005)
+    args = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
+    code, data = run_json(*args, "--framework", "torchtitan")
+    assert code == 0
+    hbm = data["top"][0]["memory"]["hbm_bytes"]
+    moved = 0
+    for row in data["top"]:
+        peak = row["memory"]["peak_bytes"]
+        assert row["memory"]["state"] == ("fits" if peak * tt.high <= hbm else "at the edge")
+        moved += peak * tt.high > hbm >= peak * mg.high
+    assert moved >= 1
+    best = data["best"]
+    assert (best["tp"], best["pp"], best["memory"]["state"]) == (2, 2, "fits")
+    assert best["memory"]["deciding_term"] == best["memory"]["dominant_term"] == "activations"
+    assert data["check_command"].endswith(" --framework torchtitan")
+    code, plain = run_json(*args)
+    assert (plain["best"]["tp"], plain["best"]["pp"]) == (2, 1)  # Megatron's spread: it fits
+    code, checked = run_json(*data["check_command"].split()[1:])
+    verdict = checked["memory_verdict"]
+    assert (verdict["family"], verdict["state"], verdict["deciding_term"]) == (
+        "torchtitan", best["memory"]["state"], best["memory"]["deciding_term"])
+    code, out, _ = run_cli(*args, "--framework", "torchtitan")
+    assert "  memory edge: legal, but above 47.3 GiB (80 GiB HBM / 1.69)" in out
+
+
+def test_search_rows_name_the_deciding_term_check_names():
+    """Each --json row's memory carries the state and the term that decides it: that of
+    ``check`` on the row's configuration (same peak, same largest term of the most loaded
+    stage). Llama 3 70B FP8 on 64 H100: the fastest rows keep every activation, at the edge,
+    activations decide."""
+    from tune_cp.agent.search import SearchOptions, search
+    from tune_cp.agent.serialize import ranked_row, search_json
+    from tune_cp.oracle.catalog import load_gpu, load_model
+    from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
+    from tune_cp.solver.check import check_configuration
+
+    model = load_model("llama3-70b")
+    cluster = ClusterSpec(gpu=load_gpu("h100"), num_nodes=8, gpus_per_node=8)
+    training = TrainingSpec(seq_len=8192, global_batch_size=128, precision=Precision.FP8)
+    r = search(model, cluster, training, SearchOptions(top_k=3))
+    rows = [ranked_row(r, g.head) for g in r.groups]
+    assert rows[0]["memory"]["state"] == "at the edge"
+    assert rows[0]["memory"]["deciding_term"] == "activations"
+    for g, row in zip(r.groups, rows, strict=True):
+        out = check_configuration(model, cluster, training, r.ranked.configs[g.head],
+                                  settings=r.options.settings)
+        assert out.memory.peak_bytes == row["memory"]["peak_bytes"]
+        assert out.memory.dominant_term == row["memory"]["deciding_term"]
+    best = search_json(r)["best"]["memory"]
+    assert best["deciding_term"] == r.best.outcome.memory.dominant_term
+    assert best["state"] in ("fits", "at the edge")
+
+
+def test_json_doc_lists_the_ranked_rows_memory_keys(run_json):
+    """docs/json.md names the keys of a ranked row's memory object, as search --json writes
+    them (each top row, its variants, oracle_best), and the verdict keys of best.memory."""
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "json.md").read_text()
+    line = re.search(r"The memory of a ranked row \(.*?\):\s*(.*?)\.\s", doc, re.S).group(1)
+    keys = re.findall(r"`(\w+)`", line)
+    code, data = run_json("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--top", "2")
+    rows = [data["oracle_best"]] + [r for t in data["top"] for r in (t, *t["variants"])]
+    assert code == 0 and all(list(r["memory"]) == keys for r in rows)
+    assert {"state", "deciding_term"} <= set(data["best"]["memory"])
+
+
+def test_plan_reads_the_frameworks_spread(run_json):
+    """plan --framework torchtitan: each node count's answer is the search's under torchtitan's
+    spread (Llama 3 8B on one H100 node: TP2 PP2 at 47.2 GiB, fits below 80 / 1.69; Megatron's
+    TP2 PP1 at 58.3 GiB would be at the edge there)."""
+    args = ("plan", "--model", "llama3-8b", "--gpu", "h100", "--points", "1")
+    code, data = run_json(*args, "--framework", "torchtitan")
+    (pt,) = data["gpus"][0]["points"]
+    assert code == 0 and (pt["nodes"], pt["config"]["tp"], pt["config"]["pp"]) == (1, 2, 2)
+    assert pt["memory_state"] == "fits"
+    assert pt["peak_bytes"] * spread_for("torchtitan").high <= 80 * 2**30
+    code, data = run_json(*args)
+    (pt,) = data["gpus"][0]["points"]
+    assert (pt["config"]["tp"], pt["config"]["pp"], pt["memory_state"]) == (2, 1, "fits")
+    assert pt["peak_bytes"] * spread_for("torchtitan").high > 80 * 2**30
+
+
+@pytest.mark.parametrize("extra", [
+    ("--framework", "bridge", "--allow-fp8"),  # FP8 candidates of a bf16 search: bf16 weights
+    ("--framework", "torchtitan"),
+    ("--framework", "bridge", "--precision", "fp8"),
+])
+def test_check_line_reproduces_the_answer_and_its_state_under_a_framework(run_json, extra):
+    code, data = run_json("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1", "--top", "1",
+                          *extra)
+    best = data["best"]
+    code, checked = run_json(*data["check_command"].split()[1:])
+    assert checked["config"]["fp8_param_gather"] == best["fp8_param_gather"]
+    assert checked["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+    assert checked["projection"]["tokens_per_s_per_gpu"] == pytest.approx(
+        best["projection"]["tokens_per_s_per_gpu"], rel=1e-12)
+    assert checked["memory_verdict"]["state"] == best["memory"]["state"]
+    assert ("--framework torchtitan" in data["check_command"]) == ("torchtitan" in extra)

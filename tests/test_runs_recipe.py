@@ -42,3 +42,25 @@ def test_unstated_recompute_that_cannot_fit_reads_as_full(rows):
     assert r436.cfg.recompute is Recompute.FULL
     assert any("recompute not stated" in n for n in r436.notes)
     assert r437.cfg.recompute is Recompute.NONE
+
+
+def test_nemo1_rows_carry_the_launcher_recipe(rows):
+    """NeMo 1.x (24.07) rows: the NeMo Framework Launcher's H100 launches of GPT-3 and Llama set
+    ``optim.grad_sync_dtype=bf16`` (Apex DistributedFusedAdam's gradient buffer in bf16), its
+    Nemotron launches do not; its Llama 2 70B SFT launch on 2 nodes also sets FP8 parameters and
+    a virtual pipeline of 20. GPT-3 20B TP2 (row 290): 10,121,687,040 parameters per GPU, the
+    gradient buffer 2 bytes each (as the bf16 weights), half the fp32 one."""
+    from tune_cp.oracle.memory import memory_report
+    from tune_cp.oracle.specs import Schedule
+
+    r = rows["290"]
+    assert r.recipe == {"grad_reduce_in_fp32": False} and r.cfg.grad_reduce_in_fp32
+    cols = memory_report(r.model, r.cluster, r.training, r.cfg).peak.terms
+    rec = memory_report(r.model, r.cluster, r.training, r.recipe_cfg()).peak.terms
+    assert rec["gradients"] == rec["weights"] == 2 * 10_121_687_040 == cols["gradients"] // 2
+    assert rows["296"].recipe == {}  # Nemotron-8B: the launcher keeps fp32 gradients
+    sft = rows["303"]
+    assert sft.recipe == {"grad_reduce_in_fp32": False, "fp8_param_gather": True, "vpp": 20,
+                          "schedule": Schedule.INTERLEAVED}
+    assert sft.cfg.vpp == 1  # the time model reads the columns
+    assert any("optimizer state in bf16" in n and "not modelled" in n for n in sft.recipe_notes)

@@ -200,6 +200,9 @@ BAD_GRIDS = [
      "grid key 'overheads'"),
     ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nallow_cross_scale_up: yes please\n",
      "grid key 'allow_cross_scale_up': 'yes please' must be true or false"),
+    ("models: [llama3-8b]\ngpus: [h100]\nnodes: [1]\nframework: nemo\n",
+     "grid key 'framework': 'nemo' is not a framework; give one of megatron-lm, bridge, "
+     "primus, torchtitan"),
     ("- just\n- a list\n", "expected a mapping of keys"),
     ("models: [llama3-8b\n", "not valid YAML"),
 ]
@@ -302,3 +305,52 @@ def test_grid_settings_are_the_run_settings_search_takes(tmp_path):
     assert opts.settings.allow_cross_scale_up is False
     assert opts.settings.memory_margin == DEFAULT_MEMORY_MARGIN
     assert plain.digest != cross.digest
+
+
+@pytest.mark.parametrize(("framework", "gpu", "precision"),
+                         [("torchtitan", "h100", "bf16"), ("bridge", "b200", "fp8")])
+def test_grid_key_framework_gives_the_search_with_the_same_flag(tmp_path, run_json, framework,
+                                                                 gpu, precision):
+    """``framework:`` in a grid is ``search --framework``: its defaults for the settings not given
+    (Bridge: bf16 gradients, FP8 parameters, no fragmentation allowance) and its family's memory
+    spread in the answer rule (torchtitan's high 1.69: Llama 3 8B on 8 H100 answers TP2 PP2 at
+    47.2 GiB, not Megatron's TP2 PP1 at 58.3 GiB)."""
+    g = grid_file(tmp_path, f"models: llama3-8b\ngpus: {gpu}\nnodes: 1\nprecision: {precision}\n"
+                            f"framework: {framework}\n")
+    out = str(tmp_path / "r.csv")
+    run_sweep(load_grid(g).scenarios, out, SerialEngine())
+    (r,) = rows_of(out)
+    code, data = run_json("--model", "llama3-8b", "--gpu", gpu, "--nodes", "1", "--precision",
+                          precision, "--framework", framework)
+    best = data["best"]
+    assert code == 0 and r["status"] == "ok"
+    for k in ("tp", "pp", "vpp", "cp", "dp", "mbs", "ga"):
+        assert int(r[k]) == best[k], k
+    assert (r["recompute"], r["grad_reduce_in_fp32"]) == (best["recompute"],
+                                                          str(best["grad_reduce_in_fp32"]).lower())
+    assert int(r["peak_bytes"]) == best["memory"]["peak_bytes"]
+    assert float(r["tokens_per_s_per_gpu"]) == pytest.approx(
+        best["projection"]["tokens_per_s_per_gpu"], rel=1e-12)
+    if framework == "torchtitan":
+        assert (best["tp"], best["pp"]) == (2, 2)
+    else:
+        assert best["fp8_param_gather"] is True and best["grad_reduce_in_fp32"] is False
+
+
+def test_grid_key_fp8_param_gather_is_the_search_flag(tmp_path, run_json):
+    """``fp8_param_gather: true``: the FP8 scenarios are ``search --fp8-param-gather``; a bf16
+    one is an error row with the search's own refusal."""
+    g = grid_file(tmp_path, "models: llama3-8b\ngpus: b200\nnodes: 1\nprecision: [fp8, bf16]\n"
+                            "fp8_param_gather: true\n")
+    out = str(tmp_path / "r.csv")
+    run_sweep(load_grid(g).scenarios, out, SerialEngine())
+    fp8, bf16 = rows_of(out)
+    code, data = run_json("--model", "llama3-8b", "--gpu", "b200", "--nodes", "1", "--precision",
+                          "fp8", "--fp8-param-gather")
+    assert code == 0 and fp8["status"] == "ok" and data["best"]["fp8_param_gather"] is True
+    assert int(fp8["peak_bytes"]) == data["best"]["memory"]["peak_bytes"]
+    assert bf16["status"] == "error" and bf16["reason"].startswith(
+        "--fp8-param-gather keeps only FP8 copies of the weights, so it needs FP8 training")
+    with pytest.raises(GridError, match="grid key 'fp8_param_gather': 'yes' must be true or false"):
+        load_grid(grid_file(tmp_path, "models: llama3-8b\ngpus: b200\nnodes: 1\n"
+                                      "fp8_param_gather: 'yes'\n", "bad.yaml"))
