@@ -758,6 +758,8 @@ def describe_config(cfg: ParallelConfig, model: ModelSpec | None = None) -> str:
         parts.append(f"fp8 {cfg.fp8_recipe.value}")
     if model is not None and (split := split_label(model, cfg)):
         parts.append(split)
+    if model is not None and model.is_moe:
+        parts.append("MoE backend: " + cfg.backend_label())
     return ", ".join(parts)
 
 
