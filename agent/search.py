@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.agent import backend
 from tune_cp.agent.baseline import Reference, find_reference, reference_training_matches
 from tune_cp.agent.evaluate import Evaluator, Trial
 from tune_cp.agent.llm import (
@@ -272,11 +273,24 @@ def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
 
 def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   enum: Enumeration, prefs: Sequence[Preference], calibration: str | None,
-                  traits: Any = None) -> Ranked:
-    """``traits``: the run's :class:`oracle.work.RunTraits` (None: the defaults)."""
+                  traits: Any = None, settings: Any = None) -> Ranked:
+    """``traits``: the run's :class:`oracle.work.RunTraits` (None: the defaults);
+    ``settings``: the run's ``RunSettings``, given when each layout of an MoE model takes its
+    fastest MoE backend preset (``agent/backend.py``; None: the layouts as enumerated)."""
     configs = [fc.config for fc in enum.configs]
     peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
-    if configs:
+    if configs and settings is not None and model.is_moe:
+        wide, wide_peak, owner = backend.expand(model, cluster, configs, peak, settings)
+        scores = score_configs(model, cluster, training,
+                               ConfigBatch.from_configs(wide, traits), calibration)
+        pick = backend.best_per_layout(np.asarray(scores["tokens_per_s_per_gpu"]), owner,
+                                       len(configs))
+        configs = [wide[j] for j in pick]
+        peak = wide_peak[pick]
+        scores = {k: (np.asarray(v)[pick] if np.ndim(v) and len(v) == len(wide) else v)
+                  for k, v in scores.items()}
+        tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
+    elif configs:
         scores = score_configs(model, cluster, training,
                                ConfigBatch.from_configs(configs, traits), calibration)
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
@@ -551,7 +565,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t1 = time.perf_counter()
     prefs = list(opts.preferences)
     traits = opts.settings.traits
-    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration, traits)
+    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration, traits,
+                           opts.settings)
     timings["rank_s"] = time.perf_counter() - t1
 
     ev = Evaluator(model, cluster, training, opts.settings,

@@ -1,0 +1,102 @@
+"""The MoE backend per layout, chosen after the enumeration.
+
+The backend fields (``solver/axes.py::BACKEND_FIELDS``: flex library, sync-free stage,
+grouped-GEMM implementation, permute fusion, shared-expert overlap, fp32 router) change no
+memory term but the flex dispatcher's buffers, so they are not CP-SAT axes: every feasible
+layout is projected with each backend preset its vendor offers (:func:`presets`) that the
+rules accept (``solver/rules.py::backend_problems``, the ``dispatcher`` family's ep > 1, the
+run settings' refusals) and whose memory still fits (a preset that turns on the flex dispatcher
+adds ``dispatcher_buffer_bytes`` to every stage: ``oracle/memory.py::combine``, an unfragmented
+runtime term), and keeps the fastest. Sync-free stage 3 is not searched: its worst-case
+permutation buffers (Primus ``primus_turbo.py`` ``permute_max_token_num``; "consumes
+significantly more GPU memory", ``examples/moe_package/README.md`` Table 2) are not in the
+memory model, so only ``tune-cp check`` takes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tune_cp.oracle.specs import (
+    ClusterSpec,
+    Dispatcher,
+    FlexBackend,
+    GroupedGemm,
+    ModelSpec,
+    ParallelConfig,
+    Vendor,
+)
+from tune_cp.solver.rules import backend_problems, hbm_limit_bytes
+
+
+def presets(model: ModelSpec, cluster: ClusterSpec) -> tuple[dict[str, Any], ...]:
+    """The backend presets the search tries on every layout of an MoE model (the first, {}:
+    the layout as enumerated). Each is consistent on its own (what Primus's sync-free stages
+    turn on together, ``rocm_arg_validation.py::_get_sync_free_moe_options``)."""
+    if not model.is_moe:
+        return ({},)
+    fused = {"permute_fusion": True}
+    if cluster.gpu.vendor is Vendor.AMD:
+        turbo_gg = {"grouped_gemm": GroupedGemm.TURBO}
+        flex = {"dispatcher": Dispatcher.FLEX, "flex_backend": FlexBackend.TURBO,
+                "router_fp32": True}
+        out: list[dict[str, Any]] = [
+            {}, fused, {**turbo_gg, "sync_free_stage": 1},
+            {**flex, **turbo_gg, "sync_free_stage": 1},
+            {**flex, **turbo_gg, "sync_free_stage": 2},
+        ]
+    else:
+        out = [{}, fused, {**fused, "dispatcher": Dispatcher.FLEX,
+                           "flex_backend": FlexBackend.DEEPEP}]
+    if model.num_shared_experts:
+        out.append({**fused, "shared_expert_overlap": True})
+    return tuple(out)
+
+
+def expand(model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig],
+           peak: np.ndarray, settings: Any) -> tuple[list[ParallelConfig], np.ndarray,
+                                                     np.ndarray]:
+    """Every (layout, preset) pair the rules and the memory accept: ``(configs, peak bytes,
+    index of the layout)``. ``settings``: the run's ``RunSettings``."""
+    opts = settings.options
+    limit = hbm_limit_bytes(cluster.gpu.hbm_bytes, settings.memory_margin)
+    buffer = settings.overheads.dispatcher_buffer_bytes
+    # a --constraint on the dispatcher is the user's: the presets keep the enumerated one
+    constrained = any("dispatcher" in c.expr for c in settings.constraints)
+    out: list[ParallelConfig] = []
+    peaks: list[int] = []
+    owner: list[int] = []
+    for i, cfg in enumerate(configs):
+        for upd in presets(model, cluster):
+            if not upd:
+                out.append(cfg)
+                peaks.append(int(peak[i]))
+                owner.append(i)
+                continue
+            add = 0
+            if upd.get("dispatcher") is Dispatcher.FLEX and cfg.dispatcher is not Dispatcher.FLEX:
+                if (cfg.ep < 2 or constrained or opts.moe_capacity_factor is not None):
+                    continue
+                add = buffer
+            new = cfg.model_copy(update=upd)
+            if int(peak[i]) + add > limit or backend_problems(
+                    model, cluster.gpu, new, opts.moe_a2a_overlap):
+                continue
+            out.append(new)
+            peaks.append(int(peak[i]) + add)
+            owner.append(i)
+    return out, np.array(peaks, dtype=np.int64), np.array(owner, dtype=np.int64)
+
+
+def best_per_layout(tokens: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """For each of ``n`` layouts the index (into the expanded list) of its fastest preset; ties
+    keep the earliest preset (the layout as enumerated first)."""
+    best = np.full(n, -1, dtype=np.int64)
+    for j in range(len(owner)):
+        i = int(owner[j])
+        if best[i] < 0 or tokens[j] > tokens[best[i]]:
+            best[i] = j
+    return best
