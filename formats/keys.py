@@ -154,6 +154,17 @@ CONFIG_KEYS: dict[str, Key] = {
     ),
     "moe_flex_dispatcher_backend": Key(Kind.CHOICE, choices=("deepep", "hybridep", "ncclep")),
     "moe_enable_deepep": BOOL,  # deprecated: flex dispatcher with DeepEP
+    # the MoE backend (oracle/specs.py::ParallelConfig backend fields; formats/parse.py::_backend)
+    "moe_grouped_gemm": BOOL,
+    "moe_use_legacy_grouped_gemm": BOOL,
+    "moe_permute_fusion": BOOL,
+    "moe_shared_expert_overlap": BOOL,
+    "moe_router_dtype": Key(Kind.CHOICE, choices=("fp32", "fp64")),
+    # Primus-Turbo (primus/configs/modules/megatron/primus_turbo.yaml; no Megatron-LM flags)
+    "enable_primus_turbo": Key(Kind.BOOL, cli=False),
+    "use_turbo_deepep": Key(Kind.BOOL, cli=False),
+    "use_turbo_grouped_gemm": Key(Kind.BOOL, cli=False),
+    "turbo_sync_free_moe_stage": Key(Kind.INT, lo=0, cli=False),
     "bf16": BOOL,
     "fp16": BOOL,
     # TransformerConfig.fp8 is spelled --fp8-format on the command line; Primus writes fp8:
@@ -367,11 +378,11 @@ IGNORED = re.compile(
     r"norm_epsilon|\w+_fusion|\w+_fusion_impl|no_\w+_fusion|attention_softmax_in_fp32|"
     r"gradient_accumulation_fusion|"
     r"no_gradient_accumulation_fusion|overlap_grad_reduce|overlap_param_gather|align_\w+|"
-    r"no_align_\w+|ddp_\w+|moe_grouped_gemm|moe_use_legacy_grouped_gemm|moe_aux_loss_coeff|"
-    r"moe_z_loss_coeff|moe_router_load_balancing_type|moe_router_dtype|moe_router_score_function|"
+    r"no_align_\w+|ddp_\w+|moe_aux_loss_coeff|"
+    r"moe_z_loss_coeff|moe_router_load_balancing_type|moe_router_score_function|"
     r"moe_router_pre_softmax|moe_input_jitter_eps|moe_per_layer_logging|moe_token_drop_policy|"
     r"moe_router_bias_update_rate|moe_router_num_groups|moe_router_group_topk|"
-    r"moe_router_topk_scaling_factor|moe_shared_expert_overlap|mtp_loss_scaling_factor|"
+    r"moe_router_topk_scaling_factor|mtp_loss_scaling_factor|"
     r"use_cpu_initialization|perform_initialization|empty_unused_memory_level|check_for_\w+|"
     r"no_check_for_\w+|deterministic_mode|cross_entropy_\w+|calculate_per_token_loss|"
     r"eod_mask_loss|reset_\w+|create_attention_mask_in_dataloader|"

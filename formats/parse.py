@@ -48,7 +48,9 @@ from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
+    GroupedGemm,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -511,6 +513,8 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     kw |= _recompute(r, num_layers, kw["pp"] * kw["vpp"])
     kw |= _sharding(r)
     kw["dispatcher"] = _dispatcher(r) if is_moe else Dispatcher.ALLTOALL
+    if is_moe:
+        kw |= _backend(r, kw["dispatcher"])
     precision, fp8_format, recipe = _precision(r)
     kw["fp8_recipe"] = recipe
     kw["grad_reduce_in_fp32"] = _grad_dtype(r)
@@ -824,6 +828,45 @@ def _dispatcher(r: _Reader) -> Dispatcher:
         if backend != "deepep":
             r.raw.note(f"flex dispatcher backend {backend} is modeled as DeepEP")
     return Dispatcher(kind)
+
+
+def _backend(r: _Reader, dispatcher: Dispatcher) -> dict[str, Any]:
+    """The MoE backend fields (``ParallelConfig``: flex library, sync-free stage, grouped GEMM,
+    permute fusion, shared-expert overlap, fp32 router) from Megatron-LM's and Primus-Turbo's
+    keys; noted as read. Primus's sync-free stages turn on what
+    ``rocm_arg_validation.py::_get_sync_free_moe_options`` sets (stage >= 1: permute fusion;
+    stage >= 2: Turbo DeepEP, Turbo grouped GEMM)."""
+    out: dict[str, Any] = {}
+    stage = int(r.get("turbo_sync_free_moe_stage", state=False) or 0)
+    turbo_deepep = bool(r.get("use_turbo_deepep", state=False)) or stage >= 2
+    if stage > 3:
+        raise r.fail("turbo_sync_free_moe_stage", "Primus takes stages 0-3 "
+                     "('turbo_sync_free_moe_stage only support [0-3]')")
+    out["sync_free_stage"] = stage
+    backend = r.get("moe_flex_dispatcher_backend", state=False)
+    if turbo_deepep:
+        # Primus-Turbo's DeepEP replaces the flex dispatcher's library
+        out["dispatcher"], out["flex_backend"] = Dispatcher.FLEX, FlexBackend.TURBO
+    elif dispatcher is Dispatcher.FLEX and backend in ("deepep", "hybridep"):
+        out["flex_backend"] = FlexBackend(backend)
+    if bool(r.get("use_turbo_grouped_gemm", state=False)) or stage >= 2:
+        gg = GroupedGemm.TURBO
+    elif r.get("moe_grouped_gemm", state=False) is False:
+        gg = GroupedGemm.SEQUENTIAL
+    elif r.get("moe_use_legacy_grouped_gemm", state=False):
+        gg = GroupedGemm.LEGACY
+    else:
+        gg = GroupedGemm.TE
+    out["grouped_gemm"] = gg
+    out["permute_fusion"] = bool(r.get("moe_permute_fusion", state=False)) or stage >= 1
+    out["shared_expert_overlap"] = bool(r.get("moe_shared_expert_overlap", state=False))
+    dtype = r.get("moe_router_dtype", state=False)
+    out["router_fp32"] = None if dtype is None else dtype in ("fp32", "fp64")
+    read = [f"{k} {v.value if hasattr(v, 'value') else v}" for k, v in out.items()
+            if v not in (None, False, 0) and k != "dispatcher"]
+    r.raw.note("MoE backend read: " + ", ".join(read) + (
+        " (Primus-Turbo DeepEP: the flex dispatcher)" if turbo_deepep else ""))
+    return out
 
 
 def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | None]:

@@ -449,6 +449,9 @@ class ConfigBatch:
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
             graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
             capacity=b(moe_capacity_factor, np.float64),
+            sync_free=b(0), grouped_gemm=b(GROUPED_GEMM_CODE[GroupedGemm.TE]),
+            permute_fusion=b(False, bool), shared_overlap=b(False, bool),
+            router_fp32=b(False, bool),
         )
 
     def traits(self, i: int) -> RunTraits:

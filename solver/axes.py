@@ -155,25 +155,25 @@ KNOBS: tuple[Knob, ...] = (
     Knob("sync_free_stage", None, "sync-free-stage",
          "Primus-Turbo sync-free MoE stage (turbo_sync_free_moe_stage, AMD): 1 fused router and "
          "permutation, 2 + flex dispatch and Turbo grouped GEMM, 3 no host synchronisation",
-         lo=0, hi=3, default=0, combinable=True, attributed=True),
+         lo=0, hi=3, default=0, attributed=True),
     Knob("grouped_gemm", None, "grouped-gemm",
          "Expert GEMMs: sequential (per-expert loop, no --moe-grouped-gemm), legacy "
          "(--moe-use-legacy-grouped-gemm), te (Transformer Engine GroupedLinear), turbo "
          "(Primus-Turbo use_turbo_grouped_gemm, AMD)", kind=FlagKind.CHOICE,
-         choices=GroupedGemm, default=GroupedGemm.TE.value, combinable=True, attributed=True),
+         choices=GroupedGemm, default=GroupedGemm.TE.value, attributed=True),
     Knob("permute_fusion", None, "permute-fusion",
          "Fused MoE token permutation (Megatron-LM --moe-permute-fusion)  [default: off]",
-         kind=FlagKind.FLAG, combinable=True, attributed=True, megatron="moe_permute_fusion",
+         kind=FlagKind.FLAG, attributed=True, megatron="moe_permute_fusion",
          bridge="model.moe_permute_fusion"),
     Knob("shared_expert_overlap", None, "shared-expert-overlap",
          "Run the shared experts beside the token dispatch (Megatron-LM "
-         "--moe-shared-expert-overlap)  [default: off]", kind=FlagKind.FLAG, combinable=True,
+         "--moe-shared-expert-overlap)  [default: off]", kind=FlagKind.FLAG,
          attributed=True, megatron="moe_shared_expert_overlap",
          bridge="model.moe_shared_expert_overlap"),
     Knob("router_fp32", None, "router-fp32",
          "Router in fp32 (Megatron-LM --moe-router-dtype fp32; Primus-Turbo DeepEP needs it)  "
          "[default: on with Primus-Turbo DeepEP, else off]", kind=FlagKind.SWITCH,
-         combinable=True, attributed=True),
+         attributed=True),
     Knob("schedule", "schedule", "schedule",
          "Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]",
          kind=FlagKind.CHOICE, choices=Schedule, combinable=True, attributed=True),
