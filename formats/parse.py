@@ -18,6 +18,7 @@ from tune_cp.formats.keys import (
     MODEL_KEYS,
     UNMODELED,
     UNMODELED_RECOMPUTE_MODULES,
+    UNMODELLED_KEYS,
     Flavor,
     Fp8Format,
     Key,
@@ -84,6 +85,7 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
             "accumulate_allreduce_grads_in_fp32": False,
             "moe_token_dispatcher_type": "allgather",
             "moe_flex_dispatcher_backend": "deepep",
+            "moe_grouped_gemm": False,  # SequentialMLP (transformer_config.py l.850)
             "fp8_recipe": "delayed",
             "data_parallel_sharding_strategy": "optim_grads_params",
             "account_for_embedding_in_pipeline_split": False,
@@ -109,6 +111,7 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
         "accumulate_allreduce_grads_in_fp32": (False, "Primus default, trainer_base.yaml"),
         "moe_token_dispatcher_type": ("allgather", "Primus default, language_model.yaml"),
         "moe_flex_dispatcher_backend": ("deepep", "Megatron-LM default"),
+        "moe_grouped_gemm": (False, "Primus default, language_model.yaml"),
         "fp8_recipe": ("delayed", "Primus default, trainer_base.yaml"),
         "data_parallel_sharding_strategy": ("optim_grads_params", "Megatron-LM default"),
         "account_for_embedding_in_pipeline_split": (False, "Primus default, trainer_base.yaml"),
@@ -262,7 +265,7 @@ def parse_primus_config(
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value
             raw.labels[key] = key
-        elif dest_effects().get(key) == "unmodelled":
+        elif dest_effects().get(key) == "unmodelled" or UNMODELLED_KEYS.fullmatch(key):
             if value not in (None, False):
                 raw.unmodelled.append(f"{key}: {fmt_value(value)}")
         elif dest_effects().get(key) in ("none", "read") or IGNORED.fullmatch(key):
@@ -825,7 +828,7 @@ def _dispatcher(r: _Reader) -> Dispatcher:
         kind = "alltoall"
     if kind == "flex":
         backend = r.get("moe_flex_dispatcher_backend", state=False) or "deepep"
-        if backend != "deepep":
+        if backend not in ("deepep", "hybridep"):
             r.raw.note(f"flex dispatcher backend {backend} is modeled as DeepEP")
     return Dispatcher(kind)
 
@@ -847,14 +850,14 @@ def _backend(r: _Reader, dispatcher: Dispatcher) -> dict[str, Any]:
     if turbo_deepep:
         # Primus-Turbo's DeepEP replaces the flex dispatcher's library
         out["dispatcher"], out["flex_backend"] = Dispatcher.FLEX, FlexBackend.TURBO
-    elif dispatcher is Dispatcher.FLEX and backend in ("deepep", "hybridep"):
+    elif dispatcher is Dispatcher.FLEX and backend == "hybridep":
         out["flex_backend"] = FlexBackend(backend)
     if bool(r.get("use_turbo_grouped_gemm", state=False)) or stage >= 2:
         gg = GroupedGemm.TURBO
+    elif r.get("moe_use_legacy_grouped_gemm", state=False):
+        gg = GroupedGemm.LEGACY  # asked for by name (Primus's launches give it alone)
     elif r.get("moe_grouped_gemm", state=False) is False:
         gg = GroupedGemm.SEQUENTIAL
-    elif r.get("moe_use_legacy_grouped_gemm", state=False):
-        gg = GroupedGemm.LEGACY
     else:
         gg = GroupedGemm.TE
     out["grouped_gemm"] = gg
@@ -862,11 +865,23 @@ def _backend(r: _Reader, dispatcher: Dispatcher) -> dict[str, Any]:
     out["shared_expert_overlap"] = bool(r.get("moe_shared_expert_overlap", state=False))
     dtype = r.get("moe_router_dtype", state=False)
     out["router_fp32"] = None if dtype is None else dtype in ("fp32", "fp64")
-    read = [f"{k} {v.value if hasattr(v, 'value') else v}" for k, v in out.items()
-            if v not in (None, False, 0) and k != "dispatcher"]
-    r.raw.note("MoE backend read: " + ", ".join(read) + (
-        " (Primus-Turbo DeepEP: the flex dispatcher)" if turbo_deepep else ""))
+    if any(r.raw.has(k) for k in TURBO_KEYS):
+        r.raw.note(turbo_note(out))
     return out
+
+
+#: Primus-Turbo's MoE keys tune-cp reads (``primus_turbo.yaml``).
+TURBO_KEYS = ("enable_primus_turbo", "use_turbo_deepep", "use_turbo_grouped_gemm",
+              "turbo_sync_free_moe_stage")
+
+
+def turbo_note(fields: dict[str, Any]) -> str:
+    """The note a Primus experiment with Primus-Turbo keys gets: the MoE backend as read."""
+    shown = [f"{k} {v.value if hasattr(v, 'value') else v}" for k, v in fields.items()
+             if v not in (None, False) and k != "dispatcher"]
+    turbo = fields.get("flex_backend") is FlexBackend.TURBO
+    return ("Primus-Turbo MoE settings read: " + ", ".join(shown)
+            + (" (Primus-Turbo DeepEP is the flex dispatcher)" if turbo else ""))
 
 
 def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | None]:

@@ -826,5 +826,8 @@ def resolve_config(
             "flex_backend": (fb := resolved_flex_backend(cfg, cluster.gpu)),
             "router_fp32": (cfg.router_fp32 if cfg.router_fp32 is not None
                             else fb is FlexBackend.TURBO),
+            # sync-free stage >= 1 turns on permute fusion (Primus rocm_arg_validation.py
+            # _get_sync_free_moe_options)
+            "permute_fusion": cfg.permute_fusion or cfg.sync_free_stage >= 1,
         }
     )
