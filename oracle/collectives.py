@@ -24,7 +24,7 @@ runs, and the tensor-, context-, expert-, pipeline- and data-parallel exposure r
   ETP all-gather / reduce-scatter; ``allgather`` dispatcher gathers ``T_sp h`` over tp x ep;
   ``flex`` (DeepEP, HybridEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
   node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``; the flex
-  dispatcher hides :data:`DEEPEP_OVERLAP_EFFICIENCY` of its all-to-all behind the layer's own
+  dispatcher with Primus-Turbo's DeepEP hides :data:`DEEPEP_OVERLAP_EFFICIENCY` of its all-to-all behind the layer's own
   computation, at most that computation (:func:`flex_exposed`); shared-expert overlap hides up to
   the shared experts' GEMM time more.
 * **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way (``t_send`` each).
@@ -73,8 +73,10 @@ CP_CORRECTION_BYTES_PER_ELEMENT = 10.0
 #: ``_get_deepep_overlap_efficiency`` (l.1512-1527 at fd1eeabbad: DeepEP alone ~65%, sync-free
 #: stages 75/80/85%), bounded by the compute there is to hide it behind
 #: (``module_profilers/transformer_layer.py`` ``_deepep_exposed_a2a_ms``, l.212-231):
-#: :func:`flex_exposed`. Used for every flex backend (NVIDIA DeepEP and HybridEP too: no
-#: published measurement separates them).
+#: :func:`flex_exposed`. Used for Primus-Turbo's DeepEP only: Megatron-Core's own DeepEP and
+#: HybridEP dispatch on the compute stream and consume the result at once
+#: (``moe/token_dispatcher.py`` ``_DeepepManager.dispatch``, ``async_finish=False``), so they
+#: hide only what the schedule hides.
 DEEPEP_OVERLAP_EFFICIENCY = (0.65, 0.75, 0.80, 0.85)
 
 

@@ -72,6 +72,7 @@ from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
     GroupedGemm,
     ModelSpec,
@@ -295,6 +296,8 @@ class ConfigBatch:
     #: ``sync_free`` stage 0-3, ``grouped_gemm`` a :data:`GROUPED_GEMM_CODE`, the three 0/1
     #: switches ``permute_fusion``, ``shared_overlap``, ``router_fp32``
     sync_free: np.ndarray | None = None
+    #: the flex dispatcher runs Primus-Turbo's DeepEP (flex_backend turbo; None: all False)
+    turbo_flex: np.ndarray | None = None
     grouped_gemm: np.ndarray | None = None
     permute_fusion: np.ndarray | None = None
     shared_overlap: np.ndarray | None = None
@@ -368,6 +371,8 @@ class ConfigBatch:
             capacity=of_traits(lambda t: t.moe_capacity_factor or 1.0, np.float64),
             grad_fp32=arr("grad_reduce_in_fp32", bool),
             sync_free=arr("sync_free_stage"),
+            turbo_flex=np.array([r["flex_backend"] is FlexBackend.TURBO for r in rows],
+                                dtype=bool),
             grouped_gemm=arr("grouped_gemm", of=GROUPED_GEMM_CODE),
             permute_fusion=arr("permute_fusion", bool),
             shared_overlap=arr("shared_expert_overlap", bool),
@@ -449,7 +454,7 @@ class ConfigBatch:
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
             graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
             capacity=b(moe_capacity_factor, np.float64),
-            sync_free=b(0), grouped_gemm=b(GROUPED_GEMM_CODE[GroupedGemm.TE]),
+            sync_free=b(0), turbo_flex=b(False, bool), grouped_gemm=b(GROUPED_GEMM_CODE[GroupedGemm.TE]),
             permute_fusion=b(False, bool), shared_overlap=b(False, bool),
             router_fp32=b(False, bool),
         )
@@ -494,6 +499,8 @@ class ConfigBatch:
         out: dict[str, Any] = {}
         if self.sync_free is not None:
             out["sync_free_stage"] = int(self.sync_free[i])
+        if self.turbo_flex is not None and self.turbo_flex[i]:
+            out["flex_backend"] = FlexBackend.TURBO
         if self.grouped_gemm is not None:
             out["grouped_gemm"] = _CODE_GROUPED_GEMM[int(self.grouped_gemm[i])]
         for name, arr_ in (("permute_fusion", self.permute_fusion),
@@ -780,7 +787,7 @@ class ScheduleWork:
 @dataclass(frozen=True, slots=True)
 class BackendWork:
     """The MoE backend's effects ((n,) each; 0 for a dense model): ``flex`` = 1 with the flex
-    dispatcher at ep > 1 (DeepEP, HybridEP, Primus-Turbo DeepEP), ``flex_overlap`` the fraction
+    dispatcher at ep > 1 running Primus-Turbo's DeepEP, ``flex_overlap`` the fraction
     of its dispatch/combine hidden behind the layer's computation
     (:data:`oracle.collectives.DEEPEP_OVERLAP_EFFICIENCY`, by sync-free stage); ``shared_overlap``
     = 1 when the shared experts run beside the dispatch (``--moe-shared-expert-overlap``);
@@ -1297,12 +1304,18 @@ def backend_work(model: ModelSpec, b: ConfigBatch, sync_free: np.ndarray) -> Bac
     fusion = off if b.permute_fusion is None else b.permute_fusion
     shared = off if b.shared_overlap is None else b.shared_overlap
     flex = (b.dispatcher == DISPATCH_CODE[Dispatcher.FLEX]) & (b.ep > 1)
+    # only Primus-Turbo's DeepEP hides its all-to-all behind the layer's own computation
+    # (collectives.DEEPEP_OVERLAP_EFFICIENCY); Megatron-Core's DeepEP dispatch waits for its
+    # result on the compute stream (token_dispatcher.py _DeepepManager.dispatch, async_finish
+    # False, l.1306-1330 at d98e8a64) and HybridEP's output is consumed at once, so NVIDIA flex
+    # hides only what the schedule hides (ep_comm_overlap / ep_a2a_overlap)
+    turbo = flex & (np.zeros(n, dtype=bool) if b.turbo_flex is None else b.turbo_flex)
     eff = np.array([DEEPEP_OVERLAP_EFFICIENCY[k] for k in range(4)])[np.clip(sync_free, 0, 3)]
     ops, per_expert = backend_ops(gg, fusion, sync_free)
     fused = (gg == GROUPED_GEMM_CODE[GroupedGemm.LEGACY]) | (gg == GROUPED_GEMM_CODE[
         GroupedGemm.TURBO])
     return BackendWork(
-        flex=flex.astype(f64), flex_overlap=np.where(flex, eff, 0.0),
+        flex=turbo.astype(f64), flex_overlap=np.where(turbo, eff, 0.0),
         shared_overlap=(shared & (model.num_shared_experts > 0)).astype(f64),
         fused_grouped=fused.astype(f64), host_ops=ops, host_ops_per_expert=per_expert)
 
