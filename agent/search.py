@@ -412,10 +412,25 @@ def default_baseline(ranked: Ranked, full_recompute: bool = True) -> ParallelCon
                               key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
+#: The dispatcher as one change of the attribution: its library and the fp32 router that
+#: Primus-Turbo's DeepEP needs go with it (each alone may be illegal: solver/rules.py
+#: backend_problems).
+DISPATCH_FIELDS = ("dispatcher", "flex_backend", "router_fp32")
+
+
+def _change_keys(f: str) -> tuple[str, ...]:
+    """The configuration fields one attribution change sets."""
+    if f == "recompute":
+        return RECOMPUTE_FIELDS
+    return DISPATCH_FIELDS if f == "dispatcher" else (f,)
+
+
 def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
     """The value of change ``f`` that matters: recomputation as one change, its method and
     depth only under full recomputation and its modules only under selective."""
     get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+    if f == "dispatcher":
+        return tuple(get(k) for k in DISPATCH_FIELDS)
     if f != "recompute":
         return get(f)
     kind = get("recompute")
@@ -436,6 +451,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
         fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
+    fields = tuple(f for f in fields if f not in DISPATCH_FIELDS[1:])
     goal = target.model_dump()
 
     def left(cfg: ParallelConfig) -> list[str]:
@@ -453,7 +469,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
         kept = {k: goal[k] for k in ("etp", "pipeline_split") if k not in todo}
 
         def trial(change: tuple[str, ...], cur: Trial = cur, kept: dict = kept) -> Trial:
-            keys = [k for f in change for k in (RECOMPUTE_FIELDS if f == "recompute" else (f,))]
+            keys = [k for f in change for k in _change_keys(f)]
             return ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
 
         trials = [(t.throughput, (f,), t) for f in todo if (t := trial((f,))).legal]
@@ -509,6 +525,11 @@ def _change(cfg: ParallelConfig, goal: dict[str, Any], f: str) -> str:
                 return f"selective ({show(c['recompute_modules'])})"
             return "none"
         return f"recompute {rc(cfg.model_dump())} -> {rc(goal)}"
+    if f == "dispatcher":
+        def disp(c: dict[str, Any]) -> str:
+            lib = f" ({show(c['flex_backend'])})" if c["flex_backend"] is not None else ""
+            return show(c["dispatcher"]) + lib + (", fp32 router" if c["router_fp32"] else "")
+        return f"dispatcher {disp(cfg.model_dump())} -> {disp(goal)}"
     return f"{f} {show(getattr(cfg, f))} -> {show(goal[f])}"
 
 
