@@ -16,6 +16,7 @@ memory model, so only ``tune-cp check`` takes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from tune_cp.oracle.specs import (
 from tune_cp.solver.rules import backend_problems, hbm_limit_bytes
 
 
+@cache
 def presets(model: ModelSpec, cluster: ClusterSpec) -> tuple[dict[str, Any], ...]:
     """The backend presets the search tries on every layout of an MoE model (the first, {}:
     the layout as enumerated). Each is consistent on its own (what Primus's sync-free stages
@@ -69,8 +71,10 @@ def expand(model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelCon
     out: list[ParallelConfig] = []
     peaks: list[int] = []
     owner: list[int] = []
+    # the rules read no layout field (backend_problems): once per (preset, enumerated backend)
+    legal: dict[tuple[int, tuple], bool] = {}
     for i, cfg in enumerate(configs):
-        for upd in presets(model, cluster):
+        for p, upd in enumerate(presets(model, cluster)):
             if not upd:
                 out.append(cfg)
                 peaks.append(int(peak[i]))
@@ -81,9 +85,14 @@ def expand(model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelCon
                 if (cfg.ep < 2 or constrained or opts.moe_capacity_factor is not None):
                     continue
                 add = buffer
+            if int(peak[i]) + add > limit:
+                continue
+            key = (p, (cfg.dispatcher, cfg.flex_backend, cfg.sync_free_stage, cfg.grouped_gemm,
+                       cfg.shared_expert_overlap, cfg.router_fp32))
             new = cfg.model_copy(update=upd)
-            if int(peak[i]) + add > limit or backend_problems(
-                    model, cluster.gpu, new, opts.moe_a2a_overlap):
+            if key not in legal:
+                legal[key] = not backend_problems(model, cluster.gpu, new, opts.moe_a2a_overlap)
+            if not legal[key]:
                 continue
             out.append(new)
             peaks.append(int(peak[i]) + add)
