@@ -9,8 +9,9 @@ run settings' refusals) and whose memory still fits (a preset that turns on the 
 adds ``dispatcher_buffer_bytes`` to every stage: ``oracle/memory.py::combine``, an unfragmented
 runtime term), and keeps the fastest. Sync-free stage 3 is not searched: its worst-case
 permutation buffers (Primus ``primus_turbo.py`` ``permute_max_token_num``; "consumes
-significantly more GPU memory", ``examples/moe_package/README.md`` Table 2) are not in the
-memory model, so only ``tune-cp check`` takes it.
+significantly more GPU memory", ``examples/moe_package/README.md`` Table 2) are counted only as
+a lower bound (``oracle/memory.py::sync_free_buffer_bytes``: one layer's), so only
+``tune-cp check`` takes it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.oracle.inventory import act_shape
+from tune_cp.oracle.memory import sync_free_buffer_bytes
 from tune_cp.oracle.specs import (
     ClusterSpec,
     Dispatcher,
@@ -28,6 +31,7 @@ from tune_cp.oracle.specs import (
     GroupedGemm,
     ModelSpec,
     ParallelConfig,
+    TrainingSpec,
     Vendor,
 )
 from tune_cp.solver.rules import backend_problems, hbm_limit_bytes
@@ -58,11 +62,14 @@ def presets(model: ModelSpec, cluster: ClusterSpec) -> tuple[dict[str, Any], ...
     return tuple(out)
 
 
-def expand(model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig],
-           peak: np.ndarray, settings: Any) -> tuple[list[ParallelConfig], np.ndarray,
-                                                     np.ndarray]:
+def expand(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+           configs: Sequence[ParallelConfig], peak: np.ndarray, settings: Any
+           ) -> tuple[list[ParallelConfig], np.ndarray, np.ndarray]:
     """Every (layout, preset) pair the rules and the memory accept: ``(configs, peak bytes,
-    index of the layout)``. ``settings``: the run's ``RunSettings``."""
+    index of the layout)``. ``settings``: the run's ``RunSettings``. A preset's bytes beyond the
+    enumerated layout's are runtime terms of every stage with MoE layers (``dispatcher_buffers``
+    in ``oracle/memory.py::combine``: the flex dispatcher's buffer, the sync-free worst-case
+    buffers), so the stage peak grows by exactly them."""
     opts = settings.options
     limit = hbm_limit_bytes(cluster.gpu.hbm_bytes, settings.memory_margin)
     buffer = settings.overheads.dispatcher_buffer_bytes
@@ -85,11 +92,13 @@ def expand(model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelCon
                 if (cfg.ep < 2 or constrained or opts.moe_capacity_factor is not None):
                     continue
                 add = buffer
+            new = cfg.model_copy(update=upd)
+            add += (sync_free_buffer_bytes(model, act_shape(model, training, new).t_sp, new)
+                    - sync_free_buffer_bytes(model, act_shape(model, training, cfg).t_sp, cfg))
             if int(peak[i]) + add > limit:
                 continue
             key = (p, (cfg.dispatcher, cfg.flex_backend, cfg.sync_free_stage, cfg.grouped_gemm,
                        cfg.shared_expert_overlap, cfg.router_fp32))
-            new = cfg.model_copy(update=upd)
             if key not in legal:
                 legal[key] = not backend_problems(model, cluster.gpu, new, opts.moe_a2a_overlap)
             if not legal[key]:

@@ -280,7 +280,8 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     configs = [fc.config for fc in enum.configs]
     peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
     if configs and settings is not None and model.is_moe:
-        wide, wide_peak, owner = backend.expand(model, cluster, configs, peak, settings)
+        wide, wide_peak, owner = backend.expand(model, cluster, training, configs, peak,
+                                                settings)
         scores = score_configs(model, cluster, training,
                                ConfigBatch.from_configs(wide, traits), calibration)
         pick = backend.best_per_layout(np.asarray(scores["tokens_per_s_per_gpu"]), owner,

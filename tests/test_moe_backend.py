@@ -218,3 +218,19 @@ def test_nvidia_presets_use_no_primus_turbo() -> None:
     for p in presets(m, c):
         assert p.get("flex_backend") in (None, FlexBackend.DEEPEP)
         assert "sync_free_stage" not in p and p.get("grouped_gemm") is None
+
+
+def test_sync_free_buffers_hand_worked() -> None:
+    from tune_cp.oracle.memory import GIB, memory_report, sync_free_buffer_bytes
+
+    m, c, t = _setup("mi355x")
+    cfg = resolve_config(ParallelConfig(tp=2, pp=2, vpp=4, ep=8, etp=1, mbs=2,
+                                        dispatcher=Dispatcher.FLEX, sync_free_stage=2,
+                                        grouped_gemm=GroupedGemm.TURBO), m, c, t)
+    # 2 x (8192 x 2 x 8) rows x 6144 x 2 B = 3 GiB; stage 3 adds the permuted worst case x top-2
+    assert sync_free_buffer_bytes(m, 8192, cfg) == 3 * GIB
+    assert sync_free_buffer_bytes(m, 8192, cfg.model_copy(update={"sync_free_stage": 3})) \
+        == 6 * GIB
+    assert sync_free_buffer_bytes(m, 8192, cfg.model_copy(update={"sync_free_stage": 1})) == 0
+    stage = memory_report(m, c, t, cfg).stages[0]
+    assert stage.terms["dispatcher_buffers"] == 4 * GIB  # 1 GiB flex buffer + 3 GiB
