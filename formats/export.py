@@ -28,7 +28,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tune_cp.formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
+from tune_cp.formats.keys import (
+    KNOB_BRIDGE,
+    KNOB_DEST,
+    PRIMUS_CLI_KEYS,
+    Fp8Format,
+    megatron_flag,
+)
 from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
 from tune_cp.oracle.memory import (
     FULL_ITERATION,
@@ -483,6 +489,8 @@ def _number(value: float) -> int | float:
 
 
 def _render_flag(dest: str, value: Any) -> str:
+    if dest in PRIMUS_CLI_KEYS:  # Primus's command-line spelling (underscored, with a value)
+        return f"--{dest} {value}"
     if value is False:  # a store_false flag (--no-check-for-nan-in-loss-and-grad)
         return "--no-" + dest.replace("_", "-")
     flag = megatron_flag(dest)
@@ -513,14 +521,19 @@ def to_megatron_args(
     if include_model:
         model_pairs, missing = megatron_model_args(model)
         pairs += model_pairs
-    if model.is_moe:
-        missing = [*missing, *turbo_missing(c)]
+    turbo = [(d, v) for d, v in moe_backend_args(c, primus=True)
+             if d in PRIMUS_CLI_KEYS] if model.is_moe else []
+    pairs += turbo
     lines = _header(model, cluster, training, c)
     lines.append("# Megatron-LM flags (megatron/training/arguments.py); launch on every node with "
                  f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node}"
                  f" {entry_point(model)}")
     if missing:
         lines.append(f"# not expressible as Megatron-LM flags: {'; '.join(missing)}")
+    if turbo:
+        lines.append("# " + ", ".join(f"--{d}" for d, _ in turbo) + ": Primus command-line "
+                     "overrides (Primus's Megatron-LM and Primus-Turbo; upstream Megatron-LM "
+                     f"d98e8a64 has no such flags): {'; '.join(turbo_missing(c))}")
     body = [_render_flag(d, v) for d, v in pairs]
     if launcher:
         body.insert(0, f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node "

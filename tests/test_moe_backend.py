@@ -147,11 +147,11 @@ def test_backend_round_trips_through_primus_and_megatron(gpu, kw, tmp_path) -> N
     assert _backend(back) == _backend(cfg)
     text = to_megatron_args(m, c, t, cfg)
     turbo = cfg.sync_free_stage or cfg.grouped_gemm in (GroupedGemm.TURBO, GroupedGemm.LEGACY)
-    if turbo:  # Megatron-LM d98e8a64 has no flags for them: named, not written
-        assert "# not expressible as Megatron-LM flags:" in text
-    else:
-        run = parse_megatron_args(text, model=m)
-        assert _backend(resolve_config(run.config, m, c, t)) == _backend(cfg)
+    # Megatron-LM d98e8a64 has no flags for them: written as Primus command-line overrides
+    assert ("Primus command-line overrides" in text) == bool(turbo)
+    run = parse_megatron_args(text, model=m)
+    assert run.unknown == []
+    assert _backend(resolve_config(run.config, m, c, t)) == _backend(cfg)
 
 
 def test_primus_deepseek_v3_mi355x_example_reads_its_turbo_settings(tmp_path) -> None:
