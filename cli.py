@@ -61,7 +61,15 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from tune_cp.solver.axes import BASELINE_KEYS, KNOB, KNOBS, RUN_KNOB, FlagKind, Knob
+from tune_cp.solver.axes import (
+    BACKEND_FIELDS,
+    BASELINE_KEYS,
+    KNOB,
+    KNOBS,
+    RUN_KNOB,
+    FlagKind,
+    Knob,
+)
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
@@ -625,6 +633,10 @@ def alias_statements(model_name: str | None, gpu_name: str | None) -> list[str]:
     return out
 
 
+#: Knobs that mean something only for an MoE model (not stated as defaults for a dense one).
+MOE_KNOBS = frozenset({"dispatcher", *BACKEND_FIELDS})
+
+
 def knob_values(opts: dict[str, Any], only: Sequence[str] | None = None) -> dict[str, Any]:
     """``ParallelConfig`` fields from the parsed configuration flags (``only``: those params)."""
     out: dict[str, Any] = {}
@@ -1110,7 +1122,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
                  if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
                  and ctx.get_parameter_source(k.param) is click.core.ParameterSource.DEFAULT
-                 and (k.param != "dispatcher" or model.is_moe)
+                 and (k.field not in MOE_KNOBS or model.is_moe)
                  and (k.param != "recompute_method" or cfg.recompute is Recompute.FULL)]
         if taken:
             defaults.append(" ".join(taken) + " (flag defaults; what they derive is on the "
