@@ -57,8 +57,11 @@ def presets(model: ModelSpec, cluster: ClusterSpec) -> tuple[dict[str, Any], ...
     else:
         out = [{}, fused, {**fused, "dispatcher": Dispatcher.FLEX,
                            "flex_backend": FlexBackend.DEEPEP}]
-    if model.num_shared_experts:
+    if model.num_shared_experts:  # Primus-Turbo DeepEP refuses it (rules.backend_problems)
         out.append({**fused, "shared_expert_overlap": True})
+        if cluster.gpu.vendor is not Vendor.AMD:
+            out.append({**fused, "shared_expert_overlap": True, "dispatcher": Dispatcher.FLEX,
+                        "flex_backend": FlexBackend.DEEPEP})
     return tuple(out)
 
 
