@@ -1225,6 +1225,11 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                        "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
     echo(f"config: {describe_config(outcome.ctx.cfg, outcome.ctx.model)}")
+    if outcome.ctx.model.is_moe and outcome.ctx.cfg.sync_free_stage >= 3:
+        echo("note: sync-free stage 3 preallocates the permutation's worst-case output in every "
+             "MoE layer (Primus permute_max_token_num = tokens x tp x ep x top-k); "
+             "dispatcher_buffers counts one layer's, a lower bound (the search does not pick "
+             "stage 3)")
     if settings.options.label():
         echo(f"run settings: {settings.options.label()}")
     echo()
