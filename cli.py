@@ -61,7 +61,15 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     validation_message,
 )
-from tune_cp.solver.axes import BASELINE_KEYS, KNOB, KNOBS, RUN_KNOB, FlagKind, Knob
+from tune_cp.solver.axes import (
+    BACKEND_FIELDS,
+    BASELINE_KEYS,
+    KNOB,
+    KNOBS,
+    RUN_KNOB,
+    FlagKind,
+    Knob,
+)
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
@@ -617,6 +625,10 @@ def alias_statements(model_name: str | None, gpu_name: str | None) -> list[str]:
     return out
 
 
+#: Knobs that mean something only for an MoE model (not stated as defaults for a dense one).
+MOE_KNOBS = frozenset({"dispatcher", *BACKEND_FIELDS})
+
+
 def knob_values(opts: dict[str, Any], only: Sequence[str] | None = None) -> dict[str, Any]:
     """``ParallelConfig`` fields from the parsed configuration flags (``only``: those params)."""
     out: dict[str, Any] = {}
@@ -749,6 +761,8 @@ def describe_config(cfg: ParallelConfig, model: ModelSpec | None = None) -> str:
         parts.append(f"fp8 {cfg.fp8_recipe.value}")
     if model is not None and (split := split_label(model, cfg)):
         parts.append(split)
+    if model is not None and model.is_moe:
+        parts.append("MoE backend: " + cfg.backend_label())
     return ", ".join(parts)
 
 
@@ -1098,7 +1112,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         taken = [f"--{k.flag} {getattr(k.default, 'value', k.default)}" for k in KNOBS
                  if k.default is not None and k.kind in (FlagKind.INT, FlagKind.CHOICE)
                  and ctx.get_parameter_source(k.param) is click.core.ParameterSource.DEFAULT
-                 and (k.param != "dispatcher" or model.is_moe)
+                 and (k.field not in MOE_KNOBS or model.is_moe)
                  and (k.param != "recompute_method" or cfg.recompute is Recompute.FULL)]
         if taken:
             defaults.append(" ".join(taken) + " (flag defaults; what they derive is on the "
@@ -1202,6 +1216,11 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
                                        "modelled"}[what]
                 echo(f"  {label}: " + "; ".join(imported[what]))
     echo(f"config: {describe_config(outcome.ctx.cfg, outcome.ctx.model)}")
+    if outcome.ctx.model.is_moe and outcome.ctx.cfg.sync_free_stage >= 3:
+        echo("note: sync-free stage 3 preallocates the permutation's worst-case output in every "
+             "MoE layer (Primus permute_max_token_num = tokens x tp x ep x top-k); "
+             "dispatcher_buffers counts one layer's, a lower bound (the search does not pick "
+             "stage 3)")
     if settings.options.label():
         echo(f"run settings: {settings.options.label()}")
     echo()

@@ -15,6 +15,8 @@ from tune_cp.oracle.specs import (
     SLOT_SPLITS,
     ClusterSpec,
     Dispatcher,
+    FlexBackend,
+    GroupedGemm,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -104,8 +106,7 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     # the non-layout settings a seed move can change, when not the default (else the printed
     # best could not be reproduced from this line)
     extra = "".join((
-        f", dispatcher {b.config.dispatcher.value}"
-        if b.config.dispatcher is not Dispatcher.ALLTOALL else "",
+        f", MoE backend: {b.config.backend_label()}" if r.model.is_moe else "",
         f", {b.config.schedule_.value} schedule"
         if b.config.schedule_ is Schedule.ZERO_BUBBLE else "",
         ", replicated optimizer" if not b.config.distributed_optimizer and not b.config.fsdp
@@ -318,7 +319,11 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
     name or the file path the run was given."""
     from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
     from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
-    from tune_cp.oracle.specs import auto_pipeline_split, given_pipeline_split
+    from tune_cp.oracle.specs import (
+        auto_pipeline_split,
+        given_pipeline_split,
+        resolved_flex_backend,
+    )
     from tune_cp.solver.axes import KNOB
     from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
@@ -347,6 +352,21 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         args.append(("--no-sequence-parallel" if not cfg.sp else "--sequence-parallel", None))
     if cfg.dispatcher is not Dispatcher.ALLTOALL:
         flag("dispatcher", cfg.dispatcher.value)
+    if model.is_moe:  # the MoE backend, where it is not what check would resolve by default
+        default_fb = resolved_flex_backend(cfg.model_copy(update={"flex_backend": None}),
+                                           cluster.gpu)
+        if cfg.flex_backend is not None and cfg.flex_backend is not default_fb:
+            flag("flex_backend", cfg.flex_backend.value)
+        if cfg.sync_free_stage:
+            flag("sync_free_stage", cfg.sync_free_stage)
+        if cfg.grouped_gemm is not GroupedGemm.TE:
+            flag("grouped_gemm", cfg.grouped_gemm.value)
+        if cfg.permute_fusion and cfg.sync_free_stage < 1:
+            flag("permute_fusion")
+        if cfg.shared_expert_overlap:
+            flag("shared_expert_overlap")
+        if cfg.router_fp32 is not None and cfg.router_fp32 != (default_fb is FlexBackend.TURBO):
+            args.append(("--router-fp32" if cfg.router_fp32 else "--no-router-fp32", None))
     if cfg.schedule_ is not (Schedule.INTERLEAVED if cfg.vpp > 1 else Schedule.ONE_F_ONE_B):
         flag("schedule", cfg.schedule_.value)
     if cfg.fp8_recipe is not None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.agent import backend
 from tune_cp.agent.baseline import Reference, find_reference, reference_training_matches
 from tune_cp.agent.evaluate import Evaluator, Trial
 from tune_cp.agent.llm import (
@@ -272,11 +273,25 @@ def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
 
 def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   enum: Enumeration, prefs: Sequence[Preference], calibration: str | None,
-                  traits: Any = None) -> Ranked:
-    """``traits``: the run's :class:`oracle.work.RunTraits` (None: the defaults)."""
+                  traits: Any = None, settings: Any = None) -> Ranked:
+    """``traits``: the run's :class:`oracle.work.RunTraits` (None: the defaults);
+    ``settings``: the run's ``RunSettings``, given when each layout of an MoE model takes its
+    fastest MoE backend preset (``agent/backend.py``; None: the layouts as enumerated)."""
     configs = [fc.config for fc in enum.configs]
     peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
-    if configs:
+    if configs and settings is not None and model.is_moe:
+        wide, wide_peak, owner = backend.expand(model, cluster, training, configs, peak,
+                                                settings)
+        scores = score_configs(model, cluster, training,
+                               ConfigBatch.from_configs(wide, traits), calibration)
+        pick = backend.best_per_layout(np.asarray(scores["tokens_per_s_per_gpu"]), owner,
+                                       len(configs))
+        configs = [wide[j] for j in pick]
+        peak = wide_peak[pick]
+        scores = {k: (np.asarray(v)[pick] if np.ndim(v) and len(v) == len(wide) else v)
+                  for k, v in scores.items()}
+        tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
+    elif configs:
         scores = score_configs(model, cluster, training,
                                ConfigBatch.from_configs(configs, traits), calibration)
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
@@ -399,10 +414,25 @@ def default_baseline(ranked: Ranked, full_recompute: bool = True) -> ParallelCon
                               key=lambda i: (level[ranked.configs[i].recompute], key(i)))]
 
 
+#: The dispatcher as one change of the attribution: its library and the fp32 router that
+#: Primus-Turbo's DeepEP needs go with it (each alone may be illegal: solver/rules.py
+#: backend_problems).
+DISPATCH_FIELDS = ("dispatcher", "flex_backend", "router_fp32")
+
+
+def _change_keys(f: str) -> tuple[str, ...]:
+    """The configuration fields one attribution change sets."""
+    if f == "recompute":
+        return RECOMPUTE_FIELDS
+    return DISPATCH_FIELDS if f == "dispatcher" else (f,)
+
+
 def _effective(cfg: ParallelConfig | dict[str, Any], f: str) -> Any:
     """The value of change ``f`` that matters: recomputation as one change, its method and
     depth only under full recomputation and its modules only under selective."""
     get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+    if f == "dispatcher":
+        return tuple(get(k) for k in DISPATCH_FIELDS)
     if f != "recompute":
         return get(f)
     kind = get("recompute")
@@ -423,6 +453,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
         fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
+    fields = tuple(f for f in fields if f not in DISPATCH_FIELDS[1:])
     goal = target.model_dump()
 
     def left(cfg: ParallelConfig) -> list[str]:
@@ -440,7 +471,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
         kept = {k: goal[k] for k in ("etp", "pipeline_split") if k not in todo}
 
         def trial(change: tuple[str, ...], cur: Trial = cur, kept: dict = kept) -> Trial:
-            keys = [k for f in change for k in (RECOMPUTE_FIELDS if f == "recompute" else (f,))]
+            keys = [k for f in change for k in _change_keys(f)]
             return ev.evaluate(apply(cur.config, kept | {k: goal[k] for k in keys}), phase, "")
 
         trials = [(t.throughput, (f,), t) for f in todo if (t := trial((f,))).legal]
@@ -496,6 +527,11 @@ def _change(cfg: ParallelConfig, goal: dict[str, Any], f: str) -> str:
                 return f"selective ({show(c['recompute_modules'])})"
             return "none"
         return f"recompute {rc(cfg.model_dump())} -> {rc(goal)}"
+    if f == "dispatcher":
+        def disp(c: dict[str, Any]) -> str:
+            lib = f" ({show(c['flex_backend'])})" if c["flex_backend"] is not None else ""
+            return show(c["dispatcher"]) + lib + (", fp32 router" if c["router_fp32"] else "")
+        return f"dispatcher {disp(cfg.model_dump())} -> {disp(goal)}"
     return f"{f} {show(getattr(cfg, f))} -> {show(goal[f])}"
 
 
@@ -552,7 +588,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t1 = time.perf_counter()
     prefs = list(opts.preferences)
     traits = opts.settings.traits
-    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration, traits)
+    ranked = rank_feasible(model, cluster, training, enum, prefs, opts.calibration, traits,
+                           opts.settings)
     timings["rank_s"] = time.perf_counter() - t1
 
     ev = Evaluator(model, cluster, training, opts.settings,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tune_cp.agent.backend import presets
 from tune_cp.agent.evaluate import Evaluator, Trial
 from tune_cp.oracle.specs import (
     Dispatcher,
@@ -105,6 +106,11 @@ def axis_moves(ev: Evaluator, cfg: ParallelConfig, allow_fp8: bool) -> Iterator[
             if disp != cfg.dispatcher:
                 yield Move("dispatcher", f"dispatcher {cfg.dispatcher.value}->{disp.value}",
                            {"dispatcher": disp})
+        # the MoE backend presets the exhaustive ranking tries per layout (agent/backend.py)
+        for upd in presets(m, cl):
+            if upd and any(getattr(cfg, k) != v for k, v in upd.items()):
+                label = ", ".join(f"{k} {_fmt(v)}" for k, v in upd.items())
+                yield Move("moe_backend", f"MoE backend -> {label}", upd)
     yield Move("distributed_optimizer",
                f"distributed optimizer {'on->off' if cfg.distributed_optimizer else 'off->on'}",
                {"distributed_optimizer": not cfg.distributed_optimizer})

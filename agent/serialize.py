@@ -92,6 +92,13 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "first_stage_layers": cfg.first_stage_layers,
         "last_stage_layers": cfg.last_stage_layers,
         "pipeline_layout": cfg.pipeline_layout,
+        # the MoE backend (oracle/specs.py::ParallelConfig; meaningful for MoE models)
+        "flex_backend": cfg.flex_backend.value if cfg.flex_backend is not None else None,
+        "sync_free_stage": cfg.sync_free_stage,
+        "grouped_gemm": cfg.grouped_gemm.value,
+        "permute_fusion": cfg.permute_fusion,
+        "shared_expert_overlap": cfg.shared_expert_overlap,
+        "router_fp32": cfg.router_fp32,
     }
 
 

@@ -28,7 +28,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tune_cp.formats.keys import KNOB_BRIDGE, KNOB_DEST, Fp8Format, megatron_flag
+from tune_cp.formats.keys import (
+    KNOB_BRIDGE,
+    KNOB_DEST,
+    PRIMUS_CLI_KEYS,
+    Fp8Format,
+    megatron_flag,
+)
 from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
 from tune_cp.oracle.memory import (
     FULL_ITERATION,
@@ -45,7 +51,9 @@ from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
+    GroupedGemm,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -64,7 +72,6 @@ from tune_cp.oracle.specs import (
 
 FP4_FORMAT = "e2m1"  # TransformerConfig.fp4 (--fp4-format): the only FP4 element format
 FP4_RECIPE = "nvfp4"  # --fp4-recipe: NVFP4BlockScaling, what Precision.FP4 models
-FLEX_BACKEND = "deepep"  # tune-cp's flex dispatcher is DeepEP (--moe-flex-dispatcher-backend)
 FSDP_STRATEGY = "optim_grads_params"  # full sharding, what tune-cp's fsdp models
 #: the checkpoint format Megatron-FSDP needs: Megatron-LM asserts it (arguments.py l.1169-1170 at
 #: d98e8a64dd; the default, training_config.py l.486, is torch_dist), Megatron-Bridge when a run
@@ -180,15 +187,62 @@ def _batch_args(model: ModelSpec, training: TrainingSpec,
     ]
 
 
+def moe_backend_args(c: ParallelConfig, primus: bool = False) -> list[tuple[str, Any]]:
+    """The MoE dispatcher and backend as Megatron-LM arguments (``primus``: with Primus-Turbo's
+    keys, ``primus_turbo.yaml``; Megatron-LM has none: :func:`turbo_missing`). Primus-Turbo's
+    DeepEP is the flex dispatcher without ``--moe-flex-dispatcher-backend``."""
+    out: list[tuple[str, Any]] = [("moe_token_dispatcher_type", c.dispatcher.value)]
+    fb = c.flex_backend
+    if c.dispatcher is Dispatcher.FLEX and fb is not FlexBackend.TURBO:
+        out.append(("moe_flex_dispatcher_backend", (fb or FlexBackend.DEEPEP).value))
+    if primus:  # Primus's language_model.yaml turns grouped GEMMs on: say it either way
+        out.append(("moe_grouped_gemm", c.grouped_gemm is not GroupedGemm.SEQUENTIAL))
+    elif c.grouped_gemm is not GroupedGemm.SEQUENTIAL:
+        out.append(("moe_grouped_gemm", True))
+    if c.grouped_gemm is GroupedGemm.LEGACY and primus:
+        out.append(("moe_use_legacy_grouped_gemm", True))
+    if c.permute_fusion:
+        out.append(("moe_permute_fusion", True))
+    if c.shared_expert_overlap:
+        out.append(("moe_shared_expert_overlap", True))
+    if c.router_fp32:
+        out.append(("moe_router_dtype", "fp32"))
+    if primus:
+        turbo = (fb is FlexBackend.TURBO, c.grouped_gemm is GroupedGemm.TURBO,
+                 c.sync_free_stage > 0)
+        if any(turbo):
+            out.append(("enable_primus_turbo", True))
+        if turbo[0]:
+            out.append(("use_turbo_deepep", True))
+        if turbo[1]:
+            out.append(("use_turbo_grouped_gemm", True))
+        if turbo[2]:
+            out.append(("turbo_sync_free_moe_stage", c.sync_free_stage))
+    return out
+
+
+def turbo_missing(c: ParallelConfig) -> list[str]:
+    """The Primus-Turbo settings Megatron-LM has no arguments for (written by the Primus
+    exporter only)."""
+    out = []
+    if c.grouped_gemm is GroupedGemm.LEGACY:
+        out.append("legacy grouped GEMM (--moe-use-legacy-grouped-gemm is gone from Megatron-LM "
+                   "d98e8a64; Primus moe_use_legacy_grouped_gemm: true)")
+    if c.flex_backend is FlexBackend.TURBO:
+        out.append("Primus-Turbo DeepEP (Primus use_turbo_deepep: true)")
+    if c.grouped_gemm is GroupedGemm.TURBO:
+        out.append("Primus-Turbo grouped GEMM (use_turbo_grouped_gemm: true)")
+    if c.sync_free_stage:
+        out.append(f"sync-free MoE stage {c.sync_free_stage} (turbo_sync_free_moe_stage)")
+    return out
+
+
 def _dispatcher_and_dtype_args(model: ModelSpec, c: ParallelConfig) -> list[tuple[str, Any]]:
     """The MoE dispatcher (DeepEP behind ``flex``), grouped GEMMs, bf16 and the gradient dtype:
     the same (dest, value) pairs for Megatron-LM and Primus."""
     out: list[tuple[str, Any]] = []
     if model.is_moe:
-        out.append(("moe_token_dispatcher_type", c.dispatcher.value))
-        if c.dispatcher is Dispatcher.FLEX:
-            out.append(("moe_flex_dispatcher_backend", FLEX_BACKEND))
-        out.append(("moe_grouped_gemm", True))
+        out += moe_backend_args(c)
     out.append(("bf16", True))
     if not c.grad_reduce_in_fp32:
         out.append(("grad_reduce_in_bf16", True))
@@ -435,6 +489,8 @@ def _number(value: float) -> int | float:
 
 
 def _render_flag(dest: str, value: Any) -> str:
+    if dest in PRIMUS_CLI_KEYS:  # Primus's command-line spelling (underscored, with a value)
+        return f"--{dest} {value}"
     if value is False:  # a store_false flag (--no-check-for-nan-in-loss-and-grad)
         return "--no-" + dest.replace("_", "-")
     flag = megatron_flag(dest)
@@ -465,12 +521,19 @@ def to_megatron_args(
     if include_model:
         model_pairs, missing = megatron_model_args(model)
         pairs += model_pairs
+    turbo = [(d, v) for d, v in moe_backend_args(c, primus=True)
+             if d in PRIMUS_CLI_KEYS] if model.is_moe else []
+    pairs += turbo
     lines = _header(model, cluster, training, c)
     lines.append("# Megatron-LM flags (megatron/training/arguments.py); launch on every node with "
                  f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node {cluster.gpus_per_node}"
                  f" {entry_point(model)}")
     if missing:
         lines.append(f"# not expressible as Megatron-LM flags: {'; '.join(missing)}")
+    if turbo:
+        lines.append("# " + ", ".join(f"--{d}" for d, _ in turbo) + ": Primus command-line "
+                     "overrides (Primus's Megatron-LM and Primus-Turbo; upstream Megatron-LM "
+                     f"d98e8a64 has no such flags): {'; '.join(turbo_missing(c))}")
     body = [_render_flag(d, v) for d, v in pairs]
     if launcher:
         body.insert(0, f"torchrun --nnodes {cluster.num_nodes} --nproc-per-node "
@@ -546,6 +609,8 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
             ("overlap_param_gather", overlap and (c.distributed_optimizer or c.fsdp))]
     # Primus default (trainer_base.yaml) grad_reduce_in_bf16: false, fp32 gradients
     out += _dispatcher_and_dtype_args(model, c)
+    if model.is_moe:  # Primus-Turbo's keys (primus_turbo.yaml)
+        out += [kv for kv in moe_backend_args(c, primus=True) if kv not in out]
     if c.fp8_recipe is not None:
         out += [("fp8", fp8_format(c.fp8_recipe).value), ("fp8_recipe", c.fp8_recipe.value)]
     else:
@@ -709,9 +774,13 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
     out += [("ddp.overlap_grad_reduce", "True"), ("ddp.overlap_param_gather", repr(sharded))]
     if model.is_moe:
         flex = c.dispatcher is Dispatcher.FLEX
+        fb = (c.flex_backend or FlexBackend.DEEPEP).value
         out += [("model.moe_token_dispatcher_type", json.dumps(c.dispatcher.value)),
-                ("model.moe_flex_dispatcher_backend", json.dumps(FLEX_BACKEND) if flex else "None"),
-                ("model.moe_grouped_gemm", "True")]
+                ("model.moe_flex_dispatcher_backend", json.dumps(fb) if flex else "None"),
+                ("model.moe_grouped_gemm", repr(c.grouped_gemm is not GroupedGemm.SEQUENTIAL)),
+                ("model.moe_permute_fusion", repr(c.permute_fusion)),
+                ("model.moe_shared_expert_overlap", repr(c.shared_expert_overlap)),
+                ("model.moe_router_dtype", '"fp32"' if c.router_fp32 else "None")]
     fp4 = compute_precision(training, c) is Precision.FP4
     # Megatron-Bridge training/mixed_precision.py: bf16_with_nvfp4_mixed (NVFP4BlockScaling)
     out.append(("mixed_precision", "bf16_with_nvfp4_mixed()" if fp4 else "bf16_mixed()"))

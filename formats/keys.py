@@ -103,6 +103,12 @@ KNOB_DEST: dict[str, str] = {k.field: k.megatron for k in KNOBS if k.megatron}
 #: The Megatron-Bridge ``ConfigContainer`` field path of each knob that has one.
 KNOB_BRIDGE: dict[str, str] = {k.field: k.bridge for k in KNOBS if k.bridge}
 
+#: Switches Primus's command line takes that Megatron-LM d98e8a64's does not (read, with a
+#: note, from Megatron-LM-style launches; written only by the Primus exporter).
+PRIMUS_CLI_KEYS = frozenset({"moe_use_legacy_grouped_gemm", "enable_primus_turbo",
+                             "use_turbo_deepep", "use_turbo_grouped_gemm",
+                             "turbo_sync_free_moe_stage"})
+
 # Arguments that set tune-cp's ParallelConfig / TrainingSpec (Megatron dest -> Key).
 CONFIG_KEYS: dict[str, Key] = {
     "tensor_model_parallel_size": _int(),
@@ -154,6 +160,19 @@ CONFIG_KEYS: dict[str, Key] = {
     ),
     "moe_flex_dispatcher_backend": Key(Kind.CHOICE, choices=("deepep", "hybridep", "ncclep")),
     "moe_enable_deepep": BOOL,  # deprecated: flex dispatcher with DeepEP
+    # the MoE backend (oracle/specs.py::ParallelConfig backend fields; formats/parse.py::_backend)
+    "moe_grouped_gemm": BOOL,
+    # legacy GroupedMLP: gone from Megatron-LM d98e8a64's arguments (gpt_layer_specs.py l.616
+    # still reads it with getattr); Primus's Megatron-LM and Primus-Turbo take it
+    "moe_use_legacy_grouped_gemm": Key(Kind.BOOL, cli=False),
+    "moe_permute_fusion": BOOL,
+    "moe_shared_expert_overlap": BOOL,
+    "moe_router_dtype": Key(Kind.CHOICE, choices=("fp32", "fp64")),
+    # Primus-Turbo (primus/configs/modules/megatron/primus_turbo.yaml; no Megatron-LM flags)
+    "enable_primus_turbo": Key(Kind.BOOL, cli=False),
+    "use_turbo_deepep": Key(Kind.BOOL, cli=False),
+    "use_turbo_grouped_gemm": Key(Kind.BOOL, cli=False),
+    "turbo_sync_free_moe_stage": Key(Kind.INT, lo=0, cli=False),
     "bf16": BOOL,
     "fp16": BOOL,
     # TransformerConfig.fp8 is spelled --fp8-format on the command line; Primus writes fp8:
@@ -353,36 +372,74 @@ def refused_architecture(values: Mapping[str, Any]) -> str | None:
 # Recompute modules Megatron-LM accepts that tune-cp does not model (TransformerConfig docstring).
 UNMODELED_RECOMPUTE_MODULES = frozenset({"gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"})
 
-# Training-loop, data, logging, checkpoint, initialization, kernel-fusion and router-loss
-# settings: they do not change the layout, memory or speed as tune-cp models them.
-IGNORED = re.compile(
-    r"(lr|min_lr|lr_\w+|\w*weight_decay\w*|adam_\w+|sgd_momentum|clip_grad|\w*loss_scale\w*|"
-    r"hysteresis|init_method_std|seed|train_iters|train_samples|eval_\w+|exit_\w+|skip_train|"
-    r"log_\w+|\w+_log_\w+|tensorboard_\w+|wandb_\w+|mlflow_\w+|profile\w*|save|load|"
-    r"save_interval|no_save_\w+|no_load_\w+|ckpt_\w+|async_save|use_checkpoint_args|finetune|"
-    r"pretrained_checkpoint|\w*data_path|data_\w+|split|mock_data|num_workers|dataloader_type|"
-    r"vocab_file|merge_file|vocab_extra_ids|distributed_backend|"
-    r"distributed_timeout_minutes|manual_gc\w*|use_mcore_models|use_legacy_models|"
-    r"transformer_impl|rotary_\w+|rope_\w+|use_rope_scaling|use_rotary_position_embeddings|"
-    r"norm_epsilon|\w+_fusion|\w+_fusion_impl|no_\w+_fusion|attention_softmax_in_fp32|"
-    r"gradient_accumulation_fusion|"
-    r"no_gradient_accumulation_fusion|overlap_grad_reduce|overlap_param_gather|align_\w+|"
-    r"no_align_\w+|ddp_\w+|moe_grouped_gemm|moe_use_legacy_grouped_gemm|moe_aux_loss_coeff|"
-    r"moe_z_loss_coeff|moe_router_load_balancing_type|moe_router_dtype|moe_router_score_function|"
-    r"moe_router_pre_softmax|moe_input_jitter_eps|moe_per_layer_logging|moe_token_drop_policy|"
+#: Keys read and set aside because they change neither memory nor time as the frameworks run
+#: them (each pattern with its reason; ``IGNORED`` is their alternation, ``tests/
+#: test_moe_backend.py`` checks that every pattern has a reason). Keys that do change time or
+#: memory and are not modelled are :data:`UNMODELLED_KEYS` (a warning).
+IGNORED_REASONS: dict[str, str] = {
+    r"lr|min_lr|lr_\w+|\w*weight_decay\w*|adam_\w+|sgd_momentum|clip_grad":
+        "optimizer hyper-parameters: values of the same element-wise update",
+    r"\w*loss_scale\w*|hysteresis": "fp16 loss scaling values (a scalar per step)",
+    r"init_method_std|seed|use_cpu_initialization|perform_initialization":
+        "initialisation values and where they are drawn, before training",
+    r"train_iters|train_samples|eval_\w+|exit_\w+|skip_train|auto_continue_train":
+        "how long the job runs and when it evaluates, not a step's time",
+    r"log_\w+|\w+_log_\w+|tensorboard_\w+|wandb_\w+|mlflow_\w+|timing_\w+|debug_\w+|"
+    r"stderr_sink_level": "logging destinations and verbosity",
+    r"profile\w*": "profiler windows (outside the measured steps)",
+    r"save|load|save_interval|no_save_\w+|no_load_\w+|ckpt_\w+|async_save|use_checkpoint_args|"
+    r"finetune|pretrained_checkpoint": "checkpoint paths and schedule, between steps",
+    r"\w*data_path|data_\w+|split|mock_data|num_workers|dataloader_type|vocab_file|merge_file|"
+    r"vocab_extra_ids|tokenizer_\w+|legacy_tokenizer|trust_remote_code|reset_\w+|"
+    r"create_attention_mask_in_dataloader|no_create_attention_mask_in_dataloader|"
+    r"num_dataset_builder_threads|eod_mask_loss":
+        "the data pipeline on CPU workers and which tokens the loss masks (same tensor shapes)",
+    r"distributed_backend|distributed_timeout_minutes|manual_gc\w*":
+        "process-group back end (NCCL/RCCL is what runs), timeouts, Python GC scheduling",
+    r"use_mcore_models|use_legacy_models|use_mcore|yaml_cfg|spec|trainable":
+        "which model classes and config files describe the same network",
+    r"rotary_\w+|rope_\w+|use_rope_scaling|use_rotary_position_embeddings|norm_epsilon|"
+    r"mscale\w*|original_max_position_embeddings|apply_layernorm_1p":
+        "position-embedding and norm constants: the same kernels on other numbers",
+    r"attention_softmax_in_fp32": "the fused attention kernel computes its softmax in fp32 "
+        "either way (Transformer Engine flash/fused attention)",
+    r"moe_aux_loss_coeff|moe_z_loss_coeff|moe_router_load_balancing_type|"
+    r"moe_router_score_function|moe_router_pre_softmax|moe_input_jitter_eps|"
     r"moe_router_bias_update_rate|moe_router_num_groups|moe_router_group_topk|"
-    r"moe_router_topk_scaling_factor|moe_shared_expert_overlap|mtp_loss_scaling_factor|"
-    r"use_cpu_initialization|perform_initialization|empty_unused_memory_level|check_for_\w+|"
-    r"no_check_for_\w+|deterministic_mode|cross_entropy_\w+|calculate_per_token_loss|"
-    r"eod_mask_loss|reset_\w+|create_attention_mask_in_dataloader|"
-    r"no_create_attention_mask_in_dataloader|num_dataset_builder_threads|no_persist_layer_norm|"
-    r"persist_layer_norm|apply_layernorm_1p|untie_embeddings|timing_\w+|barrier_with_\w+|"
-    r"use_mcore|yaml_cfg|spec|enable_primus_turbo|use_turbo_\w+|turbo_\w+|stderr_sink_level|"
-    r"disable_\w+|auto_continue_train|trainable|debug_\w+|mscale\w*|original_max_position_"
-    r"embeddings|tokenizer_\w+|legacy_tokenizer|trust_remote_code|fp8_margin|fp8_interval|"
-    r"fp8_amax_\w+|fp8_wgrad|num_layers_at_\w+|use_te_\w+|te_rng_tracker|cuda_graph_\w+|"
-    r"enable_cuda_graph|external_cuda_graph)"
-)
+    r"moe_router_topk_scaling_factor|mtp_loss_scaling_factor|moe_token_drop_policy":
+        "router and loss coefficients: values in the same router operations",
+    r"moe_per_layer_logging|check_for_\w+|no_check_for_\w+":
+        "per-step scalar checks and logs (one small reduction per step)",
+    r"num_layers_at_\w+": "FP8 layers kept in bf16 at the ends: tune-cp's FP8 recipes "
+        "already count the embedding and output layers in bf16",
+    r"untie_embeddings": "read as the model's untie_embeddings_and_output_weights",
+    r"fp8_margin|fp8_interval|fp8_amax_\w+": "delayed-scaling history values (same kernels)",
+    r"disable_\w+": "Primus's switches that turn off saving, logging and tracking "
+        "(disable_last_saving, disable_wandb, disable_tensorboard, ...)",
+    r"te_rng_tracker": "the RNG state tracker for dropout, which pre-training runs without",
+}
+IGNORED = re.compile("(" + "|".join(IGNORED_REASONS) + ")")
+
+#: Keys of Primus and Megatron-LM that change time or memory and that tune-cp reads but does
+#: not model (issue 27's audit of IGNORED): Primus-Turbo's other kernels (attention, GEMM,
+#: norms, fused activations, their backends and CU counts), CUDA-graph keys beyond the run
+#: settings' (which are read: ``solver/axes.py::RUN_KNOBS``), the layer implementation
+#: (``transformer_impl`` local vs transformer_engine), kernel fusions (``*_fusion``: bias-GeLU,
+#: bias-dropout, masked softmax, rope, cross-entropy, gradient accumulation). Printed as
+#: "changes time or memory, not modelled".
+#: Also (moved out of IGNORED): the DDP overlap and bucket settings (``overlap_grad_reduce``,
+#: ``overlap_param_gather``, ``align_*``, ``ddp_*``: how much gradient traffic hides), the
+#: allocator's cache emptying (``empty_unused_memory_level``), Transformer Engine switches
+#: (``use_te_*``), persistent layer norm, fused cross-entropy (``cross_entropy_*``), per-token
+#: loss (an extra reduction), deterministic mode (slower kernels), FP8 weight gradients
+#: (``fp8_wgrad``: the wgrad GEMM in bf16 when off).
+UNMODELLED_KEYS = re.compile(
+    r"(use_turbo_\w+|turbo_\w+|enable_turbo_\w+|enable_primus_turbo|cuda_graph_\w+|"
+    r"enable_cuda_graph|external_cuda_graph|transformer_impl|\w+_fusion|\w+_fusion_impl|"
+    r"no_\w+_fusion|gradient_accumulation_fusion|no_gradient_accumulation_fusion|"
+    r"overlap_grad_reduce|overlap_param_gather|align_\w+|no_align_\w+|ddp_\w+|"
+    r"empty_unused_memory_level|use_te_\w+|persist_layer_norm|no_persist_layer_norm|"
+    r"cross_entropy_\w+|calculate_per_token_loss|deterministic_mode|fp8_wgrad)")
 
 # torchrun (torch.distributed.run) options: name -> number of values. Both spellings
 # (--nproc-per-node, --nproc_per_node) are accepted by torchrun; keys use hyphens.
@@ -773,11 +830,22 @@ def _scan_flag(raw: RawArgs, words: list[str], i: int, name: str, inline: str | 
     if dest is None:
         as_dest = bare.replace("-", "_")
         values, i = _take(words, i, inline, many=True)
-        if as_dest in CONFIG_KEYS or as_dest in MODEL_KEYS:  # a field without a Megatron-LM flag
+        if as_dest in PRIMUS_CLI_KEYS:  # Primus's Megatron-LM takes it; d98e8a64 does not
+            if CONFIG_KEYS[as_dest].kind is Kind.BOOL:
+                word = values[0].lower() if values else "true"
+                raw.values[as_dest] = word in ("true", "1", "yes")
+            else:
+                raw.values[as_dest] = values[0] if values else ""
+            raw.labels[as_dest] = name
+            raw.note(f"{name} is not a Megatron-LM d98e8a64 flag (Primus's Megatron-LM and "
+                     "Primus-Turbo take it); read")
+        elif as_dest in CONFIG_KEYS or as_dest in MODEL_KEYS:  # a field without a Megatron-LM flag
             raw.unknown.append(" ".join([name, *values]))
             raw.note(f"{name} is not a Megatron-LM flag (argparse would reject the launch)"
                      + ("; use --num-virtual-stages-per-pipeline-rank"
                         if as_dest == "virtual_pipeline_model_parallel_size" else ""))
+        elif UNMODELLED_KEYS.fullmatch(as_dest):
+            raw.unmodelled.append(" ".join([name, *values]))
         elif IGNORED.fullmatch(as_dest):
             raw.ignored.append(name)
             if as_dest == "merge_file":

@@ -18,6 +18,7 @@ from tune_cp.formats.keys import (
     MODEL_KEYS,
     UNMODELED,
     UNMODELED_RECOMPUTE_MODULES,
+    UNMODELLED_KEYS,
     Flavor,
     Fp8Format,
     Key,
@@ -48,7 +49,9 @@ from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
+    GroupedGemm,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -82,6 +85,7 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
             "accumulate_allreduce_grads_in_fp32": False,
             "moe_token_dispatcher_type": "allgather",
             "moe_flex_dispatcher_backend": "deepep",
+            "moe_grouped_gemm": False,  # SequentialMLP (transformer_config.py l.850)
             "fp8_recipe": "delayed",
             "data_parallel_sharding_strategy": "optim_grads_params",
             "account_for_embedding_in_pipeline_split": False,
@@ -107,6 +111,7 @@ DEFAULTS: dict[Flavor, dict[str, tuple[Any, str]]] = {
         "accumulate_allreduce_grads_in_fp32": (False, "Primus default, trainer_base.yaml"),
         "moe_token_dispatcher_type": ("allgather", "Primus default, language_model.yaml"),
         "moe_flex_dispatcher_backend": ("deepep", "Megatron-LM default"),
+        "moe_grouped_gemm": (False, "Primus default, language_model.yaml"),
         "fp8_recipe": ("delayed", "Primus default, trainer_base.yaml"),
         "data_parallel_sharding_strategy": ("optim_grads_params", "Megatron-LM default"),
         "account_for_embedding_in_pipeline_split": (False, "Primus default, trainer_base.yaml"),
@@ -260,7 +265,7 @@ def parse_primus_config(
         if key in CONFIG_KEYS or key in MODEL_KEYS or key in UNMODELED:
             raw.values[key] = value
             raw.labels[key] = key
-        elif dest_effects().get(key) == "unmodelled":
+        elif dest_effects().get(key) == "unmodelled" or UNMODELLED_KEYS.fullmatch(key):
             if value not in (None, False):
                 raw.unmodelled.append(f"{key}: {fmt_value(value)}")
         elif dest_effects().get(key) in ("none", "read") or IGNORED.fullmatch(key):
@@ -511,6 +516,8 @@ def _interpret(raw: RawArgs, source: str, model: ModelSpec | None, *, model_file
     kw |= _recompute(r, num_layers, kw["pp"] * kw["vpp"])
     kw |= _sharding(r)
     kw["dispatcher"] = _dispatcher(r) if is_moe else Dispatcher.ALLTOALL
+    if is_moe:
+        kw |= _backend(r, kw["dispatcher"])
     precision, fp8_format, recipe = _precision(r)
     kw["fp8_recipe"] = recipe
     kw["grad_reduce_in_fp32"] = _grad_dtype(r)
@@ -821,9 +828,60 @@ def _dispatcher(r: _Reader) -> Dispatcher:
         kind = "alltoall"
     if kind == "flex":
         backend = r.get("moe_flex_dispatcher_backend", state=False) or "deepep"
-        if backend != "deepep":
+        if backend not in ("deepep", "hybridep"):
             r.raw.note(f"flex dispatcher backend {backend} is modeled as DeepEP")
     return Dispatcher(kind)
+
+
+def _backend(r: _Reader, dispatcher: Dispatcher) -> dict[str, Any]:
+    """The MoE backend fields (``ParallelConfig``: flex library, sync-free stage, grouped GEMM,
+    permute fusion, shared-expert overlap, fp32 router) from Megatron-LM's and Primus-Turbo's
+    keys; noted as read. Primus's sync-free stages turn on what
+    ``rocm_arg_validation.py::_get_sync_free_moe_options`` sets (stage >= 1: permute fusion;
+    stage >= 2: Turbo DeepEP, Turbo grouped GEMM)."""
+    out: dict[str, Any] = {}
+    stage = int(r.get("turbo_sync_free_moe_stage", state=False) or 0)
+    turbo_deepep = bool(r.get("use_turbo_deepep", state=False)) or stage >= 2
+    if stage > 3:
+        raise r.fail("turbo_sync_free_moe_stage", "Primus takes stages 0-3 "
+                     "('turbo_sync_free_moe_stage only support [0-3]')")
+    out["sync_free_stage"] = stage
+    backend = r.get("moe_flex_dispatcher_backend", state=False)
+    if turbo_deepep:
+        # Primus-Turbo's DeepEP replaces the flex dispatcher's library
+        out["dispatcher"], out["flex_backend"] = Dispatcher.FLEX, FlexBackend.TURBO
+    elif dispatcher is Dispatcher.FLEX and backend == "hybridep":
+        out["flex_backend"] = FlexBackend(backend)
+    if bool(r.get("use_turbo_grouped_gemm", state=False)) or stage >= 2:
+        gg = GroupedGemm.TURBO
+    elif r.get("moe_use_legacy_grouped_gemm", state=False):
+        gg = GroupedGemm.LEGACY  # asked for by name (Primus's launches give it alone)
+    elif r.get("moe_grouped_gemm", state=False) is False:
+        gg = GroupedGemm.SEQUENTIAL
+    else:
+        gg = GroupedGemm.TE
+    out["grouped_gemm"] = gg
+    out["permute_fusion"] = bool(r.get("moe_permute_fusion", state=False)) or stage >= 1
+    out["shared_expert_overlap"] = bool(r.get("moe_shared_expert_overlap", state=False))
+    dtype = r.get("moe_router_dtype", state=False)
+    out["router_fp32"] = None if dtype is None else dtype in ("fp32", "fp64")
+    if any(r.raw.has(k) for k in TURBO_KEYS):
+        r.raw.note(turbo_note(out))
+    return out
+
+
+#: Primus-Turbo's MoE keys tune-cp reads (``primus_turbo.yaml``).
+TURBO_KEYS = ("enable_primus_turbo", "use_turbo_deepep", "use_turbo_grouped_gemm",
+              "turbo_sync_free_moe_stage")
+
+
+def turbo_note(fields: dict[str, Any]) -> str:
+    """The note a Primus experiment with Primus-Turbo keys gets: the MoE backend as read."""
+    shown = [f"{k} {v.value if hasattr(v, 'value') else v}" for k, v in fields.items()
+             if v not in (None, False) and k != "dispatcher"]
+    turbo = fields.get("flex_backend") is FlexBackend.TURBO
+    return ("Primus-Turbo MoE settings read: " + ", ".join(shown)
+            + (" (Primus-Turbo DeepEP is the flex dispatcher)" if turbo else ""))
 
 
 def _precision(r: _Reader) -> tuple[Precision, Fp8Format | None, Fp8Recipe | None]:

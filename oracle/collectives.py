@@ -23,7 +23,10 @@ runs, and the tensor-, context-, expert-, pipeline- and data-parallel exposure r
 * **EP**: dispatch and combine all-to-all of ``T_sp k h`` bf16 (forward and backward), plus the
   ETP all-gather / reduce-scatter; ``allgather`` dispatcher gathers ``T_sp h`` over tp x ep;
   ``flex`` (DeepEP, HybridEP) sends a token once per destination node: ``(N - 1)(1 - (1 - 1/N)^k)``
-  node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``.
+  node copies instead of ``k (N - 1)/N``; exposed ``(1 - ep_comm_overlap) x time``; the flex
+  dispatcher with Primus-Turbo's DeepEP hides :data:`DEEPEP_OVERLAP_EFFICIENCY` of its all-to-all behind the layer's own
+  computation, at most that computation (:func:`flex_exposed`); shared-expert overlap hides up to
+  the shared experts' GEMM time more.
 * **PP p2p**: one ``T_sp h`` bf16 activation per chunk boundary each way (``t_send`` each).
   In the interleaved schedule Megatron overlaps each transfer with the next chunk's compute
   (``overlap_p2p_comm``): per virtual stage and direction only ``max(0, t_send -
@@ -62,6 +65,31 @@ DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 #: running output (4), write it (4), read the step's bf16 partial output (2) (TE
 #: ``flash_attn_fwd_out_correction``); forward, backward moves twice (element-wise convention).
 CP_CORRECTION_BYTES_PER_ELEMENT = 10.0
+
+
+#: Fraction of the flex dispatcher's dispatch/combine all-to-all hidden behind the same layer's
+#: computation, by Primus-Turbo sync-free MoE stage (0-3): Primus's projection,
+#: ``primus/core/projection/performance_projection/projection.py``
+#: ``_get_deepep_overlap_efficiency`` (l.1512-1527 at fd1eeabbad: DeepEP alone ~65%, sync-free
+#: stages 75/80/85%), bounded by the compute there is to hide it behind
+#: (``module_profilers/transformer_layer.py`` ``_deepep_exposed_a2a_ms``, l.212-231):
+#: :func:`flex_exposed`. Used for Primus-Turbo's DeepEP only: Megatron-Core's own DeepEP and
+#: HybridEP dispatch on the compute stream and consume the result at once
+#: (``moe/token_dispatcher.py`` ``_DeepepManager.dispatch``, ``async_finish=False``), so they
+#: hide only what the schedule hides.
+DEEPEP_OVERLAP_EFFICIENCY = (0.65, 0.75, 0.80, 0.85)
+
+
+def flex_exposed(a2a: Any, window: Any, efficiency: Any, base_hidden: Any) -> np.ndarray:
+    """Exposed time of one direction's dispatch + combine ``a2a`` under the flex dispatcher:
+    ``a2a - max(base_hidden x a2a, min(efficiency x a2a, window))`` (``window``: the layer's
+    computation in that direction; ``base_hidden``: what the run's schedule hides anyway,
+    ``ep_comm_overlap`` / ``ep_a2a_overlap``). Worked example: a2a 2 ms, window 10 ms,
+    efficiency 0.65, base 0.2 -> 2 - 1.3 = 0.7 ms; window 1 ms -> 2 - 1 = 1 ms."""
+    a = np.asarray(a2a, dtype=np.float64)
+    hidden = np.maximum(np.asarray(base_hidden) * a,
+                        np.minimum(np.asarray(efficiency) * a, np.asarray(window)))
+    return np.maximum(0.0, a - hidden)
 
 
 def group_intra(cluster: ClusterSpec, span: np.ndarray) -> np.ndarray:

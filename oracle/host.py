@@ -78,8 +78,57 @@ CP_OPS_PER_RING_STEP = 6.0
 CURRENT_SCALING_EXTRA_KERNELS = 2.0
 
 
+#: Host operations the MoE backend removes or adds per MoE layer forward, relative to the
+#: :data:`KERNELS_PER_LAYER` counts (which describe Megatron-Core's unfused permutation, the
+#: unfused router and Transformer Engine's ``GroupedLinear``; order-of-magnitude counts):
+#:
+#: * ``permute_fusion`` (``--moe-permute-fusion``): Megatron-Core ``moe/moe_utils.py``
+#:   ``permute`` / ``unpermute`` without fusion build the token map (transpose, arange/expand,
+#:   masked_select), gather the tokens and probabilities (index_select x 2) and scatter them back
+#:   (zeros, mul, index_add/scatter_add): ~9 operations; Transformer Engine's fused
+#:   ``moe_permute_with_probs`` / ``moe_unpermute`` issue 2: 7 fewer.
+#: * ``fused_router`` (Primus ``moe_use_fused_router_with_aux_score``, turned on by sync-free
+#:   stage >= 1: ``rocm_arg_validation.py`` ``_get_sync_free_moe_options``): the router's
+#:   softmax / top-k / aux-loss score chain (~10 operations, :data:`GRAPH_SCOPE_OPS`
+#:   ``moe_router``) as one fused kernel beside the gating GEMM: 6 fewer.
+#: * ``fused_act_probs`` (Primus ``use_turbo_fused_act_with_probs``, stage 3): the activation
+#:   and the probability scaling of the grouped MLP in one kernel: 1 fewer.
+#: * per local expert: Transformer Engine ``GroupedLinear`` quantises and launches each
+#:   expert's GEMM (4 per local expert, :data:`KERNELS_PER_LAYER`); ``SequentialMLP`` runs each
+#:   expert as its own MLP module (fc1, activation, fc2 and the chunk's split/copy: 5); the
+#:   ``grouped_gemm`` package (``legacy``, ``gg.ops.gmm``) and Primus-Turbo's CK grouped GEMM
+#:   launch one kernel per grouped linear for all local experts (Primus
+#:   ``examples/moe_package/README.md``, Feature 1: "all experts in a single kernel launch"):
+#:   0 per expert and 2 in all (fc1, fc2).
+BACKEND_OPS = {"permute_fusion": -7.0, "fused_router": -6.0, "fused_act_probs": -1.0,
+               "grouped_kernel": 2.0}
+#: Host operations per local expert and forward, by grouped-GEMM implementation
+#: (:data:`oracle.work.GROUPED_GEMM_CODE` order: sequential, legacy, te, turbo).
+OPS_PER_LOCAL_EXPERT = (5.0, 0.0, 4.0, 0.0)
+
+
+def backend_ops(grouped_gemm: Any, permute_fusion: Any, sync_free: Any
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(fixed, per_expert)``: operations one MoE layer's forward issues beyond
+    :data:`KERNELS_PER_LAYER` ``moe`` (negative: fused away) and per local expert in place of its
+    4 (:data:`BACKEND_OPS`, :data:`OPS_PER_LOCAL_EXPERT`). Sync-free stage >= 1 turns on the
+    fused router and permute fusion (Primus ``_get_sync_free_moe_options``), stage 3 the fused
+    activation with probabilities. Worked example: Primus-Turbo grouped GEMM at stage 2: fixed
+    2 - 7 - 6 = -11, 0 per expert (TE default: 0 and 4)."""
+    gg = np.asarray(grouped_gemm, dtype=np.int64)
+    stage = np.asarray(sync_free, dtype=np.int64)
+    fusion = np.asarray(permute_fusion, dtype=bool) | (stage >= 1)
+    kernel = (gg == 1) | (gg == 3)
+    fixed = (BACKEND_OPS["permute_fusion"] * fusion + BACKEND_OPS["fused_router"] * (stage >= 1)
+             + BACKEND_OPS["fused_act_probs"] * (stage >= 3)
+             + BACKEND_OPS["grouped_kernel"] * kernel)
+    per_expert = np.asarray(OPS_PER_LOCAL_EXPERT)[gg]
+    return fixed.astype(np.float64), per_expert
+
+
 def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any,
-                    cp_steps: Any = 0.0, graphs: dict[str, Any] | None = None) -> np.ndarray:
+                    cp_steps: Any = 0.0, graphs: dict[str, Any] | None = None,
+                    backend_ops: Any = 0.0, ops_per_expert: Any = 4.0) -> np.ndarray:
     """Host time to issue one layer's forward and backward (backward: twice the forward's
     operations): ``3 x (attention + mlp [+ moe + moe_per_local_expert x local experts] +
     CP_OPS_PER_RING_STEP x cp_steps) x kernel_overhead_s`` with the counts of
@@ -93,8 +142,11 @@ def layer_host_time(moe: bool, local_experts: Any, kernel_overhead_s: Any,
     ops = (KERNELS_PER_LAYER["attention"] + KERNELS_PER_LAYER["mlp"]
            + CP_OPS_PER_RING_STEP * np.asarray(cp_steps, dtype=np.float64))
     if moe:
-        ops = ops + KERNELS_PER_LAYER["moe"] + KERNELS_PER_LAYER["moe_per_local_expert"] * \
-            np.asarray(local_experts, dtype=np.float64)
+        # the MoE backend's fused or added operations (backend_ops; the defaults: none, and
+        # KERNELS_PER_LAYER's 4 per local expert)
+        ops = ops + KERNELS_PER_LAYER["moe"] + np.asarray(backend_ops, dtype=np.float64) + \
+            np.asarray(ops_per_expert, dtype=np.float64) * np.asarray(local_experts,
+                                                                       dtype=np.float64)
     if graphs is not None:
         parts = ("attn", "moe_router", "moe_preprocess") if moe else ("attn", "mlp")
         for part in parts:

@@ -48,7 +48,8 @@ a2a_overlap_buffers    the second micro-batch's MoE dispatch / combine buffers a
                        run setting ``--moe-a2a-overlap``)
 runtime_context        CUDA/HIP context, kernel images, BLAS workspaces (overhead)
 collective_buffers     NCCL/RCCL buffers per communicator in use (overhead)
-dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead)
+dispatcher_buffers     pre-registered MoE dispatcher buffers (DeepEP ``flex``; overhead) and Primus-Turbo
+                       sync-free worst-case buffers (``sync_free_buffer_bytes``)
 fragmentation          caching-allocator fragmentation over the transient (activation) terms
 =====================  ==========================================================================
 
@@ -971,6 +972,21 @@ def a2a_overlap_bytes(model: ModelSpec, x: ActShape, capacity_factor: float | No
     return 2 * BF16_BYTES * rows * model.hidden_size
 
 
+def sync_free_buffer_bytes(model: ModelSpec, t_sp: int, cfg: ParallelConfig) -> int:
+    """Worst-case buffers of Primus-Turbo's sync-free MoE (the flex dispatcher at stage >= 2):
+    the dispatch output and the combine input sized for every token of the tp x ep group,
+    ``num_worst_tokens = t_sp x tp x ep`` rows of ``h`` bf16 each (Primus ``primus_turbo.py``
+    l.2333-2342, ``deepep_num_worst_tokens``); stage 3 adds the permutation's worst-case output,
+    ``permute_max_token_num = num_worst_tokens x top-k`` rows (counted once: a lower bound, the
+    permuted tokens of every layer in flight are not). 0 otherwise. Worked example: Mixtral
+    8x22B (h 6144), t_sp 8192, tp 2, ep 8, stage 2: 2 x 131072 x 6144 x 2 B = 3 GiB."""
+    if not model.is_moe or cfg.dispatcher is not Dispatcher.FLEX or cfg.sync_free_stage < 2:
+        return 0
+    worst = t_sp * cfg.tp * cfg.ep
+    rows = 2 * worst + (worst * model.moe_top_k if cfg.sync_free_stage >= 3 else 0)
+    return BF16_BYTES * rows * model.hidden_size
+
+
 @dataclass(frozen=True)
 class ActivationUnits:
     """Bytes per micro-batch per rank (layer 2): one layer of each kind with all its activations
@@ -1007,6 +1023,8 @@ class ActivationUnits:
     graph_moe: int = 0
     graph_attention: int = 0
     a2a_overlap: int = 0
+    #: Primus-Turbo sync-free worst-case dispatcher buffers (:func:`sync_free_buffer_bytes`)
+    sync_free_buffers: int = 0
 
 
 def rope_table_bytes(model: ModelSpec, training: TrainingSpec, cp: int) -> int:
@@ -1124,6 +1142,7 @@ def activation_units(
                          if LayerKind.ATTENTION in hybrid_kinds else 0),
         a2a_overlap=(a2a_overlap_bytes(model, x, run.moe_capacity_factor)
                      if model.is_moe and run.moe_a2a_overlap else 0),
+        sync_free_buffers=sync_free_buffer_bytes(model, x.t_sp, cfg),
     )
 
 
@@ -1426,7 +1445,8 @@ def combine(
     t["a2a_overlap_buffers"] = c.has_moe * au.a2a_overlap
     t["runtime_context"] = ov.runtime_context_bytes
     t["collective_buffers"] = sh.collective_groups * ov.collective_bytes_per_group
-    t["dispatcher_buffers"] = ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0
+    t["dispatcher_buffers"] = ((ov.dispatcher_buffer_bytes if sh.dispatcher_buffers else 0)
+                               + c.has_moe * au.sync_free_buffers)
     transient = sum(t[k] for k in TRANSIENT_TERMS)
     t["fragmentation"] = scale_ppm(transient, ppm(ov.fragmentation))
     return t

@@ -108,6 +108,29 @@ class Dispatcher(StrEnum):
     FLEX = "flex"
 
 
+class FlexBackend(StrEnum):
+    """The library behind the ``flex`` dispatcher: NVIDIA DeepEP or HybridEP (Megatron-Core
+    ``--moe-flex-dispatcher-backend``, ``transformer_config.py`` l.898 at d98e8a64), or
+    Primus-Turbo's DeepEP on ROCm (Primus ``use_turbo_deepep``, ``primus_turbo.yaml``)."""
+
+    DEEPEP = "deepep"
+    HYBRIDEP = "hybridep"
+    TURBO = "turbo"
+
+
+class GroupedGemm(StrEnum):
+    """How the local experts' GEMMs run (Megatron-Core ``moe/experts.py``): ``sequential`` a
+    Python loop over the experts (``SequentialMLP``, ``--moe-grouped-gemm`` off), ``legacy``
+    the ``grouped_gemm`` package (``GroupedMLP``, ``--moe-use-legacy-grouped-gemm``), ``te``
+    Transformer Engine ``GroupedLinear`` (``TEGroupedMLP``), ``turbo`` Primus-Turbo's CK
+    grouped GEMM (``PrimusTurboGroupedMLP``, Primus ``use_turbo_grouped_gemm``)."""
+
+    SEQUENTIAL = "sequential"
+    LEGACY = "legacy"
+    TE = "te"
+    TURBO = "turbo"
+
+
 class Schedule(StrEnum):
     """Pipeline schedule."""
 
@@ -594,6 +617,21 @@ class ParallelConfig(Spec):
         "weights exist only as FP8 copies, no bf16 copy. Memory only; not searched",
     )
     dispatcher: Dispatcher = Dispatcher.ALLTOALL
+    flex_backend: FlexBackend | None = Field(
+        default=None, description="flex dispatcher library; None: turbo on AMD, deepep "
+        "elsewhere (resolve_config), and none without the flex dispatcher")
+    sync_free_stage: int = Field(
+        default=0, ge=0, le=3, description="Primus-Turbo sync-free MoE stage "
+        "(turbo_sync_free_moe_stage): 0 off, 1 router and permutation, 2 + dispatch and grouped "
+        "MLP, 3 all")
+    grouped_gemm: GroupedGemm = GroupedGemm.TE
+    permute_fusion: bool = Field(default=False, description="fused token permute/unpermute "
+                                 "(Megatron-LM --moe-permute-fusion)")
+    shared_expert_overlap: bool = Field(default=False, description="shared experts on a side "
+                                        "stream beside the dispatch (--moe-shared-expert-overlap)")
+    router_fp32: bool | None = Field(
+        default=None, description="router GEMM and probabilities in fp32 (--moe-router-dtype "
+        "fp32); None: on with Primus-Turbo's DeepEP, which needs it, else off")
     schedule: Schedule | None = Field(default=None, description="None: interleaved if vpp > 1")
     fp8_recipe: Fp8Recipe | None = Field(default=None, description="None: BF16 compute")
     pipeline_split: PipelineSplit | None = Field(default=None, description="None: auto")
@@ -644,6 +682,23 @@ class ParallelConfig(Spec):
         if self.schedule is not None:
             return self.schedule
         return Schedule.INTERLEAVED if self.vpp > 1 else Schedule.ONE_F_ONE_B
+
+    def backend_label(self) -> str:
+        """The MoE backend in words: ``dispatcher flex (turbo), sync-free stage 2, grouped GEMM
+        turbo, permute fusion, fp32 router``."""
+        disp = self.dispatcher.value + (f" ({self.flex_backend.value})" if self.flex_backend
+                                        else "")
+        parts = [f"dispatcher {disp}"]
+        if self.sync_free_stage:
+            parts.append(f"sync-free stage {self.sync_free_stage}")
+        parts.append(f"grouped GEMM {self.grouped_gemm.value}")
+        if self.permute_fusion:
+            parts.append("permute fusion")
+        if self.shared_expert_overlap:
+            parts.append("shared-expert overlap")
+        if self.router_fp32:
+            parts.append("fp32 router")
+        return ", ".join(parts)
 
     def label(self) -> str:
         """Compact layout label used in tables: ``TP1 PP4 VPP2 CP1 EP8 ETP1 DP8``."""
@@ -728,6 +783,17 @@ def training_as_run(training: TrainingSpec, cfg: ParallelConfig) -> TrainingSpec
     return training.model_copy(update={"precision": Precision.FP8})
 
 
+def resolved_flex_backend(cfg: ParallelConfig, gpu: GpuSpec) -> FlexBackend | None:
+    """The flex dispatcher's library: the one given, else Primus-Turbo's DeepEP on AMD and NVIDIA
+    DeepEP elsewhere (Megatron-Core's default backend, ``transformer_config.py`` l.898); None
+    without the flex dispatcher (a given backend is kept so that the rules can name it)."""
+    if cfg.flex_backend is not None:
+        return cfg.flex_backend
+    if cfg.dispatcher is not Dispatcher.FLEX:
+        return None
+    return FlexBackend.TURBO if gpu.vendor is Vendor.AMD else FlexBackend.DEEPEP
+
+
 def resolve_config(
     cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 ) -> ParallelConfig:
@@ -757,5 +823,11 @@ def resolve_config(
             "pipeline_split": (given_pipeline_split(cfg)
                                or auto_pipeline_split(model, cfg.pp, cfg.vpp)),
             "recompute_layers": cfg.recompute_layers if cfg.recompute is Recompute.FULL else None,
+            "flex_backend": (fb := resolved_flex_backend(cfg, cluster.gpu)),
+            "router_fp32": (cfg.router_fp32 if cfg.router_fp32 is not None
+                            else fb is FlexBackend.TURBO),
+            # sync-free stage >= 1 turns on permute fusion (Primus rocm_arg_validation.py
+            # _get_sync_free_moe_options)
+            "permute_fusion": cfg.permute_fusion or cfg.sync_free_stage >= 1,
         }
     )

@@ -27,7 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.oracle.collectives import collective_time, cp_ring_exposed, dp_exposed, pipeline_p2p
+from tune_cp.oracle.collectives import (
+    collective_time,
+    cp_ring_exposed,
+    dp_exposed,
+    flex_exposed,
+    pipeline_p2p,
+)
 from tune_cp.oracle.compute import (
     ATTENTION_BWD_FLOPS_RATIO,
     gemm_half_dims,
@@ -141,7 +147,12 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     low = LOW_PREC_SLOTS[None, :] & (w.device.prec[:, None] > 0)
     eff = np.where(low, eff_prec[:, None], np.asarray(c["gemm_efficiency_bf16"])[..., None])
     half_s = gemm_half_dims(c["gemm_half_dim"], low, w.device.peak_low, peak_bf16)
-    eff = eff * shape_factor(Ms, half_s) * shape_factor(Ns, half_s) * shape_factor(Ks, half_s)
+    # one grouped kernel for every local expert (legacy grouped_gemm, Primus-Turbo): its M is
+    # every local expert's rows together; per-expert launches (TE GroupedLinear, the sequential
+    # loop) see each expert's rows (w.backend.fused_grouped)
+    Mshape = np.where(GROUPED_SLOTS[None, :] & (w.backend.fused_grouped[:, None] > 0),
+                      Ms * np.maximum(cnt, 1.0), Ms)
+    eff = eff * shape_factor(Mshape, half_s) * shape_factor(Ns, half_s) * shape_factor(Ks, half_s)
     eff = np.where(GROUPED_SLOTS[None, :], eff * np.asarray(c["grouped_gemm_efficiency"])[
         ..., None], eff)
     peak = np.where(low, w.device.peak_low[:, None], peak_bf16[:, None]) * rate[:, None]
@@ -203,7 +214,8 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     sch = w.schedule
     graphs = {f"graph_{part}": getattr(sch, f"graph_{part}") for part in GRAPH_BITS}
     host_dense = layer_host_time(False, 0.0, kern, w.cp.steps, graphs)
-    host_moe = layer_host_time(True, sch.local_experts, kern, w.cp.steps, graphs)
+    host_moe = layer_host_time(True, sch.local_experts, kern, w.cp.steps, graphs,
+                               w.backend.host_ops, w.backend.host_ops_per_expert)
     # a hybrid layer is one block: its dense / MoE layers issue no attention operations
     host_attn = attention_host_time(kern, w.cp.steps, graphs)
     host_dense = host_dense - hyb * host_attn
@@ -265,10 +277,6 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     etp = collective_time(w.ep.etp_bytes, w.ep.etp_n, ring(w.ep.etp_intra, w.ep.etp_local), alpha)
     # --overlap-moe-expert-parallel-comm hides the all-to-all behind another micro-batch
     ep_hidden = np.where(w.schedule.a2a_overlap > 0, c["ep_a2a_overlap"], c["ep_comm_overlap"])
-    ep_dir = (2 * a2a + 2 * agd + 2 * etp) * (1 - ep_hidden)
-    ep_f = ep_dir * w.schedule.has_moe
-    ep_b = ep_dir * w.schedule.has_moe
-
     # ---- per-layer forward / backward (compute | comm), and selective recompute
     attn_f = g_attn + core_f + ew_attn + cf_attn
     attn_b = 2 * g_attn + core_b + 2 * ew_attn + cb_attn
@@ -276,6 +284,22 @@ def timing(w: Work, c: dict[str, Any]) -> dict[str, np.ndarray]:
     mlp_b = 2 * g_mlp + 2 * ew_mlp + cb_mlp
     moe_f = g_exp + g_sh + g_router + ew_moe + cf_moe + g_lat + cf_lat
     moe_b = 2 * (g_exp + g_sh + g_router) + 2 * ew_moe + cb_moe + 2 * g_lat + cb_lat
+
+    # the flex dispatcher hides part of its all-to-all behind the layer's own computation
+    # (collectives.flex_exposed, Primus's DeepEP / sync-free efficiencies), the other
+    # dispatchers what the run's schedule hides (ep_hidden); shared-expert overlap hides up to
+    # the shared experts' GEMMs more (Megatron-Core moe/shared_experts.py: the shared experts
+    # run on a side stream while the tokens are dispatched)
+    bk = w.backend
+    rest = (2 * agd + 2 * etp) * (1 - ep_hidden)
+    flat = 2 * a2a * (1 - ep_hidden)
+    ep_dirs = []
+    for window, sh in ((nh * attn_f + moe_f, g_sh), (nh * attn_b + moe_b, 2 * g_sh)):
+        exposed = np.where(bk.flex > 0, flex_exposed(2 * a2a, window, bk.flex_overlap,
+                                                     ep_hidden), flat)
+        exposed = np.maximum(0.0, exposed - bk.shared_overlap * sh)
+        ep_dirs.append((exposed + rest) * w.schedule.has_moe)
+    ep_f, ep_b = ep_dirs
     comm_attn_f, comm_attn_b = tp_attn_f + cp_f, tp_attn_b + cp_b
     comm_mlp_f, comm_mlp_b = tp_mlp_f, tp_mlp_b
     comm_moe_f, comm_moe_b = tp_sh_f + ep_f, tp_sh_b + ep_b

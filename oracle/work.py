@@ -39,6 +39,7 @@ import numpy as np
 from tune_cp.oracle import flops as F
 from tune_cp.oracle import params as P
 from tune_cp.oracle.collectives import (
+    DEEPEP_OVERLAP_EFFICIENCY,
     TP_FP8_ALLGATHER_FRACTION,
     cp_attention_block,
     cp_correction_bytes,
@@ -47,7 +48,7 @@ from tune_cp.oracle.collectives import (
     group_local,
 )
 from tune_cp.oracle.compute import OPERAND_BYTES, power_ratios
-from tune_cp.oracle.host import GRAPH_BITS
+from tune_cp.oracle.host import GRAPH_BITS, backend_ops
 from tune_cp.oracle.inventory import (
     KINDS,
     block_gemms,
@@ -71,7 +72,9 @@ from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
+    GroupedGemm,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -127,6 +130,14 @@ GROUPED_SLOTS = np.array([name in ("exp_fc1", "exp_fc2") for name in SLOTS], dty
 RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
 DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
+#: Bytes per element of the router input under ``--moe-router-dtype fp32``: Megatron-Core
+#: ``moe/router.py`` ``router_gating_linear`` casts the bf16 hidden state to fp32 before the
+#: gating GEMM (read 2, write 4; the backward's fp32 input gradient cast back is the backward
+#: share of the element-wise bytes).
+ROUTER_FP32_CAST_BYTES = 6.0
+GROUPED_GEMM_CODE = {GroupedGemm.SEQUENTIAL: 0, GroupedGemm.LEGACY: 1, GroupedGemm.TE: 2,
+                     GroupedGemm.TURBO: 3}
+_CODE_GROUPED_GEMM = {v: k for k, v in GROUPED_GEMM_CODE.items()}
 SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
 #: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
 SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
@@ -281,6 +292,16 @@ class ConfigBatch:
     a2a_overlap: np.ndarray | None = None
     #: RunTraits.moe_capacity_factor, 1.0 when None (None: all 1.0)
     capacity: np.ndarray | None = None
+    #: the MoE backend (:class:`oracle.specs.ParallelConfig` fields; None: the defaults):
+    #: ``sync_free`` stage 0-3, ``grouped_gemm`` a :data:`GROUPED_GEMM_CODE`, the three 0/1
+    #: switches ``permute_fusion``, ``shared_overlap``, ``router_fp32``
+    sync_free: np.ndarray | None = None
+    #: the flex dispatcher runs Primus-Turbo's DeepEP (flex_backend turbo; None: all False)
+    turbo_flex: np.ndarray | None = None
+    grouped_gemm: np.ndarray | None = None
+    permute_fusion: np.ndarray | None = None
+    shared_overlap: np.ndarray | None = None
+    router_fp32: np.ndarray | None = None
     #: the splits (with their values) the codes of ``split`` name: this batch's own table
     #: (:func:`split_table`), so a code means the same in every process and needs no registry
     split_keys: tuple[SplitKey, ...] = VALUELESS_SPLIT_KEYS
@@ -349,6 +370,13 @@ class ConfigBatch:
             a2a_overlap=of_traits(lambda t: t.moe_a2a_overlap, bool),
             capacity=of_traits(lambda t: t.moe_capacity_factor or 1.0, np.float64),
             grad_fp32=arr("grad_reduce_in_fp32", bool),
+            sync_free=arr("sync_free_stage"),
+            turbo_flex=np.array([r["flex_backend"] is FlexBackend.TURBO for r in rows],
+                                dtype=bool),
+            grouped_gemm=arr("grouped_gemm", of=GROUPED_GEMM_CODE),
+            permute_fusion=arr("permute_fusion", bool),
+            shared_overlap=arr("shared_expert_overlap", bool),
+            router_fp32=np.array([bool(r["router_fp32"]) for r in rows], dtype=bool),
         )
 
     @classmethod
@@ -426,6 +454,9 @@ class ConfigBatch:
             grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
             graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
             capacity=b(moe_capacity_factor, np.float64),
+            sync_free=b(0), turbo_flex=b(False, bool), grouped_gemm=b(GROUPED_GEMM_CODE[GroupedGemm.TE]),
+            permute_fusion=b(False, bool), shared_overlap=b(False, bool),
+            router_fp32=b(False, bool),
         )
 
     def traits(self, i: int) -> RunTraits:
@@ -460,7 +491,24 @@ class ConfigBatch:
             dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
             schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
             fp8_recipe=fp8, **split_config(self.split_keys[int(self.split[i])]),
+            **self.backend_fields(i),
         )
+
+    def backend_fields(self, i: int) -> dict[str, Any]:
+        """The MoE backend fields of configuration ``i`` (the defaults where not given)."""
+        out: dict[str, Any] = {}
+        if self.sync_free is not None:
+            out["sync_free_stage"] = int(self.sync_free[i])
+        if self.turbo_flex is not None and self.turbo_flex[i]:
+            out["flex_backend"] = FlexBackend.TURBO
+        if self.grouped_gemm is not None:
+            out["grouped_gemm"] = _CODE_GROUPED_GEMM[int(self.grouped_gemm[i])]
+        for name, arr_ in (("permute_fusion", self.permute_fusion),
+                           ("shared_expert_overlap", self.shared_overlap),
+                           ("router_fp32", self.router_fp32)):
+            if arr_ is not None:
+                out[name] = bool(arr_[i])
+        return out
 
 
 # ========================================================================= work records
@@ -737,6 +785,26 @@ class ScheduleWork:
 
 
 @dataclass(frozen=True, slots=True)
+class BackendWork:
+    """The MoE backend's effects ((n,) each; 0 for a dense model): ``flex`` = 1 with the flex
+    dispatcher at ep > 1 running Primus-Turbo's DeepEP, ``flex_overlap`` the fraction
+    of its dispatch/combine hidden behind the layer's computation
+    (:data:`oracle.collectives.DEEPEP_OVERLAP_EFFICIENCY`, by sync-free stage); ``shared_overlap``
+    = 1 when the shared experts run beside the dispatch (``--moe-shared-expert-overlap``);
+    ``fused_grouped`` = 1 when one kernel runs every local expert's GEMM (``legacy`` grouped_gemm,
+    ``turbo``: the shape efficiency sees all local rows); ``host_ops`` operations a MoE layer's
+    forward issues beyond :data:`oracle.host.KERNELS_PER_LAYER` (negative: fused away) and
+    ``host_ops_per_expert`` per local expert in place of its 4 (:func:`oracle.host.backend_ops`)."""
+
+    flex: np.ndarray
+    flex_overlap: np.ndarray
+    shared_overlap: np.ndarray
+    fused_grouped: np.ndarray
+    host_ops: np.ndarray
+    host_ops_per_expert: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class Work:
     """What every configuration of a batch does per micro-batch on one rank
     (:func:`build_work`); :func:`oracle.timing.timing` reads it."""
@@ -754,6 +822,7 @@ class Work:
     recompute: RecomputeWork
     schedule: ScheduleWork
     hybrid: HybridWork
+    backend: BackendWork
 
     def __len__(self) -> int:
         return len(self.schedule.m)
@@ -864,7 +933,7 @@ def weight_casts_per_microbatch(fsdp: Any, ga: Any) -> tuple[np.ndarray, np.ndar
     return np.where(fs, 1.0, 1.0 / g), np.where(fs, 1.0, 0.0)
 
 
-def moe_host_sync(dropless: Any, dispatcher: Any) -> np.ndarray:
+def moe_host_sync(dropless: Any, dispatcher: Any, sync_free: Any = 0) -> np.ndarray:
     """Whether a MoE layer makes the host wait for the GPU once per layer (1) or lets it run
     ahead as a dense layer does (0). Dropless routing copies the token counts per expert to the
     host (Megatron-Core's token dispatchers: ``cuda_sync_point``); token-drop with padding to
@@ -872,9 +941,14 @@ def moe_host_sync(dropless: Any, dispatcher: Any) -> np.ndarray:
     the ``alltoall`` / ``allgather`` dispatchers, but the ``flex`` dispatcher (DeepEP, HybridEP)
     returns its received-token counts to the host in any case (DeepEP ``dispatch`` returns
     ``num_recv_tokens_per_expert_list``, a host list). ``dispatcher``: the :data:`DISPATCH_CODE`
-    codes."""
-    return np.asarray(dropless, dtype=bool) | (np.asarray(dispatcher) == DISPATCH_CODE[
+    codes. Primus-Turbo's sync-free MoE stage 3 (``sync_free`` = 3) removes every one of them:
+    the dispatcher allocates its worst-case receive buffer (``num_worst_tokens``) and the
+    permutation its worst-case output (``permute_max_token_num``), so no shape comes from the
+    device (Primus ``primus_turbo.py`` l.2333-2342, ``examples/moe_package/README.md`` Table 2:
+    stage 1 router and permutation, stage 2 router, DeepEP and grouped MLP, stage 3 all)."""
+    sync = np.asarray(dropless, dtype=bool) | (np.asarray(dispatcher) == DISPATCH_CODE[
         Dispatcher.FLEX])
+    return sync & (np.asarray(sync_free) < 3)
 
 
 def build_work(
@@ -1029,6 +1103,9 @@ def build_work(
             ew_moe_norm + ew_moe_act + Tsp * h * 6
             + Tsp * E * 12  # fp32 router logits: write, softmax read/write
             + 2 * Tsp * width * BF16 * (1 + k)  # permute and unpermute
+            # --moe-router-dtype fp32: the router's input cast to fp32 (ROUTER_FP32_CAST_BYTES)
+            + (0.0 if b.router_fp32 is None else b.router_fp32 * Tsp * h
+               * ROUTER_FP32_CAST_BYTES)
         )
     else:
         ew_moe_norm = ew_moe_act = ew_moe = np.zeros(n)
@@ -1191,6 +1268,7 @@ def build_work(
     # dispatcher of fixed shapes: the flex dispatcher (DeepEP / HybridEP) returns its receive
     # counts to the host even when the experts are padded to capacity (moe_host_sync)
     dropless = np.ones(n, dtype=bool) if b.dropless is None else b.dropless
+    sync_free = np.zeros(n, dtype=np.int64) if b.sync_free is None else b.sync_free
     gmask = np.zeros(n, dtype=np.int64) if b.graph_mask is None else b.graph_mask
     full_graph = (gmask & GRAPH_BITS["full_iteration"]) > 0
     schedule = ScheduleWork(
@@ -1199,7 +1277,7 @@ def build_work(
         bubble_factor=np.where(b.schedule == 2, ZERO_BUBBLE_FACTOR, 1.0),
         pp_on=(b.pp > 1).astype(f64),
         has_moe=np.full(n, 1.0 if model.is_moe else 0.0),
-        moe_sync=(moe_host_sync(dropless, b.dispatcher) & ~full_graph).astype(f64),
+        moe_sync=(moe_host_sync(dropless, b.dispatcher, sync_free) & ~full_graph).astype(f64),
         local_experts=np.ceil(E / ep) if model.is_moe else np.zeros(n),
         **{f"graph_{part}": ((gmask & bit) > 0).astype(f64) for part, bit in GRAPH_BITS.items()},
         a2a_overlap=np.zeros(n) if b.a2a_overlap is None else b.a2a_overlap.astype(f64),
@@ -1208,7 +1286,38 @@ def build_work(
     )
     return Work(gemm=gemms, device=device, attention=attention, elementwise=elementwise,
                 tp=tp_work, cp=cp_work, ep=ep_work, pp=pp_work, dp=dp_work, stages=stages,
-                recompute=recompute, schedule=schedule, hybrid=mamba_work(model, b, T, Tsp))
+                recompute=recompute, schedule=schedule, hybrid=mamba_work(model, b, T, Tsp),
+                backend=backend_work(model, b, sync_free))
+
+
+def backend_work(model: ModelSpec, b: ConfigBatch, sync_free: np.ndarray) -> BackendWork:
+    """The MoE backend's records (:class:`BackendWork`) from the batch's backend fields."""
+    n = len(b)
+    f64 = np.float64
+    if not model.is_moe:
+        z = np.zeros(n)
+        return BackendWork(flex=z, flex_overlap=z, shared_overlap=z, fused_grouped=z,
+                           host_ops=z, host_ops_per_expert=np.full(n, 4.0))
+    gg = (np.full(n, GROUPED_GEMM_CODE[GroupedGemm.TE]) if b.grouped_gemm is None
+          else b.grouped_gemm)
+    off = np.zeros(n, dtype=bool)
+    fusion = off if b.permute_fusion is None else b.permute_fusion
+    shared = off if b.shared_overlap is None else b.shared_overlap
+    flex = (b.dispatcher == DISPATCH_CODE[Dispatcher.FLEX]) & (b.ep > 1)
+    # only Primus-Turbo's DeepEP hides its all-to-all behind the layer's own computation
+    # (collectives.DEEPEP_OVERLAP_EFFICIENCY); Megatron-Core's DeepEP dispatch waits for its
+    # result on the compute stream (token_dispatcher.py _DeepepManager.dispatch, async_finish
+    # False, l.1306-1330 at d98e8a64) and HybridEP's output is consumed at once, so NVIDIA flex
+    # hides only what the schedule hides (ep_comm_overlap / ep_a2a_overlap)
+    turbo = flex & (np.zeros(n, dtype=bool) if b.turbo_flex is None else b.turbo_flex)
+    eff = np.array([DEEPEP_OVERLAP_EFFICIENCY[k] for k in range(4)])[np.clip(sync_free, 0, 3)]
+    ops, per_expert = backend_ops(gg, fusion, sync_free)
+    fused = (gg == GROUPED_GEMM_CODE[GroupedGemm.LEGACY]) | (gg == GROUPED_GEMM_CODE[
+        GroupedGemm.TURBO])
+    return BackendWork(
+        flex=turbo.astype(f64), flex_overlap=np.where(turbo, eff, 0.0),
+        shared_overlap=(shared & (model.num_shared_experts > 0)).astype(f64),
+        fused_grouped=fused.astype(f64), host_ops=ops, host_ops_per_expert=per_expert)
 
 
 @lru_cache(maxsize=4096)

@@ -33,7 +33,9 @@ from enum import StrEnum
 from tune_cp.oracle.specs import (
     MAX_GPUS,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
+    GroupedGemm,
     PipelineSplit,
     Recompute,
     RecomputeMethod,
@@ -144,6 +146,34 @@ KNOBS: tuple[Knob, ...] = (
          kind=FlagKind.CHOICE, choices=Dispatcher, default=Dispatcher.ALLTOALL.value,
          combinable=True, attributed=True, megatron="moe_token_dispatcher_type",
          bridge="model.moe_token_dispatcher_type"),
+    Knob("flex_backend", None, "flex-backend",
+         "Library of the flex dispatcher: deepep / hybridep (NVIDIA; Megatron-LM "
+         "--moe-flex-dispatcher-backend), turbo (Primus-Turbo DeepEP on AMD, Primus "
+         "use_turbo_deepep)  [default: turbo on AMD, deepep elsewhere]",
+         kind=FlagKind.CHOICE, choices=FlexBackend, attributed=True,
+         megatron="moe_flex_dispatcher_backend"),
+    Knob("sync_free_stage", None, "sync-free-stage",
+         "Primus-Turbo sync-free MoE stage (turbo_sync_free_moe_stage, AMD): 1 fused router and "
+         "permutation, 2 + flex dispatch and Turbo grouped GEMM, 3 no host synchronisation",
+         lo=0, hi=3, default=0, attributed=True),
+    Knob("grouped_gemm", None, "grouped-gemm",
+         "Expert GEMMs: sequential (per-expert loop, no --moe-grouped-gemm), legacy "
+         "(--moe-use-legacy-grouped-gemm), te (Transformer Engine GroupedLinear), turbo "
+         "(Primus-Turbo use_turbo_grouped_gemm, AMD)", kind=FlagKind.CHOICE,
+         choices=GroupedGemm, default=GroupedGemm.TE.value, attributed=True),
+    Knob("permute_fusion", None, "permute-fusion",
+         "Fused MoE token permutation (Megatron-LM --moe-permute-fusion)  [default: off]",
+         kind=FlagKind.FLAG, attributed=True, megatron="moe_permute_fusion",
+         bridge="model.moe_permute_fusion"),
+    Knob("shared_expert_overlap", None, "shared-expert-overlap",
+         "Run the shared experts beside the token dispatch (Megatron-LM "
+         "--moe-shared-expert-overlap)  [default: off]", kind=FlagKind.FLAG,
+         attributed=True, megatron="moe_shared_expert_overlap",
+         bridge="model.moe_shared_expert_overlap"),
+    Knob("router_fp32", None, "router-fp32",
+         "Router in fp32 (Megatron-LM --moe-router-dtype fp32; Primus-Turbo DeepEP needs it)  "
+         "[default: on with Primus-Turbo DeepEP, else off]", kind=FlagKind.SWITCH,
+         attributed=True),
     Knob("schedule", "schedule", "schedule",
          "Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]",
          kind=FlagKind.CHOICE, choices=Schedule, combinable=True, attributed=True),
@@ -241,6 +271,11 @@ COMBINATION_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.combinable
 #: The changes the search's attribution walks (``agent/search.py::attribute``); ``recompute``
 #: stands for every field of :data:`RECOMPUTE_FIELDS`.
 ATTRIBUTION_FIELDS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.attributed)
+#: The MoE backend's fields: not CP-SAT axes (none changes memory but the flex dispatcher's
+#: buffers, which the ``dispatcher`` axis carries); the search picks them per layout after the
+#: enumeration (``agent/backend.py``).
+BACKEND_FIELDS: tuple[str, ...] = ("flex_backend", "sync_free_stage", "grouped_gemm",
+                                   "permute_fusion", "shared_expert_overlap", "router_fp32")
 # every axis sets at least one knob, and every knob's axis exists
 assert {k.axis for k in KNOBS} - {None} == set(AXES)
 

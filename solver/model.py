@@ -54,6 +54,7 @@ from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import (
     FP8_ARCHITECTURES_MX,
     RULES,
+    backend_problems,
     layers_per_chunk,
     mamba_cp_ok,
     setting_refusals,
@@ -505,6 +506,20 @@ def enc_dispatcher(m: LegalityModel) -> Value:
                           lambda d, e: ds[d] is not Dispatcher.FLEX or (moe and e > 1), "disp")
 
 
+def enc_moe_backend(m: LegalityModel) -> Value:
+    """The MoE backend's rules (``rules.backend_problems``) of each dispatcher of the space with
+    the other backend fields at their resolved defaults (the backend fields are not CP-SAT
+    axes: the search picks them per layout after the enumeration, checked by the same
+    function)."""
+    ds, p = m.p.space.dispatcher, m.p
+    a2a = p.settings.options.moe_a2a_overlap
+
+    def ok(d: int) -> bool:
+        cfg = m._resolved(dispatcher=ds[d], ep=2 if p.model.is_moe else 1)
+        return not backend_problems(p.model, p.cluster.gpu, cfg, a2a)
+    return m.family_predicate([m.disp_i], ok, "moeb")
+
+
 def enc_run_settings(m: LegalityModel) -> Value:
     """What Megatron-Core refuses of the layout under the run settings: the refusals of
     ``rules.SETTING_REFUSALS`` that apply, one table per group of axes they read (the same
@@ -584,6 +599,7 @@ ENCODERS: dict[str, Callable[[LegalityModel], Value]] = {
     "recompute": enc_recompute,
     "precision": enc_precision,
     "dispatcher": enc_dispatcher,
+    "moe_backend": enc_moe_backend,
     "run_settings": enc_run_settings,
     "batch": enc_batch,
     "extra": enc_extra,

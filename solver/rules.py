@@ -31,6 +31,9 @@ recompute                full: 1..layers-per-chunk layers (not in hybrid Mamba m
                          selective modules that exist
 precision                FP8 needs FP8 tensor cores; MXFP8 needs Blackwell or CDNA4
 dispatcher               the DeepEP ``flex`` dispatcher needs an MoE model with ep > 1
+moe_backend              the MoE backend (flex library per vendor, Primus-Turbo on AMD only,
+                         sync-free stage >= 2 needs Turbo DeepEP and Turbo grouped GEMM, Turbo
+                         DeepEP needs the fp32 router and no shared-expert overlap)
 run_settings             what Megatron-Core refuses of the layout under the framework run
                          settings (CUDA graphs, MoE all-to-all overlap, token-drop):
                          ``SETTING_REFUSALS``
@@ -72,7 +75,9 @@ from tune_cp.oracle.specs import (
     SLOT_SPLITS,
     ClusterSpec,
     Dispatcher,
+    FlexBackend,
     Fp8Recipe,
+    GroupedGemm,
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
@@ -609,6 +614,74 @@ def dispatcher(ctx: RuleContext) -> list[Violation]:
     return []
 
 
+# ------------------------------------------------ moe_backend: the MoE backend's own rules
+#
+# Sources: Megatron-Core ``transformer/transformer_config.py`` at d98e8a64 (dispatcher backends
+# l.895-907 and l.1743-1762, shared-expert overlap l.1820-1825 and l.3038-3041), Primus
+# ``primus/backends/megatron/patches/args/rocm_arg_validation.py`` at fd1eeabbad
+# (``validate_args_on_rocm``: sync-free stages l.199-217 with the options of
+# ``_get_sync_free_moe_options`` l.44-71, Turbo DeepEP l.221-233), Primus-Turbo being a ROCm
+# library (``enable_primus_turbo``), NVIDIA DeepEP / HybridEP CUDA libraries (Megatron-Core
+# ``moe/fused_a2a.py`` imports ``deep_ep``).
+
+
+def backend_problems(model: ModelSpec, gpu: Any, cfg: ParallelConfig,
+                     a2a_overlap: bool = False) -> list[str]:
+    """What the frameworks refuse of a resolved configuration's MoE backend (one line each,
+    naming the value and what would be legal); [] when legal."""
+    out: list[str] = []
+    amd = gpu.vendor == "amd"
+    flex = cfg.dispatcher == Dispatcher.FLEX
+    fb = cfg.flex_backend
+    if not model.is_moe:
+        if cfg.sync_free_stage or fb is not None or cfg.shared_expert_overlap:
+            out.append("the MoE backend settings (--sync-free-stage, --flex-backend, "
+                       "--shared-expert-overlap) need an MoE model; drop them")
+        return out
+    if fb is not None and not flex:
+        out.append(f"--flex-backend {fb.value} is the flex dispatcher's library; give "
+                   f"--dispatcher flex or drop it (dispatcher is {cfg.dispatcher.value})")
+    turbo = {"--flex-backend turbo": fb is FlexBackend.TURBO,
+             "--grouped-gemm turbo": cfg.grouped_gemm is GroupedGemm.TURBO,
+             f"--sync-free-stage {cfg.sync_free_stage}": cfg.sync_free_stage > 0}
+    for what, on in turbo.items():
+        if on and not amd:
+            out.append(f"{what} is Primus-Turbo, a ROCm library: it needs an AMD GPU "
+                       f"({gpu.name} is {gpu.vendor}); use the defaults (deepep, te, stage 0)")
+    if flex and fb in (FlexBackend.DEEPEP, FlexBackend.HYBRIDEP) and amd:
+        out.append(f"--flex-backend {fb.value} is an NVIDIA CUDA library (Megatron-Core "
+                   f"moe/fused_a2a.py); on {gpu.name} use turbo (Primus-Turbo DeepEP)")
+    if cfg.sync_free_stage >= 2 and not (flex and fb is FlexBackend.TURBO):
+        out.append(f"--sync-free-stage {cfg.sync_free_stage} turns on Primus-Turbo DeepEP "
+                   "(rocm_arg_validation.py: use_turbo_deepep); give --dispatcher flex "
+                   "--flex-backend turbo or stage 0-1")
+    if cfg.sync_free_stage >= 2 and cfg.grouped_gemm is not GroupedGemm.TURBO:
+        out.append(f"--sync-free-stage {cfg.sync_free_stage} needs --grouped-gemm turbo (Primus: "
+                   "'Sync-Free MoE stage 2 or 3 require PrimusTurboGroupedLinear'); grouped "
+                   f"GEMM is {cfg.grouped_gemm.value}")
+    if flex and fb is FlexBackend.TURBO:
+        if cfg.shared_expert_overlap:
+            out.append("Primus-Turbo DeepEP refuses --shared-expert-overlap ('DeepEP not "
+                       "support moe_shared_expert_overlap'); drop it or use alltoall")
+        if not cfg.router_fp32:
+            out.append("Primus-Turbo DeepEP needs the fp32 router ('DeepEP only supports float32 "
+                       "probs'); give --router-fp32")
+    if cfg.shared_expert_overlap and cfg.dispatcher == Dispatcher.ALLGATHER:
+        out.append("--shared-expert-overlap works only with the alltoall or flex dispatcher "
+                   "(Megatron-Core transformer_config.py l.1820-1825); dispatcher is allgather")
+    if cfg.shared_expert_overlap and a2a_overlap:
+        out.append("--shared-expert-overlap and --moe-a2a-overlap exclude each other "
+                   "(Megatron-Core: 'disable moe_shared_expert_overlap when enabling "
+                   "overlap_moe_expert_parallel_comm'); drop one")
+    return out
+
+
+def moe_backend(ctx: RuleContext) -> list[Violation]:
+    return [Violation("moe_backend", msg, ("dispatcher",))
+            for msg in backend_problems(ctx.model, ctx.cluster.gpu, ctx.cfg,
+                                        ctx.settings.options.moe_a2a_overlap)]
+
+
 # ------------------------------------------------ run_settings: the framework run settings
 #
 # What Megatron-Core refuses under the framework run settings (``RunSettings``: CUDA graphs,
@@ -873,6 +946,7 @@ RULES: dict[str, Callable[[RuleContext], list[Violation]]] = {
     "recompute": recompute,
     "precision": precision,
     "dispatcher": dispatcher,
+    "moe_backend": moe_backend,
     "run_settings": run_settings,
     "batch": batch,
     "extra": extra,
@@ -904,6 +978,7 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "recompute": ("pp", "vpp", "pipeline_split", "recompute", "fp8_recipe"),
     "precision": ("fp8_recipe",),
     "dispatcher": ("ep", "dispatcher"),
+    "moe_backend": ("dispatcher",),
     "run_settings": SETTING_AXES,
     "batch": ("tp", "pp", "cp", "mbs"),
     "extra": (),  # the axes the constraints name (see solver.constraints.HardConstraint.axes)

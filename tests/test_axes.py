@@ -39,7 +39,9 @@ def test_derived_lists_pinned() -> None:
                                 "recompute_method", "recompute_layers", "dispatcher",
                                 "schedule", "fp8_recipe", "distributed_optimizer")
     assert ATTRIBUTION_FIELDS == ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute",
-                                  "dispatcher", "schedule", "fp8_recipe",
+                                  "dispatcher", "flex_backend", "sync_free_stage",
+                                  "grouped_gemm", "permute_fusion", "shared_expert_overlap",
+                                  "router_fp32", "schedule", "fp8_recipe",
                                   "distributed_optimizer", "fsdp", "pipeline_split")
 
 

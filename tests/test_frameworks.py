@@ -27,6 +27,7 @@ from tune_cp.oracle.specs import (
     ConfigError,
     Dispatcher,
     Fp8Recipe,
+    GroupedGemm,
     ParallelConfig,
     PipelineSplit,
     Precision,
@@ -250,6 +251,9 @@ def test_nemo_export_of_amd_reference():
         'cfg.model.moe_token_dispatcher_type = "alltoall"',
         "cfg.model.moe_flex_dispatcher_backend = None",
         "cfg.model.moe_grouped_gemm = True",
+        "cfg.model.moe_permute_fusion = False",
+        "cfg.model.moe_shared_expert_overlap = False",
+        "cfg.model.moe_router_dtype = None",
         "cfg.mixed_precision = bf16_mixed()",
     ]
     assert "from megatron.bridge.training.mixed_precision import bf16_mixed" in text
@@ -354,7 +358,12 @@ def test_megatron_args_round_trip(name, kw):
     expected = canonical_config(m, cl, tr, cfg)
     text = to_megatron_args(m, cl, tr, cfg, launcher=True)
     run = parse_megatron_args(text, model=m)
-    assert run.unknown == [] and run.notes == expected_notes(expected)
+    # the Primus-Turbo settings of an AMD flex run are Primus command-line overrides, read back
+    # with a note each (tests/test_moe_backend.py pins them)
+    notes = [n for n in run.notes if not n.startswith(("--enable_primus_turbo", "--use_turbo_",
+                                                       "--turbo_", "--moe_use_legacy",
+                                                       "Primus-Turbo MoE settings read"))]
+    assert run.unknown == [] and notes == expected_notes(expected)
     assert (run.num_nodes, run.gpus_per_node) == (nodes, 8)
     training = run.training_spec(m, cl)
     assert training == exported_training(tr, expected)
@@ -428,7 +437,7 @@ def test_realistic_megatron_launch():
     assert (run.num_nodes, run.gpus_per_node) == (4, 8)
     assert run.model is not None and run.model.vocab_size == 32768
     assert run.unknown == ["--my-site-flag 3"]
-    assert run.ignored == ["--moe-grouped-gemm", "--data-path", "--lr", "--exit-signal-handler"]
+    assert run.ignored == ["--data-path", "--lr", "--exit-signal-handler"]  # --moe-grouped-gemm read
     assert run.unmodelled == ["--overlap-grad-reduce"]  # changes time; printed as a warning
     assert run.notes == []
     assert run.defaults == [
@@ -552,7 +561,10 @@ def test_primus_style_underscored_flags_are_read_with_a_note():
                             "(underscored flags are Primus's command line); read as such")
     assert "recompute_method / recompute_num_layers without recompute_granularity: no " \
            "recomputation" in run.notes
-    assert run.unknown == [] and run.ignored == ["--moe_use_legacy_grouped_gemm"]
+    # the reference's legacy grouped GEMM is read (gone from Megatron-LM d98e8a64; Primus takes it)
+    assert run.unknown == [] and run.ignored == [] and c.grouped_gemm is GroupedGemm.LEGACY
+    assert ("--moe_use_legacy_grouped_gemm is not a Megatron-LM d98e8a64 flag (Primus's "
+            "Megatron-LM and Primus-Turbo take it); read") in run.notes
 
 
 def test_layers_per_virtual_stage_with_embedding_loss_split():
@@ -670,10 +682,14 @@ def test_realistic_primus_experiment():
     assert c.recompute is Recompute.FULL and c.recompute_method is RecomputeMethod.BLOCK
     assert c.recompute_layers == 1 and c.distributed_optimizer and c.dispatcher == "alltoall"
     assert (run.seq_len, run.global_batch_size, run.precision) == (8192, 512, Precision.BF16)
+    # the experiment runs the legacy grouped GEMM (moe_use_legacy_grouped_gemm: true)
     assert resolve_config(c, model, cl, run.training_spec(model, cl)) == canonical_config(
-        m, cl, tr, cfg)
+        m, cl, tr, cfg.model_copy(update={"grouped_gemm": GroupedGemm.LEGACY}))
     assert run.unknown == []
-    assert {"wandb_project", "lr", "enable_primus_turbo", "moe_router_dtype"} <= set(run.ignored)
+    assert {"wandb_project", "lr"} <= set(run.ignored)
+    # read, not ignored: the Turbo switch and the router dtype (null: the parameters' dtype)
+    assert not {"enable_primus_turbo", "moe_router_dtype", "use_turbo_attention"} & set(
+        run.ignored)
     assert run.defaults == [
         "moe_ffn_hidden_size: 16384 (Primus default: ffn_hidden_size)",
         "vocab_size: 32768 (tokenizer mistralai/Mixtral-8x22B-v0.1; the catalog model "
@@ -684,6 +700,7 @@ def test_realistic_primus_experiment():
         "bf16: on (Primus default, trainer_base.yaml)",
     ]
     assert run.notes == [
+        "Primus-Turbo MoE settings read: grouped_gemm legacy",
         "moe_router_force_load_balancing true: routing is forced balanced (a benchmark setting), "
         "as tune-cp's default moe_routing_imbalance=0 assumes; for real routing set --overhead "
         "moe_routing_imbalance=0.5",
@@ -1137,9 +1154,11 @@ def test_primus_export_keys_are_primus_defaults_or_explained():
                                                          recompute=Recompute.SELECTIVE))
     keys = [line.split(":")[0].strip() for line in text.splitlines() if line.startswith("      ")]
     extra = [k for k in keys if k not in primus_default_keys()]
-    assert extra == ["recompute_modules", "moe_flex_dispatcher_backend"]
-    assert ("# recompute_modules, moe_flex_dispatcher_backend: Megatron-LM arguments that are in "
+    # Primus-Turbo DeepEP is the flex dispatcher on AMD: no moe_flex_dispatcher_backend
+    assert extra == ["recompute_modules"]
+    assert ("# recompute_modules: Megatron-LM arguments that are in "
             "none of Primus's YAML defaults") in text
+    assert "      use_turbo_deepep: true" in text and "      moe_router_dtype: fp32" in text
 
 
 @pytest.mark.parametrize("name", [n for n, e in model_entries().items() if not e.hybrid_pattern])

@@ -136,13 +136,13 @@ def test_check_states_its_defaults(run_cli, run_json):
     code, out, _ = run_cli("check", "--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "1",
                            "--tp", "2", "--ep", "4")
     line = next(x for x in out.splitlines() if x.startswith("defaults: "))
-    assert "--pp 1 --vpp 1 --cp 1 --mbs 1 --recompute none --dispatcher alltoall (flag " \
-           "defaults" in line
+    assert "--pp 1 --vpp 1 --cp 1 --mbs 1 --recompute none --dispatcher alltoall " \
+           "--sync-free-stage 0 --grouped-gemm te (flag defaults" in line
     assert f"--memory-margin {DEFAULT_MEMORY_MARGIN:g} (default)" in line and "--tp" not in line
     code, data = run_json("check", "--model", "llama3-8b", "--gpu", "h100", "--nodes", "1",
                           "--memory-margin", "0.1", "--mbs", "2")
     assert not any("--memory-margin" in d or "--mbs" in d or "dispatcher" in d
-                   for d in data["defaults"])
+                   or "sync-free" in d or "grouped-gemm" in d for d in data["defaults"])
 
 
 def test_trials_out_holds_every_configuration_of_the_ranking(run_cli, run_json, tmp_path):
