@@ -797,7 +797,8 @@ def ray_address_file(env: Mapping[str, str] | None = None) -> Path:
     """The file where ``ray start --head`` records the cluster it started, as Ray finds it
     (Ray 2.60 ``ray/_common/utils.py``: ``get_default_system_temp_dir``, ``get_ray_address_file``):
     ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then ``ray/ray_current_cluster``.
-    ``ray stop`` does not always remove it, so it may name a head that is gone."""
+    ``ray stop`` removes it, but a head that ended otherwise (killed, crashed, a container
+    restarted with ``/tmp`` kept) leaves it naming an address nothing answers at."""
     env = os.environ if env is None else env
     base = env.get("RAY_TMPDIR") or (env.get("TMPDIR") if sys.platform.startswith("linux")
                                      else None) or "/tmp"
@@ -834,8 +835,9 @@ def auto_address(env: Mapping[str, str] | None = None,
     """What ``--ray auto`` runs on: (the address for ``ray.init``, how it was found). The
     cluster ``RAY_ADDRESS`` names (it must answer: it was asked for), else the one
     :func:`ray_address_file` records if it answers, else ``"local"``: a new local cluster
-    (``ray.init(address="local")``, which never joins another). Ray's own ``auto`` would join the
-    recorded address even when that head was stopped, and refuse."""
+    (``ray.init(address="local")``, which never joins another). ``ray.init()`` and Ray's own
+    ``auto`` take the recorded address even when that head is gone, try to join it and fail
+    (with ``num_cpus`` given, at once: Ray refuses a size for a cluster it joins)."""
     env = os.environ if env is None else env
     named = env.get("RAY_ADDRESS", "").strip()
     if named:
@@ -852,8 +854,8 @@ def auto_address(env: Mapping[str, str] | None = None,
         return "local", "no Ray cluster is recorded on this machine"
     if answers(recorded):
         return recorded, f"recorded in {path}"
-    return "local", (f"{path} names {recorded}, which does not answer: a head that was "
-                     f"stopped")
+    return "local", (f"{path} names {recorded}, which does not answer: a head that is no "
+                     f"longer running")
 
 
 class RayEngine:

@@ -305,7 +305,7 @@ def test_ray_auto_starts_a_local_cluster_over_a_stale_cluster_file(tmp_path):
     assert not address_answers(stale)
     where = tmp_path / "ray" / "ray_current_cluster"
     assert auto_address(env) == ("local", f"{where} names {stale}, which does not answer: a "
-                                          f"head that was stopped")
+                                          f"head that is no longer running")
     import socket
 
     with socket.socket() as head:  # a head that runs: something listens at the address

@@ -51,7 +51,7 @@ def cluster():
         engine._init()
         assert said == [f"--ray auto: started a local Ray cluster of 2 CPUs ({tmp}/ray/"
                         f"ray_current_cluster names {stale}, which does not answer: a head "
-                        f"that was stopped)"]
+                        f"that is no longer running)"]
         assert engine.name == "Ray (local, 2 CPUs)"
         yield
     finally:
