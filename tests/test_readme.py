@@ -1,7 +1,7 @@
 """The README as a user reads it: the two commands that open it, the test command CI runs, its
 links, the sections other features document themselves in, and every ``tune-cp`` command of
-its examples parsed by the real CLI (options and files exist; nothing is run: the examples'
-outputs are produced by running them, see the final reports of the README edits)."""
+its examples parsed by the real CLI (options and files exist; nothing is run here:
+``python benchmarks/readme_examples.py`` runs each example and compares its output)."""
 
 from __future__ import annotations
 
