@@ -11,6 +11,11 @@ the search, plan and sweep examples take a minute or two together on the shared 
 
     python benchmarks/readme_examples.py            # every example
     python benchmarks/readme_examples.py --only plan,sweep
+    python benchmarks/readme_examples.py --write    # also rewrite the blocks shown in full
+
+``--write`` replaces the shown output of every example that differs and shows its output in full
+(no ``...``) with what it printed now (stdout, or stderr when stdout is empty, as the README
+shows them); the elided ones are listed for a hand edit.
 """
 
 from __future__ import annotations
@@ -69,18 +74,31 @@ def matches(expected: list[str], actual: list[str]) -> tuple[bool, str]:
     return True, ""  # the README may show the start of a long output
 
 
-def run(command: str, cwd: Path) -> list[str]:
+def run(command: str, cwd: Path) -> tuple[list[str], list[str]]:
+    """(stdout and stderr together, the lines the README would show: stdout, or stderr when
+    stdout is empty)."""
     tune = f"{shlex.quote(sys.executable)} -m tune_cp.cli"
     script = f'tune-cp() {{ {tune} "$@"; }}\n{command}'
     proc = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True,
                           env=None, timeout=600)
-    return (proc.stdout + proc.stderr).splitlines()
+    shown = proc.stdout if proc.stdout.strip() else proc.stderr
+    return (proc.stdout + proc.stderr).splitlines(), shown.rstrip("\n").splitlines()
+
+
+def rewrite(readme: str, command: str, expected: list[str], shown: list[str]) -> str:
+    """``readme`` with the lines after ``$ command`` (exactly ``expected``) replaced."""
+    old = "\n".join([f"$ {command}", *expected]) + "\n"
+    new = "\n".join([f"$ {command}", *shown]) + "\n"
+    assert readme.count(old) == 1, command
+    return readme.replace(old, new)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="", help="comma-separated words; run the examples whose "
                     "command contains one of them")
+    ap.add_argument("--write", action="store_true", help="rewrite the differing examples the "
+                    "README shows in full")
     args = ap.parse_args()
     words = [w for w in args.only.split(",") if w]
     failed = 0
@@ -88,12 +106,23 @@ def main() -> int:
         cwd = Path(tmp)
         for name in ("tests", "benchmarks", "docs"):
             (cwd / name).symlink_to(ROOT / name)
-        for command, expected in examples((ROOT / "README.md").read_text()):
+        readme = (ROOT / "README.md").read_text()
+        for command, expected in examples(readme):
             if words and not any(w in command for w in words):
                 continue
-            ok, why = matches(expected, run(command, cwd))
-            failed += not ok
-            print(f"{'ok     ' if ok else 'DIFFERS'}  {command[:100]}" + ("" if ok else f"\n         {why[:300]}"))
+            printed, shown = run(command, cwd)
+            ok, why = matches(expected, printed)
+            state = "ok     "
+            if not ok:
+                state = "DIFFERS"
+                if args.write and not any("..." in e for e in expected):
+                    readme = rewrite(readme, command, expected, shown)
+                    state, why = "WRITTEN", "the README block now shows this run's output"
+                else:
+                    failed += 1
+            print(f"{state}  {command[:100]}" + ("" if ok else f"\n         {why[:300]}"))
+        if args.write:
+            (ROOT / "README.md").write_text(readme)
     return 1 if failed else 0
 
 
