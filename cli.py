@@ -1819,9 +1819,11 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
 @click.option("--workers", type=AsciiIntRange(1, 1024), default=1, show_default=True,
               help="Local processes (1: this process). With --ray: the CPUs of a local Ray "
                    "cluster started here.")
-@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
-              help="Run each scenario as a Ray task: 'auto' joins this machine's Ray cluster "
-                   "or starts a local one; else a cluster address (ray://head:10001). Needs "
+@click.option("--ray", "ray_address", default=None, metavar="auto|local|ADDRESS",
+              help="Run each scenario as a Ray task: 'auto' joins this machine's running Ray "
+                   "cluster (RAY_ADDRESS, else the one 'ray start' recorded, if it answers) or "
+                   "starts a local one; 'local' always starts a local one; else a cluster "
+                   "address (ray://head:10001). Says on stderr which cluster it runs on. Needs "
                    "pip install 'tune-cp[ray]'.")
 @click.option("--resume", is_flag=True,
               help="Keep the rows already in --out (same scenario, same inputs) and run only the "

@@ -793,17 +793,86 @@ def _ray_task(sc: Scenario) -> dict[str, Any]:
     return run_scenario(sc)
 
 
+def ray_address_file(env: Mapping[str, str] | None = None) -> Path:
+    """The file where ``ray start --head`` records the cluster it started, as Ray finds it
+    (Ray 2.60 ``ray/_common/utils.py``: ``get_default_system_temp_dir``, ``get_ray_address_file``):
+    ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then ``ray/ray_current_cluster``.
+    ``ray stop`` removes it, but a head that ended otherwise (killed, crashed, a container
+    restarted with ``/tmp`` kept) leaves it naming an address nothing answers at."""
+    env = os.environ if env is None else env
+    base = env.get("RAY_TMPDIR") or (env.get("TMPDIR") if sys.platform.startswith("linux")
+                                     else None) or "/tmp"
+    return Path(base) / "ray" / "ray_current_cluster"
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` of a Ray address (``ray://head:10001``, ``10.0.0.5:6379``, ``[::1]:6379``),
+    or None when it has none."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def address_answers(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection at the address's host and port (a Ray head's
+    GCS or client server); an address without a port is taken as answering (Ray decides)."""
+    import socket
+
+    hp = _host_port(address)
+    if hp is None:
+        return True
+    try:
+        with socket.create_connection(hp, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def auto_address(env: Mapping[str, str] | None = None,
+                 answers: Callable[[str], bool] = address_answers) -> tuple[str, str]:
+    """What ``--ray auto`` runs on: (the address for ``ray.init``, how it was found). The
+    cluster ``RAY_ADDRESS`` names (it must answer: it was asked for), else the one
+    :func:`ray_address_file` records if it answers, else ``"local"``: a new local cluster
+    (``ray.init(address="local")``, which never joins another). ``ray.init()`` and Ray's own
+    ``auto`` take the recorded address even when that head is gone, try to join it and fail
+    (with ``num_cpus`` given, at once: Ray refuses a size for a cluster it joins)."""
+    env = os.environ if env is None else env
+    named = env.get("RAY_ADDRESS", "").strip()
+    if named:
+        if not answers(named):
+            raise ConfigError(f"--ray auto: RAY_ADDRESS={named} does not answer; start that "
+                              f"cluster, or unset RAY_ADDRESS to start a local one")
+        return named, "from RAY_ADDRESS"
+    path = ray_address_file(env)
+    try:
+        recorded = path.read_text().strip() if path.is_file() else ""
+    except OSError:
+        recorded = ""
+    if not recorded:
+        return "local", "no Ray cluster is recorded on this machine"
+    if answers(recorded):
+        return recorded, f"recorded in {path}"
+    return "local", (f"{path} names {recorded}, which does not answer: a head that is no "
+                     f"longer running")
+
+
 class RayEngine:
     """Each scenario a Ray task (``num_cpus=1``); results are taken as they finish
-    (``ray.wait``). ``address``: ``auto`` joins the Ray cluster this machine belongs to, or starts
-    a local one (``ray.init()``); anything else is passed to ``ray.init(address=...)``
-    (``ray://head:10001``, ``head:6379``). ``num_cpus`` sizes a local cluster started here
-    (default: Ray's, every CPU). At most ``in_flight`` tasks are submitted at once (default: twice
-    the cluster's CPUs). A task that raises or whose worker dies fails its scenario's row.
+    (``ray.wait``). ``address``: ``auto`` joins the Ray cluster this machine runs
+    (:func:`auto_address`: ``RAY_ADDRESS``, else the one ``ray start`` recorded, if it answers),
+    else starts a local one; ``local`` always starts a local one; anything else is passed to
+    ``ray.init(address=...)`` (``ray://head:10001`` needs Ray Client, ``ray[client]``;
+    ``head:6379``). ``num_cpus`` sizes a local cluster started here (default: Ray's, every
+    CPU); a running cluster keeps its size. ``say`` receives one line naming the cluster run on
+    (the CLI writes it on stderr). At most ``in_flight`` tasks are submitted at once (default:
+    twice the cluster's CPUs). A task that raises or whose worker dies fails its scenario's row.
     Ray is imported here and nowhere else."""
 
     def __init__(self, address: str = "auto", num_cpus: int | None = None,
-                 in_flight: int | None = None, init_kwargs: Mapping[str, Any] | None = None) -> None:
+                 in_flight: int | None = None, init_kwargs: Mapping[str, Any] | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         try:
             import ray
         except ImportError:
@@ -813,8 +882,10 @@ class RayEngine:
         self.num_cpus = num_cpus
         self.in_flight = in_flight
         self.init_kwargs = dict(init_kwargs or {})
+        self.say = say
         self.started = False
         self.name = f"Ray ({address})"
+        self.joined = ""
         self.refs: dict[Any, Scenario] = {}
 
     def _init(self) -> None:
@@ -823,20 +894,44 @@ class RayEngine:
             return
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "logging_level": "ERROR"} | self.init_kwargs
-        if self.address == "auto":
+        address, source = self.address, ""
+        if address == "auto":
+            address, source = auto_address()
+        elif "://" in address:
+            try:
+                import grpc  # noqa: F401 - Ray Client's transport (ray[client])
+            except ImportError:
+                raise ConfigError(f"--ray {self.address}: Ray Client needs grpcio: pip install "
+                                  f"'tune-cp[ray]' (it brings ray[client])") from None
+        if address == "local":
             # workers on this machine run this interpreter, which has tune-cp installed (it does
             # not run uninstalled); a remote cluster needs tune-cp installed on its nodes
             if self.num_cpus is not None:
                 kwargs["num_cpus"] = self.num_cpus
-            ray.init(**kwargs)
+            ray.init(address="local", **kwargs)
+            self.started = True
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            what = f"started a local Ray cluster of {cpus} CPUs"
+            self.name = f"Ray (local, {cpus} CPUs)"
         else:
-            ray.init(address=self.address, **kwargs)
-        self.started = True
+            # Ray refuses num_cpus when it joins a cluster: a running cluster keeps its size
+            ray.init(address=address, **kwargs)
+            self.started = True
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            what = f"joined the Ray cluster at {address} ({cpus} CPUs)"
+            if self.num_cpus is not None:
+                what += f"; --workers {self.num_cpus} does not resize a running cluster"
+            self.name = f"Ray ({address}, {cpus} CPUs)"
+        self.joined = f"--ray {self.address}: {what}" + (f" ({source})" if source else "")
+        if self.say is not None:
+            self.say(self.joined)
 
     def run(self, scenarios: Sequence[Scenario]) -> Iterator[Outcome]:
         ray = self.ray
         try:
             self._init()
+        except ConfigError:
+            raise
         except Exception as e:  # noqa: BLE001 - one line for the user
             raise ConfigError(f"--ray {self.address}: cannot start or reach Ray "
                               f"({error_text(e)})") from None
@@ -1124,6 +1219,7 @@ def run_sweep(scenarios: Sequence[Scenario], out: str, engine: Any = None, *,
         raise
     finally:
         report.wall_s = time.perf_counter() - t0
+        report.engine = engine.name  # a Ray engine names its cluster once it is on one
     if dirty or report.computed == 0:
         flush()
     report.rows = sort_rows(rows.values(), order)
@@ -1200,7 +1296,8 @@ def make_engine(workers: int, ray: str | None, share_tables: bool = True) -> Any
     """The engine the CLI flags ask for: Ray when ``ray`` is given, else ``workers`` local
     processes (1: this process)."""
     if ray is not None:
-        return RayEngine(ray, num_cpus=workers if workers > 1 else None)
+        return RayEngine(ray, num_cpus=workers if workers > 1 else None,
+                         say=lambda line: print(f"tune-cp: {line}", file=sys.stderr, flush=True))
     if workers > 1:
         return LocalEngine(workers, share_tables)
     return SerialEngine()
@@ -1212,6 +1309,7 @@ __all__ = [
     "GridError",
     "LocalEngine",
     "RayEngine",
+    "auto_address",
     "Scenario",
     "SerialEngine",
     "SweepReport",

@@ -30,8 +30,8 @@ VERIFY_ITERATIONS = 30
 
 MEGATRON_BENCH = [("--train-iters", str(VERIFY_ITERATIONS)), ("--log-interval", "1"),
                   ("--log-throughput", None), ("--eval-iters", "0")]
-PRIMUS_BENCH = [("train_iters", str(VERIFY_ITERATIONS)), ("log_interval", "1"),
-                ("log_throughput", "true"), ("eval_iters", "0")]
+PRIMUS_BENCH = [("train_iters", VERIFY_ITERATIONS), ("log_interval", 1),
+                ("log_throughput", True), ("eval_iters", 0)]
 BRIDGE_BENCH = [("train.train_iters", str(VERIFY_ITERATIONS)), ("logger.log_interval", "1"),
                 ("logger.log_throughput", "True"), ("train.eval_iters", "0")]
 
@@ -49,6 +49,7 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
         to_nemo_overrides,
         to_primus_overrides,
     )
+    from tune_cp.formats.export import yaml_value
 
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -75,7 +76,7 @@ def write_verify(result, n: int, out_dir: str | Path) -> list[Path]:
         except ConfigError as e:
             (d / "NOTE.txt").write_text(f"Megatron-LM / Megatron-Bridge: {e}\n")
         prim = to_primus_overrides(m, cl, tr, cfg, options=opts).rstrip("\n")
-        prim += "\n" + "\n".join(f"      {k2}: {v}" for k2, v in PRIMUS_BENCH)
+        prim += "\n" + "\n".join(f"      {k2}: {yaml_value(v)}" for k2, v in PRIMUS_BENCH)
         (d / "primus.yaml").write_text(prim + "\n")
         band = (f" (80% interval {iv.low:,.0f}-{iv.high:,.0f}"
                 + (f"; {iv.bias_text()}" if iv.bias is not None else "") + ")" if iv else "")

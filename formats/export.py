@@ -22,6 +22,8 @@ have several equivalent spellings written one way, so Megatron-LM arguments read
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import re
 import shlex
 from functools import cache
@@ -548,15 +550,39 @@ YAML_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 YAML_RESERVED = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"})
 
 
-def _yaml(value: Any) -> str:
+def yaml_float(x: float) -> str:
+    """``x`` spelled so that a YAML 1.1 loader reads it back as the same float. Primus loads its
+    YAML with PyYAML's ``SafeLoader`` (``primus/core/config/yaml_loader.py::_load_yaml``), whose
+    float pattern (YAML 1.1) needs a dot in the mantissa and a sign in the exponent: Python's
+    ``1e-05`` is read as the string ``'1e-05'``, ``1.0e-05`` as the float (Primus's own YAMLs
+    write ``1.0e-06``); infinities and NaN are ``.inf``, ``-.inf``, ``.nan``."""
+    x = float(x)
+    if math.isnan(x):
+        return ".nan"
+    if math.isinf(x):
+        return ".inf" if x > 0 else "-.inf"
+    text = repr(x)  # the shortest spelling that reads back as x
+    mantissa, e, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if e and exponent[0] not in "+-":
+        exponent = "+" + exponent
+    return mantissa + (f"e{exponent}" if e else "")
+
+
+def yaml_value(value: Any) -> str:
+    """One YAML value as Primus's loader (PyYAML, YAML 1.1) reads it back: floats by
+    :func:`yaml_float`, strings that would read as something else quoted."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):  # float, numpy floats
+        return yaml_float(float(value))
     if isinstance(value, list):
-        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
     text = str(value)
     if YAML_PLAIN.fullmatch(text) and text.lower() not in YAML_RESERVED:
         return text
@@ -707,7 +733,7 @@ def to_primus_overrides(
         lines.insert(len(lines) - 3, f"# {', '.join(extra)}: Megatron-LM arguments that are in "
                      "none of Primus's YAML defaults; Primus passes overrides to Megatron-LM's "
                      "arguments as they are")
-    lines += [f"      {key}: {_yaml(value)}" for key, value in pairs]
+    lines += [f"      {key}: {yaml_value(value)}" for key, value in pairs]
     return "\n".join(lines) + "\n"
 
 

@@ -173,7 +173,7 @@ def test_primus_export_of_amd_reference():
         "      use_rope_scaling: false", "      moe_router_enable_expert_bias: false",
         "      num_layers: 56", "      hidden_size: 6144", "      ffn_hidden_size: 16384",
         "      num_attention_heads: 48", "      num_query_groups: 8",
-        "      normalization: RMSNorm", "      norm_epsilon: 1e-05",
+        "      normalization: RMSNorm", "      norm_epsilon: 1.0e-05",
         "      position_embedding_type: rope", "      rotary_base: 1000000",
         "      attention_dropout: 0.0", "      hidden_dropout: 0.0", "      vocab_size: 32768",
         "      num_experts: 8", "      moe_ffn_hidden_size: 16384", "      moe_router_topk: 2",
@@ -1177,6 +1177,68 @@ def test_exported_primus_overrides_define_the_catalog_model(name, tmp_path):
     for field_name in type(m).model_fields:
         if field_name not in ARCH_IGNORED_FIELDS:
             assert getattr(back, field_name) == getattr(m, field_name), field_name
+
+
+def _numeric_strings(value, where=""):
+    """Paths of the strings in a loaded YAML tree that Python reads as a number: a float that
+    the YAML 1.1 loader took for a string (``1e-05``)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _numeric_strings(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _numeric_strings(v, f"{where}[{i}]")]
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return []
+        return [f"{where}={value!r}"]
+    return []
+
+
+@pytest.mark.parametrize("value", [1e-05, 1e-06, 1.5e-05, 1e-12, 5e-324, 1e16, 1.0e20, 2.5e300,
+                                   1e22, 0.0, -0.0, 1.0, -3.25, 0.1, 1000000.0, 123456789.125,
+                                   1.7976931348623157e308, float("inf"), -float("inf")])
+def test_yaml_float_reads_back_as_the_same_float(value):
+    """PyYAML's SafeLoader (YAML 1.1, what Primus's yaml_loader.py uses) reads every spelling
+    yaml_float writes as the same float: 1e-05 -> 1.0e-05, 1e+16 -> 1.0e+16."""
+    from tune_cp.formats.export import yaml_float
+
+    text = yaml_float(value)
+    back = yaml.safe_load(f"x: {text}")["x"]
+    assert type(back) is float and back == value, text
+    assert yaml_float(1e-05) == "1.0e-05" and yaml_float(1e16) == "1.0e+16"
+    assert yaml_float(0.5) == "0.5" and yaml_float(float("nan")) == ".nan"
+
+
+@pytest.mark.parametrize("name", [n for n, e in model_entries().items() if not e.hybrid_pattern])
+def test_primus_export_floats_load_as_floats(name):
+    """Every float the Primus export writes (the model's norm epsilon, dropout, rope scaling,
+    router and capacity factors, ...) loads under yaml.safe_load as that float, and no value
+    loads as a string that reads as a number (Primus's loader would hand Megatron-LM the
+    string '1e-05')."""
+    from tune_cp.formats.export import (
+        primus_model_overrides,
+        primus_option_overrides,
+        primus_overrides,
+    )
+    from tune_cp.oracle.memory import RunOptions
+
+    m = load_model(name)
+    cluster = ClusterSpec(gpu=load_gpu("mi355x"), num_nodes=64, gpus_per_node=8)
+    training = TrainingSpec(seq_len=m.default_seq_len, global_batch_size=m.default_global_batch_size)
+    cfg = ParallelConfig(tp=8, ep=8 if m.is_moe else 1)
+    options = RunOptions(moe_capacity_factor=1.25) if m.is_moe else None
+    text = to_primus_overrides(m, cluster, training, cfg, options=options)
+    loaded = yaml.safe_load(text)["modules"]["pre_trainer"]["overrides"]
+    assert _numeric_strings(loaded) == []
+    c = canonical_config(m, cluster, training, cfg)
+    written = (primus_overrides(m, training, c) + primus_option_overrides(m, options)
+               + primus_model_overrides(m)[0])
+    floats = {k: v for k, v in written if isinstance(v, float)}
+    assert "norm_epsilon" in floats and (not m.is_moe or "moe_expert_capacity_factor" in floats)
+    for key, value in floats.items():
+        assert type(loaded[key]) is float and loaded[key] == value, (key, loaded[key])
+    assert loaded["norm_epsilon"] == m.norm_epsilon
 
 
 @pytest.mark.parametrize("name", list(model_entries()))

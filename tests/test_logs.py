@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.conftest import setting
 from tune_cp.agent.search import GROUP_TOLERANCE, SearchOptions, memory_fits, search
@@ -137,7 +138,10 @@ def test_verify_writes_launches_that_read_back(tmp_path, run_cli):
     args = (folders[0] / "megatron.args").read_text()
     for flag in ("--train-iters 30", "--log-interval 1", "--log-throughput", "--eval-iters 0"):
         assert flag in args
-    assert "train_iters: 30" in (folders[0] / "primus.yaml").read_text()
+    primus = yaml.safe_load((folders[0] / "primus.yaml").read_text())
+    overrides = primus["modules"]["pre_trainer"]["overrides"]
+    assert overrides["train_iters"] == 30 and overrides["log_throughput"] is True
+    assert type(overrides["norm_epsilon"]) is float and overrides["norm_epsilon"] == 1e-05
     assert "cfg.train.train_iters = 30" in (folders[0] / "bridge.py").read_text()
     code, out, _ = run_cli("check", "--megatron-args", args, "--gpu", "h100", "--nodes", "1")
     assert code == 0 and "verdict: legal, fits" in out

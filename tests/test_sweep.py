@@ -21,6 +21,7 @@ from tune_cp.agent.sweep import (
     run_sweep,
     write_rows,
 )
+from tune_cp.oracle.specs import ConfigError
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
 #: four fast scenarios (dense 8B, one or two nodes, two GPUs)
@@ -266,6 +267,86 @@ def test_nothing_of_ray_is_imported_without_it(small):
                          cwd=Path(__file__).parent.parent, check=True)
     # (pyarrow is not checked: OR-Tools' cp_model imports pandas, which may import it)
     assert got.stdout.strip().splitlines()[-1] == "False False"
+
+
+# ------------------------------------------------------------- --ray auto: which cluster
+
+
+def test_ray_address_file_follows_rays_temp_dir_rule(tmp_path):
+    from tune_cp.agent.sweep import ray_address_file
+
+    assert ray_address_file({}) == Path("/tmp/ray/ray_current_cluster")
+    assert ray_address_file({"RAY_TMPDIR": str(tmp_path), "TMPDIR": "/x"}) == (
+        tmp_path / "ray" / "ray_current_cluster")
+    if sys.platform.startswith("linux"):
+        assert ray_address_file({"TMPDIR": "/x"}) == Path("/x/ray/ray_current_cluster")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_auto_starts_a_local_cluster_over_a_stale_cluster_file(tmp_path):
+    """A head that was started (``ray start --head``) and stopped leaves
+    /tmp/ray/ray_current_cluster behind; Ray's own auto (and ray.init() without an address)
+    would join it and refuse. --ray auto joins only an address that answers, else starts its
+    own (address "local"), and says which."""
+    from tune_cp.agent.sweep import address_answers, auto_address
+
+    env = {"RAY_TMPDIR": str(tmp_path)}
+    assert auto_address(env) == ("local", "no Ray cluster is recorded on this machine")
+    (tmp_path / "ray").mkdir()
+    stale = f"127.0.0.1:{_free_port()}"
+    (tmp_path / "ray" / "ray_current_cluster").write_text(stale + "\n")
+    assert not address_answers(stale)
+    where = tmp_path / "ray" / "ray_current_cluster"
+    assert auto_address(env) == ("local", f"{where} names {stale}, which does not answer: a "
+                                          f"head that is no longer running")
+    import socket
+
+    with socket.socket() as head:  # a head that runs: something listens at the address
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        live = f"127.0.0.1:{head.getsockname()[1]}"
+        where.write_text(live)
+        assert address_answers(live) and address_answers(f"ray://{live}")
+        assert auto_address(env) == (live, f"recorded in {where}")
+        # RAY_ADDRESS wins over the file
+        assert auto_address(env | {"RAY_ADDRESS": f"ray://{live}"}) == (
+            f"ray://{live}", "from RAY_ADDRESS")
+    # a RAY_ADDRESS that does not answer was asked for: an error, not a silent local cluster
+    with pytest.raises(ConfigError) as e:
+        auto_address(env | {"RAY_ADDRESS": stale})
+    assert str(e.value) == (f"--ray auto: RAY_ADDRESS={stale} does not answer; start that "
+                            f"cluster, or unset RAY_ADDRESS to start a local one")
+
+
+def test_ray_client_address_without_grpc_names_the_extra(monkeypatch):
+    """ray://... is Ray Client, which needs grpcio (ray[client]): without it one line naming
+    the extra that brings it, before Ray tries to connect."""
+    pytest.importorskip("ray")
+    from tune_cp.agent.sweep import RayEngine
+
+    monkeypatch.setitem(sys.modules, "grpc", None)  # import grpc raises ImportError
+    engine = RayEngine("ray://127.0.0.1:1")
+    assert not engine.ray.is_initialized()
+    with pytest.raises(ConfigError) as e:
+        list(engine.run([]))
+    assert str(e.value) == ("--ray ray://127.0.0.1:1: Ray Client needs grpcio: pip install "
+                            "'tune-cp[ray]' (it brings ray[client])")
+
+
+def test_the_ray_extra_brings_ray_client():
+    """pyproject's ray extra installs what --ray ray://head:10001 needs (ray[client])."""
+    import tomllib
+
+    data = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extra = data["project"]["optional-dependencies"]["ray"]
+    assert any(req.replace(" ", "").startswith("ray[client]") for req in extra), extra
 
 
 def test_shared_tables_give_the_rows_of_fresh_tables(small):

@@ -25,12 +25,39 @@ tokens: 1.0e12
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One local Ray cluster for the module: 2 CPUs, no dashboard, nothing leaves the machine."""
+    """One local Ray cluster for the module: 2 CPUs, no dashboard, nothing leaves the machine;
+    started by ``--ray auto``'s own path over a stale cluster file (the
+    /tmp/ray/ray_current_cluster of a head that was started and stopped, as a user who tried
+    ``ray start --head`` has): it must start its own cluster (address "local") and say so,
+    where ``ray.init(num_cpus=...)`` would try to join the dead head and refuse."""
+    import shutil
+    import socket
+    import tempfile
+
     root = str(Path(__file__).resolve().parent.parent)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": root}})
-    yield
-    ray.shutdown()
+    tmp = tempfile.mkdtemp(prefix="tcp-ray-")  # short: Ray's socket paths live under it
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        stale = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
+    (Path(tmp) / "ray").mkdir()
+    (Path(tmp) / "ray" / "ray_current_cluster").write_text(stale + "\n")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_TMPDIR", tmp)
+    mp.delenv("RAY_ADDRESS", raising=False)
+    said: list[str] = []
+    engine = RayEngine("auto", num_cpus=2, say=said.append,
+                       init_kwargs={"runtime_env": {"env_vars": {"PYTHONPATH": root}}})
+    try:
+        engine._init()
+        assert said == [f"--ray auto: started a local Ray cluster of 2 CPUs ({tmp}/ray/"
+                        f"ray_current_cluster names {stale}, which does not answer: a head "
+                        f"that is no longer running)"]
+        assert engine.name == "Ray (local, 2 CPUs)"
+        yield
+    finally:
+        ray.shutdown()
+        mp.undo()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_ray_gives_the_same_file_and_a_failing_task_is_a_row(cluster, tmp_path):
