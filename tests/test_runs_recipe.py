@@ -52,9 +52,7 @@ def test_nemo1_rows_carry_the_launcher_recipe(rows):
     gradient buffer 2 bytes each (as the bf16 weights), half the fp32 one."""
     from tune_cp.oracle import memory as M
     from tune_cp.oracle.memory import memory_report
-    from tune_cp.oracle.specs import Schedule
-
-    from tune_cp.oracle.specs import OptimizerState, StateDtype
+    from tune_cp.oracle.specs import OptimizerState, Schedule, StateDtype
 
     remainders = OptimizerState(precision_aware=True)  # Apex fp32 state over bf16 weights
     r = rows["290"]
