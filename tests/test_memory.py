@@ -454,7 +454,8 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
         if M.memory_report(r.model, r.cluster, r.training, r.recipe_cfg(), ov).peak_bytes > hbm:
             over.append(r.row_id)
     assert len(over_cols) == 46
-    assert over == ["231", "252", "264", "303"]
+    # 303 (NeMo 1.x SFT) fits once read with its bf16 optimizer state (6 B/param, not 12)
+    assert over == ["231", "252", "264"]
 
 
 def test_optimizer_state_dtypes_hand_worked_llama3_8b_dp8():
