@@ -387,6 +387,51 @@ def fp8_params_option(f: Callable) -> Callable:
     return knob_option(KNOB["fp8_param_gather"])(f)
 
 
+_STATE_CHOICES = ("fp32", "bf16", "fp16", "fp8")
+
+
+def optimizer_state_options(f: Callable) -> Callable:
+    """Megatron-LM's precision-aware optimizer flags (``megatron/training/arguments.py``
+    L3667-3685 at d98e8a6): the optimizer state's dtypes, fixed per search
+    (:class:`tune_cp.oracle.specs.OptimizerState`)."""
+    f = click.option("--exp-avg-sq-dtype", "exp_avg_sq_dtype", default=None,
+                     type=click.Choice(_STATE_CHOICES),
+                     help="Adam's second moment dtype (needs --use-precision-aware-optimizer) "
+                     "[default: fp32]")(f)
+    f = click.option("--exp-avg-dtype", "exp_avg_dtype", default=None,
+                     type=click.Choice(_STATE_CHOICES),
+                     help="Adam's first moment dtype (needs --use-precision-aware-optimizer) "
+                     "[default: fp32]")(f)
+    f = click.option("--main-params-dtype", "main_params_dtype", default=None,
+                     type=click.Choice(_STATE_CHOICES[:3]),
+                     help="master weights dtype (needs --use-precision-aware-optimizer; bf16 "
+                     "is NeMo 1.x optim.dtype bf16) [default: fp32]")(f)
+    return click.option("--use-precision-aware-optimizer", "precision_aware_optimizer",
+                        is_flag=True, default=False,
+                        help="Transformer Engine FusedAdam holds the optimizer state in the "
+                        "dtypes below (fp32 masters as 16-bit remainders over bf16 weights: "
+                        "10 B/param instead of 12); needs the distributed optimizer")(f)
+
+
+def pop_optimizer_state(flags: dict[str, Any]) -> Any:
+    """The :class:`OptimizerState` of the flags of :func:`optimizer_state_options` (popped),
+    or None when none was given."""
+    from tune_cp.oracle.specs import OptimizerState
+
+    aware = flags.pop("precision_aware_optimizer", False)
+    given = {k: flags.pop(n) for k, n in (("main_params", "main_params_dtype"),
+             ("exp_avg", "exp_avg_dtype"), ("exp_avg_sq", "exp_avg_sq_dtype")) if flags.get(n)}
+    for n in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        flags.pop(n, None)
+    if not aware and not given:
+        return None
+    if not aware:
+        low = ", ".join(f"--{k.replace('_', '-')}-dtype {v}" for k, v in given.items())
+        fail(f"{low} needs --use-precision-aware-optimizer (Megatron-Core "
+             f"optimizer_config.py L466-480: without it every optimizer-state dtype is fp32)")
+    return build("optimizer state", OptimizerState, precision_aware=True, **given)
+
+
 def config_options(f: Callable) -> Callable:
     """Every configuration flag, generated from the axis registry in its order."""
     for k in reversed(KNOBS):
@@ -1048,6 +1093,7 @@ CHECK_MOE_ETP = 1
 @main.command("check")
 @cluster_options(required=False)
 @config_options
+@optimizer_state_options
 @settings_options
 @click.option("--megatron-args", default=None, metavar="ARGS|SCRIPT",
               help="Check the configuration of a Megatron-LM launch: its arguments as one string "
@@ -1082,6 +1128,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 
     settings = run_settings(flags)
     framework_name = settings.framework
+    opt_state = pop_optimizer_state(flags)
     config = flags  # the configuration flags (solver/axes.py::KNOBS)
     log = None
     if log_path is not None:
@@ -1158,6 +1205,8 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
             framework_name = "primus" if "primus" in run.source.lower() else "megatron-lm"
             defaults.append(f"--framework {framework_name} (the import)")
             settings = settings.with_(framework=framework_name)
+    if opt_state is not None:
+        cfg = cfg.model_copy(update={"optimizer_state": opt_state})
     check_options(model, settings)
     settings = framework_settings(framework_name if run is None else None, model, cfg, settings,
                                   defaults)
@@ -1400,6 +1449,7 @@ def fsdp_option(f: Callable) -> Callable:
 @click.option("--verify-dir", default="tune-cp-verify", show_default=True, metavar="DIR",
               help="Folder for --verify.")
 @grad_dtype_option
+@optimizer_state_options
 @fp8_params_option
 @export_option
 @settings_options
@@ -1430,6 +1480,10 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
     # every flag and output path is checked before any work starts (issue 16)
     settings = run_settings(flags)
     framework_name = settings.framework
+    opt_state = pop_optimizer_state(flags)
+    if opt_state is not None and search_fsdp:
+        fail("--search-fsdp with the precision-aware optimizer: Megatron-FSDP takes "
+             "--megatron-fsdp-main-params-dtype instead, which tune-cp does not model; drop one")
     check_options(model, settings)
     prefs = tuple(Preference.parse(p) for p in preferences)
     baseline = parse_baseline(baseline_text, model, defaults) if baseline_text else None
@@ -1457,6 +1511,7 @@ def search_cmd(ctx: click.Context, as_json: bool, top_k: int, preferences: Seque
         keep_all_recompute_levels=all_recompute_levels, workers=workers,
         grad_reduce_in_fp32=fixed.grad_reduce_in_fp32,
         fp8_param_gather=fixed.fp8_param_gather and training.precision is Precision.FP8,
+        **({} if opt_state is None else {"optimizer_state": opt_state}),
     )
     try:
         result = search(model, cluster, training, opts)

@@ -379,6 +379,12 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         flag("grad_reduce_in_fp32")  # --grad-reduce-in-bf16
     if cfg.fp8_param_gather:
         flag("fp8_param_gather")
+    state = cfg.optimizer_state
+    if state.precision_aware:  # the precision-aware optimizer's dtypes (cli.py)
+        args.append(("--use-precision-aware-optimizer", None))
+        for name in ("main_params", "exp_avg", "exp_avg_sq"):
+            if getattr(state, name).value != "fp32":
+                args.append((f"--{name.replace('_', '-')}-dtype", getattr(state, name).value))
     split = given_pipeline_split(cfg)
     if cfg.pipeline_layout is not None:
         flag("pipeline_layout", cfg.pipeline_layout)

@@ -52,6 +52,7 @@ from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
     ModelSpec,
+    OptimizerState,
     ParallelConfig,
     Recompute,
     RecomputeMethod,
@@ -149,6 +150,7 @@ class SearchOptions(SettingsView):
     grad_reduce_in_fp32: bool = True
     #: FP8 parameters for the FP8 candidates, fixed for the whole search (not an axis)
     fp8_param_gather: bool = False
+    optimizer_state: OptimizerState = field(default_factory=OptimizerState)
     keep_all_recompute_levels: bool = False
     workers: int = 1  # processes for the enumeration's slices (same set, same order)
     #: also enumerate Megatron-FSDP (``--fsdp``: ``solver.space.searched_optimizers``); ``space``
@@ -567,7 +569,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                         allow_cross_scale_up=opts.allow_cross_scale_up,
                                         grad_reduce_in_fp32=opts.grad_reduce_in_fp32,
                                         optimizers=searched_optimizers(opts.fsdp),
-                                        fp8_param_gather=opts.fp8_param_gather)
+                                        fp8_param_gather=opts.fp8_param_gather,
+                                        optimizer_state=opts.optimizer_state)
     # what Megatron-Core refuses under the framework run settings is the family run_settings;
     # settings that leave no recomputation option or dispatcher at all are an input error
     problem = settings_space_problem(space, opts.settings.options)
@@ -616,7 +619,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # the gradient dtype is a setting of the problem, not of the baseline
     baseline_cfg = baseline_cfg.model_copy(
         update={"grad_reduce_in_fp32": space.grad_reduce_in_fp32,
-                "fp8_param_gather": space.fp8_param_gather})
+                "fp8_param_gather": space.fp8_param_gather,
+                "optimizer_state": space.optimizer_state})
     t2 = time.perf_counter()
     opts.say("seed phase: single-axis moves from the baseline")
     seed = seed_phase(ev, baseline_cfg, allow_fp8=opts.allow_fp8)

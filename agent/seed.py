@@ -218,7 +218,7 @@ def _repair_candidates(ev: Evaluator, cfg: ParallelConfig) -> Iterator[ParallelC
             if cfg.recompute_layers > per:
                 options.append(apply(base, {"recompute_layers": per}))
         for o in options:
-            key = tuple(o.model_dump().values())
+            key = o  # a frozen spec hashes by value (nested specs too)
             if key not in seen:
                 seen.add(key)
                 yield o

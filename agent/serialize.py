@@ -84,6 +84,9 @@ def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
         "fsdp": cfg.fsdp,
         "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
         "fp8_param_gather": cfg.fp8_param_gather,
+        # the precision-aware optimizer's dtypes, only when set (older answers unchanged)
+        **({} if cfg.optimizer_state.is_default
+           else {"optimizer_state": cfg.optimizer_state.model_dump(mode="json")}),
         "dispatcher": cfg.dispatcher.value,
         "schedule": cfg.schedule_.value,
         "precision": compute_precision(training, cfg).value,

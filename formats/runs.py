@@ -97,11 +97,13 @@ from tune_cp.oracle.specs import (
     Fp8Recipe,
     GpuSpec,
     ModelSpec,
+    OptimizerState,
     ParallelConfig,
     Precision,
     Recompute,
     RecomputeMethod,
     Schedule,
+    StateDtype,
     TrainingSpec,
     resolve_config,
 )
@@ -486,11 +488,12 @@ def nemo1_recipe_settings(row: dict[str, str], model: ModelSpec,
     ``_init_grad_buffer``; default: the optimizer ``dtype``, fp32): ``grad_sync_dtype=bf16`` is a
     bf16 gradient buffer, tune-cp's ``grad_reduce_in_fp32=False``. ``fp8_params`` keeps the
     linear weights in FP8 only (Transformer Engine ``fp8_model_init``), tune-cp's
-    ``fp8_param_gather``. Not modelled (there is no setting for it): the optimizer state dtype
-    -- fp32 state over bf16 parameters stores 2-byte remainders for the master weights, 10 B per
-    parameter where tune-cp counts 12 (NeMo ``megatron_base_model.py`` L785-806 at r2.0.0rc1,
-    ``store_param_remainders``), and the SFT recipe's ``dtype: bf16`` keeps master weights and
-    moments in bf16, 6 B per parameter: tune-cp's optimizer term is an upper bound there."""
+    ``fp8_param_gather``. The optimizer state's dtypes (tune-cp ``optimizer_state``; NeMo
+    ``megatron_base_model.py`` L784-806 at r2.0.0rc1): fp32 state over bf16 parameters stores
+    2-byte remainders of the master weights (``store_param_remainders``), 10 B per parameter;
+    the SFT recipe's ``dtype: bf16`` with FP8 parameters stores bf16 master weights
+    (``store_params``) and bf16 moments, 6 B per parameter. Not modelled: SFT without FP8
+    parameters (``dtype`` bf16 = the model dtype: no master copy, 4 B; counted as 6)."""
     name = row.get("model", "").strip().lower()
     out: dict[str, Any] = {}
     notes: list[str] = []
@@ -508,8 +511,16 @@ def nemo1_recipe_settings(row: dict[str, str], model: ModelSpec,
         out |= {"vpp": vpp, "schedule": Schedule.INTERLEAVED}
         notes.append(f"virtual pipeline {vpp} (NeMo Framework Launcher 24.07 SFT launch)")
     if sft:
-        notes.append("optimizer state in bf16 (sft.yaml dtype: bf16; not modelled: tune-cp counts "
-                     "12 B per parameter, the recipe 6)")
+        bf16 = StateDtype.BF16
+        out["optimizer_state"] = OptimizerState(precision_aware=True, main_params=bf16,
+                                                exp_avg=bf16, exp_avg_sq=bf16)
+        notes.append("optimizer state in bf16, 6 B per parameter (sft.yaml optim.dtype bf16; "
+                     "NeMo megatron_base_model.py L797-806: bf16 master weights and moments)")
+    else:
+        out["optimizer_state"] = OptimizerState(precision_aware=True)
+        notes.append("fp32 master weights as 2-byte remainders, 10 B per parameter (Apex "
+                     "DistributedFusedAdam store_param_remainders: NeMo megatron_base_model.py "
+                     "L802-804)")
     return out, notes
 
 

@@ -22,9 +22,11 @@ weights                bf16 parameters (2 B/param); FSDP: fp32 master shard (4 B
 gradients              main-gradient buffer, fp32 (4 B/param) by default, bf16 (2 B/param) with
                        ``grad_reduce_in_fp32=False``; full (the distributed optimizer
                        reduce-scatters in place); FSDP: sharded
-optimizer              Adam fp32 master copy + two moments (12 B/param), sharded over dp x cp
+optimizer              Adam fp32 master copy + two moments (12 B/param; the precision-aware
+                       optimizer's dtypes, :class:`OptimizerState`, e.g. 10 with fp32 master
+                       remainders, 6 with bf16 moments), sharded over dp x cp
                        (dense) and expert-dp (experts) by the distributed optimizer, with its
-                       bucket padding to lcm(group, 128) elements; FSDP: 8 B/param sharded
+                       bucket padding to lcm(group, 128) elements; FSDP: the moments sharded
 fp8_weight_cache       Transformer Engine's FP8 copies of linear weights (FP8 runs only); under
                        FSDP with FP8 parameters the sharded FP8 weights (:func:`fsdp_fp8_fractions`)
 fsdp_buffers           unsharded params (bf16, or FP8 parameters in their recipe's bytes) + grads
@@ -1160,6 +1162,9 @@ class Sharding:
     distributed_optimizer: bool
     fsdp: bool
     grad_reduce_in_fp32: bool
+    # optimizer state per parameter (:class:`OptimizerState`): master weights, two moments
+    master_bytes: int
+    moment_bytes: int
     fp8_cache_num: int  # FP8 weight-cache bytes per linear param (numerator / denominator)
     fp8_cache_den: int
     linear_weight_bytes: int  # bf16 copy of a linear weight: 2, or 0 with FP8 parameters
@@ -1268,6 +1273,8 @@ def sharding(
         distributed_optimizer=cfg.distributed_optimizer,
         fsdp=cfg.fsdp,
         grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
+        master_bytes=cfg.optimizer_state.master_bytes(cfg.fp8_recipe),
+        moment_bytes=cfg.optimizer_state.moment_bytes(),
         fp8_cache_num=num,
         fp8_cache_den=den,
         linear_weight_bytes=linear_weight_bytes(cfg),
@@ -1377,9 +1384,9 @@ def combine(
         sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
             expert_params, sh.expert_group, sh.expert_pad
         )
-        t["weights"] = FP32_BYTES * sharded
+        t["weights"] = sh.master_bytes * sharded
         t["gradients"] = gb * sharded
-        t["optimizer"] = (ADAM_STATE_BYTES - FP32_BYTES) * sharded
+        t["optimizer"] = sh.moment_bytes * sharded
         # current and prefetched layer gathered (bf16, or FP8 parameters in their recipe's
         # bytes), their grads reduced in the grad dtype
         t["fsdp_buffers"] = (2 * pu.largest_layer * sh.fsdp_gather_num // sh.fsdp_gather_den
@@ -1401,9 +1408,9 @@ def combine(
             sharded = shard_elements(dense_params, sh.dense_group, sh.dense_pad) + shard_elements(
                 expert_params, sh.expert_group, sh.expert_pad
             )
-            t["optimizer"] = ADAM_STATE_BYTES * sharded
+            t["optimizer"] = (sh.master_bytes + sh.moment_bytes) * sharded
         else:
-            t["optimizer"] = ADAM_STATE_BYTES * all_params
+            t["optimizer"] = (sh.master_bytes + sh.moment_bytes) * all_params
         t["fp8_weight_cache"] = linear_params * sh.fp8_cache_num // sh.fp8_cache_den
     mtp_layer = au.moe_layer if is_moe else au.dense_layer
     t["activations"] = (

@@ -277,6 +277,78 @@ class RouterScore(StrEnum):
     SIGMOID = "sigmoid"
 
 
+class StateDtype(StrEnum):
+    """Storage dtype of one optimizer-state tensor (Megatron-LM ``--main-params-dtype``,
+    ``--exp-avg-dtype``, ``--exp-avg-sq-dtype``; ``megatron/training/arguments.py`` L3673-3685
+    at d98e8a6; ``fp8`` is stored as ``torch.uint8``, L1078)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+#: bytes per element of each optimizer-state dtype (fp8: one byte; its per-tensor scale is
+#: below a MiB and ignored)
+STATE_DTYPE_BYTES: dict[StateDtype, int] = {
+    StateDtype.FP32: 4, StateDtype.BF16: 2, StateDtype.FP16: 2, StateDtype.FP8: 1}
+
+
+class OptimizerState(Spec):
+    """The dtypes the Adam optimizer keeps its state in (fixed per search, not an axis).
+
+    The default is Megatron-LM's: fp32 master weights and fp32 moments (12 B/param).
+    ``precision_aware`` is Megatron-LM ``--use-precision-aware-optimizer`` (Transformer Engine's
+    ``FusedAdam`` holds the state: ``megatron/core/optimizer/__init__.py`` L564-588 at d98e8a6).
+    Without it every dtype must be fp32 (``optimizer_config.py`` L466-480). With it and fp32
+    master weights over bf16 parameters, TE stores only the 16-bit remainder of each fp32 master
+    weight beside the bf16 parameter (``store_param_remainders``, default True,
+    ``optimizer_config.py`` L192; the remainder is an ``int16`` shard, ``distrib_optimizer.py``
+    L1007-1009), except under an FP8 recipe other than delayed scaling, where Megatron-Core
+    keeps the fp32 master itself (``optimizer_config.py`` L407-413, ``__init__.py`` L576).
+    ``bf16`` master weights are NeMo 1.x's Apex ``DistributedFusedAdam`` with ``optim.dtype:
+    bf16`` (Megatron-LM's argparse takes fp32/fp16 only, L3673)."""
+
+    precision_aware: bool = False
+    main_params: StateDtype = StateDtype.FP32
+    exp_avg: StateDtype = StateDtype.FP32
+    exp_avg_sq: StateDtype = StateDtype.FP32
+    param_remainders: bool = Field(
+        default=True, description="fp32 master weights as 16-bit remainders (TE "
+        "store_param_remainders; Megatron-Core OptimizerConfig default True)")
+
+    @model_validator(mode="after")
+    def _check(self) -> OptimizerState:
+        if self.main_params is StateDtype.FP8:
+            raise ValueError("main_params fp8 is not a master-weight dtype; choose fp32, fp16 "
+                             "or bf16")
+        low = [f"{k} {v.value}" for k, v in (("main_params", self.main_params),
+               ("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq))
+               if v is not StateDtype.FP32]
+        if low and not self.precision_aware:
+            raise ValueError(f"optimizer state {', '.join(low)} needs the precision-aware "
+                             "optimizer (Megatron-LM --use-precision-aware-optimizer; "
+                             "megatron/core/optimizer/optimizer_config.py L466-480)")
+        return self
+
+    @property
+    def is_default(self) -> bool:
+        return self == OptimizerState()
+
+    def master_bytes(self, fp8_recipe: Fp8Recipe | None) -> int:
+        """Bytes per parameter of the master weights (see the class docstring)."""
+        if not self.precision_aware:
+            return 4
+        if self.main_params is StateDtype.FP32:
+            remainders = self.param_remainders and fp8_recipe in (None, Fp8Recipe.DELAYED)
+            return 2 if remainders else 4
+        return STATE_DTYPE_BYTES[self.main_params]
+
+    def moment_bytes(self) -> int:
+        """Bytes per parameter of the two Adam moments."""
+        return STATE_DTYPE_BYTES[self.exp_avg] + STATE_DTYPE_BYTES[self.exp_avg_sq]
+
+
 class Vendor(StrEnum):
     NVIDIA = "nvidia"
     AMD = "amd"
@@ -616,6 +688,9 @@ class ParallelConfig(Spec):
         "fp8_param_gather; the default of its tensorwise, delayed and MXFP8 recipes): linear "
         "weights exist only as FP8 copies, no bf16 copy. Memory only; not searched",
     )
+    optimizer_state: OptimizerState = Field(
+        default_factory=OptimizerState,
+        description="the optimizer state's dtypes (:class:`OptimizerState`). Not searched")
     dispatcher: Dispatcher = Dispatcher.ALLTOALL
     flex_backend: FlexBackend | None = Field(
         default=None, description="flex dispatcher library; None: turbo on AMD, deepep "

@@ -263,7 +263,8 @@ def default_space_for(problem: Problem) -> SpaceFor:
     return lambda c: default_space(problem.model, c, problem.training,
                                    allow_cross_scale_up=problem.allow_cross_scale_up,
                                    grad_reduce_in_fp32=problem.space.grad_reduce_in_fp32,
-                                   fp8_param_gather=problem.space.fp8_param_gather)
+                                   fp8_param_gather=problem.space.fp8_param_gather,
+                                   optimizer_state=problem.space.optimizer_state)
 
 
 def relaxations(problem: Problem, families: Iterable[str] | None = None,

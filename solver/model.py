@@ -760,14 +760,16 @@ class MemoryEncoding:
         def shard(t: int, pp_: int, c: int, e: int, et: int, f: int, o: int,
                   d: int) -> tuple[int, ...]:
             opt, disp = sp.optimizer[o], sp.dispatcher[d]
-            key = (t, pp_, c, e, et, f, opt, disp, grad_fp32, sp.fp8_param_gather)
+            key = (t, pp_, c, e, et, f, opt, disp, grad_fp32, sp.fp8_param_gather,
+                   sp.optimizer_state)
             out = memo.shard.get(key)
             if out is None:
                 cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
                                   distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
                                   fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp,
                                   grad_reduce_in_fp32=grad_fp32,
-                                  fp8_param_gather=sp.fp8_param_gather and FP8[f] is not None)
+                                  fp8_param_gather=sp.fp8_param_gather and FP8[f] is not None,
+                                  optimizer_state=sp.optimizer_state)
                 sh = M.sharding(model, cluster, cfg, p.training.precision is Precision.FP4)
                 out = memo.shard[key] = (
                     *(getattr(sh, n) for n in numeric),

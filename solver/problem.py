@@ -49,7 +49,8 @@ class Problem(SettingsView):
     def resolve(self, candidate: Mapping[str, Any]) -> ParallelConfig:
         """The resolved configuration of one candidate (a dict of axis values)."""
         return resolve_config(candidate_config(candidate, self.space.grad_reduce_in_fp32,
-                                               self.space.fp8_param_gather),
+                                               self.space.fp8_param_gather,
+                                               self.space.optimizer_state),
                               self.model, self.cluster, self.training)
 
     def resolve_many(self, candidates: Iterable[Mapping[str, Any]]) -> list[ParallelConfig]:

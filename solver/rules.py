@@ -590,6 +590,8 @@ def training_precision(cluster: ClusterSpec, training: TrainingSpec) -> list[Vio
 def precision(ctx: RuleContext) -> list[Violation]:
     c, gpu = ctx.cfg, ctx.cluster.gpu
     out = training_precision(ctx.cluster, ctx.training)
+    if why := optimizer_state_problem(c.optimizer_state, c.distributed_optimizer, c.fsdp):
+        out.append(Violation("precision", why))
     if c.fp8_recipe is None:
         return out
     if ctx.training.precision is Precision.FP4:
@@ -604,6 +606,28 @@ def precision(ctx: RuleContext) -> list[Violation]:
                              f"CDNA4); {gpu.name} is {gpu.architecture or 'unknown'}: use tensorwise "
                              f"or delayed"))
     return out
+
+
+def optimizer_state_problem(state: Any, distributed_optimizer: bool, fsdp: bool) -> str | None:
+    """What Megatron-Core refuses in this optimizer state (:class:`OptimizerState`) under this
+    optimizer: the precision-aware optimizer needs the distributed optimizer
+    (Megatron-LM ``megatron/core/optimizer/__init__.py`` L1057-1060 at d98e8a6: "only supported
+    with distributed optimizer"). Megatron-FSDP sets its master dtype apart
+    (``--megatron-fsdp-main-params-dtype``, "Replaces --main-params-dtype",
+    ``megatron/training/arguments.py`` L3687-3690), which tune-cp does not model: refused
+    under FSDP. A search holds only distributed-optimizer candidates under such a state
+    (``solver/space.py::SearchSpace``), so the CP-SAT model needs no constraint of its own."""
+    if not state.precision_aware:
+        return None
+    if fsdp:
+        return ("the precision-aware optimizer's state dtypes under FSDP: Megatron-FSDP takes "
+                "--megatron-fsdp-main-params-dtype instead, which tune-cp does not model; drop "
+                "--fsdp or the optimizer-state dtypes")
+    if not distributed_optimizer:
+        return ("the precision-aware optimizer (--use-precision-aware-optimizer) needs the "
+                "distributed optimizer (Megatron-Core optimizer/__init__.py L1057); drop "
+                "--no-distributed-optimizer or the optimizer-state dtypes")
+    return None
 
 
 def dispatcher(ctx: RuleContext) -> list[Violation]:

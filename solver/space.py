@@ -43,6 +43,7 @@ from tune_cp.oracle.specs import (
     Dispatcher,
     Fp8Recipe,
     ModelSpec,
+    OptimizerState,
     ParallelConfig,
     PipelineSplit,
     Precision,
@@ -160,6 +161,10 @@ class SearchSpace(Spec):
     fp8_param_gather: bool = Field(
         default=False, description="FP8 parameters for the candidates with an FP8 recipe "
         "(--fp8-param-gather; --framework bridge's default); not searched")
+    optimizer_state: OptimizerState = Field(
+        default_factory=OptimizerState, description="the optimizer state's dtypes "
+        "(--use-precision-aware-optimizer, --main-params-dtype, --exp-avg-dtype, "
+        "--exp-avg-sq-dtype); not searched")
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
@@ -173,6 +178,13 @@ class SearchSpace(Spec):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{name}: the domain must be non-empty without repeats")
+        if self.optimizer_state.precision_aware and self.optimizer != (
+                OptimizerChoice.DISTRIBUTED,):
+            # the rule ``solver/rules.py::optimizer_state_problem``, kept out of the space
+            raise ValueError(
+                "the precision-aware optimizer's state dtypes need the distributed optimizer "
+                "alone (Megatron-Core optimizer/__init__.py L1057); got optimizer "
+                f"{[o.value for o in self.optimizer]}: drop --search-fsdp")
         return self
 
     # ------------------------------------------------------------------ views
@@ -249,7 +261,8 @@ class SearchSpace(Spec):
 
 
 def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
-                     fp8_param_gather: bool = False) -> ParallelConfig:
+                     fp8_param_gather: bool = False,
+                     optimizer_state: OptimizerState | None = None) -> ParallelConfig:
     """The (unresolved) configuration of one candidate; ``grad_reduce_in_fp32`` and
     ``fp8_param_gather`` are the space's fixed settings (:attr:`SearchSpace.grad_reduce_in_fp32`,
     :attr:`SearchSpace.fp8_param_gather`: FP8 parameters only where the candidate has an FP8
@@ -262,7 +275,8 @@ def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
         fsdp=opt is OptimizerChoice.FSDP, dispatcher=c["dispatcher"], schedule=c["schedule"],
         fp8_recipe=c["fp8_recipe"], pipeline_split=c["pipeline_split"],
         grad_reduce_in_fp32=grad_reduce_in_fp32,
-        fp8_param_gather=fp8_param_gather and c["fp8_recipe"] is not None, **rc.config_fields(),
+        fp8_param_gather=fp8_param_gather and c["fp8_recipe"] is not None,
+        optimizer_state=optimizer_state or OptimizerState(), **rc.config_fields(),
     )
 
 
@@ -384,6 +398,7 @@ def default_space(
     pipeline_splits: tuple[PipelineSplit | None, ...] | None = None,
     grad_reduce_in_fp32: bool = True,
     fp8_param_gather: bool = False,
+    optimizer_state: OptimizerState | None = None,
 ) -> SearchSpace:
     """The space a search starts from (module docstring); ``fixed`` pins axes to one value.
 
@@ -434,5 +449,6 @@ def default_space(
         schedule=(None, Schedule.ZERO_BUBBLE) if zero_bubble else (None,), fp8_recipe=fp8,
         pipeline_split=pipeline_splits, grad_reduce_in_fp32=grad_reduce_in_fp32,
         fp8_param_gather=fp8_param_gather and training.precision is Precision.FP8,
+        optimizer_state=optimizer_state or OptimizerState(),
     )
     return space.fix(**fixed) if fixed else space

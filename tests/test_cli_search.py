@@ -142,6 +142,9 @@ def test_best_line_names_the_fp8_recipe(run_cli):
     BASE,  # dense
     ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "2"),  # MoE, the answer has ETP1
     (*BASE, "--fsdp"),  # an FSDP answer (search --fsdp): the line carries --fsdp
+    # the precision-aware optimizer's dtypes: the line carries them (a fixed search setting)
+    (*BASE, "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+     "--exp-avg-sq-dtype", "fp8"),
     # MoE with settings the line must carry: margin, an overhead, bf16 gradients, token-drop
     ("--model", "qwen3-30b-a3b", "--gpu", "h100", "--nodes", "1", "--memory-margin", "0.1",
      "--overhead", "fragmentation=0.07", "--grad-reduce-in-bf16", "--moe-token-drop", "1.25"),

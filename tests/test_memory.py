@@ -454,4 +454,39 @@ def test_published_runs_called_out_of_memory_with_recipe_settings():
         if M.memory_report(r.model, r.cluster, r.training, r.recipe_cfg(), ov).peak_bytes > hbm:
             over.append(r.row_id)
     assert len(over_cols) == 46
-    assert over == ["231", "252", "264", "303"]
+    # 303 (NeMo 1.x SFT) fits once read with its bf16 optimizer state (6 B/param, not 12)
+    assert over == ["231", "252", "264"]
+
+
+def test_optimizer_state_dtypes_hand_worked_llama3_8b_dp8():
+    """Llama 3 8B on 8 GPUs, DP8 (tp = pp = 1): 8,030,261,248 parameters (32 layers x
+    218,112,000 + embedding and output 2 x 128256 x 4096 + final norm 4096), a multiple of
+    lcm(8, 128) = 128, so each rank owns 1,003,782,656 of the optimizer state."""
+    from tune_cp.oracle.specs import OptimizerState, StateDtype
+    m = load_model("llama3-8b")
+    cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=8)
+    tr = TrainingSpec(seq_len=4096, global_batch_size=8)
+    shard = 1_003_782_656
+    assert 8 * shard == 8_030_261_248 == 32 * 218_112_000 + 2 * 128_256 * 4096 + 4096
+    bf16 = {"exp_avg": StateDtype.BF16, "exp_avg_sq": StateDtype.BF16}
+    cases = [  # (state, FP8 recipe, bytes per sharded parameter)
+        (OptimizerState(), None, 12),  # fp32 master + two fp32 moments
+        # --use-precision-aware-optimizer alone: TE stores 16-bit master remainders
+        (OptimizerState(precision_aware=True), None, 2 + 4 + 4),
+        (OptimizerState(precision_aware=True, **bf16), None, 2 + 2 + 2),
+        (OptimizerState(precision_aware=True, param_remainders=False, **bf16), None, 4 + 2 + 2),
+        # tensorwise FP8: Megatron-Core keeps the fp32 master itself, no remainders
+        (OptimizerState(precision_aware=True, **bf16), Fp8Recipe.TENSORWISE, 4 + 2 + 2),
+        (OptimizerState(precision_aware=True, **bf16), Fp8Recipe.DELAYED, 2 + 2 + 2),
+        # NeMo 1.x optim.dtype bf16 (Apex): bf16 master + bf16 moments
+        (OptimizerState(precision_aware=True, main_params=StateDtype.BF16, **bf16), None, 6),
+        (OptimizerState(precision_aware=True, main_params=StateDtype.FP16,
+                        exp_avg=StateDtype.FP8, exp_avg_sq=StateDtype.BF16), None, 2 + 1 + 2),
+    ]
+    for state, recipe, per in cases:
+        cfg = resolved(m, cl, tr, optimizer_state=state, fp8_recipe=recipe)
+        terms = M.memory_report(m, cl, tr, cfg).stages[0].terms
+        assert terms["optimizer"] == per * shard, (state, recipe)
+    assert per * shard == 5_018_913_280
+    with pytest.raises(ValueError, match="precision-aware"):
+        OptimizerState(exp_avg=StateDtype.BF16)

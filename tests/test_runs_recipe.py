@@ -50,17 +50,31 @@ def test_nemo1_rows_carry_the_launcher_recipe(rows):
     Nemotron launches do not; its Llama 2 70B SFT launch on 2 nodes also sets FP8 parameters and
     a virtual pipeline of 20. GPT-3 20B TP2 (row 290): 10,121,687,040 parameters per GPU, the
     gradient buffer 2 bytes each (as the bf16 weights), half the fp32 one."""
+    from tune_cp.oracle import memory as M
     from tune_cp.oracle.memory import memory_report
-    from tune_cp.oracle.specs import Schedule
+    from tune_cp.oracle.specs import OptimizerState, Schedule, StateDtype
 
+    remainders = OptimizerState(precision_aware=True)  # Apex fp32 state over bf16 weights
     r = rows["290"]
-    assert r.recipe == {"grad_reduce_in_fp32": False} and r.cfg.grad_reduce_in_fp32
+    assert r.recipe == {"grad_reduce_in_fp32": False, "optimizer_state": remainders}
+    assert r.cfg.grad_reduce_in_fp32
     cols = memory_report(r.model, r.cluster, r.training, r.cfg).peak.terms
     rec = memory_report(r.model, r.cluster, r.training, r.recipe_cfg()).peak.terms
     assert rec["gradients"] == rec["weights"] == 2 * 10_121_687_040 == cols["gradients"] // 2
-    assert rows["296"].recipe == {}  # Nemotron-8B: the launcher keeps fp32 gradients
+    # under the row's tensorwise FP8 recipe the state counts Megatron-Core's fp32 master (12 B;
+    # OptimizerState.master_bytes); Apex would store remainders (10 B): a known gap
+    assert r.cfg.fp8_recipe is not None and rec["optimizer"] == cols["optimizer"]
+    bf16_row = r.recipe_cfg().model_copy(update={"fp8_recipe": None})
+    assert M.sharding(r.model, r.cluster, bf16_row).master_bytes == 2  # remainders
+    # Nemotron-8B: the launcher keeps fp32 gradients; the optimizer still stores remainders
+    assert rows["296"].recipe == {"optimizer_state": remainders}
     sft = rows["303"]
+    bf16 = StateDtype.BF16
     assert sft.recipe == {"grad_reduce_in_fp32": False, "fp8_param_gather": True, "vpp": 20,
-                          "schedule": Schedule.INTERLEAVED}
+                          "schedule": Schedule.INTERLEAVED, "optimizer_state": OptimizerState(
+                              precision_aware=True, main_params=bf16, exp_avg=bf16,
+                              exp_avg_sq=bf16)}
+    sh = M.sharding(sft.model, sft.cluster, sft.recipe_cfg())
+    assert sh.master_bytes + sh.moment_bytes == 6  # bf16 master + two bf16 moments
     assert sft.cfg.vpp == 1  # the time model reads the columns
-    assert any("optimizer state in bf16" in n and "not modelled" in n for n in sft.recipe_notes)
+    assert any("optimizer state in bf16, 6 B" in n for n in sft.recipe_notes)

@@ -18,8 +18,10 @@ from tune_cp.oracle.memory import memory_report
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
+    OptimizerState,
     PipelineSplit,
     Precision,
+    StateDtype,
     TrainingSpec,
 )
 from tune_cp.solver.constraints import as_constraints
@@ -105,6 +107,14 @@ CASES = {
         "llama3-8b", "b200", 1, 4096, 16, precision="fp8", fp8_recipes=True, hbm_gib=40,
         optimizers=tuple(OptimizerChoice), full_recompute_layers=(1, 4), fix={"mbs": 1},
         domains={"cp": (1, 2), "vpp": (1, 2)}, fp8_param_gather=True),
+    # the precision-aware optimizer's dtypes (a fixed setting of the space): bf16 moments and
+    # fp32 master remainders under delayed scaling, full fp32 masters under tensorwise FP8
+    # (the master bytes differ per FP8 recipe: a table of the model, not a constant)
+    "llama3-8b-fp8-bf16-moments": lambda: problem(
+        "llama3-8b", "h100", 1, 4096, 16, precision="fp8", fp8_recipes=True, hbm_gib=40,
+        full_recompute_layers=(1, 4), fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)},
+        optimizer_state=OptimizerState(precision_aware=True, exp_avg=StateDtype.BF16,
+                                       exp_avg_sq=StateDtype.BF16)),
     "llama3-8b-fsdp-bf16-grads": lambda: problem(
         "llama3-8b", "h100", 1, 4096, 16, optimizers=tuple(OptimizerChoice),
         full_recompute_layers=(1, 4), fix={"mbs": 1}, domains={"cp": (1, 2), "vpp": (1, 2)},
@@ -220,3 +230,24 @@ def test_no_fp8_recipe_under_fp4_training_in_both():
     got = enumerate_problem(p)
     assert len(got) > 0 and all(f.config.fp8_recipe is None for f in got.configs)
     assert got.removed["precision"] > 0
+
+
+def test_optimizer_state_reaches_every_configuration():
+    """The optimizer-state dtypes reach every configuration of the enumeration: each carries
+    them, its peak is ``memory_report``'s, and its optimizer term is 6 B (delayed: fp32 master
+    remainders + bf16 moments) or 8 B (tensorwise: MCore's fp32 master + bf16 moments) per
+    sharded parameter where the default counts 12."""
+    p = CASES["llama3-8b-fp8-bf16-moments"]()
+    a = enumerate_problem(p)
+    recipes = set()
+    for f in a.configs:
+        assert f.config.optimizer_state == p.space.optimizer_state
+        rep = memory_report(p.model, p.cluster, p.training, f.config, p.overheads)
+        assert rep.peak_bytes == f.peak_bytes
+        base = memory_report(p.model, p.cluster, p.training, f.config.model_copy(
+            update={"optimizer_state": OptimizerState()}), p.overheads)
+        per = 6 if f.config.fp8_recipe.value == "delayed" else 8
+        s, b = rep.stages[0].terms["optimizer"], base.stages[0].terms["optimizer"]
+        assert s * 12 == b * per
+        recipes.add(f.config.fp8_recipe.value)
+    assert {"delayed", "tensorwise"} <= recipes
