@@ -345,20 +345,26 @@ def test_vpp_constraint_on_a_hybrid_says_why(run_cli):
             "'vpp == 2'") in out + err
 
 
-def test_seed_best_with_flex_dispatcher_is_printed_reproducibly(run_cli):
-    """nemotron-3-nano on 4 x 8 h100: the seed phase's best uses the flex dispatcher, which the
-    ranked space does not hold; the best line says so (before: it printed only the layout, and
-    the table's starred row, a different configuration, was called 'the answer')."""
+def test_flex_dispatcher_best_is_ranked_and_printed_reproducibly(run_cli):
+    """nemotron-3-nano on 4 x 8 h100: the best uses the flex dispatcher. Before issue 27 only the
+    seed phase reached it (the ranked space held alltoall only) and the table's starred row was
+    another configuration; now every MoE layout is ranked with its fastest legal backend preset
+    (agent/search.py), so the exhaustive ranking finds it, the best line names the backend and
+    the starred row is the best."""
     # the 5% margin of before issue 28 keeps the case (with the derived 0.003 the exhaustive
-    # ranking holds a better answer, EP8 selective moe_act at 79.4 GiB, at the edge of memory)
+    # ranking holds a better answer at the edge of memory)
     code, out, _ = run_cli("--model", "nemotron-3-nano", "--gpu", "h100", "--nodes", "4",
                            "--memory-margin", "0.05")
     assert code == 0
     best = next(line for line in out.splitlines() if line.startswith("best: "))
     assert best.startswith("best: TP1 PP1 EP16 ETP1 DP32, mbs 1, ga 16, recompute none, "
-                           "dispatcher flex: 15,189 tokens/s/GPU")
-    assert ("* the ranking's answer (the best above, from the seed phase, is not among the "
-            "ranked configurations), ~ a near tie: within 5.8% of the ranking's answer") in out
+                           "MoE backend: dispatcher flex (deepep)")
+    assert "16,310 tokens/s/GPU" in best
+    assert "found by the exhaustive ranking of the feasible set" in out
+    starred = next(line for line in out.splitlines() if line.startswith("  1*"))
+    assert "TP1 PP1 EP16 ETP1 DP32" in starred and "16,310" in starred
+    assert "--dispatcher flex" in next(line for line in out.splitlines()
+                                       if line.startswith("  check it: "))
 
 
 def test_node_scan_steps_through_2k_and_3x2k():

@@ -75,7 +75,7 @@ def test_a_real_log_with_enum_values_is_read():
     # overlap that validate_args turns off without interleaving are not listed
     assert run.unmodelled == ["bias_swiglu_fusion: False", "gradient_accumulation_fusion: False"]
     [note] = [n for n in run.notes if n.startswith("log's argument dump")]
-    assert "61 of 403 arguments read" in note and "params_dtype" in note
+    assert "65 of 403 arguments read" in note and "params_dtype" in note
     assert "world_size" in note and "skipped " not in note
 
 
