@@ -198,22 +198,33 @@ def render_search(r: SearchResult, timings: bool = False) -> list[str]:
     hbm = cl.gpu.hbm_bytes / GIB
     spread = r.options.memory_spread
     edges = 0
-    for rank, g in enumerate(r.groups, 1):
-        i = g.head
+    def row(rank: str, mark: str, i: int) -> bool:
+        """One table row of configuration ``i``; returns whether it is at the edge of memory."""
         c = r.ranked.configs[i]
-        mark = "*" if g.answer else "~" if g.near_tie else " "
         iv = r.ranked.intervals[i] if r.ranked.intervals else None
         band = band_text(iv.low, iv.high, iv.bias is not None) if iv else ""
+        edge = legal_state(int(r.ranked.peak_bytes[i]), cl.gpu.hbm_bytes,
+                           spread) is not MemoryState.FITS
         out.append(f"{rank:>3}{mark}  {short_layout(c):32} {c.mbs:>3} {c.ga:>4} "
                    f"{recompute_label(c):10} {r.ranked.peak_bytes[i] / GIB:>9.1f} {hbm:>5.0f} "
                    f"{s['tokens_per_s_per_gpu'][i]:>10,.0f} {band:>15} "
                    f"{100 * s['mfu'][i]:>5.1f}% {s['step_time_s'][i]:>7.2f} "
-                   f"{'edge' if (edge := legal_state(int(r.ranked.peak_bytes[i]), cl.gpu.hbm_bytes, spread) is not MemoryState.FITS) else 'fits'}")
-        edges += edge
+                   f"{'edge' if edge else 'fits'}")
+        return edge
+
+    for rank, g in enumerate(r.groups, 1):
+        edges += row(str(rank), "*" if g.answer else "~" if g.near_tie else " ", g.head)
         if g.variants:
             shown = [variant_label(r.ranked.configs[v]) for v in g.variants[:6]]
             more = f", +{len(g.variants) - 6} more" if len(g.variants) > 6 else ""
             out.append(f"      = {', '.join(shown)}{more}")
+    if r.answer_index is not None and r.groups and not any(g.answer for g in r.groups):
+        # the answer ranks below the rows shown (faster configurations are at the edge of
+        # memory): its own row, numbered by its place in the ranking of every configuration
+        place = [int(x) for x in r.ranked.order].index(r.answer_index) + 1
+        out.append(f"  ... the answer, configuration {place:,} of the ranking by projection (the "
+                   f"rule picks by memory verdict, then lower bound):")
+        row(f"{place}", "*", r.answer_index)
     if edges:
         out.append(f"  memory edge: legal, but above {hbm / spread.high:.1f} GiB ({hbm:.0f} GiB "
                    f"HBM / {spread.high:.2f}), where "

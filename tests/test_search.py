@@ -174,9 +174,11 @@ def test_valid_hints_become_constraints_and_only_narrow(llama_result):
     assert {x["kind"] for x in rnd.results} == {"constraints", "combination"}
     llm_trials = [t for t in r.trials if t.phase == "llm"]
     assert llm_trials and all(t.legal for t in llm_trials)
-    feasible = {tuple(c.model_dump().values()) for c in llama_result.ranked.configs}
+    from tune_cp.agent.evaluate import config_key
+
+    feasible = {config_key(c) for c in llama_result.ranked.configs}
     for t in llm_trials:  # inside the default space: a subset of the unconstrained feasible set
-        assert tuple(t.config.model_dump().values()) in feasible
+        assert config_key(t.config) in feasible
         assert t.config.pp == 1
     assert r.best.throughput == pytest.approx(llama_result.best.throughput)
 
@@ -247,14 +249,21 @@ def test_bad_combination_values_are_rejected():
 
 
 def test_evaluator_key_is_every_field_in_order(llama_result):
-    """``config_key`` reads the instance's values: the same tuple ``model_dump`` gives, for
-    configurations built, resolved and copied with updates (the seed phase's moves)."""
+    """``config_key`` reads the instance's values: the same tuple ``model_dump`` gives (a nested
+    spec such as ``optimizer_state`` as itself, frozen and hashable, where ``model_dump`` gives
+    its dict), for configurations built, resolved and copied with updates (the seed phase's
+    moves)."""
     from tune_cp.agent.evaluate import config_key
     from tune_cp.agent.seed import apply
 
     for t in llama_result.trials[:60]:
         for cfg in (t.config, apply(t.config, {"mbs": 2, "recompute": "selective"})):
-            assert config_key(cfg) == tuple(cfg.model_dump().values())
+            dumped = tuple(cfg.model_dump().values())
+            key = config_key(cfg)
+            assert len(key) == len(dumped)
+            for k, d in zip(key, dumped, strict=True):
+                assert (k.model_dump() if hasattr(k, "model_dump") else k) == d
+            hash(key)
 
 
 def test_text_report_lists_accepted_and_rejected_hints():
