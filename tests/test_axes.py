@@ -22,10 +22,13 @@ from tune_cp.solver.space import NO_RECOMPUTE, OptimizerChoice, SearchSpace, can
 
 def test_every_knob_is_a_config_field_and_every_axis_a_space_field() -> None:
     assert {k.field for k in KNOBS} <= set(ParallelConfig.model_fields)
-    # the fields a user never sets: derived by resolve_config
-    assert set(ParallelConfig.model_fields) - {k.field for k in KNOBS} == {"dp", "ga"}
+    # the fields a user never sets: derived by resolve_config; and the optimizer state, a nested
+    # spec set by the precision-aware optimizer flags (cli.py), fixed per search, not a knob
+    assert set(ParallelConfig.model_fields) - {k.field for k in KNOBS} == {
+        "dp", "ga", "optimizer_state"}
     assert set(AXES) == set(SearchSpace.model_fields) - {"etp_policy", "grad_reduce_in_fp32",
-                                                              "fp8_param_gather"}
+                                                              "fp8_param_gather",
+                                                              "optimizer_state"}
 
 
 def test_derived_lists_pinned() -> None:
