@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import gc
+import io
 import json
 import math
 import re
@@ -1992,7 +1993,10 @@ def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
     if is_search_json(args):
         from tune_cp.agent.serialize import error_search_json
 
-        emit_json(error_search_json(message if kind == "error" else f"{kind}: {message}"))
+        try:
+            emit_json(error_search_json(message if kind == "error" else f"{kind}: {message}"))
+        except OSError:  # stdout is what failed (closed, full): stderr already said the error
+            _silence_stdout()
     return code
 
 
@@ -2025,6 +2029,33 @@ def _silence_stdout(stream: Any = None) -> None:
         pass
 
 
+class _ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` when the process started with file descriptor 1 closed (``tune-cp >&-``),
+    where Python sets it to None and the first write or flush was ``AttributeError`` (exit 3;
+    issue 29's independent campaign, benchmarks/attack.py). Writing raises ``EBADF`` as a
+    closed descriptor does, so that :func:`run` says "cannot write the output to stdout: Bad
+    file descriptor", exit 2 (as ``ls >&-`` does); flushing has nothing to flush."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self) -> None:
+        return None
+
+
+def _stand_in_for_closed_streams() -> None:
+    """A process started with stdout or stderr closed gets :class:`_ClosedStdout` for stdout
+    (its output fails with one line, exit 2) and ``/dev/null`` for stderr (nothing can carry a
+    message; the exit code still says what happened)."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+
+
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
     imports numpy), then :func:`run`; the process ends with the command
@@ -2034,6 +2065,7 @@ def entry() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
+    _stand_in_for_closed_streams()
     code = run()
     # the command is over: a Ctrl-C while Python shuts down (which puts SIGINT's default back)
     # would kill the process by the signal instead of ending it with its code
