@@ -201,10 +201,18 @@ def run_stream_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) 
     Ctrl-C (SIGINT) ``interrupt_s`` after its start (issue 29). A closed pipe must end quietly;
     an interrupted run with exit 130 and one line, or as it would have had it ended first."""
     t0, c0 = time.monotonic(), _children_cpu_s()
-    out_target = open("/dev/full", "w") if case.stdout == "full" else subprocess.PIPE
+    out_target = (open("/dev/full", "w") if case.stdout == "full" else  # noqa: SIM115
+                  subprocess.DEVNULL if case.stdout == "fd-closed" else subprocess.PIPE)
+    apply = limit(memory_bytes)
+
+    def start() -> None:
+        apply()
+        if case.stdout == "fd-closed":
+            os.close(1)  # ``tune-cp >&-``: the child's sys.stdout is None
+
     p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
                          stdout=out_target, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL, preexec_fn=limit(memory_bytes), env=ENV)
+                         stdin=subprocess.DEVNULL, preexec_fn=start, env=ENV)
     if case.stdout == "closed":
         p.stdout.close()
     try:

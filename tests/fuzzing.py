@@ -476,7 +476,7 @@ def _titan_toml(rng: random.Random, tmp: Path, root: Path) -> tuple[str, ...]:
 class Case:
     """A command line and the kind of input it attacks; ``stdout`` is where its output goes
     (``pipe``: captured; ``full``: ``/dev/full``; ``closed``: a pipe closed before the first
-    line) and ``interrupt_s`` when Ctrl-C (SIGINT) is sent, for the kinds that attack streams
+    line; ``fd-closed``: descriptor 1 closed at the start, ``tune-cp >&-``) and ``interrupt_s`` when Ctrl-C (SIGINT) is sent, for the kinds that attack streams
     and processes (``benchmarks/fuzz.py`` runs those in a process each)."""
 
     kind: str
@@ -959,7 +959,10 @@ def _io_case(kind: str, rng: random.Random, tmp: Path, root: Path, js: tuple[str
     line = rng.choice((SEARCH, ("--model", "mixtral-8x7b", "--gpu", "h100", "--nodes", "4"),
                        ("--model", "deepseek-v3", "--gpu", "h100", "--nodes", "16"),
                        ("plan", "--model", "llama3-8b", "--gpu", "h100", "--max-nodes", "4"),
-                       CHECK, ("models",), ("--help",)))
+                       CHECK, ("models",), ("--help",),
+                       # a refusal whose --json document cannot be written (issue 29 attack)
+                       ("--model", "no-such-model", "--nodes", "1"), ("search", "--gpu", "h100")))
     if rng.random() < 0.5:
-        return Case(kind, (*line, *js), stdout=rng.choice(("full", "closed")))
+        # fd-closed: the process starts with descriptor 1 closed (``>&-``; sys.stdout is None)
+        return Case(kind, (*line, *js), stdout=rng.choice(("full", "closed", "fd-closed")))
     return Case(kind, (*line, *js), interrupt_s=round(rng.uniform(0.2, 4.0), 2))
