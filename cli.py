@@ -2056,6 +2056,29 @@ def _stand_in_for_closed_streams() -> None:
         sys.stdout = _ClosedStdout()
 
 
+def _workers_import_this_module() -> None:
+    """Make ``sweep``'s worker processes (forkserver/spawn, ``agent/sweep.py::LocalEngine``)
+    import ``tune_cp.cli`` as their ``__mp_main__`` instead of re-running the script that started
+    the process. A console script without an ``if __name__ == "__main__"`` guard (this
+    checkout's ``.venv/bin/tune-cp`` is ``sys.exit(entry())``) ran the whole command again in
+    every worker, which died bootstrapping ("An attempt has been made to start a new process
+    before the current process has finished its bootstrapping phase"): every scenario of
+    ``sweep --workers 2`` failed, exit 1 (issue 29's independent campaign). multiprocessing's
+    ``spawn.get_preparation_data`` runs the main module by name when it has a ``__spec__``
+    (``init_main_from_name``), and ``tune_cp.cli``'s own guard keeps that import inert."""
+    import importlib.util
+
+    main_module = sys.modules.get("__main__")
+    if main_module is None or getattr(main_module, "__spec__", None) is not None:
+        return  # ``python -m tune_cp.cli``: already by name
+    try:
+        spec = importlib.util.find_spec("tune_cp.cli")
+    except (ImportError, ValueError):
+        return
+    if spec is not None:
+        main_module.__spec__ = spec
+
+
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
     imports numpy), then :func:`run`; the process ends with the command
@@ -2066,6 +2089,7 @@ def entry() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
     _stand_in_for_closed_streams()
+    _workers_import_this_module()
     code = run()
     # the command is over: a Ctrl-C while Python shuts down (which puts SIGINT's default back)
     # would kill the process by the signal instead of ending it with its code

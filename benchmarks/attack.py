@@ -5,7 +5,7 @@ Run: python benchmarks/attack.py --cases N --seed S [--kinds a,b] [--verbose]
 Written without reading benchmarks/fuzz.py or tests/fuzzing.py. Every case is one tune-cp
 subprocess run sequentially with a 60 s timeout and a 2 GiB address-space limit
 (RLIMIT_AS), with OPENAI_API_KEY / AWS_SECRET_ACCESS_KEY planted in its environment. A case is a
-defect when it: exits 3; prints 'Traceback'; runs past 60 s; is killed for memory (MemoryError,
+defect when it: exits 3 or says "internal error" (a sweep worker's); prints 'Traceback'; runs past 60 s; is killed for memory (MemoryError,
 rc -9, or max RSS past 2 GiB); prints a planted secret on stdout/stderr or writes it to any file
 in its scratch folder; prints --json output that json.loads(parse_constant=raise) refuses; or
 exits 0 on an input the case marks as clearly invalid ("must_refuse").
@@ -613,7 +613,7 @@ def run_case(argv, files, flags, rng, tmp, kind):
     out_s = out.decode("utf-8", "replace")
     err_s = err.decode("utf-8", "replace")
     res.update(rc=rc, time=round(dt, 2), stderr=err_s[-600:], stdout=out_s[:300])
-    if rc == 3:
+    if rc == 3 or "internal error" in err_s:  # (a sweep worker's, under exit 1, too)
         res["defects"].append("exit3")
     if "Traceback" in err_s or "Traceback" in out_s:
         res["defects"].append("traceback")
