@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import gc
+import io
 import json
 import math
 import re
@@ -1992,7 +1993,10 @@ def refuse(args: Sequence[str], kind: str, message: str, code: int) -> int:
     if is_search_json(args):
         from tune_cp.agent.serialize import error_search_json
 
-        emit_json(error_search_json(message if kind == "error" else f"{kind}: {message}"))
+        try:
+            emit_json(error_search_json(message if kind == "error" else f"{kind}: {message}"))
+        except OSError:  # stdout is what failed (closed, full): stderr already said the error
+            _silence_stdout()
     return code
 
 
@@ -2025,6 +2029,56 @@ def _silence_stdout(stream: Any = None) -> None:
         pass
 
 
+class _ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` when the process started with file descriptor 1 closed (``tune-cp >&-``),
+    where Python sets it to None and the first write or flush was ``AttributeError`` (exit 3;
+    issue 29's independent campaign, benchmarks/attack.py). Writing raises ``EBADF`` as a
+    closed descriptor does, so that :func:`run` says "cannot write the output to stdout: Bad
+    file descriptor", exit 2 (as ``ls >&-`` does); flushing has nothing to flush."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def flush(self) -> None:
+        return None
+
+
+def _stand_in_for_closed_streams() -> None:
+    """A process started with stdout or stderr closed gets :class:`_ClosedStdout` for stdout
+    (its output fails with one line, exit 2) and ``/dev/null`` for stderr (nothing can carry a
+    message; the exit code still says what happened)."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's)
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+
+
+def _workers_import_this_module() -> None:
+    """Make ``sweep``'s worker processes (forkserver/spawn, ``agent/sweep.py::LocalEngine``)
+    import ``tune_cp.cli`` as their ``__mp_main__`` instead of re-running the script that started
+    the process. A console script without an ``if __name__ == "__main__"`` guard (this
+    checkout's ``.venv/bin/tune-cp`` is ``sys.exit(entry())``) ran the whole command again in
+    every worker, which died bootstrapping ("An attempt has been made to start a new process
+    before the current process has finished its bootstrapping phase"): every scenario of
+    ``sweep --workers 2`` failed, exit 1 (issue 29's independent campaign). multiprocessing's
+    ``spawn.get_preparation_data`` runs the main module by name when it has a ``__spec__``
+    (``init_main_from_name``), and ``tune_cp.cli``'s own guard keeps that import inert."""
+    import importlib.util
+
+    main_module = sys.modules.get("__main__")
+    if main_module is None or getattr(main_module, "__spec__", None) is not None:
+        return  # ``python -m tune_cp.cli``: already by name
+    try:
+        spec = importlib.util.find_spec("tune_cp.cli")
+    except (ImportError, ValueError):
+        return
+    if spec is not None:
+        main_module.__spec__ = spec
+
+
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
     imports numpy), then :func:`run`; the process ends with the command
@@ -2034,6 +2088,8 @@ def entry() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
+    _stand_in_for_closed_streams()
+    _workers_import_this_module()
     code = run()
     # the command is over: a Ctrl-C while Python shuts down (which puts SIGINT's default back)
     # would kill the process by the signal instead of ending it with its code

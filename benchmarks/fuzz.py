@@ -173,6 +173,21 @@ def _children_cpu_s() -> float:
     return u.ru_utime + u.ru_stime
 
 
+#: A console script as some installs write it, ``sys.exit(entry())`` with no ``__main__``
+#: guard: the "sweep workers" cases run through it (issue 29's independent campaign: its
+#: forkserver/spawn workers re-ran the command and died bootstrapping).
+UNGUARDED = "import sys\nfrom tune_cp.cli import entry\nsys.exit(entry())\n"
+
+
+def _launcher(case: Case, cwd: Path) -> list[str]:
+    if case.kind != "sweep workers":
+        return [sys.executable, str(ROOT / "cli.py")]
+    script = cwd / "tune-cp-unguarded"
+    if not script.exists():
+        script.write_text(UNGUARDED)
+    return [sys.executable, str(script)]
+
+
 def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict:
     """One case in its own process; ``cpu_s``: the process's CPU time (a niced campaign on a
     loaded machine waits far longer than it computes)."""
@@ -180,7 +195,7 @@ def run_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) -> dict
         return run_stream_case(case, cwd, timeout_s, memory_bytes)
     t0, c0 = time.monotonic(), _children_cpu_s()
     try:
-        p = subprocess.run([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
+        p = subprocess.run([*_launcher(case, cwd), *case.args], cwd=cwd,
                            capture_output=True, text=True, timeout=timeout_s,
                            stdin=subprocess.DEVNULL, preexec_fn=limit(memory_bytes),
                            env=ENV)
@@ -201,10 +216,18 @@ def run_stream_case(case: Case, cwd: Path, timeout_s: float, memory_bytes: int) 
     Ctrl-C (SIGINT) ``interrupt_s`` after its start (issue 29). A closed pipe must end quietly;
     an interrupted run with exit 130 and one line, or as it would have had it ended first."""
     t0, c0 = time.monotonic(), _children_cpu_s()
-    out_target = open("/dev/full", "w") if case.stdout == "full" else subprocess.PIPE
+    out_target = (open("/dev/full", "w") if case.stdout == "full" else  # noqa: SIM115
+                  subprocess.DEVNULL if case.stdout == "fd-closed" else subprocess.PIPE)
+    apply = limit(memory_bytes)
+
+    def start() -> None:
+        apply()
+        if case.stdout == "fd-closed":
+            os.close(1)  # ``tune-cp >&-``: the child's sys.stdout is None
+
     p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *case.args], cwd=cwd,
                          stdout=out_target, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL, preexec_fn=limit(memory_bytes), env=ENV)
+                         stdin=subprocess.DEVNULL, preexec_fn=start, env=ENV)
     if case.stdout == "closed":
         p.stdout.close()
     try:

@@ -5,6 +5,7 @@ and streams, echoed text, sweep and plan sizes)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -298,6 +299,33 @@ def test_stdout_that_cannot_be_written_is_one_line_and_a_broken_pipe_is_quiet():
     p.stdout.close()  # the reader is gone before the first line
     err = p.stderr.read()
     assert p.wait(timeout=60) == 0 and err == b""
+
+
+def test_stdout_closed_or_failing_on_the_error_path_is_one_line_not_a_traceback():
+    """Issue 29's independent campaign (benchmarks/attack.py, class "streams"): stdout closed
+    (``tune-cp ... >&-``, where Python's ``sys.stdout`` is None) was exit 3 (AttributeError on
+    the flush); a ``search --json`` refusal whose JSON document could not be written (stdout to
+    /dev/full or closed) printed a traceback with exit 1. Now each is one line on stderr and the
+    exit code of what went wrong (2: the output, or the usage error it was reporting)."""
+    cases = [(["models"], "Bad file descriptor"),
+             (["search", "--model", "llama2-7b", "--json"], "Missing option '--nodes'"),
+             (["check", "--model", "llama2-7b", "--nodes", "1", "--tp", "1", "--pp", "1"],
+              "Bad file descriptor")]
+    for argv, said in cases:
+        p = subprocess.run([_console(), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, timeout=60, preexec_fn=lambda: os.close(1))
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (argv, p.stderr)
+        assert p.stderr.count("\n") == 1 and said in p.stderr, (argv, p.stderr)
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([_console(), "search", "--model", "no-such-model", "--nodes", "1",
+                            "--json"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+    assert "no-such-model" in p.stderr
+    # both streams closed: nothing can be said, the exit code still tells
+    p = subprocess.run([_console(), "models"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=60,
+                       preexec_fn=lambda: (os.close(1), os.close(2)))
+    assert p.returncode == 2
 
 
 def test_ctrl_c_is_one_line_and_exit_130_at_any_moment():

@@ -435,3 +435,27 @@ def test_grid_key_fp8_param_gather_is_the_search_flag(tmp_path, run_json):
     with pytest.raises(GridError, match="grid key 'fp8_param_gather': 'yes' must be true or false"):
         load_grid(grid_file(tmp_path, "models: llama3-8b\ngpus: b200\nnodes: 1\n"
                                       "fp8_param_gather: 'yes'\n", "bad.yaml"))
+
+
+def test_local_workers_start_under_a_console_script_without_a_main_guard(tmp_path):
+    """Issue 29's independent campaign (benchmarks/attack.py): under a console script that is
+    ``sys.exit(entry())`` with no ``if __name__ == "__main__"`` guard (this checkout's
+    ``.venv/bin/tune-cp``), every forkserver/spawn worker re-ran the whole command while
+    bootstrapping and died ("An attempt has been made to start a new process before the current
+    process has finished its bootstrapping phase"): each scenario of ``sweep --workers 2`` was
+    an error row, exit 1. Workers now import ``tune_cp.cli`` by name
+    (``cli.py::_workers_import_this_module``)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "tune-cp-unguarded"
+    script.write_text("import sys\nfrom tune_cp.cli import entry\nsys.exit(entry())\n")
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\nmodels: [llama2-7b]\ngpus: [h100]\nnodes: [1, 2]\n"
+                    "seq_len: [2048]\nglobal_batch: [64]\n")
+    p = subprocess.run([sys.executable, str(script), "sweep", str(grid), "--out",
+                        str(tmp_path / "s.csv"), "--workers", "2", "--no-progress"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-400:]
+    assert "bootstrapping" not in p.stderr and "internal error" not in p.stderr
+    assert "2 ok, 0 infeasible, 0 failed" in p.stdout, p.stdout
