@@ -1975,6 +1975,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return refuse(args, "error", one_line(str(e)), EXIT_USAGE)
     except Exception as e:  # a bug: one line, the traceback only when asked for
+        if _SIGINT_SEEN:  # a Ctrl-C turned into another exception (an import's initialisation)
+            return refuse(args, "interrupted", "Ctrl-C", EXIT_INTERRUPTED)
         if os.environ.get("TUNE_CP_DEBUG"):
             raise
         return refuse(args, "internal error", f"{type(e).__name__}: {one_line(str(e))[:500]} "
@@ -2079,13 +2081,27 @@ def _workers_import_this_module() -> None:
         main_module.__spec__ = spec
 
 
+#: Set by :func:`_interrupt` when the ``tune-cp`` process receives a Ctrl-C: an interrupt that
+#: lands inside a lazily imported extension module's initialisation comes out of the import as
+#: ``ImportError: initialization failed``, which :func:`run` then reports as an interruption.
+_SIGINT_SEEN = False
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    """The ``tune-cp`` process's SIGINT handler: Python's own (KeyboardInterrupt), remembered."""
+    global _SIGINT_SEEN
+    _SIGINT_SEEN = True
+    raise KeyboardInterrupt
+
+
 def entry() -> None:
     """The ``tune-cp`` process: one BLAS thread (:data:`BLAS_THREADS`; set before any command
     imports numpy), then :func:`run`; the process ends with the command
     (:func:`without_cyclic_gc`)."""
     global _PROCESS_ENDS_WITH_COMMAND
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGINT) in (_interrupted_while_starting,
+                                           signal.default_int_handler):
+        signal.signal(signal.SIGINT, _interrupt)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     _PROCESS_ENDS_WITH_COMMAND = True
     _stand_in_for_closed_streams()

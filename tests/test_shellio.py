@@ -460,3 +460,23 @@ def test_plan_deduplicates_and_caps_its_gpus_and_exits_1_when_nothing_fits(run_c
         code, out, _ = run_cli("plan", "--model", "llama3.1-405b", "--gpu", "h100",
                                "--max-nodes", "1", "--points", "1", *extra)
         assert code == 1 and "no feasible configuration" in out
+
+
+def test_ctrl_c_that_surfaces_as_another_exception_is_an_interruption(run_cli, monkeypatch):
+    """A Ctrl-C that lands while a command lazily imports an extension module comes out of the
+    import as ``ImportError: initialization failed`` (seen in CI 0.3 s into a search): once the
+    process's SIGINT handler (``cli._interrupt``) has seen the signal, any exception is reported
+    as the interruption (one line, exit 130), not as an internal error."""
+    from tune_cp import cli
+
+    def interrupted_import():
+        raise ImportError("initialization failed")
+
+    monkeypatch.setattr(cli, "model_entries", interrupted_import)
+    code, _, err = run_cli("models")
+    assert code == cli.EXIT_INTERNAL and "internal error: ImportError" in err  # no Ctrl-C seen
+    monkeypatch.setattr(cli, "_SIGINT_SEEN", True)
+    code, out, err = run_cli("models")
+    assert code == cli.EXIT_INTERRUPTED and err == "tune-cp: interrupted (Ctrl-C)\n"
+    with pytest.raises(KeyboardInterrupt):
+        cli._interrupt(signal.SIGINT, None)
