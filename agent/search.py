@@ -273,6 +273,30 @@ def adjusted_scores(configs: Sequence[ParallelConfig], tokens: np.ndarray,
     return out
 
 
+#: Configurations projected per batch by :func:`score_in_chunks`: the projection's work arrays
+#: grow with the batch (the backend presets of a large MoE space made 177,372 configurations,
+#: 2.6 GB in one batch); chunks of this size keep them bounded with the same figures.
+SCORE_CHUNK = 16384
+
+
+def score_in_chunks(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                    configs: Sequence[ParallelConfig], traits: Any,
+                    calibration: str | None) -> dict[str, Any]:
+    """``score_configs`` of ``configs`` in batches of :data:`SCORE_CHUNK`, concatenated (the
+    per-configuration arrays; a value that is not one, from the first batch)."""
+    chunks = [configs[i:i + SCORE_CHUNK] for i in range(0, len(configs), SCORE_CHUNK)]
+    parts = [score_configs(model, cluster, training, ConfigBatch.from_configs(c, traits),
+                           calibration) for c in chunks]
+    if len(parts) == 1:
+        return parts[0]
+    out: dict[str, Any] = {}
+    for k, v in parts[0].items():
+        per_config = np.ndim(v) and all(len(p[k]) == len(c)
+                                        for p, c in zip(parts, chunks, strict=True))
+        out[k] = np.concatenate([np.asarray(p[k]) for p in parts]) if per_config else v
+    return out
+
+
 def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   enum: Enumeration, prefs: Sequence[Preference], calibration: str | None,
                   traits: Any = None, settings: Any = None) -> Ranked:
@@ -284,8 +308,7 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     if configs and settings is not None and model.is_moe:
         wide, wide_peak, owner = backend.expand(model, cluster, training, configs, peak,
                                                 settings)
-        scores = score_configs(model, cluster, training,
-                               ConfigBatch.from_configs(wide, traits), calibration)
+        scores = score_in_chunks(model, cluster, training, wide, traits, calibration)
         pick = backend.best_per_layout(np.asarray(scores["tokens_per_s_per_gpu"]), owner,
                                        len(configs))
         configs = [wide[j] for j in pick]
@@ -294,8 +317,7 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   for k, v in scores.items()}
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
     elif configs:
-        scores = score_configs(model, cluster, training,
-                               ConfigBatch.from_configs(configs, traits), calibration)
+        scores = score_in_chunks(model, cluster, training, configs, traits, calibration)
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
     else:
         scores, tokens = {}, np.zeros(0)
