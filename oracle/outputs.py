@@ -69,6 +69,22 @@ def _why(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e)
 
 
+def _require_parent(p: Path, s: str, what: str, instead: str, hint: str) -> Path:
+    """The existing directory ``p`` is to be created in (its parent), else a one-line error: a
+    dangling symbolic link at ``p``, or a parent that is not a directory."""
+    if os.path.lexists(p):
+        raise ConfigError(f"{what} {show_name(s)} is a symbolic link to nothing; {instead}")
+    parent = p.parent
+    try:
+        parent_ok = stat.S_ISDIR(os.stat(parent).st_mode)
+    except (OSError, ValueError):
+        parent_ok = False
+    if not parent_ok:
+        raise ConfigError(f"{what} {show_name(s)}: the directory {show_name(parent)} does not exist; "
+                          f"create it first{hint}")
+    return parent
+
+
 def check_output_path(path: str | Path, what: str, suffixes: tuple[str, ...]) -> Path:
     """The path a file option writes (``what``: the option, e.g. ``--pareto``), once it can be
     written with one of ``suffixes`` (lower-case, with the dot); see the module docstring.
@@ -104,16 +120,8 @@ def check_output_path(path: str | Path, what: str, suffixes: tuple[str, ...]) ->
         except OSError as e:
             raise ConfigError(f"{what} {show_name(s)} cannot be written: {_why(e)}") from None
         return p
-    if os.path.lexists(p):
-        raise ConfigError(f"{what} {show_name(s)} is a symbolic link to nothing; give a file name")
-    parent = p.parent
-    try:
-        parent_ok = stat.S_ISDIR(os.stat(parent).st_mode)
-    except (OSError, ValueError):
-        parent_ok = False
-    if not parent_ok:
-        raise ConfigError(f"{what} {show_name(s)}: the directory {show_name(parent)} does not exist; "
-                          f"create it first or name a file in an existing folder")
+    parent = _require_parent(p, s, what, "give a file name",
+                             " or name a file in an existing folder")
     if _pseudo(p):
         raise ConfigError(f"{what} {show_name(s)} cannot be written: {show_name(parent)} is a "
                           f"kernel file system, not a directory for files")
@@ -156,16 +164,7 @@ def check_output_dir(path: str | Path, what: str) -> Path:
         os.close(fd)
         os.unlink(probe)
         return p
-    if os.path.lexists(p):
-        raise ConfigError(f"{what} {show_name(s)} is a symbolic link to nothing; name a directory")
-    parent = p.parent
-    try:
-        parent_ok = stat.S_ISDIR(os.stat(parent).st_mode)
-    except (OSError, ValueError):
-        parent_ok = False
-    if not parent_ok:
-        raise ConfigError(f"{what} {show_name(s)}: the directory {show_name(parent)} does not exist; "
-                          f"create it first")
+    _require_parent(p, s, what, "name a directory", "")
     try:
         os.mkdir(p)
     except OSError as e:
