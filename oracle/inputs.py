@@ -104,13 +104,19 @@ def read_text(path: str | Path, what: str) -> str:
             raw = fh.read(MAX_INPUT_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"cannot read {what} {show_name(p)}: {e.strerror or e}") from None
+    return _utf8_text(raw, f"{what} {show_name(p)}", "; give a text file")
+
+
+def _utf8_text(raw: bytes, where: str, hint: str) -> str:
+    """``raw`` (read with one byte past :data:`MAX_INPUT_BYTES`) as UTF-8 text, else a one-line
+    error naming ``where`` (``hint``: what to give instead, appended)."""
     if len(raw) > MAX_INPUT_BYTES:
-        raise ConfigError(f"{what} {show_name(p)} is over {MAX_INPUT_BYTES:,} bytes")
+        raise ConfigError(f"{where} is over {MAX_INPUT_BYTES:,} bytes")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{what} {show_name(p)} is not UTF-8 text (byte 0x{raw[e.start]:02x} "
-                          f"at offset {e.start}); give a text file") from None
+        raise ConfigError(f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                          f"{e.start}){hint}") from None
 
 
 def read_stdin(what: str) -> str:
@@ -123,13 +129,7 @@ def read_stdin(what: str) -> str:
     source = getattr(stream, "buffer", None)
     raw = source.read(MAX_INPUT_BYTES + 1) if source is not None else \
         stream.read(MAX_INPUT_BYTES + 1).encode("utf-8")
-    if len(raw) > MAX_INPUT_BYTES:
-        raise ConfigError(f"{what} on standard input is over {MAX_INPUT_BYTES:,} bytes")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{what} on standard input is not UTF-8 text (byte "
-                          f"0x{raw[e.start]:02x} at offset {e.start})") from None
+    return _utf8_text(raw, f"{what} on standard input", "")
 
 
 # ------------------------------------------------------------------------------ structure

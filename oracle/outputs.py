@@ -69,6 +69,17 @@ def _why(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e)
 
 
+def _stat_or_none(p: Path, s: str, what: str) -> os.stat_result | None:
+    """``os.stat(p)``, None when nothing is there, else a one-line error (``s``: the name as
+    given)."""
+    try:
+        return os.stat(p)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {show_name(s)} cannot be written: {_why(e)}") from None
+
+
 def _require_parent(p: Path, s: str, what: str, instead: str, hint: str) -> Path:
     """The existing directory ``p`` is to be created in (its parent), else a one-line error: a
     dangling symbolic link at ``p``, or a parent that is not a directory."""
@@ -102,12 +113,7 @@ def check_output_path(path: str | Path, what: str, suffixes: tuple[str, ...]) ->
     if suffix not in suffixes:
         raise ConfigError(f"{what} {show_name(s)}: {suffix or 'no extension'} is not a supported "
                           f"format; end the name with {' or '.join(suffixes)}")
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{what} {show_name(s)} cannot be written: {_why(e)}") from None
+    st = _stat_or_none(p, s, what)
     if st is not None:
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else \
@@ -147,12 +153,7 @@ def check_output_dir(path: str | Path, what: str) -> Path:
     if _pseudo(p):
         raise ConfigError(f"{what} {show_name(s)} cannot be written: it lies in a kernel file "
                           f"system (/proc, /sys), not a directory for files")
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{what} {show_name(s)} cannot be written: {_why(e)}") from None
+    st = _stat_or_none(p, s, what)
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise ConfigError(f"{what} {show_name(s)} exists and is not a directory; name a directory")
