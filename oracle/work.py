@@ -36,6 +36,24 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.codes import (
+    DISPATCH_CODE,
+    FP8_CODE,
+    GROUPED_GEMM_CODE,
+    GROUPED_GEMMS,
+    METHOD_CODE,
+    METHODS,
+    MODULE_BITS,
+    RECOMPUTE_CODE,
+    RECOMPUTES,
+    SCHEDULE_CODE,
+    SPLIT_CODE,
+    VALUELESS_SPLIT_KEYS,
+    SplitKey,
+    split_config,
+    split_key,
+    split_table,
+)
 from tune_cp.oracle import flops as F
 from tune_cp.oracle import params as P
 from tune_cp.oracle.collectives import (
@@ -62,13 +80,11 @@ from tune_cp.oracle.inventory import (
 from tune_cp.oracle.memory import (
     ParamUnits,
     param_units,
-    split_fields,
     stage_counts_by_kind,
     stage_params,
 )
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
-    VALUELESS_SPLITS,
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -77,11 +93,8 @@ from tune_cp.oracle.specs import (
     GroupedGemm,
     ModelSpec,
     ParallelConfig,
-    PipelineSplit,
     Precision,
     Recompute,
-    RecomputeMethod,
-    Schedule,
     TrainingSpec,
     auto_pipeline_split,
 )
@@ -126,58 +139,14 @@ LOW_PREC_SLOTS = np.array(
 )
 GROUPED_SLOTS = np.array([name in ("exp_fc1", "exp_fc2") for name in SLOTS], dtype=bool)
 
-# config codes
-RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
-METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
-DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
 #: Bytes per element of the router input under ``--moe-router-dtype fp32``: Megatron-Core
 #: ``moe/router.py`` ``router_gating_linear`` casts the bf16 hidden state to fp32 before the
 #: gating GEMM (read 2, write 4; the backward's fp32 input gradient cast back is the backward
 #: share of the element-wise bytes).
 ROUTER_FP32_CAST_BYTES = 6.0
-GROUPED_GEMM_CODE = {GroupedGemm.SEQUENTIAL: 0, GroupedGemm.LEGACY: 1, GroupedGemm.TE: 2,
-                     GroupedGemm.TURBO: 3}
-_CODE_GROUPED_GEMM = {v: k for k, v in GROUPED_GEMM_CODE.items()}
-SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
-#: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
-SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
-#: The splits without values (``oracle/specs.py::VALUELESS_SPLITS``), by code: 0 even,
-#: 1 embedding_loss, the light splits next, embedding_mtp_loss last. Every batch's split table
-#: (:attr:`ConfigBatch.split_keys`) starts with them; the splits with values (uneven, layout)
-#: follow in the batch's own table (:func:`split_table`).
-VALUELESS_SPLIT_KEYS: tuple[SplitKey, ...] = tuple((s, None, None, None) for s in VALUELESS_SPLITS)
-SPLIT_CODE = {k[0]: i for i, k in enumerate(VALUELESS_SPLIT_KEYS)}
-
-
-def split_key(cfg: ParallelConfig) -> SplitKey:
-    """A resolved configuration's split with its values."""
-    assert cfg.pipeline_split is not None
-    return (cfg.pipeline_split, *split_fields(cfg))
-
-
-def split_table(configs: Sequence[ParallelConfig]) -> tuple[SplitKey, ...]:
-    """The split table of a batch of ``configs``: :data:`VALUELESS_SPLIT_KEYS`, then each split
-    with values the configurations use, in the order they first appear (a code is a position
-    in it)."""
-    keys = dict.fromkeys(VALUELESS_SPLIT_KEYS)
-    for c in configs:
-        keys.setdefault(split_key(c))
-    return tuple(keys)
-
-
-FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
-            Fp8Recipe.MXFP8: 3}
-MODULE_BITS = {"core_attn": 1, "layernorm": 2, "mlp": 4, "moe": 8, "moe_act": 16,
-               "shared_experts": 32, "mla_up_proj": 64}
-_CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
-_CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
-
-
-def split_config(key: SplitKey) -> dict[str, Any]:
-    """The ``ParallelConfig`` fields of a split with its values (:func:`split_key`)."""
-    split, first, last, layout = key
-    return {"pipeline_split": split, "first_stage_layers": first, "last_stage_layers": last,
-            "pipeline_layout": layout}
+_CODE_GROUPED_GEMM = dict(enumerate(GROUPED_GEMMS))
+_CODE_RECOMPUTE = dict(enumerate(RECOMPUTES))
+_CODE_METHOD = dict(enumerate(METHODS))
 
 
 # ============================================================================ config batch
