@@ -40,6 +40,7 @@ from tune_cp.config.codes import (
     RECOMPUTE_CODE,
     SCHEDULE_CODE,
 )
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.specs import (
     Dispatcher,
@@ -53,7 +54,6 @@ from tune_cp.oracle.specs import (
     Schedule,
     derived_dp,
     derived_ga,
-    resolve_config,
 )
 from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import compile_expr
