@@ -368,5 +368,25 @@ def view(cols: Columns, i: int) -> ParallelConfig:
     )
 
 
-__all__ = ["COLUMN_FIELDS", "RESOLVED_FIELDS", "UNSET", "Columns", "as_read", "columns",
-           "columns_of", "resolve", "resolve_config", "resolve_many", "resolved_update", "view"]
+#: the ``ParallelConfig`` fields of the MoE backend as columns: (column, the field's coding;
+#: None: the value itself)
+BACKEND_COLUMNS: dict[str, tuple[str, dict[Any, int] | None]] = {
+    "dispatcher": ("dispatcher", DISPATCH_CODE), "flex_backend": ("flex", FLEX_CODE),
+    "sync_free_stage": ("sync_free", None), "grouped_gemm": ("grouped_gemm", GROUPED_GEMM_CODE),
+    "permute_fusion": ("permute_fusion", None),
+    "shared_expert_overlap": ("shared_overlap", None), "router_fp32": ("router_fp32", None),
+}
+
+
+def set_fields(cols: Columns, rows: np.ndarray, update: dict[str, Any]) -> None:
+    """Set the ``ParallelConfig`` fields ``update`` (MoE backend fields,
+    :data:`BACKEND_COLUMNS`) on the rows ``rows`` (a mask or index array) of resolved ``cols``,
+    in place: what ``cfg.model_copy(update=update)`` is to each row's configuration."""
+    for name, value in update.items():
+        column, code = BACKEND_COLUMNS[name]
+        getattr(cols, column)[rows] = value if code is None else code[value]
+
+
+__all__ = ["BACKEND_COLUMNS", "COLUMN_FIELDS", "RESOLVED_FIELDS", "UNSET", "Columns", "as_read", "columns",
+           "columns_of", "resolve", "resolve_config", "resolve_many", "resolved_update", "set_fields",
+           "view"]

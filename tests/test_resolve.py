@@ -164,3 +164,49 @@ def test_views_and_module_masks_round_trip() -> None:
     assert np.array_equal(columns(n=3, tp=2).tp, [2, 2, 2])
     with pytest.raises(TypeError, match="unknown column"):
         columns(tpp=2)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "llama3-8b-fp8-fsdp"])
+def test_the_search_ranks_the_enumerations_columns(name: str) -> None:
+    """The enumeration carries its resolved columns (row i = configuration i, what the oracle's
+    batch reads off it); ranking them (MoE: with the backend presets set on the columns) gives
+    what ranking the pydantic configurations gives, figure for figure."""
+    import dataclasses
+
+    from tests.test_solver_equivalence import CASES
+    from tune_cp.agent.search import rank_feasible
+    from tune_cp.solver.feasible import enumerate_problem
+    from tune_cp.solver.settings import RunSettings
+
+    p = CASES[name]()
+    enum = enumerate_problem(p, count_removed=False)
+    configs = [fc.config for fc in enum.configs]
+    assert enum.columns is not None and len(enum.columns) == len(configs) > 0
+    read = ConfigBatch.from_configs(configs)
+    for f in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga", "sp", "recompute",
+              "recompute_method", "recompute_layers", "recompute_modules",
+              "distributed_optimizer", "fsdp", "dispatcher", "schedule", "fp8", "grad_fp32",
+              "sync_free", "flex", "grouped_gemm", "permute_fusion", "shared_overlap",
+              "router_fp32"):
+        assert np.array_equal(getattr(enum.columns, f), getattr(read, f)), f
+    settings = RunSettings()
+    a = rank_feasible(p.model, p.cluster, p.training, enum, [], None, None, settings)
+    b = rank_feasible(p.model, p.cluster, p.training, dataclasses.replace(enum, columns=None),
+                      [], None, None, settings)
+    assert a.configs == b.configs
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.peak_bytes, b.peak_bytes)
+    assert np.array_equal(a.order, b.order)
+    if p.model.is_moe:  # the pydantic path: each (layout, preset) configuration, projected
+        from tune_cp.agent import backend
+        from tune_cp.agent.search import score_in_chunks
+
+        peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
+        wide, wide_peak, owner = backend.expand(p.model, p.cluster, p.training, configs, peak,
+                                                settings)
+        assert len(wide) > len(configs)
+        tokens = np.asarray(score_in_chunks(p.model, p.cluster, p.training, wide, None,
+                                            None)["tokens_per_s_per_gpu"])
+        pick = backend.best_per_layout(tokens, owner, len(configs))
+        assert [wide[j] for j in pick] == a.configs
+        assert np.array_equal(tokens[pick], a.tokens)
+        assert np.array_equal(wide_peak[pick], a.peak_bytes)
