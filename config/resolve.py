@@ -10,8 +10,11 @@ sentinel :data:`UNSET` (``-1``; for ``etp``, ``dp`` and ``ga`` also any value be
   hold exactly is the solver's rule ``batch``, which names the values);
 * etp = tp;
 * sequence parallelism on when tp > 1, and off at tp 1 whatever was given (Megatron-LM
-  ``arguments.py`` turns ``--sequence-parallel`` off when tensor parallelism is 1);
-* the distributed optimizer off under FSDP (Megatron-FSDP shards the optimizer state itself);
+  ``megatron/training/arguments.py`` l.1433-1439 at ``d98e8a64``, the commit
+  ``formats/megatron_validate.py`` reads: ``args.sequence_parallel = False`` at tp 1);
+* the distributed optimizer off under FSDP: tune-cp's one spelling of FSDP's sharding
+  (``fsdp`` alone; Megatron-FSDP shards the optimizer state itself, and the exporters write
+  the ``--use-distributed-optimizer`` it needs: ``formats/export.py``);
 * schedule interleaved iff vpp > 1, else 1F1B;
 * the FP8 recipe of an FP8 training without one: :func:`oracle.specs.default_fp8_recipe`;
 * the pipeline split, where none is given: :func:`oracle.specs.auto_pipeline_split`;
@@ -387,6 +390,8 @@ def set_fields(cols: Columns, rows: np.ndarray, update: dict[str, Any]) -> None:
         getattr(cols, column)[rows] = value if code is None else code[value]
 
 
-__all__ = ["BACKEND_COLUMNS", "COLUMN_FIELDS", "RESOLVED_FIELDS", "UNSET", "Columns", "as_read", "columns",
-           "columns_of", "resolve", "resolve_config", "resolve_many", "resolved_update", "set_fields",
-           "view"]
+__all__ = [
+    "BACKEND_COLUMNS", "COLUMN_FIELDS", "RESOLVED_FIELDS", "UNSET", "Columns", "as_read", "columns",
+    "columns_of", "resolve", "resolve_config", "resolve_many", "resolved_update", "set_fields",
+    "view",
+]

@@ -19,6 +19,7 @@ from tune_cp.config.codes import (
     module_mask,
 )
 from tune_cp.config.resolve import (
+    RESOLVED_FIELDS,
     UNSET,
     as_read,
     columns,
@@ -26,6 +27,7 @@ from tune_cp.config.resolve import (
     resolve,
     resolve_config,
     resolve_many,
+    resolved_update,
     view,
 )
 from tune_cp.oracle.catalog import load_gpu, load_model
@@ -88,6 +90,7 @@ def test_the_rules_the_second_resolver_had_drifted_from() -> None:
     m, c, t = setting("nemotron-3-nano", "gb200", 1)
     cols = resolve(columns(pp=[3, 4], vpp=[1, 2]), m, c, t)
     assert cols.split.tolist() == [SPLIT_CODE[PipelineSplit.EVEN]] * 2
+    assert set(resolved_update(cols, 0)) == set(RESOLVED_FIELDS)
     # the batch says the same as resolve_config for each of those configurations
     one = resolve_config(ParallelConfig(tp=1, sequence_parallel=True, fsdp=True), m, c, t)
     assert one.sequence_parallel is False and one.distributed_optimizer is False
@@ -210,3 +213,19 @@ def test_the_search_ranks_the_enumerations_columns(name: str) -> None:
         assert [wide[j] for j in pick] == a.configs
         assert np.array_equal(tokens[pick], a.tokens)
         assert np.array_equal(wide_peak[pick], a.peak_bytes)
+
+
+def test_the_cp_sat_tables_scalar_dp_and_ga_are_the_resolvers() -> None:
+    """``solver/model.py`` tabulates dp and ga with the scalar ``derived_dp`` / ``derived_ga``
+    (its tables hold Python ints); they are the columnar resolver's on every grid point."""
+    from itertools import product
+
+    from tune_cp.oracle.specs import derived_dp, derived_ga
+
+    m, c, t = setting("mixtral-8x22b", "mi355x", 3)  # world 24: inexact divisions too
+    grid = np.array(list(product([1, 2, 4, 8], [1, 2, 3, 5], [1, 2, 4], [1, 2, 3, 16])))
+    cols = resolve(columns(tp=grid[:, 0], pp=grid[:, 1], cp=grid[:, 2], mbs=grid[:, 3]),
+                   m, c, t)
+    for (tp, pp, cp, mbs), dp, ga in zip(grid.tolist(), cols.dp, cols.ga, strict=True):
+        assert dp == derived_dp(c.world_size, tp, pp, cp)
+        assert ga == derived_ga(t.global_batch_size, mbs, dp)
