@@ -191,7 +191,7 @@ LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.LAST_TO_FIRST)
 #: the splits whose layer lists follow from (layers, pp, vpp) alone: every split but ``uneven``
 #: and ``layout``, which need values (the search space's splits: ``solver/space.py``; the codes
-#: every batch of the vectorised path starts with: ``oracle/work.py::VALUELESS_SPLIT_KEYS``)
+#: every batch of the vectorised path starts with: ``config/codes.py::VALUELESS_SPLIT_KEYS``)
 VALUELESS_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS,
     PipelineSplit.EMBEDDING_MTP_LOSS)
