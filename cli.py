@@ -1388,7 +1388,7 @@ def check_baseline_layout(text: str, cfg: ParallelConfig, model: ModelSpec,
     """A ``--baseline`` whose tp x pp x cp does not divide the cluster is no layout (its data
     parallel size would be a fraction): refused in one line naming the sizes that divide
     (``solver.rules.world_size``'s message), not reported with a rounded-down DP."""
-    from tune_cp.oracle.specs import resolve_config
+    from tune_cp.config.resolve import resolve_config
     from tune_cp.solver.rules import RuleContext, world_size
 
     if cluster.world_size % (cfg.tp * cfg.pp * cfg.cp) == 0:

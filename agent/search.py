@@ -44,6 +44,7 @@ from tune_cp.agent.llm import (
     run_llm_phase,
 )
 from tune_cp.agent.seed import SeedResult, Step, apply, seed_phase
+from tune_cp.config.resolve import Columns, as_read, columns_of
 from tune_cp.oracle.inputs import finite, parse_number
 from tune_cp.oracle.memory_verdict import Spread, fits_line_bytes
 from tune_cp.oracle.projection import score_configs
@@ -280,13 +281,18 @@ SCORE_CHUNK = 16384
 
 
 def score_in_chunks(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                    configs: Sequence[ParallelConfig], traits: Any,
+                    configs: Sequence[ParallelConfig] | Columns, traits: Any,
                     calibration: str | None) -> dict[str, Any]:
-    """``score_configs`` of ``configs`` in batches of :data:`SCORE_CHUNK`, concatenated (the
+    """``score_configs`` of ``configs`` (resolved configurations, or their resolved
+    :class:`config.resolve.Columns`) in batches of :data:`SCORE_CHUNK`, concatenated (the
     per-configuration arrays; a value that is not one, from the first batch)."""
-    chunks = [configs[i:i + SCORE_CHUNK] for i in range(0, len(configs), SCORE_CHUNK)]
-    parts = [score_configs(model, cluster, training, ConfigBatch.from_configs(c, traits),
-                           calibration) for c in chunks]
+    n = len(configs)
+    chunks = [configs[i:i + SCORE_CHUNK] if not isinstance(configs, Columns)
+              else configs.take(slice(i, i + SCORE_CHUNK)) for i in range(0, n, SCORE_CHUNK)]
+    parts = [score_configs(model, cluster, training,
+                           ConfigBatch.of(c, traits) if isinstance(c, Columns)
+                           else ConfigBatch.from_configs(c, traits), calibration)
+             for c in chunks]
     if len(parts) == 1:
         return parts[0]
     out: dict[str, Any] = {}
@@ -302,22 +308,29 @@ def rank_feasible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   traits: Any = None, settings: Any = None) -> Ranked:
     """``traits``: the run's :class:`oracle.work.RunTraits` (None: the defaults);
     ``settings``: the run's ``RunSettings``, given when each layout of an MoE model takes its
-    fastest MoE backend preset (``agent/backend.py``; None: the layouts as enumerated)."""
+    fastest MoE backend preset (``agent/backend.py``; None: the layouts as enumerated). The
+    projection reads the enumeration's resolved columns; a configuration is built only for the
+    layouts' chosen presets."""
     configs = [fc.config for fc in enum.configs]
     peak = np.array([fc.peak_bytes for fc in enum.configs], dtype=np.int64)
+    cols = enum.columns
+    if cols is None or len(cols) != len(configs):
+        cols = as_read(columns_of(configs)) if configs else None
     if configs and settings is not None and model.is_moe:
-        wide, wide_peak, owner = backend.expand(model, cluster, training, configs, peak,
-                                                settings)
+        owner, which, wide_peak = backend.expand_rows(model, cluster, training, configs, peak,
+                                                      settings)
+        wide = backend.expanded_columns(model, cluster, cols, owner, which)
         scores = score_in_chunks(model, cluster, training, wide, traits, calibration)
         pick = backend.best_per_layout(np.asarray(scores["tokens_per_s_per_gpu"]), owner,
                                        len(configs))
-        configs = [wide[j] for j in pick]
+        configs = [backend.preset_config(model, cluster, configs[int(owner[j])],
+                                         int(which[j])) for j in pick]
         peak = wide_peak[pick]
         scores = {k: (np.asarray(v)[pick] if np.ndim(v) and len(v) == len(wide) else v)
                   for k, v in scores.items()}
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
     elif configs:
-        scores = score_in_chunks(model, cluster, training, configs, traits, calibration)
+        scores = score_in_chunks(model, cluster, training, cols, traits, calibration)
         tokens = np.asarray(scores["tokens_per_s_per_gpu"], dtype=float)
     else:
         scores, tokens = {}, np.zeros(0)

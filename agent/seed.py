@@ -16,6 +16,7 @@ from typing import Any
 
 from tune_cp.agent.backend import presets
 from tune_cp.agent.evaluate import Evaluator, Trial
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle.specs import (
     Dispatcher,
     Fp8Recipe,
@@ -23,7 +24,6 @@ from tune_cp.oracle.specs import (
     Recompute,
     RecomputeMethod,
     Schedule,
-    resolve_config,
 )
 from tune_cp.solver.rules import divisors, layers_per_chunk
 

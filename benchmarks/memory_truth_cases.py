@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.catalog import load_gpu, load_model
 from tune_cp.oracle.inventory import kind_index
@@ -24,7 +25,6 @@ from tune_cp.oracle.specs import (
     Recompute,
     RecomputeMethod,
     TrainingSpec,
-    resolve_config,
 )
 
 #: Defended tolerances (tests/test_memory_truth.py, docs/memory_truth.md): model state exact;

@@ -60,7 +60,7 @@ def main() -> int:
         cluster = ClusterSpec(gpu=load_gpu(gpu), num_nodes=nodes, gpus_per_node=8)
         training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=prec)
         g = grid(model_name, nodes)
-        base = ConfigBatch.from_arrays(model, cluster, training, **g)
+        base = ConfigBatch.resolved(model, cluster, training, **g)
         reps = max(1, 200_000 // len(base))
         big = ConfigBatch(**{k: np.tile(v, reps) if isinstance(v, np.ndarray) else v
                              for k, v in vars(base).items()})

@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.formats.keys import (
     KNOB_BRIDGE,
     KNOB_DEST,
@@ -69,7 +70,6 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     compute_precision,
     nodes_text,
-    resolve_config,
 )
 
 FP4_FORMAT = "e2m1"  # TransformerConfig.fp4 (--fp4-format): the only FP4 element format

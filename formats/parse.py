@@ -141,7 +141,7 @@ class ImportedRun(Spec):
 
     ``config`` holds every ParallelConfig field the arguments set, the framework's defaults for
     the others (stated in ``defaults``); derived fields (dp, ga, schedule) stay None for
-    :func:`oracle.specs.resolve_config`. ``seq_len`` / ``global_batch_size`` are None when the
+    :func:`config.resolve.resolve_config`. ``seq_len`` / ``global_batch_size`` are None when the
     arguments leave them to be derived (see :meth:`training_spec`).
     """
 

@@ -88,6 +88,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle.catalog import gpu_entries, load_gpu, model_entries
 from tune_cp.oracle.constants import software_stack
 from tune_cp.oracle.specs import (
@@ -105,7 +106,6 @@ from tune_cp.oracle.specs import (
     Schedule,
     StateDtype,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.oracle.work import RunTraits
 

@@ -103,7 +103,7 @@ CURRENT_SCALING_EXTRA_KERNELS = 2.0
 BACKEND_OPS = {"permute_fusion": -7.0, "fused_router": -6.0, "fused_act_probs": -1.0,
                "grouped_kernel": 2.0}
 #: Host operations per local expert and forward, by grouped-GEMM implementation
-#: (:data:`oracle.work.GROUPED_GEMM_CODE` order: sequential, legacy, te, turbo).
+#: (:data:`config.codes.GROUPED_GEMM_CODE` order: sequential, legacy, te, turbo).
 OPS_PER_LOCAL_EXPERT = (5.0, 0.0, 4.0, 0.0)
 
 

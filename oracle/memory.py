@@ -1566,7 +1566,8 @@ def unsharded_peak_bytes(model: ModelSpec, training: TrainingSpec, mbs: int) -> 
     factors, of every figure a search of ``model`` at this training setting tabulates (every
     parallel size divides a term; an in-flight micro-batch of a pipeline stage holds only the
     stage's layers)."""
-    from tune_cp.oracle.specs import GpuSpec, resolve_config
+    from tune_cp.config.resolve import resolve_config
+    from tune_cp.oracle.specs import GpuSpec
 
     gpu = GpuSpec(name="unsharded bound", hbm_bytes=1 << 50, peak_bf16_flops=1e15,
                   hbm_bytes_per_s=1e12, scale_up_bytes_per_s=1e11, scale_up_domain_gpus=1,

@@ -156,7 +156,7 @@ def project(
     software: str = REFERENCE_SOFTWARE,
     traits: RunTraits | None = None,
 ) -> Projection:
-    """Projection of one configuration resolved by :func:`oracle.specs.resolve_config`.
+    """Projection of one configuration resolved by :func:`config.resolve.resolve_config`.
 
     ``calib``: a :class:`~oracle.constants.CalibrationTable`, a path to a calibration JSON
     (``tune-cp calibrate --out``), or None for the shipped ``oracle/catalog/calibration.json``.

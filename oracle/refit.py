@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.formats import ImportedRun
 from tune_cp.formats.logs import (
     LogMeasurement,
@@ -52,7 +53,6 @@ from tune_cp.oracle.specs import (
     ParallelConfig,
     Recompute,
     TrainingSpec,
-    resolve_config,
     training_as_run,
 )
 from tune_cp.oracle.work import RunTraits

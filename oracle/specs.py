@@ -6,7 +6,8 @@ House rules (see docs/architecture.md):
 * validators only *check* one spec in isolation; cross-spec legality (tp divides the heads, the
   world size decomposes, ...) lives in ``solver/rules.py`` and nowhere else;
 * derived values (dp, ga, etp, sequence parallel, schedule, pipeline split, FP8 recipe) are filled
-  by one named function, :func:`resolve_config`, never by validators;
+  by one named resolver, ``config/resolve.py`` (:func:`config.resolve.resolve` over a columnar
+  batch, ``resolve_config`` for one configuration), never by validators;
 * units are in the names: ``*_bytes`` are integer bytes, ``*_flops`` FLOP/s, ``*_bytes_per_s``.
 """
 
@@ -190,7 +191,7 @@ LIGHT_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.LAST_TO_FIRST)
 #: the splits whose layer lists follow from (layers, pp, vpp) alone: every split but ``uneven``
 #: and ``layout``, which need values (the search space's splits: ``solver/space.py``; the codes
-#: every batch of the vectorised path starts with: ``oracle/work.py::VALUELESS_SPLIT_KEYS``)
+#: every batch of the vectorised path starts with: ``config/codes.py::VALUELESS_SPLIT_KEYS``)
 VALUELESS_SPLITS: tuple[PipelineSplit, ...] = (
     PipelineSplit.EVEN, PipelineSplit.EMBEDDING_LOSS, *LIGHT_SPLITS,
     PipelineSplit.EMBEDDING_MTP_LOSS)
@@ -656,7 +657,8 @@ SELECTIVE_MODULES: frozenset[str] = frozenset(
 
 
 class ParallelConfig(Spec):
-    """One training configuration. ``None`` fields are derived by :func:`resolve_config`."""
+    """One training configuration. ``None`` fields are derived by
+    :func:`config.resolve.resolve_config`."""
 
     tp: int = Field(default=1, ge=1, le=MAX_GPUS)
     pp: int = Field(default=1, ge=1, le=100_000)
@@ -819,8 +821,8 @@ def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
     ``embedding_loss`` (embedding and loss as slots), else, for a model with MTP layers whose
     ``num_layers + 2 + mtp`` slots divide, ``embedding_mtp_loss``. Whether the choice is legal
     is the solver's business (rule ``pipeline_split``). A hybrid Mamba model always splits
-    evenly (Megatron-Core's ``MambaStack`` has no embedding/loss slots). The vectorised copy:
-    ``oracle/work.py::ConfigBatch.from_arrays``."""
+    evenly (Megatron-Core's ``MambaStack`` has no embedding/loss slots). The resolver
+    (``config/resolve.py::resolve``) calls it once per distinct ``pp * vpp``."""
     v = pp * vpp
     if model.is_hybrid or model.num_layers % v == 0:
         return PipelineSplit.EVEN
@@ -831,13 +833,13 @@ def auto_pipeline_split(model: ModelSpec, pp: int, vpp: int) -> PipelineSplit:
 
 
 def derived_dp(world: int, tp: int, pp: int, cp: int) -> int:
-    """dp as :func:`resolve_config` derives it: ``world // (tp pp cp)``, at least 1."""
+    """dp as :func:`config.resolve.resolve` derives it: ``world // (tp pp cp)``, at least 1."""
     return max(1, world // (tp * pp * cp))
 
 
 def derived_ga(global_batch_size: int, mbs: int, dp: int) -> int:
-    """ga (micro-batches per step) as :func:`resolve_config` derives it: ``gbs // (mbs dp)``,
-    at least 1."""
+    """ga (micro-batches per step) as :func:`config.resolve.resolve` derives it:
+    ``gbs // (mbs dp)``, at least 1."""
     return max(1, global_batch_size // (mbs * dp))
 
 
@@ -866,43 +868,10 @@ def resolved_flex_backend(cfg: ParallelConfig, gpu: GpuSpec) -> FlexBackend | No
         return cfg.flex_backend
     if cfg.dispatcher is not Dispatcher.FLEX:
         return None
+    return default_flex_backend(gpu)
+
+
+def default_flex_backend(gpu: GpuSpec) -> FlexBackend:
+    """The flex dispatcher's library where none is given: Primus-Turbo's DeepEP on AMD, NVIDIA
+    DeepEP elsewhere."""
     return FlexBackend.TURBO if gpu.vendor is Vendor.AMD else FlexBackend.DEEPEP
-
-
-def resolve_config(
-    cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
-) -> ParallelConfig:
-    """Fill every derived field of ``cfg``.
-
-    dp = world // (tp * pp * cp); ga = gbs // (mbs * dp); etp = tp; sequence parallel = tp > 1;
-    schedule = interleaved iff vpp > 1; FP8 recipe from the training precision and GPU;
-    pipeline split = :func:`auto_pipeline_split`; sequence parallelism off at tp 1 (as Megatron
-    forces it); the distributed optimizer off under FSDP (FSDP shards the optimizer itself). Integer division is deliberate: whether the
-    identities hold exactly (``tp*pp*cp*dp == world``, ``mbs*ga*dp == gbs``) is checked by the
-    solver's rules, which name the values and the legal alternatives.
-    """
-    dp = cfg.dp if cfg.dp is not None else derived_dp(cluster.world_size, cfg.tp, cfg.pp, cfg.cp)
-    ga = cfg.ga if cfg.ga is not None else derived_ga(training.global_batch_size, cfg.mbs, dp)
-    fp8 = cfg.fp8_recipe
-    if fp8 is None and training.precision is Precision.FP8:
-        fp8 = default_fp8_recipe(cluster.gpu)
-    return cfg.model_copy(
-        update={
-            "dp": dp,
-            "ga": ga,
-            "etp": cfg.etp_,
-            "sequence_parallel": cfg.sp and cfg.tp > 1,  # Megatron turns SP off at tp 1
-            "distributed_optimizer": cfg.distributed_optimizer and not cfg.fsdp,
-            "schedule": cfg.schedule_,
-            "fp8_recipe": fp8,
-            "pipeline_split": (given_pipeline_split(cfg)
-                               or auto_pipeline_split(model, cfg.pp, cfg.vpp)),
-            "recompute_layers": cfg.recompute_layers if cfg.recompute is Recompute.FULL else None,
-            "flex_backend": (fb := resolved_flex_backend(cfg, cluster.gpu)),
-            "router_fp32": (cfg.router_fp32 if cfg.router_fp32 is not None
-                            else fb is FlexBackend.TURBO),
-            # sync-free stage >= 1 turns on permute fusion (Primus rocm_arg_validation.py
-            # _get_sync_free_moe_options)
-            "permute_fusion": cfg.permute_fusion or cfg.sync_free_stage >= 1,
-        }
-    )

@@ -36,6 +36,25 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.codes import (
+    DISPATCH_CODE,
+    FP8_CODE,
+    GROUPED_GEMM_CODE,
+    GROUPED_GEMMS,
+    METHODS,
+    MODULE_BITS,
+    RECOMPUTES,
+    SplitKey,
+)
+from tune_cp.config.resolve import (
+    COLUMN_FIELDS,
+    Columns,
+    as_read,
+    columns,
+    columns_of,
+    resolve,
+    view,
+)
 from tune_cp.oracle import flops as F
 from tune_cp.oracle import params as P
 from tune_cp.oracle.collectives import (
@@ -62,28 +81,20 @@ from tune_cp.oracle.inventory import (
 from tune_cp.oracle.memory import (
     ParamUnits,
     param_units,
-    split_fields,
     stage_counts_by_kind,
     stage_params,
 )
 from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 from tune_cp.oracle.specs import (
-    VALUELESS_SPLITS,
     ClusterSpec,
     ConfigError,
     Dispatcher,
-    FlexBackend,
     Fp8Recipe,
     GroupedGemm,
     ModelSpec,
     ParallelConfig,
-    PipelineSplit,
     Precision,
-    Recompute,
-    RecomputeMethod,
-    Schedule,
     TrainingSpec,
-    auto_pipeline_split,
 )
 
 BF16 = 2.0
@@ -126,58 +137,14 @@ LOW_PREC_SLOTS = np.array(
 )
 GROUPED_SLOTS = np.array([name in ("exp_fc1", "exp_fc2") for name in SLOTS], dtype=bool)
 
-# config codes
-RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
-METHOD_CODE = {RecomputeMethod.UNIFORM: 0, RecomputeMethod.BLOCK: 1}
-DISPATCH_CODE = {Dispatcher.ALLTOALL: 0, Dispatcher.ALLGATHER: 1, Dispatcher.FLEX: 2}
 #: Bytes per element of the router input under ``--moe-router-dtype fp32``: Megatron-Core
 #: ``moe/router.py`` ``router_gating_linear`` casts the bf16 hidden state to fp32 before the
 #: gating GEMM (read 2, write 4; the backward's fp32 input gradient cast back is the backward
 #: share of the element-wise bytes).
 ROUTER_FP32_CAST_BYTES = 6.0
-GROUPED_GEMM_CODE = {GroupedGemm.SEQUENTIAL: 0, GroupedGemm.LEGACY: 1, GroupedGemm.TE: 2,
-                     GroupedGemm.TURBO: 3}
-_CODE_GROUPED_GEMM = {v: k for k, v in GROUPED_GEMM_CODE.items()}
-SCHEDULE_CODE = {Schedule.ONE_F_ONE_B: 0, Schedule.INTERLEAVED: 1, Schedule.ZERO_BUBBLE: 2}
-#: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
-SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
-#: The splits without values (``oracle/specs.py::VALUELESS_SPLITS``), by code: 0 even,
-#: 1 embedding_loss, the light splits next, embedding_mtp_loss last. Every batch's split table
-#: (:attr:`ConfigBatch.split_keys`) starts with them; the splits with values (uneven, layout)
-#: follow in the batch's own table (:func:`split_table`).
-VALUELESS_SPLIT_KEYS: tuple[SplitKey, ...] = tuple((s, None, None, None) for s in VALUELESS_SPLITS)
-SPLIT_CODE = {k[0]: i for i, k in enumerate(VALUELESS_SPLIT_KEYS)}
-
-
-def split_key(cfg: ParallelConfig) -> SplitKey:
-    """A resolved configuration's split with its values."""
-    assert cfg.pipeline_split is not None
-    return (cfg.pipeline_split, *split_fields(cfg))
-
-
-def split_table(configs: Sequence[ParallelConfig]) -> tuple[SplitKey, ...]:
-    """The split table of a batch of ``configs``: :data:`VALUELESS_SPLIT_KEYS`, then each split
-    with values the configurations use, in the order they first appear (a code is a position
-    in it)."""
-    keys = dict.fromkeys(VALUELESS_SPLIT_KEYS)
-    for c in configs:
-        keys.setdefault(split_key(c))
-    return tuple(keys)
-
-
-FP8_CODE = {None: -1, Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 1, Fp8Recipe.BLOCKWISE: 2,
-            Fp8Recipe.MXFP8: 3}
-MODULE_BITS = {"core_attn": 1, "layernorm": 2, "mlp": 4, "moe": 8, "moe_act": 16,
-               "shared_experts": 32, "mla_up_proj": 64}
-_CODE_RECOMPUTE = {v: k for k, v in RECOMPUTE_CODE.items()}
-_CODE_METHOD = {v: k for k, v in METHOD_CODE.items()}
-
-
-def split_config(key: SplitKey) -> dict[str, Any]:
-    """The ``ParallelConfig`` fields of a split with its values (:func:`split_key`)."""
-    split, first, last, layout = key
-    return {"pipeline_split": split, "first_stage_layers": first, "last_stage_layers": last,
-            "pipeline_layout": layout}
+_CODE_GROUPED_GEMM = dict(enumerate(GROUPED_GEMMS))
+_CODE_RECOMPUTE = dict(enumerate(RECOMPUTES))
+_CODE_METHOD = dict(enumerate(METHODS))
 
 
 # ============================================================================ config batch
@@ -248,66 +215,46 @@ DEFAULT_TRAITS = RunTraits()
 
 
 @dataclass
-class ConfigBatch:
-    """Many resolved configurations of one (model, cluster, training) as integer arrays.
+class ConfigBatch(Columns):
+    """Many resolved configurations of one (model, cluster, training): the resolved
+    :class:`config.resolve.Columns` (codes: :mod:`config.codes`) with the :class:`RunTraits` of
+    each configuration as arrays (None: the defaults): ``tp_overlap``, ``fp8_rowwise``,
+    ``dropless`` (0/1), ``graph_mask`` (the :data:`oracle.host.GRAPH_BITS` mask of the CUDA
+    graph scope), ``a2a_overlap`` (0/1) and ``capacity`` (the MoE capacity factor, 1.0 when
+    dropless)."""
 
-    Codes: ``recompute`` 0 none / 1 selective / 2 full; ``recompute_method`` 0 uniform /
-    1 block; ``recompute_layers`` -1 = every layer; ``recompute_modules`` bit mask of
-    :data:`MODULE_BITS`; ``dispatcher`` 0 alltoall / 1 allgather / 2 flex; ``schedule`` 0 1f1b /
-    1 interleaved / 2 zero-bubble; ``split`` a position in :attr:`split_keys` (0 even /
-    1 embedding_loss: :data:`SPLIT_CODE`); ``fp8`` -1 none /
-    0 delayed / 1 tensorwise / 2 blockwise / 3 mxfp8. ``tp_overlap`` / ``fp8_rowwise``: the
-    :class:`RunTraits` of each configuration as 0/1 arrays (None: the defaults).
-    """
-
-    tp: np.ndarray
-    pp: np.ndarray
-    vpp: np.ndarray
-    cp: np.ndarray
-    ep: np.ndarray
-    etp: np.ndarray
-    dp: np.ndarray
-    mbs: np.ndarray
-    ga: np.ndarray
-    sp: np.ndarray
-    recompute: np.ndarray
-    recompute_method: np.ndarray
-    recompute_layers: np.ndarray
-    recompute_modules: np.ndarray
-    distributed_optimizer: np.ndarray
-    fsdp: np.ndarray
-    dispatcher: np.ndarray
-    schedule: np.ndarray
-    split: np.ndarray
-    fp8: np.ndarray
     tp_overlap: np.ndarray | None = None
-    #: gradient buffer / DP reduction in fp32 (None: all True, the default)
-    grad_fp32: np.ndarray | None = None
     fp8_rowwise: np.ndarray | None = None
-    #: dropless MoE routing (None: all True, the default; RunTraits.moe_dropless)
     dropless: np.ndarray | None = None
-    #: RunTraits.cuda_graph_scope as GRAPH_BITS masks (None: all 0, no CUDA graphs)
     graph_mask: np.ndarray | None = None
-    #: RunTraits.moe_a2a_overlap (None: all False)
     a2a_overlap: np.ndarray | None = None
-    #: RunTraits.moe_capacity_factor, 1.0 when None (None: all 1.0)
     capacity: np.ndarray | None = None
-    #: the MoE backend (:class:`oracle.specs.ParallelConfig` fields; None: the defaults):
-    #: ``sync_free`` stage 0-3, ``grouped_gemm`` a :data:`GROUPED_GEMM_CODE`, the three 0/1
-    #: switches ``permute_fusion``, ``shared_overlap``, ``router_fp32``
-    sync_free: np.ndarray | None = None
-    #: the flex dispatcher runs Primus-Turbo's DeepEP (flex_backend turbo; None: all False)
-    turbo_flex: np.ndarray | None = None
-    grouped_gemm: np.ndarray | None = None
-    permute_fusion: np.ndarray | None = None
-    shared_overlap: np.ndarray | None = None
-    router_fp32: np.ndarray | None = None
-    #: the splits (with their values) the codes of ``split`` name: this batch's own table
-    #: (:func:`split_table`), so a code means the same in every process and needs no registry
-    split_keys: tuple[SplitKey, ...] = VALUELESS_SPLIT_KEYS
 
-    def __len__(self) -> int:
-        return len(self.tp)
+    @classmethod
+    def of(cls, cols: Columns,
+           traits: RunTraits | Sequence[RunTraits] | None = None) -> ConfigBatch:
+        """Resolved ``cols`` with ``traits``: one :class:`RunTraits` for all, one per
+        configuration, or None (the defaults)."""
+        n = len(cols)
+        one = (traits or DEFAULT_TRAITS) if traits is None or isinstance(traits, RunTraits) \
+            else None  # the same traits for all
+        if one is None and len(traits) != n:
+            raise ConfigError("ConfigBatch: give one RunTraits per configuration")
+
+        def of_traits(get: Any, dtype: Any) -> np.ndarray:
+            if one is not None:
+                return np.full(n, get(one), dtype=dtype)
+            return np.array([get(t) for t in traits], dtype=dtype)
+
+        return cls(
+            **{f: getattr(cols, f) for f in COLUMN_FIELDS}, split_keys=cols.split_keys,
+            tp_overlap=of_traits(lambda t: t.tp_comm_overlap, bool),
+            fp8_rowwise=of_traits(lambda t: t.fp8_rowwise, bool),
+            dropless=of_traits(lambda t: t.moe_dropless, bool),
+            graph_mask=of_traits(lambda t: t.graph_mask, np.int64),
+            a2a_overlap=of_traits(lambda t: t.moe_a2a_overlap, bool),
+            capacity=of_traits(lambda t: t.moe_capacity_factor or 1.0, np.float64),
+        )
 
     @classmethod
     def from_configs(
@@ -315,149 +262,21 @@ class ConfigBatch:
         configs: Sequence[ParallelConfig],
         traits: RunTraits | Sequence[RunTraits] | None = None,
     ) -> ConfigBatch:
-        """From configurations already resolved by :func:`oracle.specs.resolve_config`;
+        """From configurations already resolved by :func:`config.resolve.resolve_config`;
         ``traits``: one :class:`RunTraits` for all, one per configuration, or None (defaults)."""
-        one = (traits or DEFAULT_TRAITS) if traits is None or isinstance(traits, RunTraits) \
-            else None  # the same traits for all
-        if one is None and len(traits) != len(configs):
-            raise ConfigError("from_configs(): give one RunTraits per configuration")
-
-        def of_traits(get: Any, dtype: Any) -> np.ndarray:
-            if one is not None:
-                return np.full(len(configs), get(one), dtype=dtype)
-            return np.array([get(t) for t in traits], dtype=dtype)
-
         for c in configs:
             if c.dp is None or c.ga is None or c.pipeline_split is None:
                 raise ConfigError("resolve_config() the configuration before projecting it")
-        table = split_table(configs)
-        code = {k: i for i, k in enumerate(table)}
-        # each configuration's field values, read once (attribute and property access per
-        # field and configuration cost ~3x more on the few thousand of a ranking)
-        rows = [c.__dict__ for c in configs]
-
-        def arr(name: str, dtype: Any = np.int64, of: Any = None) -> np.ndarray:
-            vals = [r[name] for r in rows]
-            return np.array(vals if of is None else [of[v] for v in vals], dtype=dtype)
-
-        modules: dict[Any, int] = {}
-        for r in rows:
-            mods = r["recompute_modules"]
-            if mods not in modules:
-                modules[mods] = sum(MODULE_BITS[m] for m in set(mods))
-        return cls(
-            tp=arr("tp"), pp=arr("pp"), vpp=arr("vpp"), cp=arr("cp"), ep=arr("ep"),
-            etp=np.array([c.etp_ for c in configs], dtype=np.int64),
-            dp=arr("dp"), mbs=arr("mbs"), ga=arr("ga"),
-            sp=np.array([c.sp for c in configs], dtype=bool),
-            recompute=arr("recompute", of=RECOMPUTE_CODE),
-            recompute_method=arr("recompute_method", of=METHOD_CODE),
-            recompute_layers=np.array([-1 if r["recompute_layers"] is None
-                                       else r["recompute_layers"] for r in rows],
-                                      dtype=np.int64),
-            recompute_modules=arr("recompute_modules", of=modules),
-            distributed_optimizer=arr("distributed_optimizer", bool),
-            fsdp=arr("fsdp", bool),
-            dispatcher=arr("dispatcher", of=DISPATCH_CODE),
-            schedule=np.array([SCHEDULE_CODE[c.schedule_] for c in configs], dtype=np.int64),
-            split=np.array([code[split_key(c)] for c in configs], dtype=np.int64),
-            split_keys=table,
-            fp8=arr("fp8_recipe", of=FP8_CODE),
-            tp_overlap=of_traits(lambda t: t.tp_comm_overlap, bool),
-            fp8_rowwise=of_traits(lambda t: t.fp8_rowwise, bool),
-            dropless=of_traits(lambda t: t.moe_dropless, bool),
-            graph_mask=of_traits(lambda t: t.graph_mask, np.int64),
-            a2a_overlap=of_traits(lambda t: t.moe_a2a_overlap, bool),
-            capacity=of_traits(lambda t: t.moe_capacity_factor or 1.0, np.float64),
-            grad_fp32=arr("grad_reduce_in_fp32", bool),
-            sync_free=arr("sync_free_stage"),
-            turbo_flex=np.array([r["flex_backend"] is FlexBackend.TURBO for r in rows],
-                                dtype=bool),
-            grouped_gemm=arr("grouped_gemm", of=GROUPED_GEMM_CODE),
-            permute_fusion=arr("permute_fusion", bool),
-            shared_overlap=arr("shared_expert_overlap", bool),
-            router_fp32=np.array([bool(r["router_fp32"]) for r in rows], dtype=bool),
-        )
+        return cls.of(as_read(columns_of(configs)), traits)
 
     @classmethod
-    def from_arrays(
-        cls,
-        model: ModelSpec,
-        cluster: ClusterSpec,
-        training: TrainingSpec,
-        *,
-        tp: Any = 1,
-        pp: Any = 1,
-        vpp: Any = 1,
-        cp: Any = 1,
-        ep: Any = 1,
-        etp: Any = None,
-        mbs: Any = 1,
-        recompute: Any = 0,
-        recompute_method: Any = 1,
-        recompute_layers: Any = -1,
-        recompute_modules: Any = MODULE_BITS["core_attn"],
-        distributed_optimizer: Any = True,
-        fsdp: Any = False,
-        dispatcher: Any = 0,
-        schedule: Any = None,
-        fp8: Any = None,
-        sp: Any = None,
-        tp_comm_overlap: Any = True,
-        fp8_rowwise: Any = False,
-        grad_reduce_in_fp32: Any = True,
-        moe_dropless: Any = True,
-        cuda_graph_mask: Any = 0,
-        moe_a2a_overlap: Any = False,
-        moe_capacity_factor: Any = 1.0,
-    ) -> ConfigBatch:
-        """Vectorised :func:`oracle.specs.resolve_config`: arrays (or scalars, broadcast) of the
-        free axes; dp = world / (tp pp cp), ga = gbs / (mbs dp), etp = tp, SP when tp > 1,
-        interleaved when vpp > 1, FP8 recipe from the training precision, pipeline split
-        :func:`oracle.specs.auto_pipeline_split`. Recompute layers only count under full
-        recompute (``-1`` = all). ``tp_comm_overlap`` / ``fp8_rowwise``: :class:`RunTraits`
-        fields (scalars or arrays)."""
-        tp_ = np.asarray(tp, dtype=np.int64)
-        arrays = np.broadcast_arrays(
-            tp_, np.asarray(pp), np.asarray(vpp), np.asarray(cp), np.asarray(ep),
-            np.asarray(mbs), np.asarray(recompute),
-        )
-        n = arrays[0].size
-        def b(x: Any, dtype: Any = np.int64) -> np.ndarray:
-            return np.broadcast_to(np.asarray(x, dtype=dtype), (n,)).copy()
-        tp_, pp_, vpp_, cp_, ep_, mbs_, rc_ = (b(a.ravel()) for a in arrays)
-        etp_ = tp_.copy() if etp is None else b(etp)
-        dp_ = np.maximum(1, cluster.world_size // (tp_ * pp_ * cp_))
-        ga_ = np.maximum(1, training.global_batch_size // (mbs_ * dp_))
-        if fp8 is None:
-            code = -1
-            if training.precision is Precision.FP8:
-                from tune_cp.oracle.specs import default_fp8_recipe
-
-                code = FP8_CODE[default_fp8_recipe(cluster.gpu)]
-            fp8 = code
-        # oracle.specs.auto_pipeline_split, which reads only pp x vpp
-        virtual = pp_ * vpp_
-        uniq, inverse = np.unique(virtual, return_inverse=True)
-        split_ = np.array([SPLIT_CODE[auto_pipeline_split(model, int(v), 1)] for v in uniq],
-                          dtype=np.int64)[inverse.ravel()]
-        sched_ = np.where(vpp_ > 1, 1, 0) if schedule is None else b(schedule)
-        layers_ = np.where(rc_ == 2, b(recompute_layers), -1)
-        return cls(
-            tp=tp_, pp=pp_, vpp=vpp_, cp=cp_, ep=ep_, etp=etp_, dp=dp_, mbs=mbs_, ga=ga_,
-            sp=(tp_ > 1) if sp is None else b(sp, bool),
-            recompute=rc_, recompute_method=b(recompute_method), recompute_layers=layers_,
-            recompute_modules=b(recompute_modules), distributed_optimizer=b(
-                distributed_optimizer, bool), fsdp=b(fsdp, bool), dispatcher=b(dispatcher),
-            schedule=sched_, split=split_.astype(np.int64), fp8=b(fp8),
-            tp_overlap=b(tp_comm_overlap, bool), fp8_rowwise=b(fp8_rowwise, bool),
-            grad_fp32=b(grad_reduce_in_fp32, bool), dropless=b(moe_dropless, bool),
-            graph_mask=b(cuda_graph_mask), a2a_overlap=b(moe_a2a_overlap, bool),
-            capacity=b(moe_capacity_factor, np.float64),
-            sync_free=b(0), turbo_flex=b(False, bool), grouped_gemm=b(GROUPED_GEMM_CODE[GroupedGemm.TE]),
-            permute_fusion=b(False, bool), shared_overlap=b(False, bool),
-            router_fp32=b(False, bool),
-        )
+    def resolved(cls, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 traits: RunTraits | Sequence[RunTraits] | None = None,
+                 **values: Any) -> ConfigBatch:
+        """The configurations of ``values`` (arrays or scalars of :class:`Columns` fields,
+        codes for enums: :func:`config.resolve.columns`) resolved by
+        :func:`config.resolve.resolve`, with ``traits``."""
+        return cls.of(resolve(columns(**values), model, cluster, training), traits)
 
     def traits(self, i: int) -> RunTraits:
         """The :class:`RunTraits` of configuration ``i``."""
@@ -473,42 +292,9 @@ class ConfigBatch:
         )
 
     def config(self, i: int) -> ParallelConfig:
-        """Configuration ``i`` as a resolved :class:`ParallelConfig`."""
-        mods = tuple(m for m, bit in MODULE_BITS.items() if self.recompute_modules[i] & bit)
-        rc = _CODE_RECOMPUTE[int(self.recompute[i])]
-        fp8 = {v: k for k, v in FP8_CODE.items()}[int(self.fp8[i])]
-        return ParallelConfig(
-            tp=int(self.tp[i]), pp=int(self.pp[i]), vpp=int(self.vpp[i]), cp=int(self.cp[i]),
-            ep=int(self.ep[i]), etp=int(self.etp[i]), dp=int(self.dp[i]), mbs=int(self.mbs[i]),
-            ga=int(self.ga[i]), sequence_parallel=bool(self.sp[i]), recompute=rc,
-            recompute_method=_CODE_METHOD[int(self.recompute_method[i])],
-            recompute_layers=(None if self.recompute_layers[i] < 0 or rc is not Recompute.FULL
-                              else int(self.recompute_layers[i])),
-            recompute_modules=mods or ("core_attn",),
-            distributed_optimizer=bool(self.distributed_optimizer[i]),
-            fsdp=bool(self.fsdp[i]),
-            grad_reduce_in_fp32=True if self.grad_fp32 is None else bool(self.grad_fp32[i]),
-            dispatcher={v: k for k, v in DISPATCH_CODE.items()}[int(self.dispatcher[i])],
-            schedule={v: k for k, v in SCHEDULE_CODE.items()}[int(self.schedule[i])],
-            fp8_recipe=fp8, **split_config(self.split_keys[int(self.split[i])]),
-            **self.backend_fields(i),
-        )
-
-    def backend_fields(self, i: int) -> dict[str, Any]:
-        """The MoE backend fields of configuration ``i`` (the defaults where not given)."""
-        out: dict[str, Any] = {}
-        if self.sync_free is not None:
-            out["sync_free_stage"] = int(self.sync_free[i])
-        if self.turbo_flex is not None and self.turbo_flex[i]:
-            out["flex_backend"] = FlexBackend.TURBO
-        if self.grouped_gemm is not None:
-            out["grouped_gemm"] = _CODE_GROUPED_GEMM[int(self.grouped_gemm[i])]
-        for name, arr_ in (("permute_fusion", self.permute_fusion),
-                           ("shared_expert_overlap", self.shared_overlap),
-                           ("router_fp32", self.router_fp32)):
-            if arr_ is not None:
-                out[name] = bool(arr_[i])
-        return out
+        """Configuration ``i`` as a resolved :class:`ParallelConfig` (the fields the batch
+        holds; the others their defaults)."""
+        return view(self, i)
 
 
 # ========================================================================= work records

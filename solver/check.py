@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle.memory import MemoryReport
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.solver.rules import (
     STRUCTURAL,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from tune_cp.config.resolve import Columns
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -83,6 +84,9 @@ class Enumeration:
     slices: int = 1
     workers: int = 1
     skipped: int = 0
+    #: the resolved configurations as columns, row i = ``configs[i].config``
+    #: (``config/resolve.py``; None where the enumeration did not resolve them as one batch)
+    columns: Columns | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -455,8 +459,9 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
     rows = sorted(row for r in results for row in r.rows)
     space = problem.space
     cands = [decode(space, raw) for raw, _ in rows]
+    columns, resolved = problem.resolve_columns(cands)
     configs = [FeasibleConfig(cfg, peak, cand) for cfg, (_, peak), cand
-               in zip(problem.resolve_many(cands), rows, cands, strict=True)]
+               in zip(resolved, rows, cands, strict=True)]
     t2 = time.perf_counter()
     removed: dict[str, int] = {}
     if count_removed:
@@ -466,7 +471,7 @@ def _enumerate(problem: Problem, families: Iterable[str] | None, count_removed: 
     solve = sum(r.solve_s for r in results)
     return Enumeration(
         problem=problem, configs=tuple(configs), space_size=problem.space.size(), removed=removed,
-        families=fams,
+        families=fams, columns=columns,
         timings={"build": build, "solve": solve, "decode": t2 - t1,
                  "attribution": t3 - t2 + walk_s, "enumerate": t1 - t0 - walk_s,
                  "total": t3 - t0},

@@ -32,6 +32,15 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.codes import (
+    FP8_CODE,
+    FP8_OF_CODE,
+    METHOD_CODE,
+    METHODS,
+    RECOMPUTE_CODE,
+    SCHEDULE_CODE,
+)
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.specs import (
     Dispatcher,
@@ -45,7 +54,6 @@ from tune_cp.oracle.specs import (
     Schedule,
     derived_dp,
     derived_ga,
-    resolve_config,
 )
 from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import compile_expr
@@ -72,10 +80,6 @@ CODE_STRIDE = 1 << 20
 SPLITS: tuple[PipelineSplit, ...] = tuple(PipelineSplit)
 #: Axes enumeration branches on first (``LegalityModel.add_search_strategy``).
 GEOMETRY_FIRST: tuple[str, ...] = ("pp", "vpp", "pipeline_split", "schedule")
-SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
-FP8: tuple[Fp8Recipe | None, ...] = (None, *Fp8Recipe)
-KINDS: tuple[Recompute, ...] = tuple(Recompute)
-METHODS: tuple[RecomputeMethod, ...] = tuple(RecomputeMethod)
 
 
 class OracleCache:
@@ -262,15 +266,16 @@ class LegalityModel:
             "split")[0]
         self.sched = ar.lookup(
             [self.sched_i, self.vpp],
-            lambda i, v: (SCHEDULES.index(self._resolved(vpp=v, schedule=sp.schedule[i]).schedule),),
+            lambda i, v: (SCHEDULE_CODE[self._resolved(vpp=v,
+                                                       schedule=sp.schedule[i]).schedule],),
             "sched")[0]
         self.fp8 = ar.lookup(
             [self.fp8_i],
-            lambda i: (FP8.index(self._resolved(fp8_recipe=sp.fp8_recipe[i]).fp8_recipe),),
+            lambda i: (FP8_CODE[self._resolved(fp8_recipe=sp.fp8_recipe[i]).fp8_recipe],),
             "fp8")[0]
         self.sp = ar.lookup([self.tp], lambda t: (int(self._resolved(tp=t).sp),), "sp")[0]
         opts = sp.recompute
-        self.rc_kind = ar.element(self.rc, [KINDS.index(o.kind) for o in opts], "rc_kind")
+        self.rc_kind = ar.element(self.rc, [RECOMPUTE_CODE[o.kind] for o in opts], "rc_kind")
         self.is_none = ar.element(self.rc, [int(o.kind is Recompute.NONE) for o in opts], "none")
         block = sp.full_layers
         self.is_full_block = ar.element(self.rc, [int(o.is_full_block) for o in opts], "fb")
@@ -421,7 +426,7 @@ def enc_pipeline_split(m: LegalityModel) -> Value:
 def enc_virtual_pipeline(m: LegalityModel) -> Value:
     """vpp > 1 needs pp > 1 and the interleaved schedule, which needs vpp > 1 and a micro-batch
     count (ga) that is a positive multiple of pp; 1f1b needs vpp = 1."""
-    inter, f1b = SCHEDULES.index(Schedule.INTERLEAVED), SCHEDULES.index(Schedule.ONE_F_ONE_B)
+    inter, f1b = SCHEDULE_CODE[Schedule.INTERLEAVED], SCHEDULE_CODE[Schedule.ONE_F_ONE_B]
 
     def ok(p: int, v: int, s: int, ga: int) -> bool:
         if v > 1 and p == 1:
@@ -435,7 +440,7 @@ def enc_virtual_pipeline(m: LegalityModel) -> Value:
 
 def enc_schedule(m: LegalityModel) -> Value:
     """Zero-bubble: no recomputation, pp > 1, vpp in {1, 2}, untied embeddings."""
-    zb, none = SCHEDULES.index(Schedule.ZERO_BUBBLE), KINDS.index(Recompute.NONE)
+    zb, none = SCHEDULE_CODE[Schedule.ZERO_BUBBLE], RECOMPUTE_CODE[Recompute.NONE]
     tied = m.p.model.tied_embeddings
 
     def ok(s: int, kind: int, p: int, v: int) -> bool:
@@ -472,7 +477,7 @@ def enc_recompute(m: LegalityModel) -> Value:
         mods = set(o.modules)
         if any(not needs[x] for x in mods if x in needs):
             return False
-        return not (FP8[f] is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"})
+        return not (FP8_OF_CODE[f] is Fp8Recipe.DELAYED and mods & {"moe_act", "layernorm"})
 
     return m.ar.all_of([m.family_predicate([m.rc, lpc], k_ok, "rc_k"),
                         m.family_predicate([m.rc, m.fp8], mod_ok, "rc_mod")], "recompute")
@@ -489,7 +494,7 @@ def enc_precision(m: LegalityModel) -> Value:
     def ok(f: int) -> bool:
         if not precision_ok:
             return False
-        r = FP8[f]
+        r = FP8_OF_CODE[f]
         if r is None:
             return True
         if fp4 or gpu.peak_fp8_flops is None:  # an FP8 recipe under fp4 training: illegal
@@ -724,7 +729,7 @@ class MemoryEncoding:
             tuples=[(t, pp_, e, et) for (t, et) in pairs for pp_ in sp.pp for e in sp.ep])
         self.pu = M.ParamUnits(*pu_cols)
 
-        fp8_dom = sorted({FP8.index(m._resolved(fp8_recipe=f).fp8_recipe) for f in sp.fp8_recipe})
+        fp8_dom = sorted({FP8_CODE[m._resolved(fp8_recipe=f).fp8_recipe] for f in sp.fp8_recipe})
 
         def act(b: int, t: int, c: int, et: int, f: int, ms: int, pp_: int) -> tuple[int, ...]:
             mods = m.modsets[ms]
@@ -733,7 +738,7 @@ class MemoryEncoding:
             out = memo.act.get(key)
             if out is None:
                 cfg = m._resolved(
-                    tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8[f],
+                    tp=t, pp=pp_, cp=c, etp=et, mbs=b, fp8_recipe=FP8_OF_CODE[f],
                     recompute=Recompute.SELECTIVE if mods else Recompute.NONE,
                     **({"recompute_modules": mods} if mods else {}))
                 out = memo.act[key] = _fields(M.activation_units(model, training, cfg, ov))
@@ -764,11 +769,12 @@ class MemoryEncoding:
                    sp.optimizer_state)
             out = memo.shard.get(key)
             if out is None:
-                cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8[f],
+                cfg = m._resolved(tp=t, pp=pp_, cp=c, ep=e, etp=et, fp8_recipe=FP8_OF_CODE[f],
                                   distributed_optimizer=opt is OptimizerChoice.DISTRIBUTED,
                                   fsdp=opt is OptimizerChoice.FSDP, dispatcher=disp,
                                   grad_reduce_in_fp32=grad_fp32,
-                                  fp8_param_gather=sp.fp8_param_gather and FP8[f] is not None,
+                                  fp8_param_gather=(sp.fp8_param_gather
+                                                    and FP8_OF_CODE[f] is not None),
                                   optimizer_state=sp.optimizer_state)
                 sh = M.sharding(model, cluster, cfg, p.training.precision is Precision.FP4)
                 out = memo.shard[key] = (
@@ -828,7 +834,7 @@ class MemoryEncoding:
             if o.kind is not Recompute.FULL:
                 return 0, 0, 0
             assert o.layers is not None
-            base = (METHODS.index(o.method) + 1) * CODE_STRIDE
+            base = (METHOD_CODE[o.method] + 1) * CODE_STRIDE
             return base, o.layers, below.get(o.layers, o.layers) if o.is_full_block else o.layers
 
         per_option = [layers(o) for o in opts]

@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
+from tune_cp.config.resolve import Columns, columns_of, resolve, resolve_config, resolved_update
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
     derived_ga,
-    resolve_config,
 )
 from tune_cp.solver.axes import RECOMPUTE_FIELDS
 from tune_cp.solver.rules import RuleContext, hbm_limit_bytes
@@ -54,23 +56,40 @@ class Problem(SettingsView):
                               self.model, self.cluster, self.training)
 
     def resolve_many(self, candidates: Iterable[Mapping[str, Any]]) -> list[ParallelConfig]:
-        """:meth:`resolve` of each candidate. Candidates that differ only in mbs and the
-        recompute option share one resolution (no other derived field reads them: dp, the
-        split, the schedule, the FP8 recipe), copied with those fields and the micro-batch
-        count as :meth:`vary` does (in one copy); the enumeration's few thousand candidates
-        resolve about three times as fast (pydantic validates once per layout)."""
-        layouts: dict[tuple[Any, ...], ParallelConfig] = {}
-        out = []
-        for cand in candidates:
+        """:meth:`resolve` of each candidate, as one batch: the candidates as columns (one
+        unresolved configuration per layout, validated once, its rows taking each candidate's
+        mbs and recompute option), resolved by :func:`config.resolve.resolve` at once, then each
+        row viewed as its configuration (one copy of its layout's)."""
+        return self.resolve_columns(candidates)[1]
+
+    def resolve_columns(self, candidates: Iterable[Mapping[str, Any]]
+                        ) -> tuple[Columns, list[ParallelConfig]]:
+        """The resolved :class:`config.resolve.Columns` of ``candidates`` and their
+        configurations (:meth:`resolve_many`), in the candidates' order."""
+        cands = list(candidates)
+        layouts: dict[tuple[Any, ...], int] = {}
+        bases: list[ParallelConfig] = []
+        index = []
+        for cand in cands:
             key = tuple([v for k, v in cand.items() if k not in _PER_LAYOUT])
-            base = layouts.get(key)
-            if base is None:
-                out.append(layouts.setdefault(key, self.resolve(cand)))
-                continue
-            out.append(base.model_copy(update=self._vary_update(base, "recompute",
-                                                                cand["recompute"])
-                                       | self._vary_update(base, "mbs", cand["mbs"])))
-        return out
+            i = layouts.get(key)
+            if i is None:
+                i = layouts[key] = len(bases)
+                bases.append(candidate_config(cand, self.space.grad_reduce_in_fp32,
+                                              self.space.fp8_param_gather,
+                                              self.space.optimizer_state))
+            index.append(i)
+        opts = [cand["recompute"] for cand in cands]
+        per_opt = {o: columns_of([ParallelConfig(**o.config_fields())]) for o in set(opts)}
+        cols = columns_of(bases).take(np.array(index, dtype=np.int64))
+        for f in ("recompute", "recompute_method", "recompute_layers", "recompute_modules"):
+            setattr(cols, f, np.array([getattr(per_opt[o], f)[0] for o in opts], dtype=np.int64))
+        cols.mbs = np.array([cand["mbs"] for cand in cands], dtype=np.int64)
+        cols = resolve(cols, self.model, self.cluster, self.training)
+        configs = [bases[i].model_copy(update=_CLEARED_RECOMPUTE | o.config_fields()
+                                       | {"mbs": cand["mbs"]} | resolved_update(cols, j))
+                   for j, (i, o, cand) in enumerate(zip(index, opts, cands, strict=True))]
+        return cols, configs
 
     def context(self, cfg: ParallelConfig) -> RuleContext:
         """The rule context of a resolved configuration, with this problem's settings."""

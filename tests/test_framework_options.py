@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.formats import (
     parse_megatron_args,
     parse_primus_config,
@@ -34,7 +35,6 @@ from tune_cp.oracle.specs import (
     ParallelConfig,
     Precision,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.solver.axes import RUN_KNOBS
 from tune_cp.solver.feasible import enumerate_problem

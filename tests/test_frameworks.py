@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tune_cp.agent.serialize import check_json, config_json
+from tune_cp.config.resolve import resolve_config
 from tune_cp.formats import (
     Fp8Format,
     canonical_config,
@@ -35,7 +36,6 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     Schedule,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.solver.check import check_configuration
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle.catalog import load_gpu, load_model
 from tune_cp.oracle.collectives import DEEPEP_OVERLAP_EFFICIENCY, flex_exposed
 from tune_cp.oracle.host import backend_ops
@@ -17,7 +18,6 @@ from tune_cp.oracle.specs import (
     GroupedGemm,
     ParallelConfig,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.solver.rules import backend_problems
 

@@ -258,8 +258,9 @@ def test_light_split_refusal_names_the_count_and_what_divides():
 def test_split_codes_belong_to_the_batch():
     """A batch names its splits with values (uneven, layout) in its own table: the same
     configuration gets the same code and projection whatever other batches came before."""
+    from tune_cp.config.codes import SPLIT_CODE, VALUELESS_SPLIT_KEYS
     from tune_cp.oracle.projection import score_configs
-    from tune_cp.oracle.work import SPLIT_CODE, VALUELESS_SPLIT_KEYS, ConfigBatch
+    from tune_cp.oracle.work import ConfigBatch
 
     m, cl, tr = setting("llama3.1-405b", "h100", 1024, 8192, 2048)
     uneven = resolved(m, cl, tr, tp=8, pp=16, first_stage_layers=6, last_stage_layers=8)

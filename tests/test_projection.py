@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle.catalog import load_gpu, load_model
 from tune_cp.oracle.constants import load_calibration
 from tune_cp.oracle.projection import project, score_configs
@@ -20,7 +21,6 @@ from tune_cp.oracle.specs import (
     Precision,
     Recompute,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.oracle.timing import BREAKDOWN, constants_arrays, timing
 from tune_cp.oracle.work import CAST_BYTES_PER_ELEMENT, ConfigBatch, RunTraits, S, build_work
@@ -130,8 +130,8 @@ def test_batch_scores_equal_one_at_a_time(case) -> None:
     pick = [grid[i] for i in rng.choice(len(grid), size=24, replace=False)]
     tp, pp, vpp, cp, ep, mbs, rc = (np.array(x) for x in zip(*pick, strict=True))
     vpp = np.where(pp > 1, vpp, 1)
-    batch = ConfigBatch.from_arrays(m, c, t, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, mbs=mbs,
-                                    recompute=rc)
+    batch = ConfigBatch.resolved(m, c, t, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, mbs=mbs,
+                                 recompute=rc)
     res = score_configs(m, c, t, batch)
     for i in range(len(batch)):
         p = project(m, c, t, batch.config(i))
@@ -145,7 +145,7 @@ def test_batch_scores_equal_one_at_a_time_on_every_knob() -> None:
     m, c, t = setup("deepseek-v3", "h100", 16, 4096, 1024, "fp8")
     rng = np.random.default_rng(1)
     n = 40
-    batch = ConfigBatch.from_arrays(
+    batch = ConfigBatch.resolved(
         m, c, t,
         tp=rng.choice([1, 2, 4], n), pp=rng.choice([2, 4, 8], n), vpp=rng.choice([1, 2], n),
         cp=rng.choice([1, 2], n), ep=rng.choice([8, 16, 32], n), mbs=rng.choice([1, 2], n),
@@ -168,11 +168,12 @@ def test_batch_scores_equal_one_at_a_time_with_run_traits() -> None:
         m, c, t = setup(model, gpu, 2, 8192, 256, prec)
         rng = np.random.default_rng(2)
         n = 24
-        batch = ConfigBatch.from_arrays(
+        batch = ConfigBatch.resolved(
             m, c, t, tp=rng.choice([1, 2, 4, 8], n), pp=rng.choice([1, 2], n),
             ep=rng.choice([1, 8], n) if m.is_moe else 1, mbs=rng.choice([1, 2], n),
             recompute=rng.choice([0, 1], n), fp8=rng.choice([1, 2], n) if prec == "fp8" else -1,
-            tp_comm_overlap=rng.choice([True, False], n), fp8_rowwise=rng.choice([True, False], n),
+            traits=[RunTraits(tp_comm_overlap=bool(o), fp8_rowwise=bool(r)) for o, r in
+                    zip(rng.choice([True, False], n), rng.choice([True, False], n), strict=True)],
         )
         res = score_configs(m, c, t, batch)
         for i in range(n):
@@ -182,11 +183,11 @@ def test_batch_scores_equal_one_at_a_time_with_run_traits() -> None:
                 assert p.breakdown[k] == pytest.approx(res[k][i], rel=1e-12, abs=1e-15)
 
 
-def test_from_configs_matches_from_arrays() -> None:
+def test_from_configs_matches_the_resolved_columns() -> None:
     m, c, t = setup("mixtral-8x22b", "mi355x", 8, 8192, 512)
     cfg = resolve_config(ParallelConfig(tp=1, pp=4, vpp=2, ep=8, mbs=2), m, c, t)
     a = ConfigBatch.from_configs([cfg])
-    b = ConfigBatch.from_arrays(m, c, t, tp=1, pp=4, vpp=2, ep=8, mbs=2)
+    b = ConfigBatch.resolved(m, c, t, tp=1, pp=4, vpp=2, ep=8, mbs=2)
     for k, v in vars(a).items():
         assert np.array_equal(v, getattr(b, k)), k
 
@@ -202,7 +203,8 @@ def test_fp8_all_gathers_move_half_the_bytes_under_sequence_parallelism() -> Non
     for prec, fp8, rowwise in (("bf16", -1, False), ("fp8", 1, False), ("fp8", 3, False),
                                ("fp8", 2, True)):
         m, c, t = setup("llama3-70b", "gb200", 4, 8192, 128, prec, gpn=4)
-        b = ConfigBatch.from_arrays(m, c, t, tp=4, pp=2, fp8=fp8, fp8_rowwise=rowwise)
+        b = ConfigBatch.resolved(m, c, t, tp=4, pp=2, fp8=fp8,
+                                 traits=RunTraits(fp8_rowwise=rowwise))
         w = build_work(m, c, t, b)
         units[(prec, fp8, rowwise)] = (w.tp.fwd_per_block[0], w.tp.bwd_per_block[0])
     assert units[("bf16", -1, False)] == (2.0, 3.0)
@@ -211,7 +213,7 @@ def test_fp8_all_gathers_move_half_the_bytes_under_sequence_parallelism() -> Non
     assert units[("fp8", 2, True)] == (2.0, 3.0)  # torchao row-wise gathers bf16
     # without sequence parallelism: one all-reduce (2 units) each way, whatever the precision
     m, c, t = setup("llama3-70b", "h100", 2, 8192, 128, "fp8")
-    w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=4, pp=2, sp=False))
+    w = build_work(m, c, t, ConfigBatch.resolved(m, c, t, tp=4, pp=2, sp=False))
     assert (w.tp.fwd_per_block[0], w.tp.bwd_per_block[0]) == (2.0, 2.0)
 
 
@@ -240,7 +242,7 @@ def test_flex_dispatcher_sends_one_copy_per_node_hand_worked() -> None:
     # per destination node: (N - 1)(1 - (1 - 1/N)^k) = 7 (1 - (7/8)^8) = 4.5947 copies
     m, c, t = setup("deepseek-v3", "h100", 16, 4096, 1024, "fp8")
     T, h = 4096.0, 7168.0
-    w = {d: build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, ep=64, pp=2, dispatcher=d))
+    w = {d: build_work(m, c, t, ConfigBatch.resolved(m, c, t, ep=64, pp=2, dispatcher=d))
          for d in (0, 2)}
     assert w[0].ep.inter_bytes[0] == pytest.approx(T * 8 * h * 2 * 56 / 64)
     assert w[2].ep.inter_bytes[0] == pytest.approx(T * h * 2 * 7 * (1 - (7 / 8) ** 8))
@@ -254,7 +256,8 @@ def test_rowwise_fp8_casts_hand_worked() -> None:
     # per-tensor current scaling, 10 for torchao row-wise (each operand quantised twice)
     m, c, t = setup("llama3-8b", "h100", 1, 8192, 64, "fp8")
     for rowwise, per in ((False, 6.0), (True, 10.0)):
-        b = ConfigBatch.from_arrays(m, c, t, mbs=1, fp8=1, fp8_rowwise=rowwise)
+        b = ConfigBatch.resolved(m, c, t, mbs=1, fp8=1,
+                                 traits=RunTraits(fp8_rowwise=rowwise))
         w = build_work(m, c, t, b)
         M, K, N = 8192, 4096, 2 * 14336
         assert w.gemm.cast_fwd_bytes[0, S["mlp_fc1"]] == pytest.approx((M * K + K * N / 8) * per)
@@ -388,8 +391,8 @@ def test_current_scaling_host_launches_hand_worked() -> None:
     flags, host = [], []
     consts = constants_arrays(load_calibration(None), "hopper", 1)
     for code, rowwise in ((1, False), (2, False), (1, True)):
-        w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, ep=8, mbs=1, fp8=code,
-                                                         fp8_rowwise=rowwise))
+        w = build_work(m, c, t, ConfigBatch.resolved(m, c, t, ep=8, mbs=1, fp8=code,
+                                                       traits=RunTraits(fp8_rowwise=rowwise)))
         flags.append(float(w.schedule.current_scaling[0]))
         host.append(float(timing(w, consts)["kernel_overhead"][0]))
     assert flags == [1.0, 0.0, 0.0]
@@ -510,8 +513,8 @@ def test_bf16_gradients_halve_the_dp_gradient_bytes_hand_worked() -> None:
     k = load_calibration().constants("hopper")
     out = {}
     for fp32 in (True, False):
-        b = ConfigBatch.from_arrays(m, c, t, distributed_optimizer=False,
-                                    grad_reduce_in_fp32=fp32)
+        b = ConfigBatch.resolved(m, c, t, distributed_optimizer=False,
+                                 grad_fp32=fp32)
         w = build_work(m, c, t, b)
         assert w.dp.grad_bytes[0] == (4.0 if fp32 else 2.0)
         const = constants_arrays(load_calibration(), "hopper", 1)
@@ -537,7 +540,7 @@ def test_time_side_counts_the_mtp_layer_parameters_like_the_memory_side() -> Non
     from tune_cp.oracle.memory import param_units, stage_counts, stage_params
 
     m, c, t = setup("deepseek-v3", "h100", 128, 4096, 1024, "fp8")
-    w = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=16, ep=64))
+    w = build_work(m, c, t, ConfigBatch.resolved(m, c, t, tp=2, pp=16, ep=64))
     dense, expert = w.stages.params_dense[0, -1], w.stages.params_expert[0, -1]
     assert int(dense + expert) == 1_153_970_944
     assert int(expert) == 264_241_152
@@ -632,8 +635,8 @@ def test_work_records_are_typed_a_misspelt_field_is_an_error() -> None:
     from tune_cp.oracle.work import StageWork, TpWork, concat_work
 
     m, c, t = setup("llama3-8b", "h100", 2, 4096, 64)
-    w1 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=2, pp=1))
-    w2 = build_work(m, c, t, ConfigBatch.from_arrays(m, c, t, tp=[1, 4], pp=[2, 4]))
+    w1 = build_work(m, c, t, ConfigBatch.resolved(m, c, t, tp=2, pp=1))
+    w2 = build_work(m, c, t, ConfigBatch.resolved(m, c, t, tp=[1, 4], pp=[2, 4]))
     assert isinstance(w1.tp, TpWork)
     with pytest.raises(AttributeError):
         _ = w1.tp.fwd_per_blok  # noqa: B018 (the misspelling is the point)
@@ -674,7 +677,7 @@ def test_from_configs_reads_every_field_of_every_configuration() -> None:
     configuration's own value (codes as the batch's tables give them); one traits for all and
     one per configuration give the same arrays."""
     from tests.test_solver_equivalence import CASES
-    from tune_cp.oracle.work import (
+    from tune_cp.config.codes import (
         DISPATCH_CODE,
         FP8_CODE,
         METHOD_CODE,

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tune_cp.config.resolve import resolve_config
 from tune_cp.formats.runs import read_runs, recipe_run_settings, stated_settings
 from tune_cp.oracle.calibrate import SHARED_STACK_KEY, make_layout, table_for_theta
 from tune_cp.oracle.catalog import load_gpu, load_model
@@ -20,7 +21,6 @@ from tune_cp.oracle.specs import (
     ParallelConfig,
     Precision,
     TrainingSpec,
-    resolve_config,
 )
 from tune_cp.oracle.work import ConfigBatch, RunTraits
 

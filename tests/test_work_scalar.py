@@ -73,7 +73,7 @@ def work_of(case: Case) -> tuple[ModelSpec, Work]:
     c = ClusterSpec(gpu=load_gpu(case.gpu), num_nodes=case.nodes, gpus_per_node=8)
     t = TrainingSpec(seq_len=case.seq, global_batch_size=case.gbs,
                      precision=Precision(case.precision))
-    b = ConfigBatch.from_arrays(m, c, t, tp=case.tp, pp=case.pp, vpp=case.vpp, cp=case.cp,
+    b = ConfigBatch.resolved(m, c, t, tp=case.tp, pp=case.pp, vpp=case.vpp, cp=case.cp,
                                 ep=case.ep, mbs=case.mbs)
     return m, build_work(m, c, t, b)
 
