@@ -47,6 +47,15 @@ from tune_cp.agent.serialize import (
     run_settings_json,
     strict_json,
 )
+from tune_cp.config.axes import (
+    BACKEND_FIELDS,
+    BASELINE_KEYS,
+    KNOB,
+    KNOBS,
+    RUN_KNOB,
+    FlagKind,
+    Knob,
+)
 from tune_cp.oracle import params as P
 from tune_cp.oracle.inputs import one_line, show_name
 from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
@@ -61,15 +70,6 @@ from tune_cp.oracle.specs import (
     Recompute,
     TrainingSpec,
     validation_message,
-)
-from tune_cp.solver.axes import (
-    BACKEND_FIELDS,
-    BASELINE_KEYS,
-    KNOB,
-    KNOBS,
-    RUN_KNOB,
-    FlagKind,
-    Knob,
 )
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
 

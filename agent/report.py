@@ -328,6 +328,7 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
     ``--constraint`` is not written: a constraint restricts the search, the answer satisfies
     it, and a check's figures do not depend on it. ``model_arg`` / ``gpu_arg``: the catalog
     name or the file path the run was given."""
+    from tune_cp.config.axes import KNOB
     from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
     from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
     from tune_cp.oracle.specs import (
@@ -335,7 +336,6 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         given_pipeline_split,
         resolved_flex_backend,
     )
-    from tune_cp.solver.axes import KNOB
     from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
     args: list[tuple[str, object]] = [

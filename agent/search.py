@@ -44,6 +44,14 @@ from tune_cp.agent.llm import (
     run_llm_phase,
 )
 from tune_cp.agent.seed import SeedResult, Step, apply, seed_phase
+from tune_cp.config.axes import (
+    ATTRIBUTION_FIELDS,
+    COMBINATION_AXES,
+    INT_AXES,
+    KNOB,
+    RECOMPUTE_FIELDS,
+    FlagKind,
+)
 from tune_cp.oracle.inputs import finite, parse_number
 from tune_cp.oracle.memory_verdict import Spread, fits_line_bytes
 from tune_cp.oracle.projection import score_configs
@@ -62,14 +70,6 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.oracle.uncertainty import Interval, load_residuals, residuals_for
 from tune_cp.oracle.work import ConfigBatch
-from tune_cp.solver.axes import (
-    ATTRIBUTION_FIELDS,
-    COMBINATION_AXES,
-    INT_AXES,
-    KNOB,
-    RECOMPUTE_FIELDS,
-    FlagKind,
-)
 from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from tune_cp.solver.explain import Explanation, explain_infeasible
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible, enumeration_families

@@ -41,6 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from tune_cp.config.axes import RUN_KNOBS
 from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
@@ -50,7 +51,6 @@ from tune_cp.oracle.specs import (
     Precision,
     TrainingSpec,
 )
-from tune_cp.solver.axes import RUN_KNOBS
 from tune_cp.solver.settings import MAX_MEMORY_MARGIN
 
 SECONDS_PER_HOUR = 3600.0

@@ -34,10 +34,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tune_cp.config.axes import KNOBS
 from tune_cp.formats.shell import UNSET, describe_unset, unset_name
 from tune_cp.oracle.inputs import is_file, read_mapping, show_name
 from tune_cp.oracle.specs import ConfigError
-from tune_cp.solver.axes import KNOBS
 
 
 class Flavor(StrEnum):

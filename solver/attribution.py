@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from tune_cp.config.axes import AXES
 from tune_cp.oracle.specs import Recompute
-from tune_cp.solver.axes import AXES
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import FAMILY_AXES, RULES, RuleContext
 

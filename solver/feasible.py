@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from tune_cp.config.axes import INT_AXES
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -25,7 +26,6 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
 )
 from tune_cp.solver.attribution import PROBE_AXES, attribute, attribution_walk
-from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import (
     Direction,
     SoftObjective,

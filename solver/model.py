@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.axes import INT_AXES
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.specs import (
     Dispatcher,
@@ -47,7 +48,6 @@ from tune_cp.oracle.specs import (
     derived_ga,
     resolve_config,
 )
-from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import compile_expr
 from tune_cp.solver.cpsat import CpModel, cp_model
 from tune_cp.solver.problem import Problem

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tune_cp.config.axes import RECOMPUTE_FIELDS
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ModelSpec,
@@ -19,7 +20,6 @@ from tune_cp.oracle.specs import (
     derived_ga,
     resolve_config,
 )
-from tune_cp.solver.axes import RECOMPUTE_FIELDS
 from tune_cp.solver.rules import RuleContext, hbm_limit_bytes
 from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
 from tune_cp.solver.space import SearchSpace, candidate_config

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tune_cp.config.axes import AXES
 from tune_cp.oracle.memory import (
     FULL_ITERATION,
     TERM_GROUPS,
@@ -89,7 +90,6 @@ from tune_cp.oracle.specs import (
     nodes_text,
     parse_pipeline_layout,
 )
-from tune_cp.solver.axes import AXES
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
 from tune_cp.solver.settings import RunSettings, SettingsView
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from tune_cp.config.axes import AXES, INT_AXES
 from tune_cp.oracle.memory import arithmetic_problem, max_chunk_layers
 from tune_cp.oracle.specs import (
     SEARCHED_LIGHT_SPLITS,
@@ -54,7 +55,6 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
-from tune_cp.solver.axes import AXES, INT_AXES
 from tune_cp.solver.rules import divisors, split_slots
 
 #: Micro-batch sizes a default search tries (capped by the global batch).
