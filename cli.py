@@ -365,7 +365,7 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
 
 
 def knob_option(k: Knob) -> Callable:
-    """The click option of one registry knob (``solver/axes.py::KNOBS``)."""
+    """The click option of one registry knob (``config/axes.py::KNOBS``)."""
     if k.kind is FlagKind.INT:
         return click.option(f"--{k.flag}", type=AsciiIntRange(k.lo, k.hi), default=k.default,
                             show_default=k.default is not None, help=k.help)
@@ -468,7 +468,7 @@ SETTINGS_FLAGS: dict[str, Callable] = {
         "--calibration", "calibration", default=None, metavar="FILE.json",
         help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
              "oracle/catalog/calibration.json, fitted on published runs]"),
-    # the framework run settings, from the registry (solver/axes.py::RUN_KNOBS)
+    # the framework run settings, from the registry (config/axes.py::RUN_KNOBS)
     "cuda_graph_scope": click.option(
         f"--{RUN_KNOB['cuda_graph_scope'].flag}", "cuda_graph_scope", default=None,
         metavar=RUN_KNOB["cuda_graph_scope"].metavar, help=RUN_KNOB["cuda_graph_scope"].help),
@@ -1130,7 +1130,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     settings = run_settings(flags)
     framework_name = settings.framework
     opt_state = pop_optimizer_state(flags)
-    config = flags  # the configuration flags (solver/axes.py::KNOBS)
+    config = flags  # the configuration flags (config/axes.py::KNOBS)
     log = None
     if log_path is not None:
         from tune_cp.formats.logs import read_log

@@ -98,7 +98,7 @@ AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", 
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
                 "allow_cross_scale_up", "fsdp", "framework", "fp8_param_gather", "name",
-                # the framework run settings (RunSettings fields), as solver/axes.py declares them
+                # the framework run settings (RunSettings fields), as config/axes.py declares them
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")

@@ -261,7 +261,7 @@ PER_LAYER_GRAPH_IMPL = "transformer_engine"
 
 def run_option_args(model: ModelSpec, o: RunOptions | None) -> list[tuple[str, Any]]:
     """Megatron-LM (dest, value) pairs of the framework run settings
-    (``solver/axes.py::RUN_KNOBS``; arguments.py / TransformerConfig at ``d98e8a64dd``):
+    (``config/axes.py::RUN_KNOBS``; arguments.py / TransformerConfig at ``d98e8a64dd``):
     ``--cuda-graph-impl transformer_engine --cuda-graph-modules ...`` or ``--cuda-graph-impl
     full_iteration --no-check-for-nan-in-loss-and-grad`` (required there, cuda_graph.md);
     ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``; ``--moe-expert-capacity-factor

@@ -1,4 +1,4 @@
-"""The axis registry (solver/axes.py) against what it describes: ParallelConfig, SearchSpace, the
+"""The axis registry (config/axes.py) against what it describes: ParallelConfig, SearchSpace, the
 command line and the framework readers."""
 
 import re
