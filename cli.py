@@ -52,6 +52,7 @@ from tune_cp.config.axes import (
     BASELINE_KEYS,
     KNOB,
     KNOBS,
+    PLOT_AXES,
     RUN_KNOB,
     FlagKind,
     Knob,
@@ -1440,8 +1441,7 @@ def fsdp_option(f: Callable) -> Callable:
                    "order).")
 @click.option("--pareto", "pareto_path", default=None, metavar="FILE.png",
               help="Draw the feasible set (projected throughput against peak memory) to this PNG.")
-@click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
-                                                   "recompute"]), default="pp",
+@click.option("--pareto-color", type=click.Choice(list(PLOT_AXES)), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
 @click.option("--verify", "verify_n", type=AsciiIntRange(1, 20), default=None, metavar="N",
               help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "

@@ -49,6 +49,7 @@ from tune_cp.config.axes import (
     COMBINATION_AXES,
     INT_AXES,
     KNOB,
+    MOE_AXES,
     RECOMPUTE_FIELDS,
     FlagKind,
 )
@@ -476,7 +477,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     step, at ``target`` itself."""
     fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
-        fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
+        fields = tuple(f for f in fields if f not in MOE_AXES)
     fields = tuple(f for f in fields if f not in DISPATCH_FIELDS[1:])
     goal = target.model_dump()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from tune_cp.agent.backend import presets
 from tune_cp.agent.evaluate import Evaluator, Trial
+from tune_cp.config.axes import SEED_MBS, SEED_SELECTIVE, module_sets
 from tune_cp.oracle.specs import (
     Dispatcher,
     Fp8Recipe,
@@ -27,7 +28,9 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.solver.rules import divisors, layers_per_chunk
 
-MBS_CHOICES = (1, 2, 4, 8, 16)
+#: The micro-batch sizes the seed phase steps through (``config/axes.py::SEED_MBS``: up to 16,
+#: beyond the exhaustive space's 8).
+MBS_CHOICES = SEED_MBS
 
 
 @dataclass(frozen=True)
@@ -152,18 +155,9 @@ def recompute_moves(ev: Evaluator, cfg: ParallelConfig) -> Iterator[Move]:
 
 
 def selective_sets(ev: Evaluator) -> list[tuple[str, ...]]:
-    """Selective-recompute module sets worth trying for this model."""
-    m, out = ev.model, []
-    if not ev.training.flash_attention:
-        out.append(("core_attn",))
-    if m.is_moe:
-        out.append(("moe_act",))
-        out.append(("moe_act", "layernorm"))
-    if m.mla is not None:
-        out.append(("mla_up_proj",))
-    if m.num_dense_layers_effective and not m.is_moe:
-        out.append(("mlp",))
-    return out
+    """Selective-recompute module sets worth trying for this model
+    (``config/axes.py::SEED_SELECTIVE``)."""
+    return module_sets(SEED_SELECTIVE, ev.model, ev.training)
 
 
 def apply(cfg: ParallelConfig, update: dict[str, Any]) -> ParallelConfig:

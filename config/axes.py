@@ -27,6 +27,7 @@ Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -36,10 +37,12 @@ from tune_cp.oracle.specs import (
     FlexBackend,
     Fp8Recipe,
     GroupedGemm,
+    ModelSpec,
     PipelineSplit,
     Recompute,
     RecomputeMethod,
     Schedule,
+    TrainingSpec,
 )
 
 #: Largest pipeline size / virtual stages / recompute depth a flag takes (``ParallelConfig``).
@@ -70,7 +73,11 @@ class Knob:
     said in ``help``); ``baseline``: a ``--baseline`` key; ``combinable``: the LLM planner may
     set it in a combination; ``attributed``: one change of the search's attribution (the
     recompute fields are one change, ``recompute``); ``megatron``: Megatron-LM argument dest;
-    ``bridge``: Megatron-Bridge ``ConfigContainer`` field path.
+    ``bridge``: Megatron-Bridge ``ConfigContainer`` field path; ``view``: the
+    ``ParallelConfig`` attribute outputs show (None: the field; ``etp_``, ``sp`` and
+    ``schedule_`` resolve what the field leaves unset); ``shown_for``: the recompute kind the
+    field applies to (outputs show ``unset`` under the others); ``plotted``: the ``--pareto``
+    picture may colour its points by it (``--pareto-color``).
     """
 
     field: str
@@ -88,6 +95,10 @@ class Knob:
     attributed: bool = False
     megatron: str | None = None
     bridge: str | None = None
+    view: str | None = None
+    shown_for: Recompute | None = None
+    unset: object = None
+    plotted: bool = False
 
     @property
     def param(self) -> str:
@@ -107,41 +118,43 @@ GRAD_BF16_HELP = (
 KNOBS: tuple[Knob, ...] = (
     Knob("tp", "tp", "tp", "Tensor-parallel size.", default=1, combinable=True,
          attributed=True, megatron="tensor_model_parallel_size",
-         bridge="model.tensor_model_parallel_size"),
+         bridge="model.tensor_model_parallel_size", plotted=True),
     Knob("pp", "pp", "pp", "Pipeline-parallel size.", hi=MAX_STAGES, default=1, combinable=True,
          attributed=True, megatron="pipeline_model_parallel_size",
-         bridge="model.pipeline_model_parallel_size"),
+         bridge="model.pipeline_model_parallel_size", plotted=True),
     Knob("vpp", "vpp", "vpp", "Virtual pipeline stages per rank (interleaved schedule when > 1).",
          hi=MAX_STAGES, default=1, combinable=True, attributed=True,
          megatron="num_virtual_stages_per_pipeline_rank",
-         bridge="model.virtual_pipeline_model_parallel_size"),
+         bridge="model.virtual_pipeline_model_parallel_size", plotted=True),
     Knob("cp", "cp", "cp", "Context-parallel size.", default=1, combinable=True, attributed=True,
-         megatron="context_parallel_size", bridge="model.context_parallel_size"),
+         megatron="context_parallel_size", bridge="model.context_parallel_size", plotted=True),
     Knob("ep", "ep", "ep", "Expert-parallel size.", default=1, combinable=True, attributed=True,
-         megatron="expert_model_parallel_size", bridge="model.expert_model_parallel_size"),
+         megatron="expert_model_parallel_size", bridge="model.expert_model_parallel_size", plotted=True),
     Knob("etp", "etp", "etp", "Expert tensor-parallel size  [default: 1 for an MoE model, the "
          "search's first value (Megatron-LM's default for a launch without it: tp)]",
-         combinable=True,
+         combinable=True, view="etp_",
          attributed=True, megatron="expert_tensor_parallel_size",
          bridge="model.expert_tensor_parallel_size"),
     Knob("mbs", "mbs", "mbs", "Micro-batch size.", hi=MAX_MBS, default=1, combinable=True,
-         attributed=True, megatron="micro_batch_size", bridge="train.micro_batch_size"),
+         attributed=True, megatron="micro_batch_size", bridge="train.micro_batch_size", plotted=True),
     Knob("recompute", "recompute", "recompute", "Activation recomputation granularity.",
          kind=FlagKind.CHOICE, choices=Recompute, default=Recompute.NONE.value, combinable=True,
-         attributed=True, megatron="recompute_granularity", bridge="model.recompute_granularity"),
+         attributed=True, megatron="recompute_granularity", bridge="model.recompute_granularity", plotted=True),
     Knob("recompute_method", "recompute", "recompute-method",
          "Full recompute: block (first N layers of each virtual stage) or uniform (groups of N).",
          kind=FlagKind.CHOICE, choices=RecomputeMethod, default=RecomputeMethod.BLOCK.value,
-         combinable=True, megatron="recompute_method", bridge="model.recompute_method"),
+         combinable=True, megatron="recompute_method", bridge="model.recompute_method",
+         shown_for=Recompute.FULL),
     Knob("recompute_layers", "recompute", "recompute-layers",
          "Full recompute: N layers per virtual stage  [default: all]", lo=0, hi=MAX_STAGES,
          combinable=True, megatron="recompute_num_layers", bridge="model.recompute_num_layers"),
     Knob("recompute_modules", "recompute", "recompute-modules",
          "Selective recompute modules, comma separated  [default: core_attn]",
-         kind=FlagKind.MODULES, megatron="recompute_modules", bridge="model.recompute_modules"),
+         kind=FlagKind.MODULES, megatron="recompute_modules", bridge="model.recompute_modules",
+         shown_for=Recompute.SELECTIVE, unset=()),
     Knob("sequence_parallel", None, "sequence-parallel",
          "Sequence parallelism  [default: on when tp > 1]", kind=FlagKind.SWITCH,
-         megatron="sequence_parallel", bridge="model.sequence_parallel"),
+         megatron="sequence_parallel", bridge="model.sequence_parallel", view="sp"),
     Knob("dispatcher", "dispatcher", "dispatcher", "MoE token dispatcher (flex = DeepEP).",
          kind=FlagKind.CHOICE, choices=Dispatcher, default=Dispatcher.ALLTOALL.value,
          combinable=True, attributed=True, megatron="moe_token_dispatcher_type",
@@ -176,7 +189,8 @@ KNOBS: tuple[Knob, ...] = (
          attributed=True),
     Knob("schedule", "schedule", "schedule",
          "Pipeline schedule  [default: interleaved when vpp > 1, else 1f1b]",
-         kind=FlagKind.CHOICE, choices=Schedule, combinable=True, attributed=True),
+         kind=FlagKind.CHOICE, choices=Schedule, combinable=True, attributed=True,
+         view="schedule_"),
     Knob("fp8_recipe", "fp8_recipe", "fp8-recipe",
          "FP8 recipe  [default with --precision fp8: mxfp8 on Blackwell, tensorwise elsewhere]",
          kind=FlagKind.CHOICE, choices=Fp8Recipe, combinable=True, attributed=True,
@@ -225,10 +239,26 @@ KNOB: dict[str, Knob] = {k.field: k for k in KNOBS}
 @dataclass(frozen=True)
 class Axis:
     """One search-space axis: the ``ParallelConfig`` fields it sets and how
-    ``solver/space.py::default_space`` enumerates its domain."""
+    ``solver/space.py::default_space`` enumerates its domain.
+
+    ``domain``: the default space's domain in words; ``values``: its values where the registry
+    fixes them (``mbs``: capped by the global batch); ``seed_values``: the values the seed
+    phase (``agent/seed.py``) steps through, where they differ from ``values``; ``slice``: the
+    enumeration may slice the space on it (``solver/feasible.py::SLICEABLE``: fixing it keeps
+    every other domain as it is), ``slice_default``: it does by default when experts multiply
+    the layouts (``SLICE_AXES``); ``geometry``: the CP-SAT model branches on it first (the
+    pipeline geometry: ``solver/model.py::GEOMETRY_FIRST``); ``walk``: its position in the
+    attribution walk (``solver/attribution.py::WALK_ORDER``: cheap, strongly pruning families
+    first; the recompute options and the optimizer, read only by memory, last)."""
 
     name: str
     domain: str
+    walk: int
+    values: tuple[int, ...] = ()
+    seed_values: tuple[int, ...] = ()
+    slice: bool = False
+    slice_default: bool = False
+    geometry: bool = False
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -238,32 +268,53 @@ class Axis:
 #: The search axes, in the order the solver branches on them and candidates are listed.
 AXIS_TABLE: tuple[Axis, ...] = (
     Axis("tp", "divisors of the world size within the scale-up domain (unless crossing it is "
-               "allowed)"),
-    Axis("pp", "divisors of the world size, at most the layer count"),
-    Axis("cp", "divisors of the world size where the sequence splits in 2 cp"),
-    Axis("vpp", "the values some pipeline size and the layer count allow (1 always)"),
-    Axis("ep", "divisors of the expert count (1 for a dense model)"),
-    Axis("etp", "from the policy: {1, tp}, tp, or divisors of the expert FFN width"),
-    Axis("mbs", "1, 2, 4, 8 up to the global batch"),
+               "allowed)", walk=0, slice=True, slice_default=True),
+    Axis("pp", "divisors of the world size, at most the layer count", walk=2, slice=True,
+         slice_default=True, geometry=True),
+    Axis("cp", "divisors of the world size where the sequence splits in 2 cp", walk=3,
+         slice=True),
+    Axis("vpp", "the values some pipeline size and the layer count allow (1 always)", walk=5,
+         slice=True, geometry=True),
+    Axis("ep", "divisors of the expert count (1 for a dense model)", walk=4, slice=True),
+    Axis("etp", "from the policy: {1, tp}, tp, or divisors of the expert FFN width", walk=1),
+    # two values on purpose: the exhaustive space stops at 8 (each value multiplies its size),
+    # the seed phase doubles or halves mbs up to 16 (one evaluation a move; a baseline, the
+    # user's or a published one, may hold 16 and step down from it)
+    Axis("mbs", "1, 2, 4, 8 up to the global batch", walk=8, values=(1, 2, 4, 8),
+         seed_values=(1, 2, 4, 8, 16), slice=True),
     Axis("pipeline_split", "automatic (even when the layers divide, else embedding_loss) and "
                            "the light splits (light_first, light_last, light_ends) where they "
-                           "exist"),
-    Axis("schedule", "from vpp (zero-bubble when asked)"),
-    Axis("fp8_recipe", "from the training precision (every FP8 recipe when asked)"),
-    Axis("dispatcher", "alltoall (flex when asked)"),
+                           "exist", walk=6, geometry=True),
+    Axis("schedule", "from vpp (zero-bubble when asked)", walk=7, geometry=True),
+    Axis("fp8_recipe", "from the training precision (every FP8 recipe when asked)", walk=9),
+    Axis("dispatcher", "alltoall (flex when asked)", walk=10),
     Axis("optimizer", "distributed optimizer; Megatron-FSDP too with --fsdp "
-                      "(solver/space.py::searched_optimizers)"),
+                      "(solver/space.py::searched_optimizers)", walk=12),
     Axis("recompute", "none; selective module sets per model; full block, K = 1 .. the largest "
-                      "virtual stage"),
+                      "virtual stage", walk=11),
 )
+AXIS: dict[str, Axis] = {a.name: a for a in AXIS_TABLE}
 
 #: Axis names of a search space (``SearchSpace`` fields), in branching order.
 AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE)
 #: The integer axes (their domains are sizes; the solver's value is the value itself, the other
 #: axes' values are indices into their domains).
 INT_AXES: tuple[str, ...] = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
+#: The other axes: their domains are choices (enum members, options), non-empty without repeats.
+CHOICE_AXES: tuple[str, ...] = tuple(a for a in AXES if a not in INT_AXES)
+#: The axes the enumeration may slice on, and those it slices on by default (MoE spaces).
+SLICEABLE_AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE if a.slice)
+SLICE_DEFAULT_AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE if a.slice_default)
+#: The axes CP-SAT branches on first: the pipeline geometry.
+GEOMETRY_AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE if a.geometry)
+#: The attribution walk's axis order.
+WALK_AXES: tuple[str, ...] = tuple(a.name for a in sorted(AXIS_TABLE, key=lambda a: a.walk))
+#: Micro-batch sizes a default search tries (capped by the global batch), and those the seed
+#: phase steps through (:class:`Axis` ``mbs``).
+SEARCH_MBS: tuple[int, ...] = AXIS["mbs"].values
+SEED_MBS: tuple[int, ...] = AXIS["mbs"].seed_values
 #: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
-RECOMPUTE_FIELDS: tuple[str, ...] = AXIS_TABLE[AXES.index("recompute")].fields
+RECOMPUTE_FIELDS: tuple[str, ...] = AXIS["recompute"].fields
 #: ``--baseline KEY=VALUE`` keys.
 BASELINE_KEYS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.baseline)
 #: Fields a planner combination may set (``agent/llm.py::CombinationHint``).
@@ -271,13 +322,161 @@ COMBINATION_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.combinable
 #: The changes the search's attribution walks (``agent/search.py::attribute``); ``recompute``
 #: stands for every field of :data:`RECOMPUTE_FIELDS`.
 ATTRIBUTION_FIELDS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.attributed)
+#: The axes ``--pareto-color`` takes, in flag order.
+PLOT_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.plotted)
 #: The MoE backend's fields: not CP-SAT axes (none changes memory but the flex dispatcher's
 #: buffers, which the ``dispatcher`` axis carries); the search picks them per layout after the
 #: enumeration (``agent/backend.py``).
 BACKEND_FIELDS: tuple[str, ...] = ("flex_backend", "sync_free_stage", "grouped_gemm",
                                    "permute_fusion", "shared_expert_overlap", "router_fp32")
+#: The MoE-only axes: a dense model's search, seed phase and attribution leave them alone.
+MOE_AXES: tuple[str, ...] = ("ep", "etp", "dispatcher")
 # every axis sets at least one knob, and every knob's axis exists
 assert {k.axis for k in KNOBS} - {None} == set(AXES)
+assert sorted(a.walk for a in AXIS_TABLE) == list(range(len(AXIS_TABLE)))
+
+
+# ------------------------------------------------------------------ output columns
+
+
+@dataclass(frozen=True)
+class Column:
+    """One key of a configuration as the outputs show it (``agent/serialize.py::config_json``:
+    ``check --json``, the search's ``best``; the sweep's rows take the ``sweep`` ones,
+    ``agent/sweep.py::CONFIG_COLUMNS``), in output order. A knob's column shows its
+    ``ParallelConfig`` value (:func:`shown_value`); ``derived`` columns (dp, ga, the training
+    batch and sequence, the compute precision, the optimizer state's dtypes) are computed by
+    ``config_json``; ``type``: the sweep's column type (a knob's: from its flag kind)."""
+
+    name: str
+    sweep: bool = False
+    derived: bool = False
+    type: type | None = None
+
+    @property
+    def value_type(self) -> type:
+        if self.type is not None:
+            return self.type
+        kind = KNOB[self.name].kind
+        return {FlagKind.INT: int, FlagKind.FLAG: bool, FlagKind.SWITCH: bool}.get(kind, str)
+
+
+def _columns(*declared: Column) -> tuple[Column, ...]:
+    """The declared columns, then every knob not declared (a new knob shows up in the outputs
+    without another edit: its column comes last)."""
+    named = {c.name for c in declared}
+    assert len(named) == len(declared), "a column is declared twice"
+    unknown = {c.name for c in declared if not c.derived} - set(KNOB)
+    assert not unknown, f"columns {sorted(unknown)} are neither knobs nor derived"
+    return declared + tuple(Column(k.field) for k in KNOBS if k.field not in named)
+
+
+#: The configuration's output keys, in the order ``--json`` writes them.
+CONFIG_COLUMNS: tuple[Column, ...] = _columns(
+    Column("tp", sweep=True), Column("pp", sweep=True), Column("vpp", sweep=True),
+    Column("cp", sweep=True), Column("ep", sweep=True), Column("etp", sweep=True),
+    Column("dp", sweep=True, derived=True, type=int), Column("mbs", sweep=True),
+    Column("ga", sweep=True, derived=True, type=int), Column("gbs", derived=True, type=int),
+    Column("seq_len", derived=True, type=int), Column("recompute", sweep=True),
+    Column("recompute_method", sweep=True), Column("recompute_layers", sweep=True),
+    Column("recompute_modules", sweep=True), Column("sequence_parallel", sweep=True),
+    Column("distributed_optimizer", sweep=True), Column("fsdp", sweep=True),
+    Column("grad_reduce_in_fp32", sweep=True), Column("fp8_param_gather"),
+    Column("optimizer_state", derived=True, type=dict), Column("dispatcher", sweep=True),
+    Column("schedule", sweep=True), Column("precision", derived=True, type=str),
+    Column("fp8_recipe", sweep=True), Column("pipeline_split", sweep=True),
+    Column("first_stage_layers"), Column("last_stage_layers"), Column("pipeline_layout"),
+    Column("flex_backend"), Column("sync_free_stage"), Column("grouped_gemm"),
+    Column("permute_fusion"), Column("shared_expert_overlap"), Column("router_fp32"),
+)
+#: The sweep's configuration columns (a row per scenario).
+SWEEP_COLUMNS: tuple[Column, ...] = tuple(c for c in CONFIG_COLUMNS if c.sweep)
+
+
+def shown_value(cfg: object, knob: Knob) -> object:
+    """A knob's value as outputs show it: the ``view`` attribute of a resolved configuration,
+    enum members by value, tuples as lists; ``unset`` under a recompute kind the field does not
+    apply to."""
+    if knob.shown_for is not None and cfg.recompute != knob.shown_for:
+        value = knob.unset
+    else:
+        value = getattr(cfg, knob.view or knob.field)
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+# ------------------------------------------------------------------ constraint names
+
+
+#: The derived values a constraint may name, with the axes each depends on (dp = world /
+#: (tp x pp x cp), ga = gbs / (mbs x dp)).
+DERIVED_NAME_AXES: dict[str, tuple[str, ...]] = {"dp": ("tp", "pp", "cp"),
+                                                 "ga": ("tp", "pp", "cp", "mbs")}
+#: The values a ``--constraint`` (and the planner's hints) may name, in the order errors list
+#: them (output order): the integer axes and the derived dp and ga.
+CONSTRAINT_NAMES: tuple[str, ...] = tuple(
+    c.name for c in CONFIG_COLUMNS if c.name in INT_AXES or c.name in DERIVED_NAME_AXES)
+#: The search axes each constraint name depends on.
+CONSTRAINT_NAME_AXES: dict[str, tuple[str, ...]] = {
+    n: DERIVED_NAME_AXES.get(n, (n,)) for n in CONSTRAINT_NAMES}
+
+
+# ------------------------------------------------------------------ recompute module sets
+
+
+@dataclass(frozen=True)
+class ModuleSet:
+    """A selective-recompute module set worth trying, and for which models: ``when`` reads the
+    model and training specs."""
+
+    modules: tuple[str, ...]
+    when: Callable[[ModelSpec, TrainingSpec], bool]
+
+
+def _no_flash(m: ModelSpec, t: TrainingSpec) -> bool:
+    """``core_attn`` only matters without flash attention (flash attention already recomputes
+    the scores)."""
+    return not t.flash_attention
+
+
+def _mla(m: ModelSpec, t: TrainingSpec) -> bool:
+    """``mla_up_proj``: the MLA up-projections."""
+    return m.mla is not None
+
+
+def _moe(m: ModelSpec, t: TrainingSpec) -> bool:
+    """``moe_act`` drops the largest MoE activation."""
+    return m.is_moe
+
+
+def _dense(m: ModelSpec, t: TrainingSpec) -> bool:
+    return bool(m.num_dense_layers_effective) and not m.is_moe
+
+
+#: The modules the exhaustive space tries, each alone, and all those that apply together when
+#: there are several (``solver/space.py::selective_options``): few sets, since each multiplies
+#: the recompute domain of every layout.
+SEARCH_SELECTIVE: tuple[ModuleSet, ...] = (
+    ModuleSet(("core_attn",), _no_flash), ModuleSet(("mla_up_proj",), _mla),
+    ModuleSet(("moe_act",), _moe),
+)
+#: The sets the seed phase moves to (``agent/seed.py::selective_sets``), one move each: the
+#: search's modules and two the exhaustive space leaves out (``moe_act`` with ``layernorm``,
+#: ``mlp`` of a dense model), since a single move costs one evaluation, not a domain.
+SEED_SELECTIVE: tuple[ModuleSet, ...] = (
+    ModuleSet(("core_attn",), _no_flash), ModuleSet(("moe_act",), _moe),
+    ModuleSet(("moe_act", "layernorm"), _moe), ModuleSet(("mla_up_proj",), _mla),
+    ModuleSet(("mlp",), _dense),
+)
+
+
+def module_sets(sets: tuple[ModuleSet, ...], model: ModelSpec,
+                training: TrainingSpec) -> list[tuple[str, ...]]:
+    """The module sets of ``sets`` that apply to this model and training."""
+    return [s.modules for s in sets if s.when(model, training)]
 
 
 @dataclass(frozen=True)

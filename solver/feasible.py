@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from tune_cp.config.axes import INT_AXES
+from tune_cp.config.axes import INT_AXES, SLICE_DEFAULT_AXES, SLICEABLE_AXES
 from tune_cp.oracle.specs import (
     ClusterSpec,
     ConfigError,
@@ -196,9 +196,9 @@ def enumeration_parameters(solver: cp_model.CpSolver) -> None:
 #: Axes enumeration slices the space on by default: one CP-SAT model per combination of their
 #: values (docs/solver.md, "Speed"): pp, and tp too when experts multiply the layouts of each
 #: (tp, pp) (:func:`default_slice_axes`).
-SLICE_AXES: tuple[str, ...] = ("tp", "pp")
+SLICE_AXES: tuple[str, ...] = SLICE_DEFAULT_AXES
 #: Axes a space may be sliced on (fixing one of them keeps every other domain as it is).
-SLICEABLE: tuple[str, ...] = ("tp", "pp", "cp", "vpp", "ep", "mbs")
+SLICEABLE: tuple[str, ...] = SLICEABLE_AXES
 #: Axes whose raw solver value is the value itself (the others are domain indices).
 NUMERIC_AXES = frozenset(INT_AXES)
 

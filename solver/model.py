@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.config.axes import INT_AXES
+from tune_cp.config.axes import AXES, CONSTRAINT_NAMES, GEOMETRY_AXES, INT_AXES
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.specs import (
     Dispatcher,
@@ -71,7 +71,7 @@ from tune_cp.solver.symbolic import Arith, Sym, Value
 CODE_STRIDE = 1 << 20
 SPLITS: tuple[PipelineSplit, ...] = tuple(PipelineSplit)
 #: Axes enumeration branches on first (``LegalityModel.add_search_strategy``).
-GEOMETRY_FIRST: tuple[str, ...] = ("pp", "vpp", "pipeline_split", "schedule")
+GEOMETRY_FIRST: tuple[str, ...] = GEOMETRY_AXES
 SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
 FP8: tuple[Fp8Recipe | None, ...] = (None, *Fp8Recipe)
 KINDS: tuple[Recompute, ...] = tuple(Recompute)
@@ -200,28 +200,27 @@ class LegalityModel:
 
     def _axes(self) -> None:
         sp, ar = self.p.space, self.ar
-        self.tp = ar.var(sp.tp, "tp")
-        self.pp = ar.var(sp.pp, "pp")
-        self.cp_ = ar.var(sp.cp, "cp")
-        self.vpp = ar.var(sp.vpp, "vpp")
-        self.ep = ar.var(sp.ep, "ep")
-        self.etp = ar.var(sp.etp_all_values, "etp")
-        self.etp_pairs = [(t, e) for t in sp.tp for e in sp.etp_values(t)]
-        ar.allow([self.tp, self.etp], self.etp_pairs)  # the etp policy (the space, not a rule)
-        self.mbs = ar.var(sp.mbs, "mbs")
-        self.split_i = ar.var(self._split_domain(), "split_i")
-        self.sched_i = ar.var(range(len(sp.schedule)), "sched_i")
-        self.fp8_i = ar.var(range(len(sp.fp8_recipe)), "fp8_i")
-        self.disp_i = ar.var(range(len(sp.dispatcher)), "disp_i")
-        self.opt_i = ar.var(range(len(sp.optimizer)), "opt_i")
-        self.rc = ar.var(range(len(sp.recompute)), "rc")
-        #: the decision variables, in the order of ``solver.space.AXES``
-        self.axis: dict[str, Value] = {
-            "tp": self.tp, "pp": self.pp, "cp": self.cp_, "vpp": self.vpp, "ep": self.ep,
-            "etp": self.etp, "mbs": self.mbs, "pipeline_split": self.split_i,
-            "schedule": self.sched_i, "fp8_recipe": self.fp8_i, "dispatcher": self.disp_i,
-            "optimizer": self.opt_i, "recompute": self.rc,
-        }
+        #: the decision variables, in the order of ``solver.space.AXES``: an integer axis's
+        #: value is the value itself, a choice axis's an index into its domain
+        self.axis: dict[str, Value] = {}
+        for name in AXES:
+            if name in INT_AXES:
+                values = sp.etp_all_values if name == "etp" else getattr(sp, name)
+                self.axis[name] = ar.var(values, name)
+            else:
+                values = (self._split_domain() if name == "pipeline_split"
+                          else range(len(getattr(sp, name))))
+                self.axis[name] = ar.var(values, f"{name}_i")
+            if name == "etp":  # the etp policy (the space, not a rule)
+                self.etp_pairs = [(t, e) for t in sp.tp for e in sp.etp_values(t)]
+                ar.allow([self.axis["tp"], self.axis["etp"]], self.etp_pairs)
+        # the mechanisms' names for them
+        self.tp, self.pp, self.cp_ = self.axis["tp"], self.axis["pp"], self.axis["cp"]
+        self.vpp, self.ep, self.etp = self.axis["vpp"], self.axis["ep"], self.axis["etp"]
+        self.mbs, self.split_i = self.axis["mbs"], self.axis["pipeline_split"]
+        self.sched_i, self.fp8_i = self.axis["schedule"], self.axis["fp8_recipe"]
+        self.disp_i, self.opt_i = self.axis["dispatcher"], self.axis["optimizer"]
+        self.rc = self.axis["recompute"]
 
     def _split_domain(self) -> list[int]:
         """The split indices of the space; in an enforced model with the ``pipeline_split``
@@ -281,11 +280,9 @@ class LegalityModel:
         self.modset = ar.element(
             self.rc, [self.modsets.index(o.modules if o.kind is Recompute.SELECTIVE else ())
                       for o in opts], "modset")
-        #: the values constraints may name (solver.constraints.NAMES)
+        #: the values constraints may name (solver.constraints.NAMES: axes, and dp and ga)
         self.names: dict[str, Value] = {
-            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp_, "ep": self.ep,
-            "etp": self.etp, "dp": self.dp, "mbs": self.mbs, "ga": self.ga,
-        }
+            n: self.axis[n] if n in self.axis else getattr(self, n) for n in CONSTRAINT_NAMES}
 
     @cached_property
     def layers_per_chunk(self) -> Value:
