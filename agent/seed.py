@@ -16,7 +16,7 @@ from typing import Any
 
 from tune_cp.agent.backend import presets
 from tune_cp.agent.evaluate import Evaluator, Trial
-from tune_cp.config.axes import SEED_MBS, SEED_SELECTIVE, module_sets
+from tune_cp.config.axes import AXIS, PLAIN_AXES, SEED_MBS, SEED_SELECTIVE, module_sets
 from tune_cp.oracle.specs import (
     Dispatcher,
     Fp8Recipe,
@@ -99,6 +99,10 @@ def axis_moves(ev: Evaluator, cfg: ParallelConfig, allow_fp8: bool) -> Iterator[
     for mbs in MBS_CHOICES:
         if mbs != cfg.mbs and (mbs == cfg.mbs * 2 or mbs * 2 == cfg.mbs):
             yield Move("mbs", f"mbs {cfg.mbs}->{mbs}", {"mbs": mbs})
+    for name in PLAIN_AXES:  # the registry's plain axes: each of their seed values
+        for value in AXIS[name].seed_values:
+            if value != getattr(cfg, name):
+                yield Move(name, f"{name} {getattr(cfg, name)}->{value}", {name: value})
     yield from recompute_moves(ev, cfg)
     for sched in Schedule:
         if sched != cfg.schedule_ and sched is Schedule.ZERO_BUBBLE:

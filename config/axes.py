@@ -77,7 +77,11 @@ class Knob:
     ``ParallelConfig`` attribute outputs show (None: the field; ``etp_``, ``sp`` and
     ``schedule_`` resolve what the field leaves unset); ``shown_for``: the recompute kind the
     field applies to (outputs show ``unset`` under the others); ``plotted``: the ``--pareto``
-    picture may colour its points by it (``--pareto-color``).
+    picture may colour its points by it (``--pareto-color``); ``plain``: a plain integer axis
+    (its own field): the edges read and write it without a line of their own (the default
+    space takes its :class:`Axis` ``values``, the seed phase moves to each ``seed_values``,
+    ``check_command`` and the exporters write it when it is not ``default``, the Megatron-LM
+    reader reads ``megatron``); the knobs before it have their own lines in those places.
     """
 
     field: str
@@ -99,6 +103,7 @@ class Knob:
     shown_for: Recompute | None = None
     unset: object = None
     plotted: bool = False
+    plain: bool = False
 
     @property
     def param(self) -> str:
@@ -233,9 +238,6 @@ KNOBS: tuple[Knob, ...] = (
          bridge="model.pipeline_model_parallel_layout"),
 )
 
-KNOB: dict[str, Knob] = {k.field: k for k in KNOBS}
-
-
 @dataclass(frozen=True)
 class Axis:
     """One search-space axis: the ``ParallelConfig`` fields it sets and how
@@ -293,47 +295,6 @@ AXIS_TABLE: tuple[Axis, ...] = (
     Axis("recompute", "none; selective module sets per model; full block, K = 1 .. the largest "
                       "virtual stage", walk=11),
 )
-AXIS: dict[str, Axis] = {a.name: a for a in AXIS_TABLE}
-
-#: Axis names of a search space (``SearchSpace`` fields), in branching order.
-AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE)
-#: The integer axes (their domains are sizes; the solver's value is the value itself, the other
-#: axes' values are indices into their domains).
-INT_AXES: tuple[str, ...] = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
-#: The other axes: their domains are choices (enum members, options), non-empty without repeats.
-CHOICE_AXES: tuple[str, ...] = tuple(a for a in AXES if a not in INT_AXES)
-#: The axes the enumeration may slice on, and those it slices on by default (MoE spaces).
-SLICEABLE_AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE if a.slice)
-SLICE_DEFAULT_AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE if a.slice_default)
-#: The axes CP-SAT branches on first: the pipeline geometry.
-GEOMETRY_AXES: tuple[str, ...] = tuple(a.name for a in AXIS_TABLE if a.geometry)
-#: The attribution walk's axis order.
-WALK_AXES: tuple[str, ...] = tuple(a.name for a in sorted(AXIS_TABLE, key=lambda a: a.walk))
-#: Micro-batch sizes a default search tries (capped by the global batch), and those the seed
-#: phase steps through (:class:`Axis` ``mbs``).
-SEARCH_MBS: tuple[int, ...] = AXIS["mbs"].values
-SEED_MBS: tuple[int, ...] = AXIS["mbs"].seed_values
-#: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
-RECOMPUTE_FIELDS: tuple[str, ...] = AXIS["recompute"].fields
-#: ``--baseline KEY=VALUE`` keys.
-BASELINE_KEYS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.baseline)
-#: Fields a planner combination may set (``agent/llm.py::CombinationHint``).
-COMBINATION_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.combinable)
-#: The changes the search's attribution walks (``agent/search.py::attribute``); ``recompute``
-#: stands for every field of :data:`RECOMPUTE_FIELDS`.
-ATTRIBUTION_FIELDS: tuple[str, ...] = tuple(k.field for k in KNOBS if k.attributed)
-#: The axes ``--pareto-color`` takes, in flag order.
-PLOT_AXES: tuple[str, ...] = tuple(k.field for k in KNOBS if k.plotted)
-#: The MoE backend's fields: not CP-SAT axes (none changes memory but the flex dispatcher's
-#: buffers, which the ``dispatcher`` axis carries); the search picks them per layout after the
-#: enumeration (``agent/backend.py``).
-BACKEND_FIELDS: tuple[str, ...] = ("flex_backend", "sync_free_stage", "grouped_gemm",
-                                   "permute_fusion", "shared_expert_overlap", "router_fp32")
-#: The MoE-only axes: a dense model's search, seed phase and attribution leave them alone.
-MOE_AXES: tuple[str, ...] = ("ep", "etp", "dispatcher")
-# every axis sets at least one knob, and every knob's axis exists
-assert {k.axis for k in KNOBS} - {None} == set(AXES)
-assert sorted(a.walk for a in AXIS_TABLE) == list(range(len(AXIS_TABLE)))
 
 
 # ------------------------------------------------------------------ output columns
@@ -361,18 +322,9 @@ class Column:
         return {FlagKind.INT: int, FlagKind.FLAG: bool, FlagKind.SWITCH: bool}.get(kind, str)
 
 
-def _columns(*declared: Column) -> tuple[Column, ...]:
-    """The declared columns, then every knob not declared (a new knob shows up in the outputs
-    without another edit: its column comes last)."""
-    named = {c.name for c in declared}
-    assert len(named) == len(declared), "a column is declared twice"
-    unknown = {c.name for c in declared if not c.derived} - set(KNOB)
-    assert not unknown, f"columns {sorted(unknown)} are neither knobs nor derived"
-    return declared + tuple(Column(k.field) for k in KNOBS if k.field not in named)
-
-
-#: The configuration's output keys, in the order ``--json`` writes them.
-CONFIG_COLUMNS: tuple[Column, ...] = _columns(
+#: The configuration's output keys in the order ``--json`` writes them, as declared; every knob
+#: not declared here follows them (:data:`CONFIG_COLUMNS`).
+DECLARED_COLUMNS: tuple[Column, ...] = (
     Column("tp", sweep=True), Column("pp", sweep=True), Column("vpp", sweep=True),
     Column("cp", sweep=True), Column("ep", sweep=True), Column("etp", sweep=True),
     Column("dp", sweep=True, derived=True, type=int), Column("mbs", sweep=True),
@@ -389,8 +341,121 @@ CONFIG_COLUMNS: tuple[Column, ...] = _columns(
     Column("flex_backend"), Column("sync_free_stage"), Column("grouped_gemm"),
     Column("permute_fusion"), Column("shared_expert_overlap"), Column("router_fp32"),
 )
+#: The derived values a constraint may name, with the axes each depends on (dp = world /
+#: (tp x pp x cp), ga = gbs / (mbs x dp)).
+DERIVED_NAME_AXES: dict[str, tuple[str, ...]] = {"dp": ("tp", "pp", "cp"),
+                                                 "ga": ("tp", "pp", "cp", "mbs")}
+#: The MoE backend's fields: not CP-SAT axes (none changes memory but the flex dispatcher's
+#: buffers, which the ``dispatcher`` axis carries); the search picks them per layout after the
+#: enumeration (``agent/backend.py``).
+BACKEND_FIELDS: tuple[str, ...] = ("flex_backend", "sync_free_stage", "grouped_gemm",
+                                   "permute_fusion", "shared_expert_overlap", "router_fp32")
+#: The MoE-only axes: a dense model's search, seed phase and attribution leave them alone.
+MOE_AXES: tuple[str, ...] = ("ep", "etp", "dispatcher")
+
+
+# ------------------------------------------------------------------ derived from the tables
+
+#: ``KNOBS`` by field, ``AXIS_TABLE`` by name.
+KNOB: dict[str, Knob]
+AXIS: dict[str, Axis]
+#: Axis names of a search space (``SearchSpace`` fields), in branching order.
+AXES: tuple[str, ...]
+#: The integer axes (their domains are sizes; the solver's value is the value itself, the other
+#: axes' values are indices into their domains).
+INT_AXES: tuple[str, ...]
+#: The other axes: their domains are choices (enum members, options), non-empty without repeats.
+CHOICE_AXES: tuple[str, ...]
+#: The plain integer axes (``Knob.plain``): every edge reads and writes them generically.
+PLAIN_AXES: tuple[str, ...]
+#: The axes the enumeration may slice on, and those it slices on by default (MoE spaces).
+SLICEABLE_AXES: tuple[str, ...]
+SLICE_DEFAULT_AXES: tuple[str, ...]
+#: The axes CP-SAT branches on first: the pipeline geometry.
+GEOMETRY_AXES: tuple[str, ...]
+#: The attribution walk's axis order.
+WALK_AXES: tuple[str, ...]
+#: Micro-batch sizes a default search tries (capped by the global batch), and those the seed
+#: phase steps through (:class:`Axis` ``mbs``).
+SEARCH_MBS: tuple[int, ...]
+SEED_MBS: tuple[int, ...]
+#: The configuration fields one recompute option sets (``RecomputeOption.config_fields``).
+RECOMPUTE_FIELDS: tuple[str, ...]
+#: ``--baseline KEY=VALUE`` keys.
+BASELINE_KEYS: tuple[str, ...]
+#: Fields a planner combination may set (``agent/llm.py::CombinationHint``).
+COMBINATION_AXES: tuple[str, ...]
+#: The changes the search's attribution walks (``agent/search.py::attribute``); ``recompute``
+#: stands for every field of :data:`RECOMPUTE_FIELDS`.
+ATTRIBUTION_FIELDS: tuple[str, ...]
+#: The axes ``--pareto-color`` takes, in flag order.
+PLOT_AXES: tuple[str, ...]
+#: The configuration's output keys, in the order ``--json`` writes them: the declared ones,
+#: then every other knob (a new knob shows up in the outputs without another edit).
+CONFIG_COLUMNS: tuple[Column, ...]
 #: The sweep's configuration columns (a row per scenario).
-SWEEP_COLUMNS: tuple[Column, ...] = tuple(c for c in CONFIG_COLUMNS if c.sweep)
+SWEEP_COLUMNS: tuple[Column, ...]
+#: The values a ``--constraint`` (and the planner's hints) may name, in the order errors list
+#: them (output order): the integer axes and the derived dp and ga.
+CONSTRAINT_NAMES: tuple[str, ...]
+#: The search axes each constraint name depends on.
+CONSTRAINT_NAME_AXES: dict[str, tuple[str, ...]]
+
+
+def _derive() -> None:
+    """Every derived name above, from :data:`KNOBS` and :data:`AXIS_TABLE` (once at import, and
+    again by :func:`register_axis`)."""
+    global KNOB, AXIS, AXES, INT_AXES, CHOICE_AXES, PLAIN_AXES, SLICEABLE_AXES
+    global SLICE_DEFAULT_AXES, GEOMETRY_AXES, WALK_AXES, SEARCH_MBS, SEED_MBS, RECOMPUTE_FIELDS
+    global BASELINE_KEYS, COMBINATION_AXES, ATTRIBUTION_FIELDS, PLOT_AXES, CONFIG_COLUMNS
+    global SWEEP_COLUMNS, CONSTRAINT_NAMES, CONSTRAINT_NAME_AXES
+    KNOB = {k.field: k for k in KNOBS}
+    AXIS = {a.name: a for a in AXIS_TABLE}
+    AXES = tuple(a.name for a in AXIS_TABLE)
+    INT_AXES = tuple(a for a in AXES if a in KNOB and KNOB[a].kind is FlagKind.INT)
+    CHOICE_AXES = tuple(a for a in AXES if a not in INT_AXES)
+    PLAIN_AXES = tuple(a for a in AXES if a in KNOB and KNOB[a].plain)
+    SLICEABLE_AXES = tuple(a.name for a in AXIS_TABLE if a.slice)
+    SLICE_DEFAULT_AXES = tuple(a.name for a in AXIS_TABLE if a.slice_default)
+    GEOMETRY_AXES = tuple(a.name for a in AXIS_TABLE if a.geometry)
+    WALK_AXES = tuple(a.name for a in sorted(AXIS_TABLE, key=lambda a: a.walk))
+    SEARCH_MBS, SEED_MBS = AXIS["mbs"].values, AXIS["mbs"].seed_values
+    RECOMPUTE_FIELDS = AXIS["recompute"].fields
+    BASELINE_KEYS = tuple(k.field for k in KNOBS if k.baseline)
+    COMBINATION_AXES = tuple(k.field for k in KNOBS if k.combinable)
+    ATTRIBUTION_FIELDS = tuple(k.field for k in KNOBS if k.attributed)
+    PLOT_AXES = tuple(k.field for k in KNOBS if k.plotted)
+    named = {c.name for c in DECLARED_COLUMNS}
+    CONFIG_COLUMNS = DECLARED_COLUMNS + tuple(
+        Column(k.field, sweep=k.plain) for k in KNOBS if k.field not in named)
+    SWEEP_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c.sweep)
+    CONSTRAINT_NAMES = tuple(
+        c.name for c in CONFIG_COLUMNS if c.name in INT_AXES or c.name in DERIVED_NAME_AXES)
+    CONSTRAINT_NAME_AXES = {n: DERIVED_NAME_AXES.get(n, (n,)) for n in CONSTRAINT_NAMES}
+    # every axis sets at least one knob, every knob's axis exists, the walk orders every axis
+    # once, every declared column is a knob or derived, and a plain axis is an integer axis
+    assert {k.axis for k in KNOBS} - {None} == set(AXES)
+    assert sorted(a.walk for a in AXIS_TABLE) == list(range(len(AXIS_TABLE)))
+    assert len(named) == len(DECLARED_COLUMNS), "a column is declared twice"
+    assert not {c.name for c in DECLARED_COLUMNS if not c.derived} - set(KNOB)
+    assert all(KNOB[a].kind is FlagKind.INT and KNOB[a].field == a for a in PLAIN_AXES)
+    assert AXES[-1] == "recompute", "the recompute option is the last axis"
+
+
+_derive()
+
+
+def register_axis(knob: Knob, axis: Axis) -> None:
+    """Add a plain integer axis (``knob.plain``, ``knob.field == axis.name``) to the registry
+    and re-derive every list from it: what a test does to show that a new axis needs no edit
+    outside its registry entry and its mechanism (``tests/test_add_axis.py``). Call it before
+    any other tune-cp module is imported (they read the derived lists at import)."""
+    global KNOBS, AXIS_TABLE
+    assert knob.plain and knob.field == axis.name == knob.axis, "a plain axis of its own"
+    KNOBS = (*KNOBS, knob)
+    # before the recompute option, which stays last (solver/feasible.py reads it there)
+    AXIS_TABLE = (*AXIS_TABLE[:-1], axis, AXIS_TABLE[-1])
+    _derive()
 
 
 def shown_value(cfg: object, knob: Knob) -> object:
@@ -406,22 +471,6 @@ def shown_value(cfg: object, knob: Knob) -> object:
     if isinstance(value, tuple):
         return list(value)
     return value
-
-
-# ------------------------------------------------------------------ constraint names
-
-
-#: The derived values a constraint may name, with the axes each depends on (dp = world /
-#: (tp x pp x cp), ga = gbs / (mbs x dp)).
-DERIVED_NAME_AXES: dict[str, tuple[str, ...]] = {"dp": ("tp", "pp", "cp"),
-                                                 "ga": ("tp", "pp", "cp", "mbs")}
-#: The values a ``--constraint`` (and the planner's hints) may name, in the order errors list
-#: them (output order): the integer axes and the derived dp and ga.
-CONSTRAINT_NAMES: tuple[str, ...] = tuple(
-    c.name for c in CONFIG_COLUMNS if c.name in INT_AXES or c.name in DERIVED_NAME_AXES)
-#: The search axes each constraint name depends on.
-CONSTRAINT_NAME_AXES: dict[str, tuple[str, ...]] = {
-    n: DERIVED_NAME_AXES.get(n, (n,)) for n in CONSTRAINT_NAMES}
 
 
 # ------------------------------------------------------------------ recompute module sets

@@ -31,12 +31,14 @@ from enum import StrEnum
 from itertools import product
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from tune_cp.config.axes import (
     AXES,
+    AXIS,
     CHOICE_AXES,
     INT_AXES,
+    PLAIN_AXES,
     SEARCH_MBS,
     SEARCH_SELECTIVE,
     module_sets,
@@ -268,6 +270,12 @@ class SearchSpace(Spec):
         return SearchSpace(**(self.model_dump() | update))
 
 
+if PLAIN_AXES:  # the registry's plain integer axes: a domain each, (1,) unless searched
+    SearchSpace = create_model(  # type: ignore[misc]
+        "SearchSpace", __base__=SearchSpace, __doc__=SearchSpace.__doc__,
+        **{a: (tuple[int, ...], (1,)) for a in PLAIN_AXES})
+
+
 def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
                      fp8_param_gather: bool = False,
                      optimizer_state: OptimizerState | None = None) -> ParallelConfig:
@@ -285,6 +293,7 @@ def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
         grad_reduce_in_fp32=grad_reduce_in_fp32,
         fp8_param_gather=fp8_param_gather and c["fp8_recipe"] is not None,
         optimizer_state=optimizer_state or OptimizerState(), **rc.config_fields(),
+        **{a: c[a] for a in PLAIN_AXES},
     )
 
 
@@ -450,5 +459,7 @@ def default_space(
         pipeline_split=pipeline_splits, grad_reduce_in_fp32=grad_reduce_in_fp32,
         fp8_param_gather=fp8_param_gather and training.precision is Precision.FP8,
         optimizer_state=optimizer_state or OptimizerState(),
+        # the plain axes: the registry's values (config/axes.py::Axis.values)
+        **{a: AXIS[a].values or (1,) for a in PLAIN_AXES},
     )
     return space.fix(**fixed) if fixed else space
