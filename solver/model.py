@@ -52,6 +52,7 @@ from tune_cp.solver.constraints import compile_expr
 from tune_cp.solver.cpsat import CpModel, cp_model
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import (
+    FAMILY_AXES,
     FP8_ARCHITECTURES_MX,
     RULES,
     backend_problems,
@@ -186,7 +187,8 @@ class LegalityModel:
         self.ok: dict[str, Value] = {}
         self.lit: dict[str, Any] = {}
         for name in self.families:
-            self.ok[name] = ENCODERS[name](self)
+            encoder = ENCODERS.get(name)
+            self.ok[name] = encoder(self) if encoder else encode_from_rule(self, name)
             lit = self.cp.NewBoolVar(name)
             self.lit[name] = lit
             ok = self.ok[name]
@@ -580,6 +582,25 @@ def enc_recompute_dominance(m: LegalityModel) -> Value:
 def enc_hbm(m: LegalityModel) -> Value:
     """Every stage of the most loaded kind fits in HBM x (1 - margin)."""
     return m.memory.fits
+
+
+def encode_from_rule(m: LegalityModel, name: str) -> Value:
+    """A family without an encoder of its own in :data:`ENCODERS`: a table over the integer
+    axes it reads (``solver/rules.py::FAMILY_AXES``), each row the Python rule's own verdict on
+    the configuration of those values (the two cannot disagree). A family that reads a choice
+    axis or derived values needs its own encoder."""
+    axes = FAMILY_AXES[name]
+    if not axes or any(a not in INT_AXES for a in axes):
+        raise ValueError(f"family {name!r} reads {list(axes)}: a family without a CP-SAT "
+                         "encoder of its own (solver/model.py::ENCODERS) must read integer "
+                         "axes only")
+    rule = RULES[name]
+
+    def ok(*values: int) -> bool:
+        cfg = m._resolved(**dict(zip(axes, values, strict=True)))
+        return not rule(m.p.context(cfg))
+
+    return m.family_predicate([m.axis[a] for a in axes], ok, name)
 
 
 ENCODERS: dict[str, Callable[[LegalityModel], Value]] = {

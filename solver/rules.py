@@ -1011,6 +1011,21 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
 }
 
 
+def register_rule(name: str, rule: Callable[[RuleContext], list[Violation]],
+                  axes: tuple[str, ...]) -> None:
+    """Add a structural family (checked before ``batch``) that reads ``axes``: what a test does
+    to show that a new family is one function here (the CP-SAT model encodes a family of
+    integer axes from the rule itself: ``solver/model.py::encode_from_rule``). Call it before
+    the solver's other modules are imported (they read :data:`RULES` at import)."""
+    global RULES, STRUCTURAL, LEGALITY
+    items = list(RULES.items())
+    at = tuple(RULES).index("batch")
+    RULES = dict([*items[:at], (name, rule), *items[at:]])
+    STRUCTURAL = tuple(RULES)[: tuple(RULES).index("batch")]
+    LEGALITY = tuple(r for r in RULES if r not in SEARCH_ONLY)
+    FAMILY_AXES[name] = axes
+
+
 def check(ctx: RuleContext, families: Iterable[str] | None = None) -> list[Violation]:
     """All violations of the given families (default: :data:`LEGALITY`). ``hbm`` is evaluated
     only when every earlier family holds: memory of a configuration that cannot exist is not
