@@ -1,28 +1,35 @@
 """The axis registry: every setting of a :class:`~oracle.specs.ParallelConfig` a user, a search or
 the LLM planner may choose, declared once.
 
-Two tables, and every list of axis names in tune-cp is derived from them:
+The tables, and every list of axis names, domains, labels and columns in tune-cp is derived
+from them (``tests/test_axis_lists.py`` fails on a literal one anywhere else):
 
 * :data:`KNOBS` — one entry per ``ParallelConfig`` field a user sets: its command-line flag
   (spelling, value type and range, default, help), whether ``--baseline`` takes it, whether
-  the LLM planner may combine it, whether the attribution walks it as one change, and its
-  Megatron-LM / Megatron-Bridge spellings where the framework has one name for it (the
-  many-to-one readings and the other frameworks' keys are in ``formats/keys.py``).
+  the LLM planner may combine it, whether the attribution walks it as one change, how outputs
+  show it, and its Megatron-LM / Megatron-Bridge spellings where the framework has one name
+  for it (the many-to-one readings and the other frameworks' keys are in ``formats/keys.py``).
 * :data:`AXIS_TABLE` — one entry per search-space axis (``solver/space.py::SearchSpace``), in
-  the order the solver branches on them: the ``ParallelConfig`` fields it sets and how the
-  default space enumerates its domain. ``optimizer`` sets two fields (distributed optimizer,
-  FSDP) and ``recompute`` four (one recompute option); ``sequence_parallel`` (derived from tp)
-  and ``grad_reduce_in_fp32`` / ``fp8_param_gather`` (fixed per search) are knobs but not axes.
+  the order the solver branches on them: the ``ParallelConfig`` fields it sets, how the
+  default space enumerates its domain (and the values of ``mbs``, for the search and the seed
+  phase), its slicing, geometry and attribution-walk roles. ``optimizer`` sets two fields
+  (distributed optimizer, FSDP) and ``recompute`` four (one recompute option);
+  ``sequence_parallel`` (derived from tp) and ``grad_reduce_in_fp32`` / ``fp8_param_gather``
+  (fixed per search) are knobs but not axes.
+* :data:`DECLARED_COLUMNS` — the configuration's output keys (``--json``, the sweep's
+  columns), in output order.
+* :data:`SEARCH_SELECTIVE` / :data:`SEED_SELECTIVE` — the selective-recompute module sets the
+  exhaustive space and the seed phase try.
 
-A third table, :data:`RUN_KNOBS`, declares the framework run settings (CUDA-graph scope, MoE
+A plain integer axis (``Knob.plain``) needs nothing else outside its mechanism: see
+docs/architecture.md, "Adding a parallel axis", and :func:`register_axis`.
+
+A further table, :data:`RUN_KNOBS`, declares the framework run settings (CUDA-graph scope, MoE
 all-to-all overlap, token-drop): fields of ``solver/settings.py::RunSettings``, not of the
 configuration, with their flags and framework spellings.
 
-Derived here: :data:`AXES` (space, rules, attribution), :data:`RECOMPUTE_FIELDS`,
-:data:`BASELINE_KEYS`, :data:`COMBINATION_AXES` (the planner's schema), :data:`ATTRIBUTION_FIELDS`
-(the search's attribution changes). ``cli.py`` generates its configuration flags from
-:data:`KNOBS`. This module imports only the specs (no OR-Tools, no numpy), so the CLI's
-``--help`` stays light.
+This module imports only the specs (no OR-Tools, no numpy), so the CLI's ``--help`` stays
+light.
 """
 
 from __future__ import annotations
