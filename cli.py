@@ -47,6 +47,16 @@ from tune_cp.agent.serialize import (
     run_settings_json,
     strict_json,
 )
+from tune_cp.config.axes import (
+    BACKEND_FIELDS,
+    BASELINE_KEYS,
+    KNOB,
+    KNOBS,
+    PLOT_AXES,
+    RUN_KNOB,
+    FlagKind,
+    Knob,
+)
 from tune_cp.oracle import params as P
 from tune_cp.oracle.inputs import one_line, show_name
 from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
@@ -61,15 +71,6 @@ from tune_cp.oracle.specs import (
     Recompute,
     TrainingSpec,
     validation_message,
-)
-from tune_cp.solver.axes import (
-    BACKEND_FIELDS,
-    BASELINE_KEYS,
-    KNOB,
-    KNOBS,
-    RUN_KNOB,
-    FlagKind,
-    Knob,
 )
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
 
@@ -365,7 +366,7 @@ def cluster_options(f: Callable | None = None, *, required: bool = True) -> Call
 
 
 def knob_option(k: Knob) -> Callable:
-    """The click option of one registry knob (``solver/axes.py::KNOBS``)."""
+    """The click option of one registry knob (``config/axes.py::KNOBS``)."""
     if k.kind is FlagKind.INT:
         return click.option(f"--{k.flag}", type=AsciiIntRange(k.lo, k.hi), default=k.default,
                             show_default=k.default is not None, help=k.help)
@@ -468,7 +469,7 @@ SETTINGS_FLAGS: dict[str, Callable] = {
         "--calibration", "calibration", default=None, metavar="FILE.json",
         help="Time-model constants from `tune-cp calibrate --out`  [default: the shipped "
              "oracle/catalog/calibration.json, fitted on published runs]"),
-    # the framework run settings, from the registry (solver/axes.py::RUN_KNOBS)
+    # the framework run settings, from the registry (config/axes.py::RUN_KNOBS)
     "cuda_graph_scope": click.option(
         f"--{RUN_KNOB['cuda_graph_scope'].flag}", "cuda_graph_scope", default=None,
         metavar=RUN_KNOB["cuda_graph_scope"].metavar, help=RUN_KNOB["cuda_graph_scope"].help),
@@ -1130,7 +1131,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
     settings = run_settings(flags)
     framework_name = settings.framework
     opt_state = pop_optimizer_state(flags)
-    config = flags  # the configuration flags (solver/axes.py::KNOBS)
+    config = flags  # the configuration flags (config/axes.py::KNOBS)
     log = None
     if log_path is not None:
         from tune_cp.formats.logs import read_log
@@ -1440,8 +1441,7 @@ def fsdp_option(f: Callable) -> Callable:
                    "order).")
 @click.option("--pareto", "pareto_path", default=None, metavar="FILE.png",
               help="Draw the feasible set (projected throughput against peak memory) to this PNG.")
-@click.option("--pareto-color", type=click.Choice(["tp", "pp", "vpp", "cp", "ep", "mbs",
-                                                   "recompute"]), default="pp",
+@click.option("--pareto-color", type=click.Choice(list(PLOT_AXES)), default="pp",
               show_default=True, help="Axis that colours the --pareto points.")
 @click.option("--verify", "verify_n", type=AsciiIntRange(1, 20), default=None, metavar="N",
               help="Write short benchmark launches (Megatron-LM, Primus, Megatron-Bridge) of the "

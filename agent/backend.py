@@ -1,6 +1,6 @@
 """The MoE backend per layout, chosen after the enumeration.
 
-The backend fields (``solver/axes.py::BACKEND_FIELDS``: flex library, sync-free stage,
+The backend fields (``config/axes.py::BACKEND_FIELDS``: flex library, sync-free stage,
 grouped-GEMM implementation, permute fusion, shared-expert overlap, fp32 router) change no
 memory term but the flex dispatcher's buffers, so they are not CP-SAT axes: every feasible
 layout is projected with each backend preset its vendor offers (:func:`presets`) that the

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tune_cp.solver.axes import COMBINATION_AXES
+from tune_cp.config.axes import COMBINATION_AXES
 
 #: What the LLM phase sets in the environment before DSPy (and litellm, which it may load) is
 #: imported: the model metadata (prices, context windows) from the copy bundled with the

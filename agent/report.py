@@ -328,6 +328,7 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
     ``--constraint`` is not written: a constraint restricts the search, the answer satisfies
     it, and a check's figures do not depend on it. ``model_arg`` / ``gpu_arg``: the catalog
     name or the file path the run was given."""
+    from tune_cp.config.axes import KNOB, PLAIN_AXES
     from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
     from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
     from tune_cp.oracle.specs import (
@@ -335,7 +336,6 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         given_pipeline_split,
         resolved_flex_backend,
     )
-    from tune_cp.solver.axes import KNOB
     from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
     args: list[tuple[str, object]] = [
@@ -390,6 +390,9 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
         flag("grad_reduce_in_fp32")  # --grad-reduce-in-bf16
     if cfg.fp8_param_gather:
         flag("fp8_param_gather")
+    for name in PLAIN_AXES:  # the registry's plain axes, when not their default
+        if getattr(cfg, name) != KNOB[name].default:
+            flag(name, getattr(cfg, name))
     state = cfg.optimizer_state
     if state.precision_aware:  # the precision-aware optimizer's dtypes (cli.py)
         args.append(("--use-precision-aware-optimizer", None))

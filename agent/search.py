@@ -44,6 +44,15 @@ from tune_cp.agent.llm import (
     run_llm_phase,
 )
 from tune_cp.agent.seed import SeedResult, Step, apply, seed_phase
+from tune_cp.config.axes import (
+    ATTRIBUTION_FIELDS,
+    COMBINATION_AXES,
+    INT_AXES,
+    KNOB,
+    MOE_AXES,
+    RECOMPUTE_FIELDS,
+    FlagKind,
+)
 from tune_cp.config.resolve import Columns, as_read, columns_of
 from tune_cp.oracle.inputs import finite, parse_number
 from tune_cp.oracle.memory_verdict import Spread, fits_line_bytes
@@ -63,14 +72,6 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.oracle.uncertainty import Interval, load_residuals, residuals_for
 from tune_cp.oracle.work import ConfigBatch
-from tune_cp.solver.axes import (
-    ATTRIBUTION_FIELDS,
-    COMBINATION_AXES,
-    INT_AXES,
-    KNOB,
-    RECOMPUTE_FIELDS,
-    FlagKind,
-)
 from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values
 from tune_cp.solver.explain import Explanation, explain_infeasible
 from tune_cp.solver.feasible import Enumeration, enumerate_feasible, enumeration_families
@@ -489,7 +490,7 @@ def attribute(ev: Evaluator, start: Trial, target: ParallelConfig, phase: str) -
     step, at ``target`` itself."""
     fields: tuple[str, ...] = ATTRIBUTION_FIELDS
     if not ev.model.is_moe:
-        fields = tuple(f for f in fields if f not in ("ep", "etp", "dispatcher"))
+        fields = tuple(f for f in fields if f not in MOE_AXES)
     fields = tuple(f for f in fields if f not in DISPATCH_FIELDS[1:])
     goal = target.model_dump()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from tune_cp.agent.backend import presets
 from tune_cp.agent.evaluate import Evaluator, Trial
+from tune_cp.config.axes import AXIS, PLAIN_AXES, SEED_MBS, SEED_SELECTIVE, module_sets
 from tune_cp.config.resolve import resolve_config
 from tune_cp.oracle.specs import (
     Dispatcher,
@@ -27,7 +28,9 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.solver.rules import divisors, layers_per_chunk
 
-MBS_CHOICES = (1, 2, 4, 8, 16)
+#: The micro-batch sizes the seed phase steps through (``config/axes.py::SEED_MBS``: up to 16,
+#: beyond the exhaustive space's 8).
+MBS_CHOICES = SEED_MBS
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ def axis_moves(ev: Evaluator, cfg: ParallelConfig, allow_fp8: bool) -> Iterator[
     for mbs in MBS_CHOICES:
         if mbs != cfg.mbs and (mbs == cfg.mbs * 2 or mbs * 2 == cfg.mbs):
             yield Move("mbs", f"mbs {cfg.mbs}->{mbs}", {"mbs": mbs})
+    for name in PLAIN_AXES:  # the registry's plain axes: each of their seed values
+        for value in AXIS[name].seed_values:
+            if value != getattr(cfg, name):
+                yield Move(name, f"{name} {getattr(cfg, name)}->{value}", {name: value})
     yield from recompute_moves(ev, cfg)
     for sched in Schedule:
         if sched != cfg.schedule_ and sched is Schedule.ZERO_BUBBLE:
@@ -152,18 +159,9 @@ def recompute_moves(ev: Evaluator, cfg: ParallelConfig) -> Iterator[Move]:
 
 
 def selective_sets(ev: Evaluator) -> list[tuple[str, ...]]:
-    """Selective-recompute module sets worth trying for this model."""
-    m, out = ev.model, []
-    if not ev.training.flash_attention:
-        out.append(("core_attn",))
-    if m.is_moe:
-        out.append(("moe_act",))
-        out.append(("moe_act", "layernorm"))
-    if m.mla is not None:
-        out.append(("mla_up_proj",))
-    if m.num_dense_layers_effective and not m.is_moe:
-        out.append(("mlp",))
-    return out
+    """Selective-recompute module sets worth trying for this model
+    (``config/axes.py::SEED_SELECTIVE``)."""
+    return module_sets(SEED_SELECTIVE, ev.model, ev.training)
 
 
 def apply(cfg: ParallelConfig, update: dict[str, Any]) -> ParallelConfig:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from tune_cp.config.axes import CONFIG_COLUMNS, KNOB, shown_value
 from tune_cp.oracle import params as P
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -62,47 +63,22 @@ def cluster_json(c: ClusterSpec) -> dict[str, Any]:
 
 
 def config_json(cfg: ParallelConfig, training: TrainingSpec) -> dict[str, Any]:
-    """The configuration keys shared by ``check --json`` and the search's ``best``."""
-    return {
-        "tp": cfg.tp,
-        "pp": cfg.pp,
-        "vpp": cfg.vpp,
-        "cp": cfg.cp,
-        "ep": cfg.ep,
-        "etp": cfg.etp_,
-        "dp": cfg.dp,
-        "mbs": cfg.mbs,
-        "ga": cfg.ga,
-        "gbs": training.global_batch_size,
-        "seq_len": training.seq_len,
-        "recompute": cfg.recompute.value,
-        "recompute_method": cfg.recompute_method.value if cfg.recompute == "full" else None,
-        "recompute_layers": cfg.recompute_layers,
-        "recompute_modules": list(cfg.recompute_modules) if cfg.recompute == "selective" else [],
-        "sequence_parallel": cfg.sp,
-        "distributed_optimizer": cfg.distributed_optimizer,
-        "fsdp": cfg.fsdp,
-        "grad_reduce_in_fp32": cfg.grad_reduce_in_fp32,
-        "fp8_param_gather": cfg.fp8_param_gather,
+    """The configuration keys shared by ``check --json`` and the search's ``best``: the
+    registry's columns (``config/axes.py::CONFIG_COLUMNS``), in its order."""
+    derived: dict[str, Any] = {
+        "dp": cfg.dp, "ga": cfg.ga, "gbs": training.global_batch_size,
+        "seq_len": training.seq_len, "precision": compute_precision(training, cfg).value,
         # the precision-aware optimizer's dtypes, only when set (older answers unchanged)
-        **({} if cfg.optimizer_state.is_default
-           else {"optimizer_state": cfg.optimizer_state.model_dump(mode="json")}),
-        "dispatcher": cfg.dispatcher.value,
-        "schedule": cfg.schedule_.value,
-        "precision": compute_precision(training, cfg).value,
-        "fp8_recipe": cfg.fp8_recipe.value if cfg.fp8_recipe is not None else None,
-        "pipeline_split": cfg.pipeline_split.value if cfg.pipeline_split else None,
-        "first_stage_layers": cfg.first_stage_layers,
-        "last_stage_layers": cfg.last_stage_layers,
-        "pipeline_layout": cfg.pipeline_layout,
-        # the MoE backend (oracle/specs.py::ParallelConfig; meaningful for MoE models)
-        "flex_backend": cfg.flex_backend.value if cfg.flex_backend is not None else None,
-        "sync_free_stage": cfg.sync_free_stage,
-        "grouped_gemm": cfg.grouped_gemm.value,
-        "permute_fusion": cfg.permute_fusion,
-        "shared_expert_overlap": cfg.shared_expert_overlap,
-        "router_fp32": cfg.router_fp32,
+        "optimizer_state": (None if cfg.optimizer_state.is_default
+                            else cfg.optimizer_state.model_dump(mode="json")),
     }
+    out: dict[str, Any] = {}
+    for col in CONFIG_COLUMNS:
+        if not col.derived:
+            out[col.name] = shown_value(cfg, KNOB[col.name])
+        elif (value := derived[col.name]) is not None or col.name != "optimizer_state":
+            out[col.name] = value
+    return out
 
 
 def memory_json(report: MemoryReport | None, limit: int, margin: float) -> dict[str, Any] | None:

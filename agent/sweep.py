@@ -41,6 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from tune_cp.config.axes import RUN_KNOBS, SWEEP_COLUMNS
 from tune_cp.oracle.specs import (
     GIB,
     ClusterSpec,
@@ -50,7 +51,6 @@ from tune_cp.oracle.specs import (
     Precision,
     TrainingSpec,
 )
-from tune_cp.solver.axes import RUN_KNOBS
 from tune_cp.solver.settings import MAX_MEMORY_MARGIN
 
 SECONDS_PER_HOUR = 3600.0
@@ -62,11 +62,8 @@ COLUMNS: tuple[tuple[str, type], ...] = (
     ("scenario_id", str), ("model", str), ("gpu", str), ("nodes", int), ("gpus_per_node", int),
     ("gpus", int), ("seq_len", int), ("global_batch", int), ("precision", str),
     ("status", str),
-    ("tp", int), ("pp", int), ("vpp", int), ("cp", int), ("ep", int), ("etp", int), ("dp", int),
-    ("mbs", int), ("ga", int), ("recompute", str), ("recompute_method", str),
-    ("recompute_layers", int), ("recompute_modules", str), ("sequence_parallel", bool),
-    ("distributed_optimizer", bool), ("fsdp", bool), ("grad_reduce_in_fp32", bool),
-    ("dispatcher", str), ("schedule", str), ("fp8_recipe", str), ("pipeline_split", str),
+    # the configuration (the registry's sweep columns: config/axes.py::SWEEP_COLUMNS)
+    *((c.name, c.value_type) for c in SWEEP_COLUMNS),
     ("tokens_per_s_per_gpu", float), ("tokens_per_s_per_gpu_low", float),
     ("tokens_per_s_per_gpu_high", float), ("class_bias", float), ("mfu", float), ("step_time_s", float),
     ("peak_bytes", int), ("peak_gib", float), ("hbm_limit_bytes", int),
@@ -77,10 +74,7 @@ COLUMNS: tuple[tuple[str, type], ...] = (
 )
 COLUMN_NAMES = tuple(n for n, _ in COLUMNS)
 COLUMN_TYPES = dict(COLUMNS)
-CONFIG_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga", "recompute",
-                  "recompute_method", "recompute_layers", "recompute_modules",
-                  "sequence_parallel", "distributed_optimizer", "fsdp", "grad_reduce_in_fp32",
-                  "dispatcher", "schedule", "fp8_recipe", "pipeline_split")
+CONFIG_COLUMNS = tuple(c.name for c in SWEEP_COLUMNS)
 STATUSES = ("ok", "infeasible", "error")
 FORMATS = (".csv", ".parquet")
 PARQUET_EXTRA = "pip install 'tune-cp[sweep]' (pyarrow)"
@@ -98,7 +92,7 @@ AXIS_KEYS = ("models", "gpus", "nodes", "seq_len", "global_batch", "precision", 
 SETTING_KEYS = ("gpus_per_node", "price_per_gpu_hour", "constraints", "preferences",
                 "memory_margin", "grad_reduce_in_bf16", "overheads", "calibration",
                 "allow_cross_scale_up", "fsdp", "framework", "fp8_param_gather", "name",
-                # the framework run settings (RunSettings fields), as solver/axes.py declares them
+                # the framework run settings (RunSettings fields), as config/axes.py declares them
                 *(k.field for k in RUN_KNOBS))
 GRID_KEYS = AXIS_KEYS + SETTING_KEYS
 REQUIRED_KEYS = ("models", "gpus", "nodes")

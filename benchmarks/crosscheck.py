@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tune_cp.config.axes import SLICEABLE_AXES
 from tune_cp.oracle.catalog import load_gpu, load_model, model_entries
 from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
 from tune_cp.solver.constraints import as_constraints
@@ -29,7 +30,7 @@ from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate
 from tune_cp.solver.rules import RULES
 from tune_cp.solver.settings import RunSettings
-from tune_cp.solver.space import AXES, OptimizerChoice, default_space
+from tune_cp.solver.space import OptimizerChoice, default_space
 
 GPUS = ("h100", "h200", "b200", "mi300x", "mi355x", "a100")
 SLICINGS: tuple[tuple[str, ...], ...] = ((), ("pp",), ("tp", "pp"), ("tp", "pp", "cp", "vpp"),
@@ -55,8 +56,7 @@ def draw(rng: random.Random, max_size: int) -> tuple[Problem, list[str], str]:
         optimizers=tuple(OptimizerChoice) if rng.random() < 0.3 else (OptimizerChoice.DISTRIBUTED,),
         full_recompute_layers=None if rng.random() < 0.3 else (1, 2, 3, 4))
     fixed: dict = {}
-    axes = [a for a in AXES if a not in ("etp", "recompute", "optimizer", "fp8_recipe",
-                                         "schedule", "dispatcher", "pipeline_split")]
+    axes = list(SLICEABLE_AXES)  # the integer axes fixing one keeps the others' domains
     while space.size() > max_size:
         axis = rng.choice([a for a in axes if len(getattr(space, a)) > 1] or ["recompute"])
         if axis == "recompute":

@@ -1,3 +1,10 @@
-"""The configuration layer, below oracle, formats and solver: the integer coding of the
-configuration enums (:mod:`config.codes`) and the one resolver of derived fields over a columnar
-batch (:mod:`config.resolve`). It imports only the specs (``oracle/specs.py``)."""
+"""The configuration layer: what a configuration is, declared once.
+
+The lowest layer of tune-cp, below ``oracle`` (memory and time), ``formats`` (framework I/O)
+and ``solver`` (legality, CP-SAT, check): the axis registry (``config/axes.py``: every
+``ParallelConfig`` field a user, the search or the planner sets, and the search axes with their
+domains, labels and columns), the integer coding of the configuration enums
+(``config/codes.py``), the one resolver of derived fields over a columnar batch
+(``config/resolve.py``) and the specs they describe (``oracle/specs.py``, to move here).
+Modules here import only the specs and the standard library, never a higher layer.
+"""

@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tune_cp.config.axes import KNOB, PLAIN_AXES
 from tune_cp.config.resolve import resolve_config
 from tune_cp.formats.keys import (
     KNOB_BRIDGE,
@@ -261,7 +262,7 @@ PER_LAYER_GRAPH_IMPL = "transformer_engine"
 
 def run_option_args(model: ModelSpec, o: RunOptions | None) -> list[tuple[str, Any]]:
     """Megatron-LM (dest, value) pairs of the framework run settings
-    (``solver/axes.py::RUN_KNOBS``; arguments.py / TransformerConfig at ``d98e8a64dd``):
+    (``config/axes.py::RUN_KNOBS``; arguments.py / TransformerConfig at ``d98e8a64dd``):
     ``--cuda-graph-impl transformer_engine --cuda-graph-modules ...`` or ``--cuda-graph-impl
     full_iteration --no-check-for-nan-in-loss-and-grad`` (required there, cuda_graph.md);
     ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``; ``--moe-expert-capacity-factor
@@ -290,6 +291,14 @@ def moe_run_args(model: ModelSpec, o: RunOptions) -> list[tuple[str, Any]]:
     return out
 
 
+def plain_axis_values(c: ParallelConfig, names: dict[str, str]) -> list[tuple[str, Any]]:
+    """(framework name, value) of each plain axis (``config/axes.py::PLAIN_AXES``) that has a
+    name in ``names`` (``KNOB_DEST``, ``KNOB_BRIDGE``) and a value other than its default: the
+    exporters write a plain axis without a line of their own."""
+    return [(names[a], getattr(c, a)) for a in PLAIN_AXES
+            if a in names and getattr(c, a) != KNOB[a].default]
+
+
 def megatron_config_args(model: ModelSpec, training: TrainingSpec,
                          c: ParallelConfig) -> list[tuple[str, Any]]:
     """(dest, value) pairs of a canonical configuration; True means a flag without value."""
@@ -307,6 +316,7 @@ def megatron_config_args(model: ModelSpec, training: TrainingSpec,
         if n is not None:
             out.append((KNOB_DEST[field], n))
     out.append((KNOB_DEST["cp"], c.cp))
+    out += plain_axis_values(c, KNOB_DEST)
     if model.is_moe or c.ep > 1:
         out.append((KNOB_DEST["ep"], c.ep))
     if model.is_moe:
@@ -602,6 +612,7 @@ def primus_overrides(model: ModelSpec, training: TrainingSpec,
         (KNOB_DEST["pp"], c.pp),
         (KNOB_DEST["vpp"], c.vpp if c.vpp > 1 and layout is None else None),
         (KNOB_DEST["cp"], c.cp),
+        *plain_axis_values(c, KNOB_DEST),
         (KNOB_DEST["ep"], c.ep),
         (KNOB_DEST["etp"], c.etp_ if model.is_moe else None),
         ("sequence_parallel", c.sp),
@@ -768,6 +779,7 @@ def nemo_assignments(model: ModelSpec, training: TrainingSpec,
         ("model.account_for_embedding_in_pipeline_split", repr(emb_loss)),
         ("model.account_for_loss_in_pipeline_split", repr(emb_loss)),
         (KNOB_BRIDGE["cp"], repr(c.cp)),
+        *((key, repr(v)) for key, v in plain_axis_values(c, KNOB_BRIDGE)),
     ]
     if model.is_moe:
         out += [(KNOB_BRIDGE["ep"], repr(c.ep)), (KNOB_BRIDGE["etp"], repr(c.etp_))]

@@ -34,10 +34,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tune_cp.config.axes import KNOBS
 from tune_cp.formats.shell import UNSET, describe_unset, unset_name
 from tune_cp.oracle.inputs import is_file, read_mapping, show_name
 from tune_cp.oracle.specs import ConfigError
-from tune_cp.solver.axes import KNOBS
 
 
 class Flavor(StrEnum):
@@ -95,7 +95,7 @@ def _int(lo: int = 1) -> Key:
 BOOL = Key(Kind.BOOL)
 
 #: The Megatron-LM (and Primus) argument dest of each axis-registry knob that has one name there
-#: (``solver/axes.py::KNOBS``: ``KNOB_DEST["tp"]`` is ``tensor_model_parallel_size``); the
+#: (``config/axes.py::KNOBS``: ``KNOB_DEST["tp"]`` is ``tensor_model_parallel_size``); the
 #: exporters and readers spell those knobs through it. Knobs the frameworks say in several
 #: arguments (pipeline split, schedule, FP8 format and recipe) are written out where they are
 #: read and exported.
@@ -196,7 +196,7 @@ CONFIG_KEYS: dict[str, Key] = {
     "patch_primus_pipeline": Key(Kind.BOOL, cli=False),
     "pp_algorithm": Key(Kind.STR, cli=False),
     "make_vocab_size_divisible_by": _int(),
-    # framework run settings (solver/axes.py::RUN_KNOBS; formats/parse.py::_run_options):
+    # framework run settings (config/axes.py::RUN_KNOBS; formats/parse.py::_run_options):
     # CUDA graphs (arguments.py / TransformerConfig at d98e8a64dd: --cuda-graph-impl,
     # --cuda-graph-modules, the hidden deprecated --cuda-graph-scope (dest
     # cuda_graph_scope_deprecated), the deprecated --enable-cuda-graph / --external-cuda-graph;
@@ -423,7 +423,7 @@ IGNORED = re.compile("(" + "|".join(IGNORED_REASONS) + ")")
 #: Keys of Primus and Megatron-LM that change time or memory and that tune-cp reads but does
 #: not model (issue 27's audit of IGNORED): Primus-Turbo's other kernels (attention, GEMM,
 #: norms, fused activations, their backends and CU counts), CUDA-graph keys beyond the run
-#: settings' (which are read: ``solver/axes.py::RUN_KNOBS``), the layer implementation
+#: settings' (which are read: ``config/axes.py::RUN_KNOBS``), the layer implementation
 #: (``transformer_impl`` local vs transformer_engine), kernel fusions (``*_fusion``: bias-GeLU,
 #: bias-dropout, masked softmax, rope, cross-entropy, gradient accumulation). Printed as
 #: "changes time or memory, not modelled".

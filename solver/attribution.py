@@ -28,17 +28,14 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from tune_cp.config.axes import AXES, WALK_AXES
 from tune_cp.oracle.specs import Recompute
-from tune_cp.solver.axes import AXES
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import FAMILY_AXES, RULES, RuleContext
 
 #: Axis order of the walk: cheap, strongly pruning families first; recompute options and the
 #: optimizer (read only by memory) last.
-WALK_ORDER: tuple[str, ...] = (
-    "tp", "etp", "pp", "cp", "ep", "vpp", "pipeline_split", "schedule", "mbs", "fp8_recipe",
-    "dispatcher", "recompute", "optimizer",
-)
+WALK_ORDER: tuple[str, ...] = WALK_AXES  # the registry's ``Axis.walk``
 assert sorted(WALK_ORDER) == sorted(AXES)
 #: Axes :func:`walk` can count the passing candidates of (the first ones it assigns).
 PROBE_AXES: tuple[str, ...] = WALK_ORDER[:3]

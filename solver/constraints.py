@@ -31,18 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, field_validator
 
+from tune_cp.config.axes import CONSTRAINT_NAME_AXES, CONSTRAINT_NAMES, KNOB
 from tune_cp.oracle.specs import ConfigError, ParallelConfig, Spec
 
 if TYPE_CHECKING:  # compile_expr works on the solver's values; a check needs no OR-Tools
     from tune_cp.solver.symbolic import Arith, Value
 
-#: Names a constraint may use: the parallel sizes, mbs, and the derived dp and ga.
-NAMES: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "ga")
+#: Names a constraint may use: the integer axes and the derived dp and ga
+#: (``config/axes.py::CONSTRAINT_NAMES``).
+NAMES: tuple[str, ...] = CONSTRAINT_NAMES
 #: The search axes (``solver/space.AXES``) each name depends on.
-NAME_AXES: dict[str, tuple[str, ...]] = {
-    "tp": ("tp",), "pp": ("pp",), "vpp": ("vpp",), "cp": ("cp",), "ep": ("ep",),
-    "etp": ("etp",), "mbs": ("mbs",), "dp": ("tp", "pp", "cp"), "ga": ("tp", "pp", "cp", "mbs"),
-}
+NAME_AXES: dict[str, tuple[str, ...]] = CONSTRAINT_NAME_AXES
 GRAMMAR = ("integers, + - * //, comparisons (== != < <= > >=), 'in {...}', 'not in {...}', "
            "and, or, not")
 
@@ -57,8 +56,7 @@ _BAD_OPS = {ast.Pow: "**", ast.Div: "/", ast.Mod: "%", ast.MatMult: "@", ast.Bit
 def axis_values(cfg: ParallelConfig) -> dict[str, int]:
     """The values of :data:`NAMES` for a resolved configuration."""
     assert cfg.dp is not None and cfg.ga is not None, "resolve_config() first"
-    return {"tp": cfg.tp, "pp": cfg.pp, "vpp": cfg.vpp, "cp": cfg.cp, "ep": cfg.ep,
-            "etp": cfg.etp_, "dp": cfg.dp, "mbs": cfg.mbs, "ga": cfg.ga}
+    return {n: getattr(cfg, KNOB[n].view or n) if n in KNOB else getattr(cfg, n) for n in NAMES}
 
 
 # ------------------------------------------------------------------------------- parsing

@@ -111,8 +111,9 @@ class Explanation:
         """The explanation as sentences."""
         if self.feasible:
             return "the space has feasible configurations"
-        words = ", ".join(c if c.startswith("extra:") else f"{FAMILY_WORDS[c]} [{c}]"
-                          for c in self.conflict) or "not isolated within the time budget"
+        words = ", ".join(
+            c if c.startswith("extra:") else f"{FAMILY_WORDS.get(c, c.replace('_', ' '))} [{c}]"
+            for c in self.conflict) or "not isolated within the time budget"
         out = [f"no configuration of {self.setting} is legal and fits; conflicting rules: {words}"]
         out += self.notes
         if self.min_peak_bytes is not None:

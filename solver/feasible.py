@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from tune_cp.config.axes import INT_AXES, SLICE_DEFAULT_AXES, SLICEABLE_AXES
 from tune_cp.config.resolve import Columns
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -26,7 +27,6 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
 )
 from tune_cp.solver.attribution import PROBE_AXES, attribute, attribution_walk
-from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import (
     Direction,
     SoftObjective,
@@ -200,9 +200,9 @@ def enumeration_parameters(solver: cp_model.CpSolver) -> None:
 #: Axes enumeration slices the space on by default: one CP-SAT model per combination of their
 #: values (docs/solver.md, "Speed"): pp, and tp too when experts multiply the layouts of each
 #: (tp, pp) (:func:`default_slice_axes`).
-SLICE_AXES: tuple[str, ...] = ("tp", "pp")
+SLICE_AXES: tuple[str, ...] = SLICE_DEFAULT_AXES
 #: Axes a space may be sliced on (fixing one of them keeps every other domain as it is).
-SLICEABLE: tuple[str, ...] = ("tp", "pp", "cp", "vpp", "ep", "mbs")
+SLICEABLE: tuple[str, ...] = SLICEABLE_AXES
 #: Axes whose raw solver value is the value itself (the others are domain indices).
 NUMERIC_AXES = frozenset(INT_AXES)
 

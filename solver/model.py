@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.axes import AXES, CONSTRAINT_NAMES, GEOMETRY_AXES, INT_AXES
 from tune_cp.config.codes import (
     FP8_CODE,
     FP8_OF_CODE,
@@ -55,11 +56,11 @@ from tune_cp.oracle.specs import (
     derived_dp,
     derived_ga,
 )
-from tune_cp.solver.axes import INT_AXES
 from tune_cp.solver.constraints import compile_expr
 from tune_cp.solver.cpsat import CpModel, cp_model
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import (
+    FAMILY_AXES,
     FP8_ARCHITECTURES_MX,
     RULES,
     backend_problems,
@@ -79,7 +80,7 @@ from tune_cp.solver.symbolic import Arith, Sym, Value
 CODE_STRIDE = 1 << 20
 SPLITS: tuple[PipelineSplit, ...] = tuple(PipelineSplit)
 #: Axes enumeration branches on first (``LegalityModel.add_search_strategy``).
-GEOMETRY_FIRST: tuple[str, ...] = ("pp", "vpp", "pipeline_split", "schedule")
+GEOMETRY_FIRST: tuple[str, ...] = GEOMETRY_AXES
 
 
 class OracleCache:
@@ -190,7 +191,8 @@ class LegalityModel:
         self.ok: dict[str, Value] = {}
         self.lit: dict[str, Any] = {}
         for name in self.families:
-            self.ok[name] = ENCODERS[name](self)
+            encoder = ENCODERS.get(name)
+            self.ok[name] = encoder(self) if encoder else encode_from_rule(self, name)
             lit = self.cp.NewBoolVar(name)
             self.lit[name] = lit
             ok = self.ok[name]
@@ -204,28 +206,27 @@ class LegalityModel:
 
     def _axes(self) -> None:
         sp, ar = self.p.space, self.ar
-        self.tp = ar.var(sp.tp, "tp")
-        self.pp = ar.var(sp.pp, "pp")
-        self.cp_ = ar.var(sp.cp, "cp")
-        self.vpp = ar.var(sp.vpp, "vpp")
-        self.ep = ar.var(sp.ep, "ep")
-        self.etp = ar.var(sp.etp_all_values, "etp")
-        self.etp_pairs = [(t, e) for t in sp.tp for e in sp.etp_values(t)]
-        ar.allow([self.tp, self.etp], self.etp_pairs)  # the etp policy (the space, not a rule)
-        self.mbs = ar.var(sp.mbs, "mbs")
-        self.split_i = ar.var(self._split_domain(), "split_i")
-        self.sched_i = ar.var(range(len(sp.schedule)), "sched_i")
-        self.fp8_i = ar.var(range(len(sp.fp8_recipe)), "fp8_i")
-        self.disp_i = ar.var(range(len(sp.dispatcher)), "disp_i")
-        self.opt_i = ar.var(range(len(sp.optimizer)), "opt_i")
-        self.rc = ar.var(range(len(sp.recompute)), "rc")
-        #: the decision variables, in the order of ``solver.space.AXES``
-        self.axis: dict[str, Value] = {
-            "tp": self.tp, "pp": self.pp, "cp": self.cp_, "vpp": self.vpp, "ep": self.ep,
-            "etp": self.etp, "mbs": self.mbs, "pipeline_split": self.split_i,
-            "schedule": self.sched_i, "fp8_recipe": self.fp8_i, "dispatcher": self.disp_i,
-            "optimizer": self.opt_i, "recompute": self.rc,
-        }
+        #: the decision variables, in the order of ``solver.space.AXES``: an integer axis's
+        #: value is the value itself, a choice axis's an index into its domain
+        self.axis: dict[str, Value] = {}
+        for name in AXES:
+            if name in INT_AXES:
+                values = sp.etp_all_values if name == "etp" else getattr(sp, name)
+                self.axis[name] = ar.var(values, name)
+            else:
+                values = (self._split_domain() if name == "pipeline_split"
+                          else range(len(getattr(sp, name))))
+                self.axis[name] = ar.var(values, f"{name}_i")
+            if name == "etp":  # the etp policy (the space, not a rule)
+                self.etp_pairs = [(t, e) for t in sp.tp for e in sp.etp_values(t)]
+                ar.allow([self.axis["tp"], self.axis["etp"]], self.etp_pairs)
+        # the mechanisms' names for them
+        self.tp, self.pp, self.cp_ = self.axis["tp"], self.axis["pp"], self.axis["cp"]
+        self.vpp, self.ep, self.etp = self.axis["vpp"], self.axis["ep"], self.axis["etp"]
+        self.mbs, self.split_i = self.axis["mbs"], self.axis["pipeline_split"]
+        self.sched_i, self.fp8_i = self.axis["schedule"], self.axis["fp8_recipe"]
+        self.disp_i, self.opt_i = self.axis["dispatcher"], self.axis["optimizer"]
+        self.rc = self.axis["recompute"]
 
     def _split_domain(self) -> list[int]:
         """The split indices of the space; in an enforced model with the ``pipeline_split``
@@ -286,11 +287,9 @@ class LegalityModel:
         self.modset = ar.element(
             self.rc, [self.modsets.index(o.modules if o.kind is Recompute.SELECTIVE else ())
                       for o in opts], "modset")
-        #: the values constraints may name (solver.constraints.NAMES)
+        #: the values constraints may name (solver.constraints.NAMES: axes, and dp and ga)
         self.names: dict[str, Value] = {
-            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp_, "ep": self.ep,
-            "etp": self.etp, "dp": self.dp, "mbs": self.mbs, "ga": self.ga,
-        }
+            n: self.axis[n] if n in self.axis else getattr(self, n) for n in CONSTRAINT_NAMES}
 
     @cached_property
     def layers_per_chunk(self) -> Value:
@@ -588,6 +587,25 @@ def enc_recompute_dominance(m: LegalityModel) -> Value:
 def enc_hbm(m: LegalityModel) -> Value:
     """Every stage of the most loaded kind fits in HBM x (1 - margin)."""
     return m.memory.fits
+
+
+def encode_from_rule(m: LegalityModel, name: str) -> Value:
+    """A family without an encoder of its own in :data:`ENCODERS`: a table over the integer
+    axes it reads (``solver/rules.py::FAMILY_AXES``), each row the Python rule's own verdict on
+    the configuration of those values (the two cannot disagree). A family that reads a choice
+    axis or derived values needs its own encoder."""
+    axes = FAMILY_AXES[name]
+    if not axes or any(a not in INT_AXES for a in axes):
+        raise ValueError(f"family {name!r} reads {list(axes)}: a family without a CP-SAT "
+                         "encoder of its own (solver/model.py::ENCODERS) must read integer "
+                         "axes only")
+    rule = RULES[name]
+
+    def ok(*values: int) -> bool:
+        cfg = m._resolved(**dict(zip(axes, values, strict=True)))
+        return not rule(m.p.context(cfg))
+
+    return m.family_predicate([m.axis[a] for a in axes], ok, name)
 
 
 ENCODERS: dict[str, Callable[[LegalityModel], Value]] = {

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.axes import RECOMPUTE_FIELDS
 from tune_cp.config.resolve import Columns, columns_of, resolve, resolve_config, resolved_update
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -21,7 +22,6 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     derived_ga,
 )
-from tune_cp.solver.axes import RECOMPUTE_FIELDS
 from tune_cp.solver.rules import RuleContext, hbm_limit_bytes
 from tune_cp.solver.settings import SETTINGS_FIELDS, RunSettings, SettingsView
 from tune_cp.solver.space import SearchSpace, candidate_config

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tune_cp.config.axes import AXES
 from tune_cp.oracle.memory import (
     FULL_ITERATION,
     TERM_GROUPS,
@@ -89,7 +90,6 @@ from tune_cp.oracle.specs import (
     nodes_text,
     parse_pipeline_layout,
 )
-from tune_cp.solver.axes import AXES
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
 from tune_cp.solver.settings import RunSettings, SettingsView
 
@@ -1009,6 +1009,21 @@ FAMILY_AXES: dict[str, tuple[str, ...]] = {
     "recompute_dominance": ALL_AXES,
     "hbm": ALL_AXES,
 }
+
+
+def register_rule(name: str, rule: Callable[[RuleContext], list[Violation]],
+                  axes: tuple[str, ...]) -> None:
+    """Add a structural family (checked before ``batch``) that reads ``axes``: what a test does
+    to show that a new family is one function here (the CP-SAT model encodes a family of
+    integer axes from the rule itself: ``solver/model.py::encode_from_rule``). Call it before
+    the solver's other modules are imported (they read :data:`RULES` at import)."""
+    global RULES, STRUCTURAL, LEGALITY
+    items = list(RULES.items())
+    at = tuple(RULES).index("batch")
+    RULES = dict([*items[:at], (name, rule), *items[at:]])
+    STRUCTURAL = tuple(RULES)[: tuple(RULES).index("batch")]
+    LEGALITY = tuple(r for r in RULES if r not in SEARCH_ONLY)
+    FAMILY_AXES[name] = axes
 
 
 def check(ctx: RuleContext, families: Iterable[str] | None = None) -> list[Violation]:

@@ -38,7 +38,7 @@ class RunSettings(Spec):
     the memory verdict of every check, search, plan and sweep row reads its family's spread
     (:attr:`memory_spread`, ``oracle/memory_verdict.py``).
 
-    The framework run settings (``solver/axes.py::RUN_KNOBS``, :class:`oracle.memory.RunOptions`):
+    The framework run settings (``config/axes.py::RUN_KNOBS``, :class:`oracle.memory.RunOptions`):
     ``cuda_graph_scope`` (``--cuda-graph-scope``; ``()``: none), ``moe_a2a_overlap``
     (``--moe-a2a-overlap``), ``moe_capacity_factor`` (``--moe-token-drop C``; None: dropless).
     They are stored once, as ``overheads.run`` (the one per-run object every memory

@@ -31,8 +31,18 @@ from enum import StrEnum
 from itertools import product
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
+from tune_cp.config.axes import (
+    AXES,
+    AXIS,
+    CHOICE_AXES,
+    INT_AXES,
+    PLAIN_AXES,
+    SEARCH_MBS,
+    SEARCH_SELECTIVE,
+    module_sets,
+)
 from tune_cp.oracle.memory import arithmetic_problem, max_chunk_layers
 from tune_cp.oracle.specs import (
     SEARCHED_LIGHT_SPLITS,
@@ -54,11 +64,11 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
-from tune_cp.solver.axes import AXES, INT_AXES
 from tune_cp.solver.rules import divisors, split_slots
 
-#: Micro-batch sizes a default search tries (capped by the global batch).
-DEFAULT_MBS: tuple[int, ...] = (1, 2, 4, 8)
+#: Micro-batch sizes a default search tries (capped by the global batch): the registry's
+#: ``mbs`` values (``config/axes.py::SEARCH_MBS``).
+DEFAULT_MBS: tuple[int, ...] = SEARCH_MBS
 
 
 class EtpPolicy(StrEnum):
@@ -173,8 +183,7 @@ class SearchSpace(Spec):
             if tuple(values) != _positive_sorted(name, values):
                 raise ValueError(f"{name}: list distinct values in increasing order, got "
                                  f"{list(values)}")
-        for name in ("recompute", "optimizer", "dispatcher", "schedule", "fp8_recipe",
-                     "pipeline_split"):
+        for name in CHOICE_AXES:
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{name}: the domain must be non-empty without repeats")
@@ -223,11 +232,12 @@ class SearchSpace(Spec):
 
     def candidates(self) -> Iterator[dict[str, Any]]:
         """Every raw candidate as a dict of axis values, in :data:`AXES` order."""
-        rest = [getattr(self, a) for a in AXES[6:]]
-        for tp, pp, cp, vpp, ep in product(self.tp, self.pp, self.cp, self.vpp, self.ep):
-            for etp in self.etp_values(tp):
+        cut = AXES.index("etp")  # etp's domain follows tp (the policy), the axes before it
+        rest = [getattr(self, a) for a in AXES[cut + 1:]]
+        for head in product(*(getattr(self, a) for a in AXES[:cut])):
+            for etp in self.etp_values(head[0]):
                 for tail in product(*rest):
-                    yield dict(zip(AXES, (tp, pp, cp, vpp, ep, etp, *tail), strict=True))
+                    yield dict(zip(AXES, (*head, etp, *tail), strict=True))
 
     def sample(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` raw candidates drawn uniformly (with replacement) from the product."""
@@ -260,6 +270,12 @@ class SearchSpace(Spec):
         return SearchSpace(**(self.model_dump() | update))
 
 
+if PLAIN_AXES:  # the registry's plain integer axes: a domain each, (1,) unless searched
+    SearchSpace = create_model(  # type: ignore[misc]
+        "SearchSpace", __base__=SearchSpace, __doc__=SearchSpace.__doc__,
+        **{a: (tuple[int, ...], (1,)) for a in PLAIN_AXES})
+
+
 def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
                      fp8_param_gather: bool = False,
                      optimizer_state: OptimizerState | None = None) -> ParallelConfig:
@@ -277,6 +293,7 @@ def candidate_config(c: Mapping[str, Any], grad_reduce_in_fp32: bool = True,
         grad_reduce_in_fp32=grad_reduce_in_fp32,
         fp8_param_gather=fp8_param_gather and c["fp8_recipe"] is not None,
         optimizer_state=optimizer_state or OptimizerState(), **rc.config_fields(),
+        **{a: c[a] for a in PLAIN_AXES},
     )
 
 
@@ -363,20 +380,12 @@ def vpp_domain(model: ModelSpec, pp_values: tuple[int, ...],
 
 
 def selective_options(model: ModelSpec, training: TrainingSpec) -> list[RecomputeOption]:
-    """Selective-recompute module sets worth trying: each useful module alone, and all of them
-    together when there are several. ``core_attn`` only matters without flash attention (flash
-    attention already recomputes the scores); ``moe_act`` drops the largest MoE activation;
-    ``mla_up_proj`` the MLA up-projections."""
-    useful = []
-    if not training.flash_attention:
-        useful.append("core_attn")
-    if model.mla is not None:
-        useful.append("mla_up_proj")
-    if model.is_moe:
-        useful.append("moe_act")
-    sets = [(m,) for m in useful]
-    if len(useful) > 1:
-        sets.append(tuple(useful))
+    """Selective-recompute module sets worth trying: each useful module alone
+    (``config/axes.py::SEARCH_SELECTIVE``: ``core_attn`` without flash attention, ``mla_up_proj``
+    for MLA, ``moe_act`` for MoE), and all of them together when there are several."""
+    sets = module_sets(SEARCH_SELECTIVE, model, training)
+    if len(sets) > 1:
+        sets.append(tuple(m for s in sets for m in s))
     return [RecomputeOption(kind=Recompute.SELECTIVE, modules=s) for s in sets]
 
 
@@ -450,5 +459,7 @@ def default_space(
         pipeline_split=pipeline_splits, grad_reduce_in_fp32=grad_reduce_in_fp32,
         fp8_param_gather=fp8_param_gather and training.precision is Precision.FP8,
         optimizer_state=optimizer_state or OptimizerState(),
+        # the plain axes: the registry's values (config/axes.py::Axis.values)
+        **{a: AXIS[a].values or (1,) for a in PLAIN_AXES},
     )
     return space.fix(**fixed) if fixed else space

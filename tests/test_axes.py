@@ -1,4 +1,4 @@
-"""The axis registry (solver/axes.py) against what it describes: ParallelConfig, SearchSpace, the
+"""The axis registry (config/axes.py) against what it describes: ParallelConfig, SearchSpace, the
 command line and the framework readers."""
 
 import re
@@ -6,9 +6,7 @@ import re
 from click.testing import CliRunner
 
 from tune_cp import cli
-from tune_cp.formats.keys import CONFIG_KEYS
-from tune_cp.oracle.specs import ParallelConfig
-from tune_cp.solver.axes import (
+from tune_cp.config.axes import (
     ATTRIBUTION_FIELDS,
     AXES,
     BASELINE_KEYS,
@@ -17,6 +15,8 @@ from tune_cp.solver.axes import (
     KNOBS,
     RECOMPUTE_FIELDS,
 )
+from tune_cp.formats.keys import CONFIG_KEYS
+from tune_cp.oracle.specs import ParallelConfig
 from tune_cp.solver.space import NO_RECOMPUTE, OptimizerChoice, SearchSpace, candidate_config
 
 

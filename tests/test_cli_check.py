@@ -264,9 +264,9 @@ def test_check_flag_defaults_are_the_search_spaces_first_values():
     `check` are one configuration. etp of an MoE model: `cli.CHECK_MOE_ETP`, the first of
     `SearchSpace.etp_values(tp)` at every tp."""
     from tune_cp.cli import CHECK_MOE_ETP
+    from tune_cp.config.axes import KNOBS, FlagKind
     from tune_cp.oracle.catalog import load_gpu, load_model
     from tune_cp.oracle.specs import ClusterSpec, TrainingSpec
-    from tune_cp.solver.axes import KNOBS, FlagKind
     from tune_cp.solver.space import OptimizerChoice, default_space
 
     model = load_model("mixtral-8x7b")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tune_cp.config.axes import RUN_KNOBS
 from tune_cp.config.resolve import resolve_config
 from tune_cp.formats import (
     parse_megatron_args,
@@ -36,7 +37,6 @@ from tune_cp.oracle.specs import (
     Precision,
     TrainingSpec,
 )
-from tune_cp.solver.axes import RUN_KNOBS
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate
