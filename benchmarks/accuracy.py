@@ -1,6 +1,7 @@
 """Accuracy of the projection oracle on published runs.
 
-Projects every row of a runs CSV (default ../shared/calibration/published_runs.csv) that has a
+Projects every row of the runs CSVs (default the copies of ../shared/calibration/published_runs.csv
+and amd_published_runs.csv, ``formats.runs.PUBLISHED_RUNS_FILES``) that has a
 measured tokens/s/GPU and prints, as plain-text tables: overall, per-source and per-GPU mean
 absolute percentage error (MAPE) of tokens/s/GPU; the ten worst rows with their breakdown;
 Spearman rank correlation within groups of the same model and hardware; a leave-one-source-out
@@ -8,7 +9,7 @@ table (calibrate without a source, score that source); the grouped 5-fold cross-
 ``benchmarks/crossval.py`` (the best estimate of the error on runs the constants were not
 fitted on); the unrepresentable rows with reasons.
 
-    python benchmarks/accuracy.py [--runs FILE.csv] [--calibration FILE.json]
+    python benchmarks/accuracy.py [--runs FILE.csv ...] [--calibration FILE.json]
                                                [--no-loso] [--no-cv]
 """
 
@@ -24,7 +25,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tune_cp.formats.runs import NOT_FITTED, RunRow, read_runs, scored_rows  # noqa: E402
+from tune_cp.formats.runs import (  # noqa: E402
+    NOT_FITTED,
+    PUBLISHED_RUNS_FILES,
+    RunRow,
+    read_runs_files,
+    runs_label,
+    scored_rows,
+)
 from tune_cp.oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
 from tune_cp.oracle.constants import load_calibration  # noqa: E402
 from tune_cp.oracle.timing import BREAKDOWN, timing  # noqa: E402
@@ -45,9 +53,10 @@ def _crossval_module():
     spec.loader.exec_module(mod)
     return mod
 
-#: A verbatim copy of ../shared/calibration/published_runs.csv (the published runs the shipped
-#: constants are fitted on), kept in the repository so tests and CI need nothing outside it.
-DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
+#: Copies of ../shared/calibration/published_runs.csv and amd_published_runs.csv (the published
+#: runs the shipped constants are fitted on), kept in the repository so tests and CI need nothing
+#: outside it.
+DEFAULT_RUNS: list[str] = [str(p) for p in PUBLISHED_RUNS_FILES]
 
 
 _cv = _crossval_module()
@@ -63,13 +72,13 @@ def project_rows(rows: list[RunRow], calib) -> tuple[np.ndarray, dict[str, np.nd
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS)
     ap.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
     ap.add_argument("--no-cv", action="store_true", help="skip the grouped cross-validation")
     args = ap.parse_args(argv)
 
-    all_rows = read_runs(args.runs)
+    all_rows = read_runs_files(args.runs)
     measured_rows = scored_rows(all_rows)
     rep = [r for r in measured_rows if r.fitted]
     apart = [r for r in measured_rows if r.representable and not r.fitted]
@@ -80,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ape = np.abs(pred / meas - 1)
     logerr = np.log(pred / meas)
 
-    print(f"runs file: {args.runs}")
+    print(f"runs files: {runs_label(args.runs)}")
     print(f"calibration: {calib.about or 'priors'}")
     print()
     print("== Overall (tokens/s/GPU) ==")

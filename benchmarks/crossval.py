@@ -10,7 +10,10 @@ Prints, as plain-text tables: every fold (rows, configurations, MAPE, median), t
 out-of-fold MAPE, median and within-10% / within-15% shares, per source and per GPU, and the
 within-group Spearman rank correlation of the out-of-fold projections.
 
-    python benchmarks/crossval.py [--runs FILE.csv] [--folds 5] [--seed 0]
+    python benchmarks/crossval.py [--runs FILE.csv ...] [--folds 5] [--seed 0]
+
+(default: the published runs, ``benchmarks/published_runs.csv`` and
+``benchmarks/amd_published_runs.csv``: ``formats.runs.PUBLISHED_RUNS_FILES``)
 """
 
 from __future__ import annotations
@@ -29,10 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # the oracle package
 sys.path.insert(0, str(ROOT))
 
-from tune_cp.formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
+from tune_cp.formats.runs import (  # noqa: E402
+    PUBLISHED_RUNS_FILES,
+    RunRow,
+    read_runs_files,
+    runs_label,
+    scored_rows,
+)
 from tune_cp.oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
 
-DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
+#: the runs files read by default (both copies of ../shared/calibration/, in this order)
+DEFAULT_RUNS: list[str] = [str(p) for p in PUBLISHED_RUNS_FILES]
 
 
 def config_key(r: RunRow) -> tuple:
@@ -214,12 +224,12 @@ def report(cv: CrossValidation) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS)
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    cv = grouped_cv(read_runs(args.runs), args.folds, args.seed)
-    print(f"runs file: {args.runs}")
+    cv = grouped_cv(read_runs_files(args.runs), args.folds, args.seed)
+    print(f"runs files: {runs_label(args.runs)}")
     print(report(cv))
     return 0
 

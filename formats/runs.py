@@ -27,7 +27,8 @@ Rules (each documented where it is applied):
   catalog model's default, rounded up to a multiple of mbs x dp; a missing sequence length is the
   catalog model's default.
 * **Software stack**: the ``framework`` column names it (:func:`oracle.constants.software_stack`:
-  torchtitan, llm-foundry, else megatron).
+  torchtitan, llm-foundry, pytorch-fsdp (a plain PyTorch FSDP script), else megatron).
+* **FSDP**: the ``fsdp`` column is a degree (> 0) or the strategy's name (``FSDP``, ``FSDP2``).
 * **Precision**: NVFP4 -> fp4; FP8 flavours -> fp8 with recipe ``blockwise`` (blockwise, 1x128,
   torchao rowwise), ``mxfp8`` (MX, block-scaled), ``delayed``, else ``tensorwise`` (current
   scaling, "FP8-CS", torchao tensorwise); FP16 / BF16 / amp / unstated -> bf16.
@@ -675,15 +676,21 @@ def parse_row(row: dict[str, str]) -> RunRow:
 #: @067f987df, used by its performance recipes) runs the MTP block twice
 #: (``mtp_num_layers = 2``, ``mtp_use_repeated_layer``); tune-cp counts two MTP depths (their
 #: FLOPs and time exactly, their parameters once too many: the repeated block shares weights).
+#: AMD-AIG-AIMA/pytorch-training-benchmark's Mistral 7B (``train_fsdp.py`` with
+#: ``configs/mistral-7b-v0.1.json`` @c295aae: ``window_size`` 1024 at ``max_seq_len`` 8192) runs
+#: sliding-window attention on every layer (``mistral.py``: flash-attn ``window_size=(1023, 0)``,
+#: Transformer Engine ``(1024, 0)`` under FP8). A model outside the catalog is matched by the
+#: row's model name (:func:`_key`).
 RECIPE_MODEL_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("megatron-bridge", "nemotron-3-super"): {"num_mtp_layers": 2},
+    ("train_fsdp.py", "mistral7b"): {"sliding_window": 1024, "num_sliding_window_layers": 32},
 }
 
 
 def recipe_model(model: ModelSpec, row: dict[str, str], notes: list[str]) -> ModelSpec:
     """``model`` with the settings of :data:`RECIPE_MODEL_SETTINGS` for the row's framework."""
     framework = row.get("framework", "").lower()
-    canonical = catalog_model_for(row.get("model", ""))
+    canonical = catalog_model_for(row.get("model", "")) or _key(row.get("model", ""))
     for (fw, name), update in RECIPE_MODEL_SETTINGS.items():
         if fw in framework and canonical == name:
             notes.append(f"{', '.join(f'{k} = {v}' for k, v in update.items())} "
@@ -793,7 +800,9 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         return
     fsdp_col = _int(row.get("fsdp", "")) or 0
     opt = row.get("optimizer_sharding", "").lower()
-    fsdp = fsdp_col > 0 or (opt.startswith("fsdp") and fsdp_col != 0)
+    # the fsdp column holds a degree (8, 64) or the strategy's name (``FSDP``, ``FSDP2``)
+    fsdp = (fsdp_col > 0 or bool(re.match(r"fsdp\d?\b", row.get("fsdp", "").strip().lower()))
+            or (opt.startswith("fsdp") and fsdp_col != 0))
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision)
     recipe_set = recipe_run_settings(row, model.name, gname,
                                      recipe.value if recipe is not None else None)
@@ -864,6 +873,39 @@ def _unstated_recompute(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterS
                                                  "recompute_method": RecomputeMethod.UNIFORM,
                                                  "recompute_layers": None}),
                           model, cluster, training)
+
+
+#: The published runs the shipped constants are fitted on: verbatim copies of
+#: ``../shared/calibration/published_runs.csv`` and of ``amd_published_runs.csv`` (its row ids and
+#: derived tokens/s/GPU written by ``benchmarks/amd_runs.py``), in this order.
+PUBLISHED_RUNS_FILES: tuple[Path, ...] = tuple(
+    Path(__file__).resolve().parents[1] / "benchmarks" / name
+    for name in ("published_runs.csv", "amd_published_runs.csv")
+)
+
+
+def read_runs_files(paths: str | Path | list[str | Path] | tuple[str | Path, ...]
+                    ) -> list[RunRow]:
+    """Every row of one runs CSV or of several in order (row ids must not repeat across them)."""
+    if isinstance(paths, (str, Path)):
+        return read_runs(paths)
+    rows: list[RunRow] = []
+    seen: dict[str, str] = {}
+    for p in paths:
+        for r in read_runs(p):
+            if r.row_id and r.row_id in seen:
+                raise ConfigError(f"row_id {r.row_id!r} of {Path(p).name} is also in "
+                                  f"{seen[r.row_id]}; row ids must be unique across runs files")
+            seen[r.row_id] = Path(p).name
+            rows.append(r)
+    return rows
+
+
+def runs_label(paths: str | Path | list[str | Path] | tuple[str | Path, ...]) -> str:
+    """The file names of one runs CSV or of several (``a.csv + b.csv``)."""
+    if isinstance(paths, (str, Path)):
+        return Path(paths).name
+    return " + ".join(Path(p).name for p in paths)
 
 
 def read_runs(path: str | Path) -> list[RunRow]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.formats.runs import RunRow, read_runs, scored_rows
+from tune_cp.formats.runs import RunRow, read_runs_files, runs_label, scored_rows
 from tune_cp.oracle.constants import (
     ARCHITECTURES,
     BY_NAME,
@@ -487,15 +487,15 @@ def calibrate_rows(
 
 
 def calibrate(
-    runs_csv_path: str | Path, out_path: str | Path | None = None,
+    runs_csv_path: str | Path | list[str | Path] | tuple[str | Path, ...],
+    out_path: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationReport:
-    """Fit the constants on a runs CSV (the columns of published_runs.csv) and, when
-    ``out_path`` is given, write the calibration JSON there (load it with
-    ``project(..., calib=out_path)``)."""
-    path = Path(runs_csv_path)
-    rows = read_runs(path)
-    report = calibrate_rows(rows, source_label=path.name, progress=progress)
+    """Fit the constants on a runs CSV, or on several (the columns of published_runs.csv; the
+    shipped constants: :data:`formats.runs.PUBLISHED_RUNS_FILES`) and, when ``out_path`` is
+    given, write the calibration JSON there (load it with ``project(..., calib=out_path)``)."""
+    rows = read_runs_files(runs_csv_path)
+    report = calibrate_rows(rows, source_label=runs_label(runs_csv_path), progress=progress)
     if out_path is not None:
         out = Path(out_path)
         out.write_text(json.dumps(report.table.to_json(), indent=2) + "\n")

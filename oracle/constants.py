@@ -304,8 +304,11 @@ BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
 
 #: Software stacks whose kernels differ from the reference (Megatron-Core with Transformer
 #: Engine: cuBLASLt GEMMs, cuDNN fused attention, fused norms and casts). Megatron-LM,
-#: Megatron-Bridge, NeMo, Primus (ROCm Megatron) and other Megatron forks are ``megatron``.
-SOFTWARE_STACKS: tuple[str, ...] = ("megatron", "torchtitan", "llm-foundry")
+#: Megatron-Bridge, NeMo, Primus (ROCm Megatron) and other Megatron forks are ``megatron``;
+#: ``pytorch-fsdp`` is a plain PyTorch training script on FSDP (AMD-AIG-AIMA/pytorch-training-
+#: benchmark ``train_fsdp.py``: torch FSDP FULL_SHARD, torch.compile or Transformer Engine layers
+#: under FP8, flash-attn), a PyTorch-native stack like torchtitan and llm-foundry.
+SOFTWARE_STACKS: tuple[str, ...] = ("megatron", "torchtitan", "llm-foundry", "pytorch-fsdp")
 REFERENCE_SOFTWARE = "megatron"
 #: Per-stack factors (fitted, log space, prior 1): they scale the reference stack's kernel
 #: efficiencies for another stack's kernels.
@@ -337,6 +340,8 @@ def software_stack(framework: str) -> str:
         return "torchtitan"
     if "llm-foundry" in f or "composer" in f or "mosaic" in f:
         return "llm-foundry"
+    if "pytorch fsdp" in f or "train_fsdp" in f:
+        return "pytorch-fsdp"
     return REFERENCE_SOFTWARE
 
 

@@ -183,13 +183,13 @@ def test_a_hybrid_model_never_borrows_a_transformer_interval():
 
 def test_shipped_residuals_keep_hybrid_rows_out_of_the_transformer_classes():
     """oracle/catalog/residuals.json: the 22 published Nemotron 3 rows (not fitted on) form the
-    hybrid classes; the pooled ``all`` class holds only the 180 fitted rows' out-of-fold
+    hybrid classes; the pooled ``all`` class holds only the 194 fitted rows' out-of-fold
     residuals, and the hybrid pool sits below zero (the hybrid projections run fast)."""
     from tune_cp.oracle.uncertainty import load_residuals
 
     t = load_residuals()
     assert t.provenance["rows_not_fitted"] == t.classes["moe=hybrid"].rows == 22
-    assert t.classes["all"].rows == t.provenance["rows"] == 180
+    assert t.classes["all"].rows == t.provenance["rows"] == 194
     assert t.classes["moe=hybrid"].q_hi < 0
 
 
