@@ -70,6 +70,42 @@ def project_rows(rows: list[RunRow], calib) -> tuple[np.ndarray, dict[str, np.nd
     return pred, res
 
 
+def model_family(r: RunRow) -> str:
+    """The row's model architecture: the catalog family (``llama``, ``qwen3_moe``,
+    ``nemotron_h``, ...), else the model name's letters."""
+    from tune_cp.oracle.catalog import model_entries
+
+    entry = model_entries().get(r.model.name) if r.model else None
+    fam = getattr(entry, "family", None) if entry is not None else None
+    if fam:
+        return str(fam)
+    import re
+
+    m = re.match(r"[A-Za-z]+", r.model_name)
+    return m.group(0).lower() if m else r.model_name
+
+
+def print_classes(rows: list[RunRow], pred: np.ndarray) -> None:
+    """In-sample error per class (dense / MoE / hybrid Mamba, as ``crossval.row_class``) and per
+    model architecture, the hybrid rows with the shipped constants (their Mamba term is fitted
+    on them)."""
+    meas = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
+    ape, logerr = np.abs(pred / meas - 1), np.log(pred / meas)
+    for title, key in (("class", lambda r: _cv.row_class(r, "moe/dense")),
+                       ("model architecture", model_family)):
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(rows):
+            groups[key(r)].append(i)
+        out = []
+        for k, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            a = np.array(idx)
+            out.append([k, str(len(a)), pct(float(ape[a].mean())),
+                        pct(float(np.median(ape[a]))), f"{100 * float(logerr[a].mean()):+.1f}%"])
+        print(f"== Per {title} (in-sample; hybrid rows fit only mamba_kernel_efficiency) ==")
+        print(table([title, "rows", "MAPE", "median", "bias (mean log err)"], out))
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS)
@@ -119,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["source", "rows", "MAPE", "median", "bias (mean log err)"],
                 grouped(lambda r: r.source_id)))
     print()
+    print_classes(rep + apart, np.concatenate([pred, project_rows(apart, calib)[0]])
+                  if apart else pred)
     print("== Per GPU ==")
     print(table(["gpu", "rows", "MAPE", "median", "bias (mean log err)"],
                 grouped(lambda r: r.gpu_name)))
@@ -200,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         pa, ra = project_rows(apart, calib)
         ma = np.array([r.measured_tokens_per_s_per_gpu for r in apart])
         ea = pa / ma - 1
-        print(f"== Representable, projected, not fitted ({NOT_FITTED}): {len(apart)} rows, "
+        print(f"== Representable, scored apart ({NOT_FITTED}): {len(apart)} rows, "
               f"MAPE {pct(float(np.abs(ea).mean()))}, median {pct(float(np.median(np.abs(ea))))}"
               f", bias {100 * float(np.mean(np.log1p(ea))):+.1f}% ==")
         print(table(["row", "model", "gpu", "layout", "prec", "measured", "projected", "error"],

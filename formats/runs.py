@@ -200,9 +200,9 @@ class RunRow:
 
     @property
     def fitted(self) -> bool:
-        """Whether the time model's constants are fitted on (and cross-validated with) this row:
-        every representable row but those of hybrid Mamba models, which are projected and scored
-        apart (:data:`NOT_FITTED`) until the time model has a fitted Mamba term."""
+        """Whether the time model's shared constants are fitted on this row: every
+        representable row but those of hybrid Mamba models, which fit only the Mamba term
+        (:data:`NOT_FITTED`)."""
         return self.representable and not (self.model is not None and self.model.is_hybrid)
 
     @property
@@ -933,11 +933,13 @@ def read_runs(path: str | Path) -> list[RunRow]:
                           f"{reader.line_num}: {e}") from None
 
 
-#: Why representable rows of hybrid Mamba models are not fitted on: their Mamba terms (SSD
-#: scan at the flash-attention efficiency, conv and gated-norm bytes, host operations) are
-#: first-principles estimates that no row has fitted; fitting the shared constants on them would
-#: move the transformer rows' constants to absorb the Mamba error.
-NOT_FITTED = "hybrid Mamba model: projected and scored, not fitted"
+#: Why representable rows of hybrid Mamba models do not fit the shared constants: fitting them
+#: on these rows would move the transformer rows' constants to absorb the Mamba error. They fit
+#: only the Mamba mixer's own kernel rate (``oracle/calibrate.py::HYBRID_TERMS``,
+#: ``fit_hybrid_terms``: second stage, the shared constants held) and are cross-validated with
+#: it (``benchmarks/crossval.py::grouped_cv``).
+NOT_FITTED = ("hybrid Mamba model: fits only mamba_kernel_efficiency, not the shared "
+              "constants")
 
 
 def scored_rows(rows: list[RunRow]) -> list[RunRow]:

@@ -48,7 +48,7 @@ from tune_cp.formats.runs import (
     runs_label,
     scored_rows,
 )
-from tune_cp.oracle.calibrate import fit, prepare, table_from_fit
+from tune_cp.oracle.calibrate import fit, fit_hybrid_terms, prepare, table_from_fit
 from tune_cp.oracle.constants import load_calibration, utc_now
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -358,7 +358,9 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     if not user:
         raise ConfigError("no log could be read as a run: " + "; ".join(
             str(r.reason) for r in runs))
-    prior = [r for r in scored_rows(read_runs_files(published)) if r.representable]
+    published_rows = read_runs_files(published)
+    # as the shipped fit: the shared constants on the fitted rows, the hybrid terms apart
+    prior = [r for r in scored_rows(published_rows) if r.fitted]
     prep = prepare(prior + user)
     n_user = len(user)
     prep.weight[-n_user:] *= user_weight
@@ -373,7 +375,7 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     }
     about = (f"tune-cp time-model constants refitted for a cluster on {n_user} training log(s) "
              f"plus {len(prior)} published rows ({header['date']})")
-    table = table_from_fit(layout, theta, header, about)
+    table = fit_hybrid_terms(published_rows, table_from_fit(layout, theta, header, about))
     used = [r for r in runs if r.row is not None]
     # before / after: the projection `tune-cp check` prints for each log's configuration with
     # the shipped and the refitted constants (solver.check.check_projection; torchtitan logs,
