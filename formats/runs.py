@@ -40,8 +40,10 @@ Rules (each documented where it is applied):
   ``moe_dropless=False`` (capacity-factor MoE: no host-device synchronisation per layer).
 * **MoE dispatcher**: Megatron-Bridge's MoE performance recipes use the flex dispatcher
   (``moe_flex_dispatcher_backend`` ``hybridep`` or ``deepep``: DeepSeek-V3, Qwen3-30B-A3B,
-  GPT-OSS, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200, B300 and
-  H100, which set ``moe_token_dispatcher_type="alltoall"``
+  GPT-OSS from 26.04, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200,
+  B300 and H100, which set ``moe_token_dispatcher_type="alltoall"``, and releases whose recipe
+  set no flex backend (:data:`BRIDGE_RECIPE_SETTINGS`: GPT-OSS up to 26.02, Qwen3-30B-A3B on
+  H100/B200 up to 25.12)
   (``scripts/performance/configs/{deepseek,qwen,gpt_oss}/*_workload_base_configs.py``);
   :data:`BRIDGE_ALLTOALL_MOE`. A row whose settings name DeepEP, HybridEP, the flex dispatcher or
   DualPipe (DeepSeek-V3's own run: node-limited routing, tokens sent once per node over IB and
@@ -157,6 +159,14 @@ BRIDGE_RECIPE_SETTINGS: tuple[tuple[str, tuple[str, ...], str | None, tuple[int,
     ("deepseek-v3", ("b200",), None, (25, 11), (25, 12),
      {"moe_a2a_overlap": True},
      "Megatron-Bridge cb62f8620 (2025-11-21) DEEPSEEK_V3_B200_BASE_CONFIG moe_a2a_overlap=True"),
+    # GPT-OSS's performance recipes asked for no flex backend until 7260d6214 (2026-03-23, "perf
+    # optimizations- GPT-OSS 120B": moe_flex_dispatcher_backend="hybridep" for GB200/B300/B200
+    # V2), so the provider's moe_token_dispatcher_type="alltoall" ran (gpt_oss_provider.py l.72
+    # at cb62f8620; configs/gpt_oss/workload_base_configs.py there sets none)
+    ("gpt-oss-120b", ("h100", "b200", "b300", "gb200", "gb300"), None, (25, 1), (26, 2),
+     {"dispatcher": "alltoall"},
+     "Megatron-Bridge cb62f8620 (2025-11-21) gpt_oss_provider.py moe_token_dispatcher_type="
+     "'alltoall', no moe_flex_dispatcher_backend in the GPT-OSS base configs until 7260d6214"),
 )
 
 GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "deepseek", "gptoss", "kimi")
