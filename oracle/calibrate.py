@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.formats.runs import RunRow, read_runs_files, runs_label, scored_rows
+from tune_cp.formats.runs import NOT_FITTED, RunRow, read_runs_files, runs_label, scored_rows
 from tune_cp.oracle.constants import (
     ARCHITECTURES,
     BY_NAME,
@@ -493,7 +493,9 @@ def calibrate_rows(
     leave-one-source-out validation)."""
     excl = set(exclude_sources)
     usable = [r for r in scored_rows(rows) if r.fitted and r.source_id not in excl]
-    skipped = [(r.row_id, r.reason or "no measured tokens/s/GPU")
+    skipped = [(r.row_id, r.reason or (NOT_FITTED if r.representable and r.model is not None
+                                       and r.model.is_hybrid and r.measured_tokens_per_s_per_gpu
+                                       else "no measured tokens/s/GPU"))
                for r in rows if r not in usable and r.source_id not in excl]
     if len(usable) < MIN_ROWS:
         raise ConfigError(
