@@ -1785,8 +1785,10 @@ def plan_exit_code(plans: Sequence[Any]) -> int:
 
 
 @main.command("calibrate")
-@click.option("--runs", "runs_path", default=None, type=click.Path(dir_okay=False),
-              help="CSV of measured runs with the columns of published_runs.csv.")
+@click.option("--runs", "runs_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="CSV of measured runs with the columns of published_runs.csv; repeatable "
+                   "(the shipped constants: --runs benchmarks/published_runs.csv --runs "
+                   "benchmarks/amd_published_runs.csv).")
 @click.option("--log", "log_paths", multiple=True, type=click.Path(dir_okay=False),
               help="A training log of your cluster (Megatron-LM / Primus, torchtitan); "
                    "repeatable. Refits the constants with the published runs as the prior.")
@@ -1804,7 +1806,7 @@ def plan_exit_code(plans: Sequence[Any]) -> int:
 @click.option("--out", "out_path", default=None, metavar="FILE.json",
               help="Write the fitted constants here (pass it back with --calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: str | None,
+def calibrate_cmd(runs_paths: Sequence[str], log_paths: Sequence[str], log_config: str | None,
                   model_name: str | None, gpu_name: str | None, nodes: int | None,
                   gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
     """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
@@ -1813,7 +1815,7 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
     from tune_cp.oracle.constants import format_constants
     from tune_cp.oracle.inputs import MAX_LOG_BYTES, check_regular_file, exists
 
-    if bool(runs_path) == bool(log_paths):
+    if bool(runs_paths) == bool(log_paths):
         fail("give --runs FILE.csv or --log FILE (repeatable), one of the two")
     if out_path is not None:
         out_path = str(check_output_path(out_path, "calibrate --out", (".json",)))
@@ -1842,16 +1844,17 @@ def calibrate_cmd(runs_path: str | None, log_paths: Sequence[str], log_config: s
             return
         echo(result.summary())
         return
-    assert runs_path is not None
-    if not exists(runs_path):
-        fail(f"--runs {runs_path!r}: no such file")
-    check_regular_file(runs_path, "--runs file")
+    for runs_path in runs_paths:
+        if not exists(runs_path):
+            fail(f"--runs {runs_path!r}: no such file")
+        check_regular_file(runs_path, "--runs file")
+    shown = " ".join(runs_paths)
     bar = Progress("calibrate")
-    report = calibrate(runs_path, out_path,
-                       progress=lambda d, t: bar.bar(d, t, f"fit iterations on {runs_path}"))
+    report = calibrate(runs_paths[0] if len(runs_paths) == 1 else list(runs_paths), out_path,
+                       progress=lambda d, t: bar.bar(d, t, f"fit iterations on {shown}"))
     bar.close()
     if not report.rows_used:
-        fail(f"--runs {runs_path!r}: no row with a measured tokens_per_sec_per_gpu could be "
+        fail(f"--runs {shown!r}: no row with a measured tokens_per_sec_per_gpu could be "
              f"represented ({len(report.rows_skipped)} rows skipped)")
     if as_json:
         emit_json({"rows_used": report.rows_used,

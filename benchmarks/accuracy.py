@@ -1,6 +1,7 @@
 """Accuracy of the projection oracle on published runs.
 
-Projects every row of a runs CSV (default ../shared/calibration/published_runs.csv) that has a
+Projects every row of the runs CSVs (default the copies of ../shared/calibration/published_runs.csv
+and amd_published_runs.csv, ``formats.runs.PUBLISHED_RUNS_FILES``) that has a
 measured tokens/s/GPU and prints, as plain-text tables: overall, per-source and per-GPU mean
 absolute percentage error (MAPE) of tokens/s/GPU; the ten worst rows with their breakdown;
 Spearman rank correlation within groups of the same model and hardware; a leave-one-source-out
@@ -8,7 +9,7 @@ table (calibrate without a source, score that source); the grouped 5-fold cross-
 ``benchmarks/crossval.py`` (the best estimate of the error on runs the constants were not
 fitted on); the unrepresentable rows with reasons.
 
-    python benchmarks/accuracy.py [--runs FILE.csv] [--calibration FILE.json]
+    python benchmarks/accuracy.py [--runs FILE.csv ...] [--calibration FILE.json]
                                                [--no-loso] [--no-cv]
 """
 
@@ -24,7 +25,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tune_cp.formats.runs import NOT_FITTED, RunRow, read_runs, scored_rows  # noqa: E402
+from tune_cp.formats.runs import (  # noqa: E402
+    NOT_FITTED,
+    PUBLISHED_RUNS_FILES,
+    RunRow,
+    read_runs_files,
+    runs_label,
+    scored_rows,
+)
 from tune_cp.oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
 from tune_cp.oracle.constants import load_calibration  # noqa: E402
 from tune_cp.oracle.timing import BREAKDOWN, timing  # noqa: E402
@@ -45,9 +53,10 @@ def _crossval_module():
     spec.loader.exec_module(mod)
     return mod
 
-#: A verbatim copy of ../shared/calibration/published_runs.csv (the published runs the shipped
-#: constants are fitted on), kept in the repository so tests and CI need nothing outside it.
-DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
+#: Copies of ../shared/calibration/published_runs.csv and amd_published_runs.csv (the published
+#: runs the shipped constants are fitted on), kept in the repository so tests and CI need nothing
+#: outside it.
+DEFAULT_RUNS: list[str] = [str(p) for p in PUBLISHED_RUNS_FILES]
 
 
 _cv = _crossval_module()
@@ -61,15 +70,51 @@ def project_rows(rows: list[RunRow], calib) -> tuple[np.ndarray, dict[str, np.nd
     return pred, res
 
 
+def model_family(r: RunRow) -> str:
+    """The row's model architecture: the catalog family (``llama``, ``qwen3_moe``,
+    ``nemotron_h``, ...), else the model name's letters."""
+    from tune_cp.oracle.catalog import model_entries
+
+    entry = model_entries().get(r.model.name) if r.model else None
+    fam = getattr(entry, "family", None) if entry is not None else None
+    if fam:
+        return str(fam)
+    import re
+
+    m = re.match(r"[A-Za-z]+", r.model_name)
+    return m.group(0).lower() if m else r.model_name
+
+
+def print_classes(rows: list[RunRow], pred: np.ndarray) -> None:
+    """In-sample error per class (dense / MoE / hybrid Mamba, as ``crossval.row_class``) and per
+    model architecture, the hybrid rows with the shipped constants (their Mamba term is fitted
+    on them)."""
+    meas = np.array([r.measured_tokens_per_s_per_gpu for r in rows])
+    ape, logerr = np.abs(pred / meas - 1), np.log(pred / meas)
+    for title, key in (("class", lambda r: _cv.row_class(r, "moe/dense")),
+                       ("model architecture", model_family)):
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(rows):
+            groups[key(r)].append(i)
+        out = []
+        for k, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            a = np.array(idx)
+            out.append([k, str(len(a)), pct(float(ape[a].mean())),
+                        pct(float(np.median(ape[a]))), f"{100 * float(logerr[a].mean()):+.1f}%"])
+        print(f"== Per {title} (in-sample; hybrid rows fit only mamba_kernel_efficiency) ==")
+        print(table([title, "rows", "MAPE", "median", "bias (mean log err)"], out))
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS)
     ap.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
     ap.add_argument("--no-cv", action="store_true", help="skip the grouped cross-validation")
     args = ap.parse_args(argv)
 
-    all_rows = read_runs(args.runs)
+    all_rows = read_runs_files(args.runs)
     measured_rows = scored_rows(all_rows)
     rep = [r for r in measured_rows if r.fitted]
     apart = [r for r in measured_rows if r.representable and not r.fitted]
@@ -80,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ape = np.abs(pred / meas - 1)
     logerr = np.log(pred / meas)
 
-    print(f"runs file: {args.runs}")
+    print(f"runs files: {runs_label(args.runs)}")
     print(f"calibration: {calib.about or 'priors'}")
     print()
     print("== Overall (tokens/s/GPU) ==")
@@ -110,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["source", "rows", "MAPE", "median", "bias (mean log err)"],
                 grouped(lambda r: r.source_id)))
     print()
+    print_classes(rep + apart, np.concatenate([pred, project_rows(apart, calib)[0]])
+                  if apart else pred)
     print("== Per GPU ==")
     print(table(["gpu", "rows", "MAPE", "median", "bias (mean log err)"],
                 grouped(lambda r: r.gpu_name)))
@@ -191,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         pa, ra = project_rows(apart, calib)
         ma = np.array([r.measured_tokens_per_s_per_gpu for r in apart])
         ea = pa / ma - 1
-        print(f"== Representable, projected, not fitted ({NOT_FITTED}): {len(apart)} rows, "
+        print(f"== Representable, scored apart ({NOT_FITTED}): {len(apart)} rows, "
               f"MAPE {pct(float(np.abs(ea).mean()))}, median {pct(float(np.median(np.abs(ea))))}"
               f", bias {100 * float(np.mean(np.log1p(ea))):+.1f}% ==")
         print(table(["row", "model", "gpu", "layout", "prec", "measured", "projected", "error"],

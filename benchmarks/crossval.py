@@ -10,7 +10,10 @@ Prints, as plain-text tables: every fold (rows, configurations, MAPE, median), t
 out-of-fold MAPE, median and within-10% / within-15% shares, per source and per GPU, and the
 within-group Spearman rank correlation of the out-of-fold projections.
 
-    python benchmarks/crossval.py [--runs FILE.csv] [--folds 5] [--seed 0]
+    python benchmarks/crossval.py [--runs FILE.csv ...] [--folds 5] [--seed 0]
+
+(default: the published runs, ``benchmarks/published_runs.csv`` and
+``benchmarks/amd_published_runs.csv``: ``formats.runs.PUBLISHED_RUNS_FILES``)
 """
 
 from __future__ import annotations
@@ -29,10 +32,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # the oracle package
 sys.path.insert(0, str(ROOT))
 
-from tune_cp.formats.runs import RunRow, read_runs, scored_rows  # noqa: E402
-from tune_cp.oracle.calibrate import fit, predict, prepare, table_constants, table_from_fit  # noqa: E402
+from tune_cp.formats.runs import (  # noqa: E402
+    PUBLISHED_RUNS_FILES,
+    RunRow,
+    read_runs_files,
+    runs_label,
+    scored_rows,
+)
+from tune_cp.oracle.calibrate import (  # noqa: E402
+    fit,
+    fit_hybrid_terms,
+    hybrid_rows,
+    predict,
+    prepare,
+    table_constants,
+    table_from_fit,
+)
 
-DEFAULT_RUNS = ROOT / "benchmarks" / "published_runs.csv"
+#: the runs files read by default (both copies of ../shared/calibration/, in this order)
+DEFAULT_RUNS: list[str] = [str(p) for p in PUBLISHED_RUNS_FILES]
 
 
 def config_key(r: RunRow) -> tuple:
@@ -56,13 +74,14 @@ class CrossValidation:
 
 
 #: The classes the error is reported on (issue 12): interleaving depth, context parallelism,
-#: MoE or dense, GPU architecture.
+#: dense / MoE / hybrid Mamba (a hybrid model with MoE layers is hybrid), GPU architecture.
 CLASSES = ("interleaving", "context parallel", "moe/dense", "architecture")
 
 
 def row_class(r: RunRow, name: str) -> str:
     """The class of a row: ``interleaving`` by virtual stages per rank (1, 2-4, 5-12, > 12) with
-    layers per virtual stage, ``context parallel`` cp1 / cp2-4 / cp8+, ``moe/dense``,
+    layers per virtual stage, ``context parallel`` cp1 / cp2-4 / cp8+, ``moe/dense`` (dense,
+    moe, hybrid),
     ``architecture``."""
     c, m = r.cfg, r.model
     assert c is not None and m is not None and r.cluster is not None
@@ -75,7 +94,7 @@ def row_class(r: RunRow, name: str) -> str:
     if name == "context parallel":
         return "cp1" if c.cp == 1 else ("cp2-4" if c.cp <= 4 else "cp8+")
     if name == "moe/dense":
-        return "moe" if m.is_moe else "dense"
+        return "hybrid" if m.is_hybrid else ("moe" if m.is_moe else "dense")
     return r.cluster.gpu.architecture or "generic"
 
 
@@ -92,14 +111,19 @@ def assign_folds(rows: list[RunRow], folds: int = 5, seed: int = 0) -> np.ndarra
 def grouped_cv(rows: list[RunRow], folds: int = 5, seed: int = 0) -> CrossValidation:
     """Out-of-fold projections of every representable measured row (see module docstring).
     Configurations are shuffled with ``random.Random(seed)`` and dealt round-robin to folds."""
-    rows = [r for r in scored_rows(rows) if r.fitted]  # hybrid rows: scored apart (accuracy.py)
-    fold = assign_folds(rows, folds, seed)
+    # the fitted rows, then the hybrid Mamba rows: they fit only the hybrid terms, in a second
+    # stage on each fold's training rows (oracle.calibrate.fit_hybrid_terms), as the shipped fit
+    fitted, hybrid = [r for r in scored_rows(rows) if r.fitted], hybrid_rows(rows)
+    rows = fitted + hybrid
+    # dealt apart, so the hybrid rows leave the folds of the fitted rows as they were
+    fold = np.concatenate([assign_folds(fitted, folds, seed),
+                           assign_folds(hybrid, folds, seed) if hybrid else np.zeros(0, int)])
     projected = np.zeros(len(rows))
     for f in range(folds):
         train = [r for r, g in zip(rows, fold, strict=True) if g != f]
         test_idx = np.flatnonzero(fold == f)
-        layout, theta, _ = fit(prepare(train))
-        table = table_from_fit(layout, theta, {}, f"fold {f}")
+        layout, theta, _ = fit(prepare([r for r in train if r.fitted]))
+        table = fit_hybrid_terms(train, table_from_fit(layout, theta, {}, f"fold {f}"))
         pt = prepare([rows[i] for i in test_idx])
         projected[test_idx] = predict(pt, table_constants(table, pt.archs, pt.software))
     measured = np.array([r.measured_tokens_per_s_per_gpu for r in rows], dtype=float)
@@ -214,12 +238,12 @@ def report(cv: CrossValidation) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS)
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    cv = grouped_cv(read_runs(args.runs), args.folds, args.seed)
-    print(f"runs file: {args.runs}")
+    cv = grouped_cv(read_runs_files(args.runs), args.folds, args.seed)
+    print(f"runs files: {runs_label(args.runs)}")
     print(report(cv))
     return 0
 

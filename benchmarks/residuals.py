@@ -12,7 +12,9 @@ ratio (``|r_a - r_b|``; its median). Prints the table it wrote.
 Regenerate after any change to the time model or its calibration (one command)::
 
     python benchmarks/residuals.py            # writes oracle/catalog/residuals.json
-    python benchmarks/residuals.py --out FILE --runs FILE.csv --folds 5 --seed 0
+    python benchmarks/residuals.py --out FILE --runs FILE.csv [FILE.csv ...] --folds 5 --seed 0
+
+(default runs: ``benchmarks/published_runs.csv`` and ``benchmarks/amd_published_runs.csv``)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before benchmarks/oracle.py can shadow the oracle package
 
 from benchmarks.crossval import DEFAULT_RUNS, CrossValidation, grouped_cv, table
-from tune_cp.formats.runs import RunRow, read_runs, scored_rows
+from tune_cp.formats.runs import RunRow, read_runs_files, scored_rows
 from tune_cp.oracle.constants import load_calibration, utc_now
 from tune_cp.oracle.uncertainty import (
     FEATURES,
@@ -58,7 +60,8 @@ def apart_residuals(rows: list[RunRow]) -> tuple[list[RunRow], np.ndarray]:
     out-of-sample without cross-validation, since no fold is fitted on them."""
     from tune_cp.oracle.calibrate import predict, prepare, table_constants
 
-    apart = [r for r in scored_rows(rows) if r.representable and not r.fitted]
+    apart = [r for r in scored_rows(rows) if r.representable and not r.fitted
+             and not (r.model is not None and r.model.is_hybrid)]  # hybrid rows: in the CV
     if not apart:
         return [], np.zeros(0)
     prep = prepare(apart)
@@ -83,8 +86,13 @@ def pairwise(cv: CrossValidation, resid: np.ndarray) -> dict:
             "q90_abs_log_ratio_error": round(float(np.quantile(e, 0.9)), 4)}
 
 
-def build(runs: str, folds: int, seed: int) -> dict:
-    all_rows = read_runs(runs)
+def _shown(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else path
+
+
+def build(runs: list[str], folds: int, seed: int) -> dict:
+    all_rows = read_runs_files(runs)
     cv = grouped_cv(all_rows, folds, seed)
     resid = np.log(cv.measured / cv.projected)
     apart, apart_resid = apart_residuals(all_rows)
@@ -103,19 +111,22 @@ def build(runs: str, folds: int, seed: int) -> dict:
                    "model or calibration.json."),
         "provenance": {
             "command": "python benchmarks/residuals.py"
-                       + ("" if runs == str(DEFAULT_RUNS) else f" --runs {runs}")
+                       + ("" if list(runs) == list(DEFAULT_RUNS)
+                          else f" --runs {' '.join(runs)}")
                        + ("" if folds == 5 else f" --folds {folds}")
                        + ("" if seed == 0 else f" --seed {seed}"),
-            "runs_file": str(Path(runs).resolve().relative_to(ROOT))
-            if Path(runs).resolve().is_relative_to(ROOT) else runs,
-            "runs_sha256": hashlib.sha256(Path(runs).read_bytes()).hexdigest(),
+            "runs_file": " + ".join(_shown(p) for p in runs),
+            "runs_sha256": " ".join(hashlib.sha256(Path(p).read_bytes()).hexdigest()
+                                    for p in runs),
             "calibration": calib.about,
             "method": f"benchmarks/crossval.py::grouped_cv, {folds} folds by configuration, "
                       f"seed {seed}",
             "git_commit": commit,
             "date": utc_now(),
             "rows": len(cv.rows),
-            "rows_not_fitted": len(apart),
+            # the hybrid Mamba rows (in the CV; they fit only the hybrid terms) and rows scored
+            # apart by the shipped constants
+            "rows_not_fitted": len(apart) + sum(not r.fitted for r in cv.rows),
             "quantiles": [Q_LO, 0.5, Q_HI],
             "features": list(FEATURES),
             "min_class_rows": MIN_CLASS_ROWS,
@@ -145,7 +156,7 @@ def render(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default=str(DEFAULT_RUNS))
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS)
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESIDUALS_PATH))

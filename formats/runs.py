@@ -27,7 +27,8 @@ Rules (each documented where it is applied):
   catalog model's default, rounded up to a multiple of mbs x dp; a missing sequence length is the
   catalog model's default.
 * **Software stack**: the ``framework`` column names it (:func:`oracle.constants.software_stack`:
-  torchtitan, llm-foundry, else megatron).
+  torchtitan, llm-foundry, pytorch-fsdp (a plain PyTorch FSDP script), else megatron).
+* **FSDP**: the ``fsdp`` column is a degree (> 0) or the strategy's name (``FSDP``, ``FSDP2``).
 * **Precision**: NVFP4 -> fp4; FP8 flavours -> fp8 with recipe ``blockwise`` (blockwise, 1x128,
   torchao rowwise), ``mxfp8`` (MX, block-scaled), ``delayed``, else ``tensorwise`` (current
   scaling, "FP8-CS", torchao tensorwise); FP16 / BF16 / amp / unstated -> bf16.
@@ -39,8 +40,10 @@ Rules (each documented where it is applied):
   ``moe_dropless=False`` (capacity-factor MoE: no host-device synchronisation per layer).
 * **MoE dispatcher**: Megatron-Bridge's MoE performance recipes use the flex dispatcher
   (``moe_flex_dispatcher_backend`` ``hybridep`` or ``deepep``: DeepSeek-V3, Qwen3-30B-A3B,
-  GPT-OSS, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200, B300 and
-  H100, which set ``moe_token_dispatcher_type="alltoall"``
+  GPT-OSS from 26.04, Kimi K2, Qwen3-235B-A22B on GB200/GB300) except Qwen3-235B-A22B on B200,
+  B300 and H100, which set ``moe_token_dispatcher_type="alltoall"``, and releases whose recipe
+  set no flex backend (:data:`BRIDGE_RECIPE_SETTINGS`: GPT-OSS up to 26.02, Qwen3-30B-A3B on
+  H100/B200 up to 25.12)
   (``scripts/performance/configs/{deepseek,qwen,gpt_oss}/*_workload_base_configs.py``);
   :data:`BRIDGE_ALLTOALL_MOE`. A row whose settings name DeepEP, HybridEP, the flex dispatcher or
   DualPipe (DeepSeek-V3's own run: node-limited routing, tokens sent once per node over IB and
@@ -156,6 +159,14 @@ BRIDGE_RECIPE_SETTINGS: tuple[tuple[str, tuple[str, ...], str | None, tuple[int,
     ("deepseek-v3", ("b200",), None, (25, 11), (25, 12),
      {"moe_a2a_overlap": True},
      "Megatron-Bridge cb62f8620 (2025-11-21) DEEPSEEK_V3_B200_BASE_CONFIG moe_a2a_overlap=True"),
+    # GPT-OSS's performance recipes asked for no flex backend until 7260d6214 (2026-03-23, "perf
+    # optimizations- GPT-OSS 120B": moe_flex_dispatcher_backend="hybridep" for GB200/B300/B200
+    # V2), so the provider's moe_token_dispatcher_type="alltoall" ran (gpt_oss_provider.py l.72
+    # at cb62f8620; configs/gpt_oss/workload_base_configs.py there sets none)
+    ("gpt-oss-120b", ("h100", "b200", "b300", "gb200", "gb300"), None, (25, 1), (26, 2),
+     {"dispatcher": "alltoall"},
+     "Megatron-Bridge cb62f8620 (2025-11-21) gpt_oss_provider.py moe_token_dispatcher_type="
+     "'alltoall', no moe_flex_dispatcher_backend in the GPT-OSS base configs until 7260d6214"),
 )
 
 GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "deepseek", "gptoss", "kimi")
@@ -199,9 +210,9 @@ class RunRow:
 
     @property
     def fitted(self) -> bool:
-        """Whether the time model's constants are fitted on (and cross-validated with) this row:
-        every representable row but those of hybrid Mamba models, which are projected and scored
-        apart (:data:`NOT_FITTED`) until the time model has a fitted Mamba term."""
+        """Whether the time model's shared constants are fitted on this row: every
+        representable row but those of hybrid Mamba models, which fit only the Mamba term
+        (:data:`NOT_FITTED`)."""
         return self.representable and not (self.model is not None and self.model.is_hybrid)
 
     @property
@@ -675,15 +686,21 @@ def parse_row(row: dict[str, str]) -> RunRow:
 #: @067f987df, used by its performance recipes) runs the MTP block twice
 #: (``mtp_num_layers = 2``, ``mtp_use_repeated_layer``); tune-cp counts two MTP depths (their
 #: FLOPs and time exactly, their parameters once too many: the repeated block shares weights).
+#: AMD-AIG-AIMA/pytorch-training-benchmark's Mistral 7B (``train_fsdp.py`` with
+#: ``configs/mistral-7b-v0.1.json`` @c295aae: ``window_size`` 1024 at ``max_seq_len`` 8192) runs
+#: sliding-window attention on every layer (``mistral.py``: flash-attn ``window_size=(1023, 0)``,
+#: Transformer Engine ``(1024, 0)`` under FP8). A model outside the catalog is matched by the
+#: row's model name (:func:`_key`).
 RECIPE_MODEL_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("megatron-bridge", "nemotron-3-super"): {"num_mtp_layers": 2},
+    ("train_fsdp.py", "mistral7b"): {"sliding_window": 1024, "num_sliding_window_layers": 32},
 }
 
 
 def recipe_model(model: ModelSpec, row: dict[str, str], notes: list[str]) -> ModelSpec:
     """``model`` with the settings of :data:`RECIPE_MODEL_SETTINGS` for the row's framework."""
     framework = row.get("framework", "").lower()
-    canonical = catalog_model_for(row.get("model", ""))
+    canonical = catalog_model_for(row.get("model", "")) or _key(row.get("model", ""))
     for (fw, name), update in RECIPE_MODEL_SETTINGS.items():
         if fw in framework and canonical == name:
             notes.append(f"{', '.join(f'{k} = {v}' for k, v in update.items())} "
@@ -793,7 +810,9 @@ def _fill(out: RunRow, row: dict[str, str]) -> None:
         return
     fsdp_col = _int(row.get("fsdp", "")) or 0
     opt = row.get("optimizer_sharding", "").lower()
-    fsdp = fsdp_col > 0 or (opt.startswith("fsdp") and fsdp_col != 0)
+    # the fsdp column holds a degree (8, 64) or the strategy's name (``FSDP``, ``FSDP2``)
+    fsdp = (fsdp_col > 0 or bool(re.match(r"fsdp\d?\b", row.get("fsdp", "").strip().lower()))
+            or (opt.startswith("fsdp") and fsdp_col != 0))
     training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision)
     recipe_set = recipe_run_settings(row, model.name, gname,
                                      recipe.value if recipe is not None else None)
@@ -866,6 +885,39 @@ def _unstated_recompute(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterS
                           model, cluster, training)
 
 
+#: The published runs the shipped constants are fitted on: verbatim copies of
+#: ``../shared/calibration/published_runs.csv`` and of ``amd_published_runs.csv`` (its row ids and
+#: derived tokens/s/GPU written by ``benchmarks/amd_runs.py``), in this order.
+PUBLISHED_RUNS_FILES: tuple[Path, ...] = tuple(
+    Path(__file__).resolve().parents[1] / "benchmarks" / name
+    for name in ("published_runs.csv", "amd_published_runs.csv")
+)
+
+
+def read_runs_files(paths: str | Path | list[str | Path] | tuple[str | Path, ...]
+                    ) -> list[RunRow]:
+    """Every row of one runs CSV or of several in order (row ids must not repeat across them)."""
+    if isinstance(paths, (str, Path)):
+        return read_runs(paths)
+    rows: list[RunRow] = []
+    seen: dict[str, str] = {}
+    for p in paths:
+        for r in read_runs(p):
+            if r.row_id and r.row_id in seen:
+                raise ConfigError(f"row_id {r.row_id!r} of {Path(p).name} is also in "
+                                  f"{seen[r.row_id]}; row ids must be unique across runs files")
+            seen[r.row_id] = Path(p).name
+            rows.append(r)
+    return rows
+
+
+def runs_label(paths: str | Path | list[str | Path] | tuple[str | Path, ...]) -> str:
+    """The file names of one runs CSV or of several (``a.csv + b.csv``)."""
+    if isinstance(paths, (str, Path)):
+        return Path(paths).name
+    return " + ".join(Path(p).name for p in paths)
+
+
 def read_runs(path: str | Path) -> list[RunRow]:
     """Every row of a runs CSV (see module docstring)."""
     from tune_cp.oracle.inputs import read_text, show_name
@@ -891,11 +943,13 @@ def read_runs(path: str | Path) -> list[RunRow]:
                           f"{reader.line_num}: {e}") from None
 
 
-#: Why representable rows of hybrid Mamba models are not fitted on: their Mamba terms (SSD
-#: scan at the flash-attention efficiency, conv and gated-norm bytes, host operations) are
-#: first-principles estimates that no row has fitted; fitting the shared constants on them would
-#: move the transformer rows' constants to absorb the Mamba error.
-NOT_FITTED = "hybrid Mamba model: projected and scored, not fitted"
+#: Why representable rows of hybrid Mamba models do not fit the shared constants: fitting them
+#: on these rows would move the transformer rows' constants to absorb the Mamba error. They fit
+#: only the Mamba mixer's own kernel rate (``oracle/calibrate.py::HYBRID_TERMS``,
+#: ``fit_hybrid_terms``: second stage, the shared constants held) and are cross-validated with
+#: it (``benchmarks/crossval.py::grouped_cv``).
+NOT_FITTED = ("hybrid Mamba model: fits only mamba_kernel_efficiency, not the shared "
+              "constants")
 
 
 def scored_rows(rows: list[RunRow]) -> list[RunRow]:

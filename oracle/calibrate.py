@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.formats.runs import RunRow, read_runs, scored_rows
+from tune_cp.formats.runs import NOT_FITTED, RunRow, read_runs_files, runs_label, scored_rows
 from tune_cp.oracle.constants import (
     ARCHITECTURES,
     BY_NAME,
@@ -61,6 +61,12 @@ ROW_NOISE = 0.15
 ROBUST_SCALE = 0.25
 #: minimum number of representable rows to fit anything.
 MIN_ROWS = 3
+#: The constants fitted on the hybrid Mamba rows alone (:func:`fit_hybrid_terms`), every other
+#: constant held at the fit on the transformer rows: the hybrid rows' error cannot move the
+#: shared constants (``formats.runs.NOT_FITTED``), only the Mamba mixer's own kernels' rate.
+HYBRID_TERMS: tuple[str, ...] = ("mamba_kernel_efficiency",)
+#: Points of the log-spaced search of :func:`fit_hybrid_terms` between the constant's bounds.
+HYBRID_GRID_POINTS = 481
 #: Key of the software factors shared by every stack other than the reference: PyTorch-native
 #: training stacks (torchtitan, llm-foundry) run the same kind of kernels (cuBLAS GEMMs from
 #: PyTorch, FlashAttention / SDPA attention, no Transformer Engine fused norms, casts and
@@ -180,6 +186,8 @@ def make_layout(archs: Iterable[str], software: Iterable[str] = ()) -> Layout:
     stacks = [s for s in SOFTWARE_STACKS if s in set(software) and s != REFERENCE_SOFTWARE]
     entries: list[tuple[str, str | None]] = []
     for c in CONSTANTS:
+        if c.name in HYBRID_TERMS:  # fitted apart, on the hybrid rows (fit_hybrid_terms)
+            continue
         if c.per_arch:
             entries += [(c.name, a) for a in present]
         else:
@@ -379,6 +387,59 @@ def table_from_fit(
     )
 
 
+def hybrid_rows(rows: Iterable[RunRow]) -> list[RunRow]:
+    """The measured, representable rows of hybrid Mamba models (the rows
+    :func:`fit_hybrid_terms` fits on)."""
+    return [r for r in scored_rows(list(rows))
+            if r.representable and r.model is not None and r.model.is_hybrid]
+
+
+def hybrid_objective(log_ratio: np.ndarray, weight: np.ndarray, theta: float, prior: float,
+                     sigma: float) -> float:
+    """The MAP objective of one hybrid term: every row's log residual through the fit's robust
+    (Cauchy, :data:`ROBUST_SCALE`) loss in units of :data:`ROW_NOISE`, which is the squared
+    residual / ROW_NOISE^2 for small residuals, plus the Gaussian prior in log space."""
+    c = ROBUST_SCALE
+    data = float(np.sum(weight * (c / ROW_NOISE) ** 2 * np.log1p((log_ratio / c) ** 2)))
+    return data + ((theta - prior) / sigma) ** 2
+
+
+def fit_hybrid_terms(rows: Iterable[RunRow], table: CalibrationTable) -> CalibrationTable:
+    """``table`` with :data:`HYBRID_TERMS` fitted per architecture on the hybrid rows among
+    ``rows``, every other constant as ``table`` has it (second stage of the fit; the table
+    itself when there are none). Each architecture's value is the minimum of
+    :func:`hybrid_objective` over :data:`HYBRID_GRID_POINTS` log-spaced points between the
+    constant's bounds (the projections are monotone in it: one minimum)."""
+    hyb = hybrid_rows(rows)
+    if not hyb:
+        return table
+    prep = prepare(hyb)
+    logm = np.log(prep.measured)
+    archs = {a: dict(v) for a, v in table.architectures.items()}
+    for name in HYBRID_TERMS:
+        d = BY_NAME[name]
+        grid = np.exp(np.linspace(math.log(d.lower), math.log(d.upper), HYBRID_GRID_POINTS))
+        for arch in sorted(set(prep.archs)):
+            idx = np.array([a == arch for a in prep.archs])
+            prior = math.log(d.prior_for(arch))
+            best: tuple[float, float] | None = None
+            for v in grid:
+                trial = CalibrationTable(
+                    defaults=table.defaults,
+                    architectures={**archs, arch: {**archs.get(arch, {}), name: float(v)}},
+                    software=table.software)
+                pred = predict(prep, table_constants(trial, prep.archs, prep.software))
+                obj = hybrid_objective((np.log(pred) - logm)[idx], prep.weight[idx],
+                                       math.log(v), prior, d.prior_sigma)
+                if best is None or obj < best[0]:
+                    best = (obj, float(v))
+            assert best is not None
+            archs.setdefault(arch, {})[name] = float(f"{best[1]:.6g}")
+    return CalibrationTable(defaults=table.defaults, architectures=archs,
+                            software=table.software, about=table.about,
+                            fitted_on=table.fitted_on)
+
+
 def mfu_ceilings(prep: PreparedRows) -> dict[str, dict[str, Any]]:
     """Best measured MFU of the prepared rows per :func:`mfu_class`, with the row that set it
     (measured MFU = model FLOPs per token x measured tokens/s/GPU / the dense peak of the
@@ -432,7 +493,9 @@ def calibrate_rows(
     leave-one-source-out validation)."""
     excl = set(exclude_sources)
     usable = [r for r in scored_rows(rows) if r.fitted and r.source_id not in excl]
-    skipped = [(r.row_id, r.reason or "no measured tokens/s/GPU")
+    skipped = [(r.row_id, r.reason or (NOT_FITTED if r.representable and r.model is not None
+                                       and r.model.is_hybrid and r.measured_tokens_per_s_per_gpu
+                                       else "no measured tokens/s/GPU"))
                for r in rows if r not in usable and r.source_id not in excl]
     if len(usable) < MIN_ROWS:
         raise ConfigError(
@@ -469,7 +532,12 @@ def calibrate_rows(
         f"tune-cp time-model constants fitted on {len(usable)} rows of {source_label} "
         f"({header['date']}); in-sample tokens/s/GPU MAPE {100 * stats['mape']:.1f}%"
     )
-    table = table_from_fit(layout, theta, header, about)
+    hyb = [r for r in hybrid_rows(rows) if r.source_id not in excl]
+    if hyb:
+        header["hybrid_rows"] = [r.row_id for r in hyb]
+        header["hybrid_terms"] = list(HYBRID_TERMS)
+        about += (f"; {', '.join(HYBRID_TERMS)} fitted apart on {len(hyb)} hybrid Mamba rows")
+    table = fit_hybrid_terms(hyb, table_from_fit(layout, theta, header, about))
     pred = predict(prep, table_constants(table, prep.archs, prep.software))
     per_row = [
         {"row_id": r.row_id, "measured": float(m), "projected": float(p)}
@@ -487,15 +555,15 @@ def calibrate_rows(
 
 
 def calibrate(
-    runs_csv_path: str | Path, out_path: str | Path | None = None,
+    runs_csv_path: str | Path | list[str | Path] | tuple[str | Path, ...],
+    out_path: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationReport:
-    """Fit the constants on a runs CSV (the columns of published_runs.csv) and, when
-    ``out_path`` is given, write the calibration JSON there (load it with
-    ``project(..., calib=out_path)``)."""
-    path = Path(runs_csv_path)
-    rows = read_runs(path)
-    report = calibrate_rows(rows, source_label=path.name, progress=progress)
+    """Fit the constants on a runs CSV, or on several (the columns of published_runs.csv; the
+    shipped constants: :data:`formats.runs.PUBLISHED_RUNS_FILES`) and, when ``out_path`` is
+    given, write the calibration JSON there (load it with ``project(..., calib=out_path)``)."""
+    rows = read_runs_files(runs_csv_path)
+    report = calibrate_rows(rows, source_label=runs_label(runs_csv_path), progress=progress)
     if out_path is not None:
         out = Path(out_path)
         out.write_text(json.dumps(report.table.to_json(), indent=2) + "\n")

@@ -291,6 +291,21 @@ CONSTANTS: tuple[ConstantDef, ...] = (
         "prior: Megatron overlap_grad_reduce / overlap_param_gather and FSDP prefetching hide "
         "most DP traffic when it fits in the window",
     ),
+    ConstantDef(
+        "mamba_kernel_efficiency", "positive", 1.0, 0.5, True,
+        "rate of the Mamba-2 mixer's own kernels relative to the kernels they are modelled on: "
+        "mamba_ssm's Triton SSD kernels (``ops/triton/ssd_combined.py``: _chunk_cumsum, "
+        "_chunk_state, _state_passing, _bmm_chunk, _chunk_scan and their backward), "
+        "causal_conv1d and the Triton gated RMSNorm (``ops/triton/layernorm_gated.py``) run at "
+        "attention_efficiency x this (the scan's matmuls) and hbm_efficiency x this (their HBM "
+        "traffic: chunk states, C B^T, conv and norm bytes); the in/out projections are GEMMs",
+        "prior 1 (the kernels as efficient as flash attention and the element-wise kernels), "
+        "log-space width 0.5; fitted per architecture on the hybrid Mamba rows (Nemotron 3 Nano "
+        "/ Super on H100, B200, GB200): the Triton kernels are autotuned per GPU from one "
+        "config list with small tl.dot tiles (chunk 128 x head dim 64 / state 128), not the "
+        "architecture's own MMA pipelines that cuDNN attention and cuBLAS use",
+        lower=0.05, upper=2.0,
+    ),
 )
 
 CONSTANT_NAMES: tuple[str, ...] = tuple(c.name for c in CONSTANTS)
@@ -304,8 +319,11 @@ BY_NAME: dict[str, ConstantDef] = {c.name: c for c in CONSTANTS}
 
 #: Software stacks whose kernels differ from the reference (Megatron-Core with Transformer
 #: Engine: cuBLASLt GEMMs, cuDNN fused attention, fused norms and casts). Megatron-LM,
-#: Megatron-Bridge, NeMo, Primus (ROCm Megatron) and other Megatron forks are ``megatron``.
-SOFTWARE_STACKS: tuple[str, ...] = ("megatron", "torchtitan", "llm-foundry")
+#: Megatron-Bridge, NeMo, Primus (ROCm Megatron) and other Megatron forks are ``megatron``;
+#: ``pytorch-fsdp`` is a plain PyTorch training script on FSDP (AMD-AIG-AIMA/pytorch-training-
+#: benchmark ``train_fsdp.py``: torch FSDP FULL_SHARD, torch.compile or Transformer Engine layers
+#: under FP8, flash-attn), a PyTorch-native stack like torchtitan and llm-foundry.
+SOFTWARE_STACKS: tuple[str, ...] = ("megatron", "torchtitan", "llm-foundry", "pytorch-fsdp")
 REFERENCE_SOFTWARE = "megatron"
 #: Per-stack factors (fitted, log space, prior 1): they scale the reference stack's kernel
 #: efficiencies for another stack's kernels.
@@ -337,6 +355,8 @@ def software_stack(framework: str) -> str:
         return "torchtitan"
     if "llm-foundry" in f or "composer" in f or "mosaic" in f:
         return "llm-foundry"
+    if "pytorch fsdp" in f or "train_fsdp" in f:
+        return "pytorch-fsdp"
     return REFERENCE_SOFTWARE
 
 

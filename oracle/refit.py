@@ -10,7 +10,7 @@ Megatron-LM / Primus log's configuration is checked as ``tune-cp check --log`` c
 row carries that check's resolved configuration and traits.
 
 The fit is :func:`oracle.calibrate.fit` (the shipped MAP fit) on the published runs (the prior:
-``benchmarks/published_runs.csv``) plus the user's rows, each user row weighted
+``benchmarks/published_runs.csv`` and ``amd_published_runs.csv``) plus the user's rows, each user row weighted
 :data:`USER_ROW_WEIGHT` times a published row: the constants of the user's GPU architecture (and
 the shared ones) move as far as the user's measurements support against 180 published rows and
 the priors. The result is a calibration file for ``--calibration FILE``; the report gives every
@@ -42,8 +42,14 @@ from tune_cp.formats.logs import (
     read_log,
     read_torchtitan_config,
 )
-from tune_cp.formats.runs import RunRow, read_runs, scored_rows
-from tune_cp.oracle.calibrate import fit, prepare, table_from_fit
+from tune_cp.formats.runs import (
+    PUBLISHED_RUNS_FILES,
+    RunRow,
+    read_runs_files,
+    runs_label,
+    scored_rows,
+)
+from tune_cp.oracle.calibrate import fit, fit_hybrid_terms, prepare, table_from_fit
 from tune_cp.oracle.constants import load_calibration, utc_now
 from tune_cp.oracle.specs import (
     ClusterSpec,
@@ -57,7 +63,7 @@ from tune_cp.oracle.specs import (
 )
 from tune_cp.oracle.work import RunTraits
 
-PUBLISHED_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
+PUBLISHED_RUNS: tuple[Path, ...] = PUBLISHED_RUNS_FILES
 #: weight of one of the user's rows against one published row in the fit (its squared residual
 #: counts 16 times): a handful of the cluster's own runs outweighs the few published rows of the
 #: same architecture and class, not the priors of constants they say nothing about.
@@ -343,7 +349,7 @@ class ClusterCalibration:
 
 
 def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
-                        published: str | Path = PUBLISHED_RUNS,
+                        published: str | Path | tuple[Path, ...] = PUBLISHED_RUNS,
                         user_weight: float = USER_ROW_WEIGHT,
                         progress: Callable[[int, int], None] | None = None) -> ClusterCalibration:
     """Refit on the published runs plus the logs' rows weighted ``user_weight`` (module
@@ -352,14 +358,16 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     if not user:
         raise ConfigError("no log could be read as a run: " + "; ".join(
             str(r.reason) for r in runs))
-    prior = [r for r in scored_rows(read_runs(published)) if r.representable]
+    published_rows = read_runs_files(published)
+    # as the shipped fit: the shared constants on the fitted rows, the hybrid terms apart
+    prior = [r for r in scored_rows(published_rows) if r.fitted]
     prep = prepare(prior + user)
     n_user = len(user)
     prep.weight[-n_user:] *= user_weight
     layout, theta, stats = fit(prep, progress=progress)
     shipped = load_calibration()
     header = {
-        "runs_file": Path(published).name, "logs": [r.row_id for r in user],
+        "runs_file": runs_label(published), "logs": [r.row_id for r in user],
         "user_row_weight": user_weight, "date": utc_now(),
         "rows": len(prep.rows), "tokens_per_s_mape": round(stats["mape"], 4),
         "method": "oracle/refit.py: oracle.calibrate.fit on the published runs plus the logs' "
@@ -367,7 +375,7 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
     }
     about = (f"tune-cp time-model constants refitted for a cluster on {n_user} training log(s) "
              f"plus {len(prior)} published rows ({header['date']})")
-    table = table_from_fit(layout, theta, header, about)
+    table = fit_hybrid_terms(published_rows, table_from_fit(layout, theta, header, about))
     used = [r for r in runs if r.row is not None]
     # before / after: the projection `tune-cp check` prints for each log's configuration with
     # the shipped and the refitted constants (solver.check.check_projection; torchtitan logs,

@@ -300,3 +300,12 @@ def test_plan_names_a_class_without_a_published_run() -> None:
     # nothing feasible: nothing to bound
     none = SimpleNamespace(feasible=False, mfu=0.0, nodes=4)
     assert plan_mfu_note(dense, SimpleNamespace(gpu="b200", points=[none]), "bf16", None) == ""
+
+
+def test_gpt_oss_dispatcher_by_release():
+    """GPT-OSS's Megatron-Bridge recipes set no flex backend before 7260d6214 (2026-03-23): the
+    25.11 GB200 / B200 rows and the 26.02.01 B300 row ran the provider's alltoall dispatcher;
+    the B300 rows from 26.04 the flex (HybridEP) one."""
+    rows = {r.row_id: r for r in read_runs(RUNS)}
+    assert [rows[i].cfg.dispatcher for i in ("244", "252", "179")] == [Dispatcher.ALLTOALL] * 3
+    assert [rows[i].cfg.dispatcher for i in ("135", "89", "46")] == [Dispatcher.FLEX] * 3
