@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from tune_cp.config.axes import KNOB, PLAIN_AXES
-from tune_cp.config.resolve import resolve_config
 from tune_cp.formats.keys import (
     KNOB_BRIDGE,
     KNOB_DEST,
@@ -124,6 +123,8 @@ def canonical_config(
     group of one layer each). Fields that do not apply are reset: the recompute method unless
     full, the modules unless selective, the dispatcher and expert-tensor size of a dense model.
     """
+    from tune_cp.config.resolve import resolve_config  # numpy: only when a flag line is written
+
     c = resolve_config(cfg, model, cluster, training)
     update: dict[str, Any] = {}
     if c.recompute is not Recompute.FULL:

@@ -40,16 +40,19 @@ def loaded(*args: str) -> tuple[int, list[str]]:
     ("check", "--help"), ("plan", "--help"), ("search", "--help"),
     ("--model", "mixtral-8x22b", "--nodes", "0"),          # a flag error
     ("--model", "no-such-model", "--nodes", "4"),          # an unknown catalog name
-    ("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "3"),  # a configuration error
 ])
 def test_light_commands_load_no_heavy_library(args):
     code, heavy = loaded(*args)
     assert heavy == [], f"tune-cp {' '.join(args)} (exit {code}) loaded {heavy}"
 
 
-def test_check_loads_numpy_but_not_the_solver():
-    code, heavy = loaded("check", "--model", "llama3-8b", "--nodes", "1", "--tp", "2")
-    assert code == 0
+@pytest.mark.parametrize("tp,exit_code", [(2, 0), (3, 1)])  # legal; tp 3 divides no head count
+def test_check_loads_numpy_but_not_the_solver(tp, exit_code):
+    """A check resolves its configuration with the one vectorised resolver
+    (``config/resolve.py``, numpy) before any rule runs, so an illegal layout loads numpy too;
+    neither loads the solver (ortools) nor the LLM phase."""
+    code, heavy = loaded("check", "--model", "llama3-8b", "--nodes", "1", "--tp", str(tp))
+    assert code == exit_code
     assert heavy == ["numpy"]
 
 
