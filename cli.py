@@ -57,10 +57,7 @@ from tune_cp.config.axes import (
     FlagKind,
     Knob,
 )
-from tune_cp.oracle import params as P
-from tune_cp.oracle.inputs import one_line, show_name
-from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     GIB,
     MAX_MOE_CAPACITY_FACTOR,
     ClusterSpec,
@@ -72,6 +69,9 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     validation_message,
 )
+from tune_cp.oracle import params as P
+from tune_cp.oracle.inputs import one_line, show_name
+from tune_cp.oracle.outputs import check_output_dir, check_output_path, terminal_safe
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
 
 if TYPE_CHECKING:
@@ -395,7 +395,7 @@ _STATE_CHOICES = ("fp32", "bf16", "fp16", "fp8")
 def optimizer_state_options(f: Callable) -> Callable:
     """Megatron-LM's precision-aware optimizer flags (``megatron/training/arguments.py``
     L3667-3685 at d98e8a6): the optimizer state's dtypes, fixed per search
-    (:class:`tune_cp.oracle.specs.OptimizerState`)."""
+    (:class:`tune_cp.config.specs.OptimizerState`)."""
     f = click.option("--exp-avg-sq-dtype", "exp_avg_sq_dtype", default=None,
                      type=click.Choice(_STATE_CHOICES),
                      help="Adam's second moment dtype (needs --use-precision-aware-optimizer) "
@@ -418,7 +418,7 @@ def optimizer_state_options(f: Callable) -> Callable:
 def pop_optimizer_state(flags: dict[str, Any]) -> Any:
     """The :class:`OptimizerState` of the flags of :func:`optimizer_state_options` (popped),
     or None when none was given."""
-    from tune_cp.oracle.specs import OptimizerState
+    from tune_cp.config.specs import OptimizerState
 
     aware = flags.pop("precision_aware_optimizer", False)
     given = {k: flags.pop(n) for k, n in (("main_params", "main_params_dtype"),
@@ -1026,7 +1026,7 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
     """An imported launch (or None), read with the model when --model is given. --megatron-args
     takes the text or the path of a launch script; --env values stand for the environment the
     script (or the Primus YAML's ${VAR:default} placeholders) would read. --log: the launch a
-    training log's argument dump describes (``oracle/refit.py::log_launch``, as ``calibrate
+    training log's argument dump describes (``calibration/refit.py::log_launch``, as ``calibrate
     --log`` reads it; --megatron-args then completes it, as calibrate's --config does)."""
     if megatron_args is None and primus_config is None and log is None:
         parse_env(env_items)  # a malformed --env is refused all the same
@@ -1055,7 +1055,7 @@ def import_run(megatron_args: str | None, primus_config: str | None, model_name:
         source = f"launch script {show_name(megatron_args)}"
     try:
         if log is not None:  # a formats.logs.LogMeasurement
-            from tune_cp.oracle.refit import log_launch
+            from tune_cp.calibration.refit import log_launch
 
             return log_launch(log, text or "", model)
         if text is not None:
@@ -1126,7 +1126,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
 
     Exit code 0 when it is legal and fits, 1 when it is not, 2 for bad input.
     """
-    from tune_cp.oracle.specs import training_as_run
+    from tune_cp.config.specs import training_as_run
 
     settings = run_settings(flags)
     framework_name = settings.framework
@@ -1170,7 +1170,7 @@ def check_cmd(ctx: click.Context, model_name: str | None, gpu_name: str, nodes: 
         model = run.require_model()
         n = nodes or run.num_nodes
         if log is not None and nodes is None:
-            from tune_cp.oracle.refit import log_nodes
+            from tune_cp.calibration.refit import log_nodes
 
             gpn = gpus_per_node or run.gpus_per_node or load_gpu(gpu_name).gpus_per_node
             n = log_nodes(log, nodes, gpn)
@@ -1811,7 +1811,7 @@ def calibrate_cmd(runs_paths: Sequence[str], log_paths: Sequence[str], log_confi
                   gpus_per_node: int | None, out_path: str | None, as_json: bool) -> None:
     """Fit the time model's constants on measured runs (a runs CSV) or refit them for your
     cluster from its training logs (--log)."""
-    from tune_cp.oracle.calibrate import calibrate
+    from tune_cp.calibration.calibrate import calibrate
     from tune_cp.oracle.constants import format_constants
     from tune_cp.oracle.inputs import MAX_LOG_BYTES, check_regular_file, exists
 
@@ -1820,7 +1820,7 @@ def calibrate_cmd(runs_paths: Sequence[str], log_paths: Sequence[str], log_confi
     if out_path is not None:
         out_path = str(check_output_path(out_path, "calibrate --out", (".json",)))
     if log_paths:
-        from tune_cp.oracle.refit import calibrate_from_logs, read_log_runs
+        from tune_cp.calibration.refit import calibrate_from_logs, read_log_runs
 
         if gpu_name is None:
             fail("--log needs --gpu (the logs' GPU; see `tune-cp gpus`)")

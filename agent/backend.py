@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 
 from tune_cp.config.resolve import Columns, set_fields
-from tune_cp.oracle.inventory import act_shape
-from tune_cp.oracle.memory import sync_free_buffer_bytes
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     Dispatcher,
     FlexBackend,
@@ -35,6 +33,8 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     Vendor,
 )
+from tune_cp.oracle.inventory import act_shape
+from tune_cp.oracle.memory import sync_free_buffer_bytes
 from tune_cp.solver.rules import backend_problems, hbm_limit_bytes
 
 

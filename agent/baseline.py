@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,

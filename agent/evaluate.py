@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from tune_cp.config.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
 from tune_cp.oracle.projection import Projection, project
-from tune_cp.oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, TrainingSpec
 from tune_cp.solver.check import CheckOutcome, check_configuration
 from tune_cp.solver.settings import RunSettings, SettingsView
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tune_cp.oracle.memory_verdict import MemoryState, Spread, memory_state
-from tune_cp.oracle.projection import project
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     GIB,
     ClusterSpec,
     ModelSpec,
@@ -19,6 +17,8 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     TrainingSpec,
 )
+from tune_cp.oracle.memory_verdict import MemoryState, Spread, memory_state
+from tune_cp.oracle.projection import project
 from tune_cp.solver.check import check_configuration
 from tune_cp.solver.settings import RunSettings
 

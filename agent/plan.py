@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tune_cp.agent.serialize import config_json
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     GpuSpec,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tune_cp.oracle.specs import GIB
+from tune_cp.config.specs import GIB
 
 if TYPE_CHECKING:
     from tune_cp.agent.plan import GpuPlan

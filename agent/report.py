@@ -8,9 +8,7 @@ import shlex
 from tune_cp.agent.evaluate import Trial
 from tune_cp.agent.llm import LlmReport
 from tune_cp.agent.search import SearchResult
-from tune_cp.oracle.memory import TERMS, split_label
-from tune_cp.oracle.memory_verdict import MemoryState, legal_state, memory_state
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     GIB,
     SLOT_SPLITS,
     ClusterSpec,
@@ -24,6 +22,8 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from tune_cp.oracle.memory import TERMS, split_label
+from tune_cp.oracle.memory_verdict import MemoryState, legal_state, memory_state
 from tune_cp.oracle.uncertainty import band_text, bias_notes
 from tune_cp.solver.settings import RunSettings
 from tune_cp.solver.space import OptimizerChoice
@@ -329,13 +329,13 @@ def check_command(model_arg: str, gpu_arg: str, model: ModelSpec, cluster: Clust
     it, and a check's figures do not depend on it. ``model_arg`` / ``gpu_arg``: the catalog
     name or the file path the run was given."""
     from tune_cp.config.axes import KNOB, PLAIN_AXES
-    from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
-    from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
-    from tune_cp.oracle.specs import (
+    from tune_cp.config.specs import (
         auto_pipeline_split,
         given_pipeline_split,
         resolved_flex_backend,
     )
+    from tune_cp.oracle.memory import OVERHEAD_NAMES, MemoryOverheads
+    from tune_cp.oracle.memory_verdict import DEFAULT_FAMILY
     from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
     args: list[tuple[str, object]] = [

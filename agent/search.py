@@ -54,10 +54,7 @@ from tune_cp.config.axes import (
     FlagKind,
 )
 from tune_cp.config.resolve import Columns, as_read, columns_of
-from tune_cp.oracle.inputs import finite, parse_number
-from tune_cp.oracle.memory_verdict import Spread, fits_line_bytes
-from tune_cp.oracle.projection import score_configs
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     DEFAULT_SELECTIVE_MODULES,
     ClusterSpec,
     ConfigError,
@@ -70,6 +67,9 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     nodes_text,
 )
+from tune_cp.oracle.inputs import finite, parse_number
+from tune_cp.oracle.memory_verdict import Spread, fits_line_bytes
+from tune_cp.oracle.projection import score_configs
 from tune_cp.oracle.uncertainty import Interval, load_residuals, residuals_for
 from tune_cp.oracle.work import ConfigBatch
 from tune_cp.solver.constraints import NAMES, HardConstraint, SoftObjective, axis_values

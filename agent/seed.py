@@ -18,7 +18,7 @@ from tune_cp.agent.backend import presets
 from tune_cp.agent.evaluate import Evaluator, Trial
 from tune_cp.config.axes import AXIS, PLAIN_AXES, SEED_MBS, SEED_SELECTIVE, module_sets
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     Dispatcher,
     Fp8Recipe,
     ParallelConfig,

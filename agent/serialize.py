@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tune_cp.config.axes import CONFIG_COLUMNS, KNOB, shown_value
-from tune_cp.oracle import params as P
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
     compute_precision,
 )
+from tune_cp.oracle import params as P
 
 if TYPE_CHECKING:
     from tune_cp.agent.evaluate import Trial

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tune_cp.config.axes import RUN_KNOBS, SWEEP_COLUMNS
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     GIB,
     ClusterSpec,
     ConfigError,
@@ -408,8 +408,8 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
                             f"file (a path relative to the grid file's folder, or absolute)")
     from pydantic import ValidationError
 
+    from tune_cp.config.specs import validation_message
     from tune_cp.oracle.memory import RunOptions
-    from tune_cp.oracle.specs import validation_message
 
     given = {k: data[k] for k in RunOptions.model_fields if data.get(k) is not None}
     try:
@@ -424,8 +424,8 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
 def _overheads(items: Iterable[tuple[str, Any]]):
     from pydantic import ValidationError
 
+    from tune_cp.config.specs import validation_message
     from tune_cp.oracle.memory import MemoryOverheads
-    from tune_cp.oracle.specs import validation_message
 
     values = dict(items)
     for k in values:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tune_cp.oracle.specs import ConfigError
+from tune_cp.config.specs import ConfigError
 
 #: iterations of a verification run: the first WARMUP_ITERATIONS (formats.logs) are
 #: left out of the median, the rest give a stable step time within minutes.

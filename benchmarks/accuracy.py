@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tune_cp.calibration.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
 from tune_cp.formats.runs import (  # noqa: E402
     NOT_FITTED,
     PUBLISHED_RUNS_FILES,
@@ -33,7 +34,6 @@ from tune_cp.formats.runs import (  # noqa: E402
     runs_label,
     scored_rows,
 )
-from tune_cp.oracle.calibrate import calibrate_rows, prepare, table_constants  # noqa: E402
 from tune_cp.oracle.constants import load_calibration  # noqa: E402
 from tune_cp.oracle.timing import BREAKDOWN, timing  # noqa: E402
 

@@ -22,8 +22,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tune_cp.config.axes import SLICEABLE_AXES
+from tune_cp.config.specs import ClusterSpec, Precision, TrainingSpec
 from tune_cp.oracle.catalog import load_gpu, load_model, model_entries
-from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
 from tune_cp.solver.constraints import as_constraints
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem

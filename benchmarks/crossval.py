@@ -4,7 +4,7 @@ The best estimate of the error on runs the constants were not fitted on: the rep
 with a measured tokens/s/GPU are split into folds by *configuration* (same model, GPU, node
 count, layout tp/pp/vpp/cp/ep, micro-batch and precision), so the repeats of one configuration
 across software releases never sit on both sides of a split; each fold is projected with
-constants calibrated (:func:`oracle.calibrate.fit`, the shipped method) on the other folds.
+constants calibrated (:func:`calibration.calibrate.fit`, the shipped method) on the other folds.
 
 Prints, as plain-text tables: every fold (rows, configurations, MAPE, median), the pooled
 out-of-fold MAPE, median and within-10% / within-15% shares, per source and per GPU, and the
@@ -32,14 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the oracle package
 sys.path.insert(0, str(ROOT))
 
-from tune_cp.formats.runs import (  # noqa: E402
-    PUBLISHED_RUNS_FILES,
-    RunRow,
-    read_runs_files,
-    runs_label,
-    scored_rows,
-)
-from tune_cp.oracle.calibrate import (  # noqa: E402
+from tune_cp.calibration.calibrate import (  # noqa: E402
     fit,
     fit_hybrid_terms,
     hybrid_rows,
@@ -47,6 +40,13 @@ from tune_cp.oracle.calibrate import (  # noqa: E402
     prepare,
     table_constants,
     table_from_fit,
+)
+from tune_cp.formats.runs import (  # noqa: E402
+    PUBLISHED_RUNS_FILES,
+    RunRow,
+    read_runs_files,
+    runs_label,
+    scored_rows,
 )
 
 #: the runs files read by default (both copies of ../shared/calibration/, in this order)
@@ -112,7 +112,7 @@ def grouped_cv(rows: list[RunRow], folds: int = 5, seed: int = 0) -> CrossValida
     """Out-of-fold projections of every representable measured row (see module docstring).
     Configurations are shuffled with ``random.Random(seed)`` and dealt round-robin to folds."""
     # the fitted rows, then the hybrid Mamba rows: they fit only the hybrid terms, in a second
-    # stage on each fold's training rows (oracle.calibrate.fit_hybrid_terms), as the shipped fit
+    # stage on each fold's training rows (calibration.calibrate.fit_hybrid_terms), as the shipped fit
     fitted, hybrid = [r for r in scored_rows(rows) if r.fitted], hybrid_rows(rows)
     rows = fitted + hybrid
     # dealt apart, so the hybrid rows leave the folds of the fitted rows as they were

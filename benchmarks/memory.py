@@ -36,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tune_cp.config.specs import GIB, Recompute, RecomputeMethod  # noqa: E402
 from tune_cp.formats.runs import read_runs  # noqa: E402
 from tune_cp.oracle.memory import MemoryOverheads, memory_report  # noqa: E402
 from tune_cp.oracle.memory_verdict import SPREAD_FILE, quantile  # noqa: E402
-from tune_cp.oracle.specs import GIB, Recompute, RecomputeMethod  # noqa: E402
 
 GB = 10**9
 

@@ -65,15 +65,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from benchmarks.memory_truth_cases import Case, resolved_case, tunecp_figures
-from tune_cp.oracle import memory as M
-from tune_cp.oracle.params import padded_vocab_size
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ModelSpec,
     ParallelConfig,
     PipelineSplit,
     Recompute,
     RecomputeMethod,
 )
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.params import padded_vocab_size
 
 JSON_PATH = ROOT / "benchmarks" / "memory_truth.json"
 KERNEL_SET = (

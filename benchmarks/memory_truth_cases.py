@@ -15,10 +15,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle import memory as M
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.inventory import kind_index
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ParallelConfig,
     PipelineSplit,
@@ -26,6 +23,9 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     TrainingSpec,
 )
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.layers import kind_index
 
 #: Defended tolerances (tests/test_memory_truth.py, docs/memory_truth.md): model state exact;
 #: a layer's saved activations within 1 % (what is left is unfused RoPE's cos/sin tables when

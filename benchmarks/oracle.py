@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tune_cp.config.specs import ClusterSpec, TrainingSpec  # noqa: E402
 from tune_cp.oracle.catalog import load_gpu, load_model  # noqa: E402
 from tune_cp.oracle.projection import project, score_configs  # noqa: E402
-from tune_cp.oracle.specs import ClusterSpec, TrainingSpec  # noqa: E402
 from tune_cp.oracle.work import ConfigBatch  # noqa: E402
 
 CASES = [

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tune_cp.config.specs import ClusterSpec, ConfigError  # noqa: E402
 from tune_cp.formats import parse_primus_config  # noqa: E402
 from tune_cp.oracle.catalog import load_gpu  # noqa: E402
-from tune_cp.oracle.specs import ClusterSpec, ConfigError  # noqa: E402
 from tune_cp.solver.check import check_configuration  # noqa: E402
 
 GPU_OF = {"MI355X": "mi355x", "MI300X": "mi300x", "MI325X": "mi325x"}

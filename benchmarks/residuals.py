@@ -58,7 +58,7 @@ def apart_residuals(rows: list[RunRow]) -> tuple[list[RunRow], np.ndarray]:
     """The representable rows the constants are not fitted on (hybrid Mamba models,
     ``formats/runs.py::NOT_FITTED``) and their log residuals against the shipped calibration:
     out-of-sample without cross-validation, since no fold is fitted on them."""
-    from tune_cp.oracle.calibrate import predict, prepare, table_constants
+    from tune_cp.calibration.calibrate import predict, prepare, table_constants
 
     apart = [r for r in scored_rows(rows) if r.representable and not r.fitted
              and not (r.model is not None and r.model.is_hybrid)]  # hybrid rows: in the CV

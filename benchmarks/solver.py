@@ -21,8 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tune_cp.config.specs import ClusterSpec, TrainingSpec
 from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.specs import ClusterSpec, TrainingSpec
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate

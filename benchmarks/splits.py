@@ -1,6 +1,6 @@
 """What the searched light splits cost and change: for each case, the default space with the
 automatic split alone (``pipeline_splits=(None,)``) and with the searched light splits
-(``oracle.specs.SEARCHED_LIGHT_SPLITS``, the default): raw candidates, feasible configurations,
+(``config.specs.SEARCHED_LIGHT_SPLITS``, the default): raw candidates, feasible configurations,
 CPU seconds of the enumeration (one process, the fastest of ``--repeat`` cold runs; CPU time,
 so other load on the machine inflates it less than wall time), and the projected best of each
 (and its split).
@@ -17,9 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tune_cp.config.specs import ClusterSpec, TrainingSpec  # noqa: E402
 from tune_cp.oracle.catalog import load_gpu, load_model  # noqa: E402
 from tune_cp.oracle.projection import score_configs  # noqa: E402
-from tune_cp.oracle.specs import ClusterSpec, TrainingSpec  # noqa: E402
 from tune_cp.oracle.work import ConfigBatch  # noqa: E402
 from tune_cp.solver.feasible import enumerate_feasible  # noqa: E402
 from tune_cp.solver.space import default_space  # noqa: E402

@@ -5,6 +5,7 @@ and ``solver`` (legality, CP-SAT, check): the axis registry (``config/axes.py``:
 ``ParallelConfig`` field a user, the search or the planner sets, and the search axes with their
 domains, labels and columns), the integer coding of the configuration enums
 (``config/codes.py``), the one resolver of derived fields over a columnar batch
-(``config/resolve.py``) and the specs they describe (``oracle/specs.py``, to move here).
-Modules here import only the specs and the standard library, never a higher layer.
+(``config/resolve.py``) and the specs they describe (``config/specs.py``: the frozen pydantic
+models and their enums). Modules here import only each other, numpy and the standard library,
+never a higher layer (``tests/test_import_graph.py``).
 """

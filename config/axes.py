@@ -1,4 +1,4 @@
-"""The axis registry: every setting of a :class:`~oracle.specs.ParallelConfig` a user, a search or
+"""The axis registry: every setting of a :class:`~config.specs.ParallelConfig` a user, a search or
 the LLM planner may choose, declared once.
 
 The tables, and every list of axis names, domains, labels and columns in tune-cp is derived
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     MAX_GPUS,
     Dispatcher,
     FlexBackend,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     VALUELESS_SPLITS,
     Dispatcher,
     FlexBackend,
@@ -79,7 +79,7 @@ def mask_modules(mask: int) -> tuple[str, ...]:
 
 #: A pipeline split with its values: (split, first stage layers, last stage layers, layout).
 SplitKey = tuple[PipelineSplit, int | None, int | None, str | None]
-#: The splits without values (``oracle/specs.py::VALUELESS_SPLITS``), by code: 0 even,
+#: The splits without values (``config/specs.py::VALUELESS_SPLITS``), by code: 0 even,
 #: 1 embedding_loss, the light splits next, embedding_mtp_loss last. Every batch's split table
 #: (``split_keys`` of a columnar batch) starts with them; the splits with values (uneven,
 #: layout) follow in the batch's own table (:func:`split_table`), so a code means the same in

@@ -1,7 +1,7 @@
 """The one resolver of a configuration's derived fields, vectorised over a columnar batch.
 
 :class:`Columns` holds configurations of one (model, cluster, training) as one numpy array per
-:class:`~oracle.specs.ParallelConfig` field the oracle reads, with the enums in the coding of
+:class:`~config.specs.ParallelConfig` field the oracle reads, with the enums in the coding of
 :mod:`config.codes`. A field left to the resolver (``None`` on a ``ParallelConfig``) is the
 sentinel :data:`UNSET` (``-1``; for ``etp``, ``dp`` and ``ga`` also any value below 1).
 :func:`resolve` derives them, for every row at once:
@@ -16,10 +16,10 @@ sentinel :data:`UNSET` (``-1``; for ``etp``, ``dp`` and ``ga`` also any value be
   (``fsdp`` alone; Megatron-FSDP shards the optimizer state itself, and the exporters write
   the ``--use-distributed-optimizer`` it needs: ``formats/export.py``);
 * schedule interleaved iff vpp > 1, else 1F1B;
-* the FP8 recipe of an FP8 training without one: :func:`oracle.specs.default_fp8_recipe`;
-* the pipeline split, where none is given: :func:`oracle.specs.auto_pipeline_split`;
+* the FP8 recipe of an FP8 training without one: :func:`config.specs.default_fp8_recipe`;
+* the pipeline split, where none is given: :func:`config.specs.auto_pipeline_split`;
 * recompute layers only under full recompute (else ``-1``, all);
-* the flex dispatcher's library: :func:`oracle.specs.resolved_flex_backend`'s choice, Primus-
+* the flex dispatcher's library: :func:`config.specs.resolved_flex_backend`'s choice, Primus-
   Turbo's DeepEP on AMD, NVIDIA DeepEP elsewhere, none without the flex dispatcher;
 * the fp32 router where not given: on with Primus-Turbo's DeepEP, which needs it;
 * permute fusion on from sync-free stage 1 (Primus ``rocm_arg_validation.py``
@@ -60,7 +60,7 @@ from tune_cp.config.codes import (
     module_mask,
     split_config,
 )
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     Dispatcher,
     FlexBackend,
@@ -195,7 +195,7 @@ def _tri(v: bool | None) -> int:
 
 def columns_of(configs: Sequence[ParallelConfig]) -> Columns:
     """Unresolved (or resolved) ``ParallelConfig`` s as :class:`Columns`; a split given on a
-    configuration (:func:`oracle.specs.given_pipeline_split`) is a code in the batch's split
+    configuration (:func:`config.specs.given_pipeline_split`) is a code in the batch's split
     table, an automatic one :data:`UNSET`."""
     keys = dict.fromkeys(VALUELESS_SPLIT_KEYS)
     split = []

@@ -12,7 +12,7 @@ Import::
 Every argument the reader did not understand is listed in ``run.unknown`` (never fatal); those it
 understood but that do not affect tune-cp's model are in ``run.ignored``; every setting that took
 the framework's default because it was missing is stated in ``run.defaults``; approximations and
-conflicts are in ``run.notes``. Malformed values raise :class:`oracle.specs.ConfigError` with one
+conflicts are in ``run.notes``. Malformed values raise :class:`config.specs.ConfigError` with one
 line naming the flag and the value.
 
 Export: :func:`to_megatron_args`, :func:`to_primus_overrides`, :func:`to_nemo_overrides`.

@@ -31,23 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tune_cp.config.axes import KNOB, PLAIN_AXES
-from tune_cp.formats.keys import (
-    KNOB_BRIDGE,
-    KNOB_DEST,
-    PRIMUS_CLI_KEYS,
-    Fp8Format,
-    megatron_flag,
-)
-from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
-from tune_cp.oracle.memory import (
-    FULL_ITERATION,
-    RunOptions,
-    pipeline_chunks,
-    split_fields,
-    split_layout,
-    uneven_stage_layers,
-)
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     DEFAULT_SELECTIVE_MODULES,
     LIGHT_SPLITS,
     Activation,
@@ -70,6 +54,22 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     compute_precision,
     nodes_text,
+)
+from tune_cp.formats.keys import (
+    KNOB_BRIDGE,
+    KNOB_DEST,
+    PRIMUS_CLI_KEYS,
+    Fp8Format,
+    megatron_flag,
+)
+from tune_cp.formats.model import LLAMA3_ORIGINAL_POSITIONS
+from tune_cp.oracle.memory import (
+    FULL_ITERATION,
+    RunOptions,
+    pipeline_chunks,
+    split_fields,
+    split_layout,
+    uneven_stage_layers,
 )
 
 FP4_FORMAT = "e2m1"  # TransformerConfig.fp4 (--fp4-format): the only FP4 element format

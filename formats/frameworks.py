@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tune_cp.oracle.specs import Fp8Recipe
+from tune_cp.config.specs import Fp8Recipe
 
 
 class Framework(StrEnum):

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from tune_cp.config.axes import KNOBS
+from tune_cp.config.specs import ConfigError
 from tune_cp.formats.shell import UNSET, describe_unset, unset_name
 from tune_cp.oracle.inputs import is_file, read_mapping, show_name
-from tune_cp.oracle.specs import ConfigError
 
 
 class Flavor(StrEnum):
@@ -160,7 +160,7 @@ CONFIG_KEYS: dict[str, Key] = {
     ),
     "moe_flex_dispatcher_backend": Key(Kind.CHOICE, choices=("deepep", "hybridep", "ncclep")),
     "moe_enable_deepep": BOOL,  # deprecated: flex dispatcher with DeepEP
-    # the MoE backend (oracle/specs.py::ParallelConfig backend fields; formats/parse.py::_backend)
+    # the MoE backend (config/specs.py::ParallelConfig backend fields; formats/parse.py::_backend)
     "moe_grouped_gemm": BOOL,
     # legacy GroupedMLP: gone from Megatron-LM d98e8a64's arguments (gpt_layer_specs.py l.616
     # still reads it with getattr); Primus's Megatron-LM and Primus-Turbo take it

@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tune_cp.oracle.specs import MAX_GPUS, ConfigError, Spec
+from tune_cp.config.specs import MAX_GPUS, ConfigError, Spec
 
 #: iteration lines at the start of a log left out of the median (warm-up steps).
 WARMUP_ITERATIONS = 2
@@ -361,7 +361,7 @@ class TitanSettings(Spec):
     before use. The bounds are torchtitan's (``torchtitan/distributed/parallel_dims.py::
     ParallelDims._validate``: ``dp_replicate >= 1``, ``dp_shard == -1 or >= 1``, ``cp, tp, pp,
     ep >= 1``; ``job_config.py``: ``global_batch_size`` -1 is derived from the local batch) and
-    tune-cp's cluster bound (:data:`oracle.specs.MAX_GPUS`)."""
+    tune-cp's cluster bound (:data:`config.specs.MAX_GPUS`)."""
 
     tp: int = Field(default=1, ge=1, le=MAX_GPUS)
     pp: int = Field(default=1, ge=1, le=MAX_GPUS)

@@ -1,4 +1,4 @@
-"""Model-shape arguments -> :class:`oracle.specs.ModelSpec`, for launches imported without
+"""Model-shape arguments -> :class:`config.specs.ModelSpec`, for launches imported without
 ``--model``.
 
 Defaults for the shape flags not given: Megatron-LM ``arguments.py`` / ``TransformerConfig`` at
@@ -19,6 +19,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tune_cp.config.specs import (
+    ConfigError,
+    MlaSpec,
+    ModelSpec,
+    NormKind,
+    PositionEmbedding,
+    Spec,
+    validation_message,
+)
 from tune_cp.formats.keys import (
     FRAMEWORK_NAME,
     Flavor,
@@ -28,15 +37,6 @@ from tune_cp.formats.keys import (
     spell,
 )
 from tune_cp.oracle.catalog import model_entries
-from tune_cp.oracle.specs import (
-    ConfigError,
-    MlaSpec,
-    ModelSpec,
-    NormKind,
-    PositionEmbedding,
-    Spec,
-    validation_message,
-)
 
 # Model-shape defaults for flags not given (same sources; Primus: language_model.yaml).
 MODEL_DEFAULTS: dict[Flavor, dict[str, Any]] = {
@@ -399,7 +399,7 @@ def hybrid_fields(raw: RawArgs, arch: ImportedArchitecture, hidden: int,
                     f"{arch.num_layers}; they must agree")
     pattern = main
     head_dim = get("mamba_head_dim")
-    from tune_cp.oracle.specs import MambaSpec
+    from tune_cp.config.specs import MambaSpec
 
     try:
         mamba = MambaSpec(state_dim=get("mamba_state_dim"), head_dim=head_dim,

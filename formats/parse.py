@@ -9,6 +9,28 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tune_cp.config.specs import (
+    DEFAULT_SELECTIVE_MODULES,
+    EMBEDDING_LOSS_SLOTS,
+    SELECTIVE_MODULES,
+    ClusterSpec,
+    ConfigError,
+    Dispatcher,
+    FlexBackend,
+    Fp8Recipe,
+    GroupedGemm,
+    ModelSpec,
+    ParallelConfig,
+    PipelineSplit,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    Schedule,
+    Spec,
+    TrainingSpec,
+    parse_pipeline_layout,
+    validation_message,
+)
 from tune_cp.formats.keys import (
     ALL_KEYS,
     CONFIG_KEYS,
@@ -42,28 +64,6 @@ from tune_cp.formats.model import (
 )
 from tune_cp.oracle.memory import FULL_ITERATION, PER_LAYER_GRAPH_SCOPES, RunOptions, split_layout
 from tune_cp.oracle.params import VOCAB_DIVISIBLE_BY
-from tune_cp.oracle.specs import (
-    DEFAULT_SELECTIVE_MODULES,
-    EMBEDDING_LOSS_SLOTS,
-    SELECTIVE_MODULES,
-    ClusterSpec,
-    ConfigError,
-    Dispatcher,
-    FlexBackend,
-    Fp8Recipe,
-    GroupedGemm,
-    ModelSpec,
-    ParallelConfig,
-    PipelineSplit,
-    Precision,
-    Recompute,
-    RecomputeMethod,
-    Schedule,
-    Spec,
-    TrainingSpec,
-    parse_pipeline_layout,
-    validation_message,
-)
 
 # --------------------------------------------------------------------------- defaults tables
 
@@ -562,7 +562,7 @@ def _layout(r: _Reader, num_layers: int | None, pp: int,
             num_mtp: int = 0) -> tuple[PipelineSplit, int, str | None] | None:
     """``pipeline_model_parallel_layout`` ("Et*3|(tt|)*29,m|L": ``|`` between virtual stages, E
     embedding, t a decoder layer, m an MTP layer, L the loss; Megatron-Core's syntax,
-    :func:`oracle.specs.parse_pipeline_layout`): ``(split, vpp, layout)``. Every stage the same
+    :func:`config.specs.parse_pipeline_layout`): ``(split, vpp, layout)``. Every stage the same
     number of layers is the even split, the embedding and the loss taking one layer's place in
     the first and last stage the embedding_loss split (layout None), the embedding, MTP and
     loss one slot each the embedding_mtp_loss split (how tune-cp writes it:

@@ -92,9 +92,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle.catalog import gpu_entries, load_gpu, model_entries
-from tune_cp.oracle.constants import software_stack
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -110,6 +108,8 @@ from tune_cp.oracle.specs import (
     StateDtype,
     TrainingSpec,
 )
+from tune_cp.oracle.catalog import gpu_entries, load_gpu, model_entries
+from tune_cp.oracle.constants import software_stack
 from tune_cp.oracle.work import RunTraits
 
 REQUIRED_COLUMNS = (
@@ -945,7 +945,7 @@ def read_runs(path: str | Path) -> list[RunRow]:
 
 #: Why representable rows of hybrid Mamba models do not fit the shared constants: fitting them
 #: on these rows would move the transformer rows' constants to absorb the Mamba error. They fit
-#: only the Mamba mixer's own kernel rate (``oracle/calibrate.py::HYBRID_TERMS``,
+#: only the Mamba mixer's own kernel rate (``calibration/calibrate.py::HYBRID_TERMS``,
 #: ``fit_hybrid_terms``: second stage, the shared constants held) and are cross-validated with
 #: it (``benchmarks/crossval.py::grouped_cv``).
 NOT_FITTED = ("hybrid Mamba model: fits only mamba_kernel_efficiency, not the shared "

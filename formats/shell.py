@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tune_cp.oracle.specs import ConfigError
+from tune_cp.config.specs import ConfigError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.oracle.specs import ClusterSpec
+from tune_cp.config.specs import ClusterSpec
 
 #: Bytes of an FP8 all-gather relative to the bf16 one (1 byte per element instead of 2).
 TP_FP8_ALLGATHER_FRACTION = 0.5

@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.oracle.constants import POWER_REFERENCE_GPU
-from tune_cp.oracle.specs import GpuSpec
+from tune_cp.config.specs import GpuSpec
 
 #: Bytes per element of a GEMM operand read from HBM (memory-bound floor of a GEMM).
 OPERAND_BYTES = {0: 2.0, 1: 1.0, 2: 0.5625}  # bf16, fp8, nvfp4 (4 bit + 1 scale byte per 16)
@@ -73,17 +72,13 @@ def gemm_half_dims(half_dim: Any, low: np.ndarray, peak_low: Any, peak_bf16: Any
 
 
 @lru_cache(maxsize=64)
-def power_ratios(gpu: GpuSpec) -> tuple[float, float, float]:
+def power_ratios(gpu: GpuSpec, ref: GpuSpec | None) -> tuple[float, float, float]:
     """``(reference peak / peak, units / reference units, TDP / reference TDP)`` of a GPU against
-    its architecture's reference part (:data:`oracle.constants.POWER_REFERENCE_GPU`); all 1 when
-    the GPU or the reference lacks ``tdp_w`` or ``compute_units`` (nothing is modelled)."""
-    ref_name = POWER_REFERENCE_GPU.get(gpu.architecture or "")
-    if ref_name is None or gpu.tdp_w is None or gpu.compute_units is None:
-        return (1.0, 1.0, 1.0)
-    from tune_cp.oracle.catalog import load_gpu
-
-    ref = load_gpu(ref_name)
-    if ref.tdp_w is None or ref.compute_units is None:
+    its architecture's reference part ``ref`` (:data:`oracle.constants.POWER_REFERENCE_GPU`,
+    looked up by ``oracle/catalog::power_reference``); all 1 without a reference or when the GPU
+    or the reference lacks ``tdp_w`` or ``compute_units`` (nothing is modelled)."""
+    if (ref is None or gpu.tdp_w is None or gpu.compute_units is None or ref.tdp_w is None
+            or ref.compute_units is None):
         return (1.0, 1.0, 1.0)
     return (ref.peak_bf16_flops / gpu.peak_bf16_flops, gpu.compute_units / ref.compute_units,
             gpu.tdp_w / ref.tdp_w)

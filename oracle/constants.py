@@ -4,7 +4,7 @@ file that stores their fitted values per GPU architecture.
 Every constant is dimensionless or in seconds and means one physical thing (see :data:`CONSTANTS`).
 Values live in ``oracle/catalog/calibration.json``: ``defaults`` (shared by all architectures)
 and ``architectures.<arch>`` (overrides for ``ampere``, ``hopper``, ``blackwell``, ``cdna3``,
-``cdna4``; GPUs name their architecture in ``gpus.json``). :func:`oracle.calibrate.calibrate`
+``cdna4``; GPUs name their architecture in ``gpus.json``). :func:`calibration.calibrate.calibrate`
 rewrites that file from published or logged runs; the header records which rows, when, and the
 fit error. A constant is *per architecture* when the hardware sets it (kernel efficiencies,
 link efficiencies, launch overhead) and *shared* when the software sets it (overlap fractions,
@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from tune_cp.oracle.specs import ConfigError, Spec
+from tune_cp.config.specs import ConfigError, Spec
 
 HERE = Path(__file__).parent
 CALIBRATION_PATH = HERE / "catalog" / "calibration.json"
@@ -54,7 +54,7 @@ def architecture_key(architecture: str) -> str:
 
 def mfu_class(is_moe: bool, architecture: str, precision: str) -> str:
     """The class a published MFU ceiling is kept for: ``dense|moe / architecture / precision``
-    (:func:`oracle.calibrate.mfu_ceilings` writes the ceilings; here so that reading one does
+    (:func:`calibration.calibrate.mfu_ceilings` writes the ceilings; here so that reading one does
     not import the calibration and the framework readers)."""
     return f"{'moe' if is_moe else 'dense'}/{architecture_key(architecture)}/{precision}"
 
@@ -434,7 +434,7 @@ class CalibrationTable:
 
 
 class MfuCeiling(Spec):
-    """One class's published MFU ceiling in a calibration header (``oracle/calibrate.py::
+    """One class's published MFU ceiling in a calibration header (``calibration/calibrate.py::
     mfu_ceilings``): the best measured MFU, a fraction of the peak, and the row that set it."""
 
     mfu: float = Field(gt=0, le=1)
@@ -444,8 +444,8 @@ class MfuCeiling(Spec):
 
 
 class FittedOn(Spec):
-    """A calibration file's ``fitted_on`` header: what ``calibrate`` (``oracle/calibrate.py::
-    calibrate``) and ``calibrate --log`` (``oracle/refit.py::calibrate_from_logs``) write. The
+    """A calibration file's ``fitted_on`` header: what ``calibrate`` (``calibration/calibrate.py::
+    calibrate``) and ``calibrate --log`` (``calibration/refit.py::calibrate_from_logs``) write. The
     keys read by the projection (``gpus_fitted``, ``architectures_fitted``,
     ``gpus_by_architecture``: ``evidence_note``; ``mfu_ceilings``: ``projection.mfu_note``;
     ``user_residuals``: ``uncertainty.residuals_for``) and every other key written are typed;

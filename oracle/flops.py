@@ -16,7 +16,7 @@ Megatron-Bridge ``src/megatron/bridge/training/utils/flop_utils.py`` (067f987df)
 * multi-token-prediction modules count as one more layer of the last layer's kind plus their
   ``2h x h`` projection and another logits GEMM (Megatron counts them when ``mtp_num_layers`` is set);
 * recomputation is excluded (that is hardware FLOPs, not model FLOPs);
-* a layer is the sum of its blocks (``oracle/inventory.py::kind_blocks``: a hybrid model's
+* a layer is the sum of its blocks (``oracle/layers.py::kind_blocks``: a hybrid model's
   layers are one block each); a Mamba-2 mixer counts ``in_proj``, ``out_proj`` and Megatron's
   ``7 d_inner N`` per token for the scan (``hybrid_flops`` / ``mamba_layer_flops``, with the
   model's own ``d_inner = H P`` where Megatron assumes ``2 h``); a latent MoE's routed experts
@@ -32,8 +32,9 @@ s sequence length, L layers.
 
 from __future__ import annotations
 
+from tune_cp.config.specs import ModelSpec
 from tune_cp.oracle import params as P
-from tune_cp.oracle.specs import ModelSpec
+from tune_cp.oracle.layers import Block, kind_blocks, layer_kinds
 
 #: forward (1) + backward dgrad (1) + backward wgrad (1) GEMMs per forward GEMM.
 FWD_BWD_FACTOR = 3
@@ -160,9 +161,7 @@ def layer_is_sliding(model: ModelSpec, layer: int) -> bool:
 
 def layer_forward_flops(model: ModelSpec, layer: int, seq_len: int) -> float:
     """Forward model FLOPs per token of decoder layer ``layer`` (0-based): the sum of its blocks
-    (``oracle/inventory.py``)."""
-    from tune_cp.oracle.inventory import Block, kind_blocks, layer_kinds
-
+    (``oracle/layers.py``)."""
     total = 0.0
     for block in kind_blocks(model, layer_kinds(model)[layer]):
         if block is Block.ATTENTION:

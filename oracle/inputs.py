@@ -3,7 +3,7 @@
 Every reader of a user file (model and GPU files, Hugging Face ``config.json``, Primus YAML,
 calibration JSON, runs CSV) goes through :func:`read_text` and, for structured data,
 :func:`parse_json` / :func:`parse_yaml`; numbers read from flags and CSV cells go through
-:func:`finite`. Each failure is a one-line :class:`~oracle.specs.ConfigError` naming the file
+:func:`finite`. Each failure is a one-line :class:`~config.specs.ConfigError` naming the file
 (or flag), the value and what would be legal, so the CLI exits 2 instead of hanging, running out
 of memory or printing ``internal error``.
 
@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tune_cp.oracle.specs import ConfigError
+from tune_cp.config.specs import ConfigError
 
 #: Largest user file read (16 MiB): the largest Hugging Face config.json is a few KiB, the
 #: published runs CSV about 100 KiB; a bigger file is not a configuration.
@@ -349,7 +349,7 @@ def json_only(data: Any, where: str, key: str = "") -> None:
 def strict_message(err: Any) -> str:
     """The first problem of a strict pydantic validation error on one line, saying what the
     value is when its type is wrong (a string or boolean where a number belongs)."""
-    from tune_cp.oracle.specs import validation_message
+    from tune_cp.config.specs import validation_message
 
     e = err.errors()[0]
     loc = ".".join(str(x) for x in e["loc"]) or "the document"

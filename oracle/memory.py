@@ -71,34 +71,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tune_cp.oracle import params as P
-from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the workload inventory
-    BF16_BYTES,
-    BOOL_BYTES,
-    FP32_BYTES,
-    INT64_BYTES,
-    KINDS,
-    MXFP8_BLOCK,
-    NVFP4_BLOCK,
-    ActShape,
-    Block,
-    LayerKind,
-    act_shape,
-    attention_backward_bytes,
-    attention_tensors,
-    dense_mlp_tensors,
-    kept_bytes,
-    kind_blocks,
-    kind_index,
-    layer_kinds,
-    mamba_backward_bytes,
-    mamba_tensors,
-    moe_tensors,
-    mtp_extra_blocks,
-    mtp_kind,
-    norm_stats_bytes,
-)
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
@@ -116,6 +89,35 @@ from tune_cp.oracle.specs import (
     Spec,
     TrainingSpec,
     parse_pipeline_layout,
+)
+from tune_cp.oracle import params as P
+from tune_cp.oracle.inventory import (  # the per-layer tensor lists live in the workload inventory
+    BF16_BYTES,
+    BOOL_BYTES,
+    FP32_BYTES,
+    INT64_BYTES,
+    MXFP8_BLOCK,
+    NVFP4_BLOCK,
+    ActShape,
+    act_shape,
+    attention_backward_bytes,
+    attention_tensors,
+    dense_mlp_tensors,
+    kept_bytes,
+    mamba_backward_bytes,
+    mamba_tensors,
+    moe_tensors,
+    norm_stats_bytes,
+)
+from tune_cp.oracle.layers import (
+    KINDS,
+    Block,
+    LayerKind,
+    kind_blocks,
+    kind_index,
+    layer_kinds,
+    mtp_extra_blocks,
+    mtp_kind,
 )
 
 MIB = 2**20
@@ -332,7 +334,7 @@ def uneven_stage_layers(
 
     ``uneven``: ``(first, last)`` as given. The light splits: the first / last stage hold ``a``
     / ``b`` layers per virtual stage fewer than a middle stage of ``c`` layers per virtual stage
-    (:data:`oracle.specs.LIGHT_TRIM`: 1 lighter, -1 heavier, 0 a middle stage):
+    (:data:`config.specs.LIGHT_TRIM`: 1 lighter, -1 heavier, 0 a middle stage):
     ``L = vpp (pp c - a - b)``, so ``c = (L / vpp + a + b) / pp`` and that end holds
     ``(c - a) vpp``. Llama 3.1 405B (126 layers) at pp 16: ``light_ends`` gives 7 + 14 x 8 + 7.
     ``last_to_first``: one layer (not one per virtual stage) moves from the last stage to the
@@ -425,7 +427,7 @@ def chunk_spans(
     ``uneven`` and the light splits: :func:`uneven_chunk_sizes` of :func:`uneven_stage_layers`
     (``first`` / ``last``: ``ParallelConfig.first_stage_layers`` / ``last_stage_layers``);
     embedding on v = 0, output, loss and MTP on v = V - 1 as under ``even``.
-    ``layout``: virtual stage v is stage v of :func:`oracle.specs.parse_pipeline_layout`
+    ``layout``: virtual stage v is stage v of :func:`config.specs.parse_pipeline_layout`
     (``layout``: ``ParallelConfig.pipeline_layout``), its ``t`` the next decoder layers, ``E``
     the embedding, ``L`` the output layer and loss, ``m`` MTP layers.
     Where the counts do not divide (illegal, see ``solver/rules.py``), the floor boundaries
@@ -563,10 +565,10 @@ def recompute_groups(
 class StageCounts:
     """Integer coefficients of one pipeline stage (see module docstring, layer 1).
 
-    Layers are counted per :class:`oracle.inventory.LayerKind` (what each kind is made of is
+    Layers are counted per :class:`oracle.layers.LayerKind` (what each kind is made of is
     the inventory's ``kind_blocks``): ``dense``/``moe`` and, in hybrid models only,
     ``attention``/``mamba``. ``recompute_groups`` lists the distinct layer compositions (layers
-    per kind, in :data:`oracle.inventory.KINDS` order) of the groups recomputed on the stage;
+    per kind, in :data:`oracle.layers.KINDS` order) of the groups recomputed on the stage;
     the recompute working set is the largest of them. The hybrid kinds' fields come last with a
     default of 0, so a transformer's counts read as before.
     """
@@ -641,7 +643,7 @@ def stage_counts_by_kind(
     layout: str | None = None,
 ) -> tuple[StageCounts, ...]:
     """``kinds``: each decoder layer's kind as an index into :data:`KINDS`
-    (:func:`oracle.inventory.kind_index`); ``mtp_kind``: the kind an MTP layer copies;
+    (:func:`oracle.layers.kind_index`); ``mtp_kind``: the kind an MTP layer copies;
     ``first`` / ``last`` / ``layout``: the uneven and layout splits' fields
     (:func:`pipeline_chunks`)."""
     nk = len(KINDS)
@@ -768,7 +770,7 @@ def split_label(model: ModelSpec, cfg: ParallelConfig) -> str:
 
 
 def split_fields(cfg: ParallelConfig) -> tuple[int | None, int | None, str | None]:
-    """The split's own values beyond :class:`~oracle.specs.PipelineSplit`: first and last
+    """The split's own values beyond :class:`~config.specs.PipelineSplit`: first and last
     stage layers (``uneven``) and the layout (``layout``), as :func:`pipeline_chunks` takes
     them."""
     return cfg.first_stage_layers, cfg.last_stage_layers, cfg.pipeline_layout
@@ -799,7 +801,7 @@ class ParamUnits:
 
 def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamUnits:
     """Layer 2 for parameters: each block's count per rank (``oracle/params.py``), composed into
-    layer kinds as the inventory says (``oracle/inventory.py::kind_blocks``)."""
+    layer kinds as the inventory says (``oracle/layers.py::kind_blocks``)."""
     attn = P.attention_params(model, tp)
     dense = P.dense_mlp_params(model, tp) if model.num_dense_layers_effective else 0
     moe_ne = P.moe_nonexpert_params(model, tp) if model.is_moe else 0
@@ -816,7 +818,7 @@ def param_units(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> ParamU
         experts=experts,
         embedding=P.embedding_params(model, tp),
         output=P.output_params(model, tp, pp),
-        # a hybrid model's MTP depth also runs an attention block (inventory.mtp_extra_blocks)
+        # a hybrid model's MTP depth also runs an attention block (layers.mtp_extra_blocks)
         mtp_extra=(P.mtp_extra_params(model, tp) + (attn if model.is_hybrid else 0)
                    if model.num_mtp_layers else 0),
         largest_layer=largest,
@@ -1567,7 +1569,7 @@ def unsharded_peak_bytes(model: ModelSpec, training: TrainingSpec, mbs: int) -> 
     parallel size divides a term; an in-flight micro-batch of a pipeline stage holds only the
     stage's layers)."""
     from tune_cp.config.resolve import resolve_config
-    from tune_cp.oracle.specs import GpuSpec
+    from tune_cp.config.specs import GpuSpec
 
     gpu = GpuSpec(name="unsharded bound", hbm_bytes=1 << 50, peak_bf16_flops=1e15,
                   hbm_bytes_per_s=1e12, scale_up_bytes_per_s=1e11, scale_up_domain_gpus=1,

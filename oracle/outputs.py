@@ -27,8 +27,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from tune_cp.config.specs import ConfigError
 from tune_cp.oracle.inputs import show_name
-from tune_cp.oracle.specs import ConfigError
 
 #: Kernel file systems: what is written there is no file (a kernel interface).
 PSEUDO_ROOTS = (Path("/proc"), Path("/sys"))

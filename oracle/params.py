@@ -11,13 +11,14 @@ f_e expert FFN, f_s shared-expert FFN (per shared expert), n_s shared experts, L
 width of a latent MoE; Mamba-2: H heads, P head dim, d_inner = H P, G groups, N state dim,
 K conv kernel.
 
-Which blocks a layer has is the workload inventory's (``oracle/inventory.py::kind_blocks``);
+Which blocks a layer has is ``oracle/layers.py::kind_blocks``'s;
 :func:`layer_params` sums them.
 """
 
 from __future__ import annotations
 
-from tune_cp.oracle.specs import ModelSpec, NormKind, PositionEmbedding
+from tune_cp.config.specs import ModelSpec, NormKind, PositionEmbedding
+from tune_cp.oracle.layers import Block, kind_blocks, layer_kinds
 
 #: Megatron-LM ``--make-vocab-size-divisible-by`` default (megatron/training/arguments.py).
 VOCAB_DIVISIBLE_BY = 128
@@ -201,9 +202,7 @@ def moe_block_params(model: ModelSpec) -> int:
 
 def layer_params(model: ModelSpec, layer: int) -> int:
     """Parameters of decoder layer ``layer`` (0-based), unsharded: the sum of its blocks
-    (``oracle/inventory.py::kind_blocks``)."""
-    from tune_cp.oracle.inventory import Block, kind_blocks, layer_kinds
-
+    (``oracle/layers.py::kind_blocks``)."""
     per_block = {
         Block.ATTENTION: attention_params,
         Block.MLP: dense_mlp_params,

@@ -32,6 +32,14 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from tune_cp.config.specs import (
+    ClusterSpec,
+    ConfigError,
+    ModelSpec,
+    ParallelConfig,
+    Precision,
+    TrainingSpec,
+)
 from tune_cp.oracle import flops as F
 from tune_cp.oracle import params as P
 from tune_cp.oracle.constants import (
@@ -39,14 +47,6 @@ from tune_cp.oracle.constants import (
     CalibrationTable,
     evidence_note,
     load_calibration,
-)
-from tune_cp.oracle.specs import (
-    ClusterSpec,
-    ConfigError,
-    ModelSpec,
-    ParallelConfig,
-    Precision,
-    TrainingSpec,
 )
 from tune_cp.oracle.timing import BREAKDOWN, constants_arrays, timing
 from tune_cp.oracle.work import ConfigBatch, RunTraits, build_work, padded_vocab
@@ -86,7 +86,7 @@ def mfu_peak_flops(cluster: ClusterSpec, training: TrainingSpec, fp8_active: boo
     """The peak MFU is measured against: the dense peak of the precision the GEMMs run in (FP4
     when the training is FP4 and the GPU has FP4 tensor cores, else FP8 under an FP8 recipe on a
     GPU with FP8 tensor cores, else BF16). :func:`score_configs` and the published-MFU ceilings
-    (:func:`oracle.calibrate.mfu_ceilings`) both use it."""
+    (:func:`calibration.calibrate.mfu_ceilings`) both use it."""
     if training.precision is Precision.FP4 and cluster.gpu.peak_fp4_flops:
         return cluster.gpu.peak_fp4_flops
     if fp8_active and cluster.gpu.peak_fp8_flops:
@@ -220,7 +220,7 @@ def mfu_note(mfu: float, breakdown: dict[str, float], step_s: float, is_moe: boo
              architecture: str, precision: str, table: CalibrationTable) -> str:
     """One line when a projected MFU is not bounded by a published run of its class
     (``fitted_on.mfu_ceilings`` of the calibration file, written by
-    :func:`oracle.calibrate.mfu_ceilings`): above the best MFU a published run of the class
+    :func:`calibration.calibrate.mfu_ceilings`): above the best MFU a published run of the class
     reached (the ceiling and the row that set it), or in a class no published run belongs to
     (the published ceilings of the same architecture instead); either way what the projection's
     step consists of (GEMM share, bubble, exposed communication), so a user sees what the MFU

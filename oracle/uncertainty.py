@@ -40,7 +40,7 @@ transformers' intervals.
 
 A cluster's own runs: a calibration file written by ``tune-cp calibrate --log`` records the log
 residuals of the refit in its header (``fitted_on.user_residuals``, ``log(measured / projected)``
-with the refitted constants, :mod:`oracle.refit`). With at least :data:`MIN_CLASS_ROWS` of them,
+with the refitted constants, :mod:`calibration.refit`). With at least :data:`MIN_CLASS_ROWS` of them,
 :func:`residuals_for` gives every projection made with that file (``--calibration FILE``) the
 interval of those residuals (class :data:`USER_CLASS`): the cluster's own scatter, not the
 published runs'. Those residuals are in-sample (the refit saw the logs), so the interval is never
@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from tune_cp.oracle.specs import ClusterSpec, ModelSpec, ParallelConfig, Precision, TrainingSpec
+from tune_cp.config.specs import ClusterSpec, ModelSpec, ParallelConfig, Precision, TrainingSpec
 
 RESIDUALS_PATH = Path(__file__).parent / "catalog" / "residuals.json"
 

@@ -55,37 +55,7 @@ from tune_cp.config.resolve import (
     resolve,
     view,
 )
-from tune_cp.oracle import flops as F
-from tune_cp.oracle import params as P
-from tune_cp.oracle.collectives import (
-    DEEPEP_OVERLAP_EFFICIENCY,
-    TP_FP8_ALLGATHER_FRACTION,
-    cp_attention_block,
-    cp_correction_bytes,
-    ddp_bucket_params,
-    group_intra,
-    group_local,
-)
-from tune_cp.oracle.compute import OPERAND_BYTES, power_ratios
-from tune_cp.oracle.host import GRAPH_BITS, backend_ops
-from tune_cp.oracle.inventory import (
-    KINDS,
-    block_gemms,
-    kind_index,
-    mamba_cp_all_to_all_elements,
-    mamba_scan_bytes_per_token,
-    mamba_scan_flops_per_token,
-    mamba_ssd_state_bytes_per_token,
-    mtp_kind,
-)
-from tune_cp.oracle.memory import (
-    ParamUnits,
-    param_units,
-    stage_counts_by_kind,
-    stage_params,
-)
-from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -96,6 +66,35 @@ from tune_cp.oracle.specs import (
     Precision,
     TrainingSpec,
 )
+from tune_cp.oracle import flops as F
+from tune_cp.oracle import params as P
+from tune_cp.oracle.catalog import gpu_power_ratios
+from tune_cp.oracle.collectives import (
+    DEEPEP_OVERLAP_EFFICIENCY,
+    TP_FP8_ALLGATHER_FRACTION,
+    cp_attention_block,
+    cp_correction_bytes,
+    ddp_bucket_params,
+    group_intra,
+    group_local,
+)
+from tune_cp.oracle.compute import OPERAND_BYTES
+from tune_cp.oracle.host import GRAPH_BITS, backend_ops
+from tune_cp.oracle.inventory import (
+    block_gemms,
+    mamba_cp_all_to_all_elements,
+    mamba_scan_bytes_per_token,
+    mamba_scan_flops_per_token,
+    mamba_ssd_state_bytes_per_token,
+)
+from tune_cp.oracle.layers import KINDS, kind_index, mtp_kind
+from tune_cp.oracle.memory import (
+    ParamUnits,
+    param_units,
+    stage_counts_by_kind,
+    stage_params,
+)
+from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR
 
 BF16 = 2.0
 FP32 = 4.0
@@ -328,7 +327,7 @@ class DeviceWork:
     ``prec``: 0 bf16, 1 fp8, 2 fp4 (the transformer-layer linears, :data:`LOW_PREC_SLOTS`);
     ``block_scaled``: 1 for block-scaled recipes (blockwise, MXFP8, torchao row-wise);
     ``peak_low``: the dense peak of ``prec``; ``operand_bytes``: bytes per low-precision GEMM
-    operand (:data:`oracle.compute.OPERAND_BYTES`); ``pw_*``: :func:`oracle.compute.power_ratios`
+    operand (:data:`oracle.compute.OPERAND_BYTES`); ``pw_*``: :func:`oracle.catalog.gpu_power_ratios`
     (peak, units, TDP against the architecture's reference part)."""
 
     prec: np.ndarray
@@ -624,7 +623,7 @@ def _stage_layers(
 ) -> StageLayers:
     """:class:`StageLayers` of one pipeline layout (arrays of pp entries), read from the memory
     model's own :class:`oracle.memory.StageCounts` (``stage_counts_by_kind``: the one per-stage
-    composition); ``kinds``: each layer's kind as an index into ``oracle.inventory.KINDS``."""
+    composition); ``kinds``: each layer's kind as an index into ``oracle.layers.KINDS``."""
     split_, first, last, layout = split
     counts = stage_counts_by_kind(kinds, mtp_kind, num_mtp, pp, vpp, split_, 1,
                                   _CODE_RECOMPUTE[recompute], _CODE_METHOD[method],
@@ -840,7 +839,7 @@ def build_work(
                                 0.0),
     )
     # sustained tensor rate relative to the architecture's reference part (power-limited clock)
-    pw = power_ratios(gpu)
+    pw = gpu_power_ratios(gpu)
     device = DeviceWork(
         prec=prec,
         # blockwise, MXFP8 and torchao row-wise scaling: finer than per-tensor scales
@@ -1022,7 +1021,7 @@ def build_work(
         params_dense=params_dense,
         params_expert=params_expert,
         # hybrid models: attention-only layers (an MTP depth runs one too:
-        # inventory.mtp_extra_blocks) and Mamba layers; 0 for a transformer
+        # layers.mtp_extra_blocks) and Mamba layers; 0 for a transformer
         attn_only=layers.attention_layers + (layers.mtp_layers if model.is_hybrid else 0),
         mamba=layers.mamba_layers,
         rc_attn_only=layers.rc_attention_layers,

@@ -29,7 +29,7 @@ from operator import itemgetter
 from typing import Any
 
 from tune_cp.config.axes import AXES, WALK_AXES
-from tune_cp.oracle.specs import Recompute
+from tune_cp.config.specs import Recompute
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.rules import FAMILY_AXES, RULES, RuleContext
 

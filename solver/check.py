@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle.memory import MemoryReport
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,
     TrainingSpec,
 )
+from tune_cp.oracle.memory import MemoryReport
 from tune_cp.solver.rules import (
     STRUCTURAL,
     RuleContext,

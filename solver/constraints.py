@@ -10,7 +10,7 @@ This is the interface the tuning agent (and ``--constraint`` on the command line
 Grammar (parsed with Python's ``ast``, nothing is evaluated by Python): integer literals, the
 names of :data:`NAMES`, ``+ - * //``, unary minus, comparisons ``== != < <= > >=`` (chains
 allowed), ``x in {1, 2}`` / ``x not in {...}``, ``and``, ``or``, ``not``, parentheses. Anything
-else is a :class:`~oracle.specs.ConfigError` naming the offending token and the allowed names.
+else is a :class:`~config.specs.ConfigError` naming the offending token and the allowed names.
 
 A hard constraint is compiled twice from the same syntax tree: to CP-SAT (:func:`compile_expr`,
 used by ``solver/model.py``, family ``extra``) and to a Python evaluator (:meth:`holds`, used by
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, ValidationError, field_validator
 
 from tune_cp.config.axes import CONSTRAINT_NAME_AXES, CONSTRAINT_NAMES, KNOB
-from tune_cp.oracle.specs import ConfigError, ParallelConfig, Spec
+from tune_cp.config.specs import ConfigError, ParallelConfig, Spec
 
 if TYPE_CHECKING:  # compile_expr works on the solver's values; a check needs no OR-Tools
     from tune_cp.solver.symbolic import Arith, Value

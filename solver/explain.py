@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from tune_cp.oracle.specs import GIB, ClusterSpec, ConfigError, Recompute, nodes_text
+from tune_cp.config.specs import GIB, ClusterSpec, ConfigError, Recompute, nodes_text
 from tune_cp.solver.cpsat import cp_model
 from tune_cp.solver.feasible import single_solve_solver, solved_axes
 from tune_cp.solver.model import LegalityModel

@@ -18,7 +18,7 @@ from typing import Any
 
 from tune_cp.config.axes import INT_AXES, SLICE_DEFAULT_AXES, SLICEABLE_AXES
 from tune_cp.config.resolve import Columns
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     ModelSpec,

@@ -42,8 +42,7 @@ from tune_cp.config.codes import (
     SCHEDULE_CODE,
 )
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle import memory as M
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     Dispatcher,
     Fp8Recipe,
     ParallelConfig,
@@ -56,6 +55,7 @@ from tune_cp.oracle.specs import (
     derived_dp,
     derived_ga,
 )
+from tune_cp.oracle import memory as M
 from tune_cp.solver.constraints import compile_expr
 from tune_cp.solver.cpsat import CpModel, cp_model
 from tune_cp.solver.problem import Problem

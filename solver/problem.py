@@ -15,7 +15,7 @@ import numpy as np
 
 from tune_cp.config.axes import RECOMPUTE_FIELDS
 from tune_cp.config.resolve import Columns, columns_of, resolve, resolve_config, resolved_update
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ModelSpec,
     ParallelConfig,

@@ -57,19 +57,7 @@ from functools import cached_property
 from typing import Any
 
 from tune_cp.config.axes import AXES
-from tune_cp.oracle.memory import (
-    FULL_ITERATION,
-    TERM_GROUPS,
-    MemoryReport,
-    RunOptions,
-    max_chunk_layers,
-    memory_report,
-    pipeline_chunks,
-    split_fields,
-    split_layout,
-    uneven_stage_layers,
-)
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     EMBEDDING_LOSS_SLOTS,
     GIB,
     LIGHT_TRIM,
@@ -89,6 +77,18 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     nodes_text,
     parse_pipeline_layout,
+)
+from tune_cp.oracle.memory import (
+    FULL_ITERATION,
+    TERM_GROUPS,
+    MemoryReport,
+    RunOptions,
+    max_chunk_layers,
+    memory_report,
+    pipeline_chunks,
+    split_fields,
+    split_layout,
+    uneven_stage_layers,
 )
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN  # noqa: F401 (re-exported)
 from tune_cp.solver.settings import RunSettings, SettingsView
@@ -354,7 +354,7 @@ def split_slots(model: ModelSpec, split: PipelineSplit) -> int:
     (``multi_token_prediction.py::get_mtp_num_layers_to_build`` l.878-882)."""
     if split is PipelineSplit.EVEN:
         return model.num_layers
-    if split is PipelineSplit.EMBEDDING_MTP_LOSS:  # written as a layout (oracle/specs.py)
+    if split is PipelineSplit.EMBEDDING_MTP_LOSS:  # written as a layout (config/specs.py)
         return model.num_layers + EMBEDDING_LOSS_SLOTS + model.num_mtp_layers
     return model.num_layers + EMBEDDING_LOSS_SLOTS
 

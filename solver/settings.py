@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from tune_cp.config.specs import Spec
 from tune_cp.oracle.memory import MemoryOverheads, RunOptions
-from tune_cp.oracle.specs import Spec
 from tune_cp.solver.constraints import HardConstraint, as_constraints
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN, FRAMEWORK_NAMES, MAX_MEMORY_MARGIN
 

@@ -43,8 +43,7 @@ from tune_cp.config.axes import (
     SEARCH_SELECTIVE,
     module_sets,
 )
-from tune_cp.oracle.memory import arithmetic_problem, max_chunk_layers
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     SEARCHED_LIGHT_SPLITS,
     SLOT_SPLITS,
     VALUELESS_SPLITS,
@@ -64,6 +63,7 @@ from tune_cp.oracle.specs import (
     TrainingSpec,
     default_fp8_recipe,
 )
+from tune_cp.oracle.memory import arithmetic_problem, max_chunk_layers
 from tune_cp.solver.rules import divisors, split_slots
 
 #: Micro-batch sizes a default search tries (capped by the global batch): the registry's

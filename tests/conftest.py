@@ -8,8 +8,8 @@ import pytest
 
 from tune_cp import cli
 from tune_cp.config.resolve import resolve_config
+from tune_cp.config.specs import ClusterSpec, ParallelConfig, TrainingSpec
 from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec
 
 
 @pytest.fixture

@@ -244,7 +244,7 @@ def _grid_yaml(rng: random.Random) -> str:
 #: A tune-cp model file (the ModelSpec fields), the start of the "extreme shape" cases.
 MODEL_FILE = {"name": "m", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
               "num_attention_heads": 8, "num_kv_heads": 8, "head_dim": 128, "vocab_size": 32000}
-#: The documented maximum of each dimension (oracle/specs.py: MAX_DIM, MAX_LAYERS, the vocab's
+#: The documented maximum of each dimension (config/specs.py: MAX_DIM, MAX_LAYERS, the vocab's
 #: 2**28) and values around the arithmetic bound (oracle/memory.py::MAX_FIGURE_BYTES).
 SHAPE_EXTREMES = (("num_layers", (1, 256, 512)),
                   ("hidden_size", (2**18, 2**19, 2**20, 2**24)),

@@ -26,7 +26,7 @@ import pytest
 SETUP = """
 from pydantic import Field
 
-import tune_cp.oracle.specs as S
+import tune_cp.config.specs as S
 
 
 class ParallelConfig(S.ParallelConfig):
@@ -85,7 +85,7 @@ pinned = run(main, ["search", *base, "--json", "--constraint", "xp == 2",
 out["pinned_exit"] = pinned.exit_code
 out["pinned"] = json.loads(pinned.output)
 from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.specs import ClusterSpec, TrainingSpec
+from tune_cp.config.specs import ClusterSpec, TrainingSpec
 from tune_cp.solver.space import default_space
 space_cluster = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=8)
 space_training = TrainingSpec(seq_len=8192, global_batch_size=128)
@@ -110,7 +110,7 @@ out["baseline_keys"] = "xp" in BASELINE_KEYS
 out["planner"] = "xp" in COMBINATION_AXES
 out["names"] = NAMES
 out["sweep"] = "xp" in sweep.CONFIG_COLUMNS and "xp" in sweep.COLUMN_NAMES
-from tune_cp.oracle.specs import ParallelConfig
+from tune_cp.config.specs import ParallelConfig
 cfg = ParallelConfig(xp=2)
 out["megatron"] = plain_axis_values(cfg, KNOB_DEST)
 out["bridge"] = plain_axis_values(cfg, KNOB_BRIDGE)

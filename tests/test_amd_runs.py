@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tune_cp.config.specs import ConfigError
 from tune_cp.formats.runs import (
     PUBLISHED_RUNS_FILES,
     parse_row,
@@ -18,7 +19,6 @@ from tune_cp.formats.runs import (
     runs_label,
 )
 from tune_cp.oracle.constants import software_stack
-from tune_cp.oracle.specs import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 AMD = ROOT / "benchmarks" / "amd_published_runs.csv"

@@ -15,8 +15,8 @@ from tune_cp.config.axes import (
     KNOBS,
     RECOMPUTE_FIELDS,
 )
+from tune_cp.config.specs import ParallelConfig
 from tune_cp.formats.keys import CONFIG_KEYS
-from tune_cp.oracle.specs import ParallelConfig
 from tune_cp.solver.space import NO_RECOMPUTE, OptimizerChoice, SearchSpace, candidate_config
 
 

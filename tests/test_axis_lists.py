@@ -43,7 +43,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("solver/model.py", "enc_run_settings"): "the fields the run-settings refusals read",
     ("solver/explain.py", "FAMILY_WORDS"): "rule family names -> their words",
     ("solver/explain.py", "relaxations"): "the axes the explanation widens by hand above",
-    ("oracle/refit.py", "_titan_run"): "torchtitan's own key names",
+    ("calibration/refit.py", "_titan_run"): "torchtitan's own key names",
     ("formats/keys.py", "CONFIG_KEYS"): "Megatron-LM argument dests -> key types (formats)",
     ("formats/parse.py", "_interpret"): "the launch's layout keys read with one key type",
     ("agent/report.py", "check_command"): "the flags check_command always writes, by hand",

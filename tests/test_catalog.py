@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from tune_cp.config.specs import GIB, ConfigError
 from tune_cp.oracle import params as P
 from tune_cp.oracle.catalog import load_gpu, load_model, model_from_hf_config
-from tune_cp.oracle.specs import GIB, ConfigError
 
 # Abridged Hugging Face config.json files (the keys tune-cp reads, values as published).
 LLAMA3_8B = {
@@ -145,8 +145,8 @@ def test_no_catalog_alias_is_ambiguous():
 def test_a_family_name_is_refused_with_its_members():
     import pytest
 
+    from tune_cp.config.specs import ConfigError
     from tune_cp.oracle.catalog import load_model
-    from tune_cp.oracle.specs import ConfigError
 
     with pytest.raises(ConfigError) as e:
         load_model("mixtral")

@@ -203,7 +203,7 @@ def test_grad_reduce_in_bf16_flag(run_cli, run_json):
 
 
 def test_an_fp8_recipe_is_one_precision_everywhere(run_cli, run_json):
-    """Issue 10: precision has one source (oracle.specs.compute_precision). A bf16 run given an
+    """Issue 10: precision has one source (config.specs.compute_precision). A bf16 run given an
     FP8 recipe trains in FP8: the header, --json's training and configuration and the export say
     fp8; an FP8 recipe under fp4 is a [precision] violation (exit 1), not a silent mix."""
     args = ("check", "--model", "llama3-8b", "--gpu", "b200", "--nodes", "1", "--tp", "2",
@@ -265,8 +265,8 @@ def test_check_flag_defaults_are_the_search_spaces_first_values():
     `SearchSpace.etp_values(tp)` at every tp."""
     from tune_cp.cli import CHECK_MOE_ETP
     from tune_cp.config.axes import KNOBS, FlagKind
+    from tune_cp.config.specs import ClusterSpec, TrainingSpec
     from tune_cp.oracle.catalog import load_gpu, load_model
-    from tune_cp.oracle.specs import ClusterSpec, TrainingSpec
     from tune_cp.solver.space import OptimizerChoice, default_space
 
     model = load_model("mixtral-8x7b")

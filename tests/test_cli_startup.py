@@ -96,8 +96,8 @@ def test_progress_bar_draws_only_on_a_terminal(monkeypatch):
 
 def test_plan_reports_progress_that_ends_exact(run_cli):
     from tune_cp.agent.plan import plan, training_for_precision
+    from tune_cp.config.specs import Precision
     from tune_cp.oracle.catalog import load_gpu, load_model
-    from tune_cp.oracle.specs import Precision
 
     calls: list[tuple[int, int, str]] = []
     model = load_model("llama3-8b")
@@ -117,8 +117,8 @@ def test_plan_reports_progress_that_ends_exact(run_cli):
 
 def test_specs_build_without_the_pydantic_plugin_scan():
     """Building specs does not import importlib.metadata (pydantic's plugin scan,
-    ``oracle/_plugins.py``), and the validators still refuse bad values."""
-    probe = ("import sys\nfrom tune_cp.oracle.catalog import load_model\nfrom tune_cp.oracle.specs import "
+    ``config/_plugins.py``), and the validators still refuse bad values."""
+    probe = ("import sys\nfrom tune_cp.oracle.catalog import load_model\nfrom tune_cp.config.specs import "
              "ParallelConfig\nload_model('llama3-8b')\n"
              "try:\n    ParallelConfig(tp=0)\nexcept ValueError:\n    print('refused')\n"
              "print('importlib.metadata' in sys.modules)")

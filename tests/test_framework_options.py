@@ -8,6 +8,13 @@ import pytest
 
 from tune_cp.config.axes import RUN_KNOBS
 from tune_cp.config.resolve import resolve_config
+from tune_cp.config.specs import (
+    ClusterSpec,
+    Dispatcher,
+    ParallelConfig,
+    Precision,
+    TrainingSpec,
+)
 from tune_cp.formats import (
     parse_megatron_args,
     parse_primus_config,
@@ -17,7 +24,8 @@ from tune_cp.formats import (
 )
 from tune_cp.oracle.catalog import load_gpu, load_model
 from tune_cp.oracle.host import GRAPH_BITS
-from tune_cp.oracle.inventory import LayerKind, act_shape
+from tune_cp.oracle.inventory import act_shape
+from tune_cp.oracle.layers import LayerKind
 from tune_cp.oracle.memory import (
     FULL_ITERATION,
     PER_LAYER_GRAPH_SCOPES,
@@ -30,13 +38,6 @@ from tune_cp.oracle.memory import (
     memory_report,
 )
 from tune_cp.oracle.projection import project
-from tune_cp.oracle.specs import (
-    ClusterSpec,
-    Dispatcher,
-    ParallelConfig,
-    Precision,
-    TrainingSpec,
-)
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem
 from tune_cp.solver.reference import reference_enumerate

@@ -11,19 +11,7 @@ import yaml
 
 from tune_cp.agent.serialize import check_json, config_json
 from tune_cp.config.resolve import resolve_config
-from tune_cp.formats import (
-    Fp8Format,
-    canonical_config,
-    parse_megatron_args,
-    parse_primus_config,
-    to_megatron_args,
-    to_nemo_overrides,
-    to_primus_overrides,
-)
-from tune_cp.formats.keys import megatron_flags
-from tune_cp.oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
-from tune_cp.oracle.memory import split_layout
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     Dispatcher,
@@ -37,6 +25,18 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from tune_cp.formats import (
+    Fp8Format,
+    canonical_config,
+    parse_megatron_args,
+    parse_primus_config,
+    to_megatron_args,
+    to_nemo_overrides,
+    to_primus_overrides,
+)
+from tune_cp.formats.keys import megatron_flags
+from tune_cp.oracle.catalog import load_gpu, load_model, model_entries, model_from_hf_config
+from tune_cp.oracle.memory import split_layout
 from tune_cp.solver.check import check_configuration
 
 DATA = Path(__file__).parent / "data"

@@ -12,9 +12,9 @@ import pytest
 
 from tests.fuzzing import NEMOTRON_H
 from tests.test_fuzz import one_line_error
+from tune_cp.config.specs import ConfigError, nodes_text
 from tune_cp.oracle import params as P
 from tune_cp.oracle.catalog import load_model
-from tune_cp.oracle.specs import ConfigError, nodes_text
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,8 +166,8 @@ def test_plan_rows_follow_the_search_answer_rule(run_cli):
     from tests.conftest import setting
     from tune_cp.agent.plan import plan, training_for_precision
     from tune_cp.agent.search import SearchOptions, choose_answer, memory_fits, search
+    from tune_cp.config.specs import Precision
     from tune_cp.oracle.catalog import load_gpu
-    from tune_cp.oracle.specs import Precision
 
     model = load_model("llama3-8b")
     (p,) = plan(model, [(load_gpu("h100"), 8)], training_for_precision(8192, 128,

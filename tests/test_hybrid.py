@@ -10,14 +10,14 @@ import json
 import pytest
 
 from tests.conftest import resolved, setting
+from tune_cp.config.specs import ConfigError, ParallelConfig, Recompute, TrainingSpec
 from tune_cp.formats.export import to_megatron_args, to_primus_overrides
 from tune_cp.formats.parse import parse_megatron_args
 from tune_cp.formats.runs import read_runs, scored_rows
 from tune_cp.oracle import params as P
 from tune_cp.oracle.catalog import load_model
-from tune_cp.oracle.inventory import KINDS, Block, LayerKind, kind_blocks, layer_kinds
+from tune_cp.oracle.layers import KINDS, Block, LayerKind, kind_blocks, layer_kinds
 from tune_cp.oracle.memory import activation_units, stage_counts
-from tune_cp.oracle.specs import ConfigError, ParallelConfig, Recompute, TrainingSpec
 from tune_cp.solver.rules import check, mamba_cp_ok
 
 H8 = "nemotron-h-8b"

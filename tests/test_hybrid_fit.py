@@ -1,5 +1,5 @@
 """The Mamba mixer's own kernel rate (``mamba_kernel_efficiency``) and its second-stage fit on
-the hybrid Mamba rows (``oracle/calibrate.py::fit_hybrid_terms``)."""
+the hybrid Mamba rows (``calibration/calibrate.py::fit_hybrid_terms``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 
 import numpy as np
 
-from tune_cp.formats.runs import PUBLISHED_RUNS_FILES, read_runs_files
-from tune_cp.oracle.calibrate import (
+from tune_cp.calibration.calibrate import (
     HYBRID_TERMS,
     ROBUST_SCALE,
     ROW_NOISE,
@@ -20,6 +19,7 @@ from tune_cp.oracle.calibrate import (
     prepare,
     table_constants,
 )
+from tune_cp.formats.runs import PUBLISHED_RUNS_FILES, read_runs_files
 from tune_cp.oracle.constants import BY_NAME, CalibrationTable, load_calibration
 from tune_cp.oracle.timing import mamba_kernel_time
 

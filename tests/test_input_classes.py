@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tune_cp.config.specs import ConfigError, TrainingSpec
 from tune_cp.formats.logs import read_torchtitan_config
 from tune_cp.oracle.catalog import GPU_RANGES, gpu_entries, load_gpu, load_model
 from tune_cp.oracle.constants import load_calibration
 from tune_cp.oracle.inputs import parse_json, parse_yaml
 from tune_cp.oracle.memory import MAX_FIGURE_BYTES, arithmetic_problem, unsharded_peak_bytes
-from tune_cp.oracle.specs import ConfigError, TrainingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = {"name": "m", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
@@ -51,7 +51,7 @@ def write(tmp_path: Path, name: str, data: object) -> str:
 # ------------------------------------------------------------- extreme but well-typed shapes
 
 
-#: Every dimension at the documented maximum (oracle/specs.py MAX_DIM, MAX_LAYERS, vocab 2**28);
+#: Every dimension at the documented maximum (config/specs.py MAX_DIM, MAX_LAYERS, vocab 2**28);
 #: a DeepSeek config.json with MLA ranks at MAX_DIM.
 MAXIMAL = MODEL | {"num_layers": 512, "hidden_size": 2**24, "ffn_hidden_size": 2**24,
                    "num_attention_heads": 2**24, "num_kv_heads": 2**24, "head_dim": 2**24,

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
+from tune_cp.config.specs import ConfigError
 from tune_cp.oracle.constants import load_calibration
 from tune_cp.oracle.inputs import MAX_EXPANDED_NODES, check_tree, parse_json, parse_yaml, read_text
-from tune_cp.oracle.specs import ConfigError
 
 LLAMA = ("--model", "llama3-8b", "--gpu", "h100", "--nodes", "1")
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,

@@ -98,8 +98,8 @@ def test_calibrate_table_is_what_check_prints(tmp_path, run_json):
     `tune-cp check --log LOG` prints without and with the refitted file, and the text table
     names that command (the refit as `tune-cp calibrate --log LOG --gpu mi300x --out FILE`
     makes it)."""
+    from tune_cp.calibration.refit import calibrate_from_logs, read_log_runs
     from tune_cp.oracle.catalog import load_gpu
-    from tune_cp.oracle.refit import calibrate_from_logs, read_log_runs
 
     out = tmp_path / "cluster.json"
     runs = read_log_runs([str(LUMI)], gpu=load_gpu("mi300x"), gpus_per_node=8,
@@ -145,8 +145,8 @@ def test_log_size_limit_is_one(tmp_path, run_cli, monkeypatch):
 def test_public_logs_read_as_runs_without_edits(log, gpu, model, config):
     """Every public log of tests/data/logs that prints (or is given) its configuration is read as
     a measured run as it is (the Primus excerpt is one iteration line, without its dump)."""
+    from tune_cp.calibration.refit import read_log_runs
     from tune_cp.oracle.catalog import load_gpu
-    from tune_cp.oracle.refit import read_log_runs
 
     [run] = read_log_runs([str(LOGS / log)], gpu=load_gpu(gpu), gpus_per_node=8,
                           model=load_model(model) if model else None,

@@ -1,4 +1,4 @@
-"""Training logs (formats/logs.py), the refit for a cluster (oracle/refit.py,
+"""Training logs (formats/logs.py), the refit for a cluster (calibration/refit.py,
 ``tune-cp calibrate --log``), the verification launches (``--verify``) and the intervals
 (oracle/uncertainty.py). The real excerpts in tests/data/logs are quoted from public threads
 (tests/data/logs/SOURCES.md has each URL)."""
@@ -14,11 +14,11 @@ import yaml
 
 from tests.conftest import setting
 from tune_cp.agent.search import GROUP_TOLERANCE, SearchOptions, memory_fits, search
+from tune_cp.calibration.refit import read_log_runs
 from tune_cp.config.resolve import resolve_config
+from tune_cp.config.specs import ClusterSpec, ParallelConfig, TrainingSpec
 from tune_cp.formats.logs import read_log
 from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.refit import read_log_runs
-from tune_cp.oracle.specs import ClusterSpec, ParallelConfig, TrainingSpec
 from tune_cp.oracle.uncertainty import ResidualTable, class_features
 from tune_cp.solver.check import check_configuration, check_projection
 

@@ -13,6 +13,12 @@ import ast
 
 import pytest
 
+from tune_cp.config.specs import (
+    ClusterSpec,
+    ParallelConfig,
+    PipelineSplit,
+    TrainingSpec,
+)
 from tune_cp.formats.export import (
     canonical_config,
     megatron_model_args,
@@ -23,12 +29,6 @@ from tune_cp.formats.export import (
 from tune_cp.formats.megatron_validate import read_flags, validate
 from tune_cp.oracle.catalog import load_gpu, load_model
 from tune_cp.oracle.memory import chunk_spans, split_fields, split_layout
-from tune_cp.oracle.specs import (
-    ClusterSpec,
-    ParallelConfig,
-    PipelineSplit,
-    TrainingSpec,
-)
 from tune_cp.solver.rules import split_problem
 
 DS = load_model("deepseek-v3")

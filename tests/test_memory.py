@@ -7,9 +7,7 @@ import itertools
 import pytest
 
 from tests.conftest import resolved, setting
-from tune_cp.oracle import memory as M
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     Fp8Recipe,
     ModelSpec,
@@ -19,6 +17,8 @@ from tune_cp.oracle.specs import (
     RecomputeMethod,
     TrainingSpec,
 )
+from tune_cp.oracle import memory as M
+from tune_cp.oracle.catalog import load_gpu, load_model
 
 TINY = ModelSpec(
     name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
@@ -345,7 +345,7 @@ def test_layers_per_chunk_is_the_memory_models_chunk():
     """Issue 10: DeepSeek-V3 (61 layers + 1 MTP) at pp 2, embedding_loss split: 65 slots split
     32 + 33: embedding + 31 layers, then 30 layers + MTP + loss; ceil(65 / 2) = 33 slots had
     given 32. The recompute rule must accept K = 31 and reject 32."""
-    from tune_cp.oracle.specs import ParallelConfig
+    from tune_cp.config.specs import ParallelConfig
     from tune_cp.solver.check import check_configuration
     from tune_cp.solver.rules import layers_per_chunk
     from tune_cp.solver.space import max_layers_per_chunk
@@ -462,7 +462,7 @@ def test_optimizer_state_dtypes_hand_worked_llama3_8b_dp8():
     """Llama 3 8B on 8 GPUs, DP8 (tp = pp = 1): 8,030,261,248 parameters (32 layers x
     218,112,000 + embedding and output 2 x 128256 x 4096 + final norm 4096), a multiple of
     lcm(8, 128) = 128, so each rank owns 1,003,782,656 of the optimizer state."""
-    from tune_cp.oracle.specs import OptimizerState, StateDtype
+    from tune_cp.config.specs import OptimizerState, StateDtype
     m = load_model("llama3-8b")
     cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=1, gpus_per_node=8)
     tr = TrainingSpec(seq_len=4096, global_batch_size=8)

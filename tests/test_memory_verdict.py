@@ -10,6 +10,7 @@ import math
 import pytest
 
 from benchmarks.memory import ROOT, peak_ratios, spread_table
+from tune_cp.config.specs import Fp8Recipe
 from tune_cp.formats.frameworks import Framework, framework_defaults
 from tune_cp.formats.runs import read_runs
 from tune_cp.oracle.memory_verdict import (
@@ -20,7 +21,6 @@ from tune_cp.oracle.memory_verdict import (
     quantile,
     spread_for,
 )
-from tune_cp.oracle.specs import Fp8Recipe
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
 RUNS = ROOT / "benchmarks" / "published_runs.csv"
@@ -224,8 +224,8 @@ def test_search_rows_name_the_deciding_term_check_names():
     activations decide."""
     from tune_cp.agent.search import SearchOptions, search
     from tune_cp.agent.serialize import ranked_row, search_json
+    from tune_cp.config.specs import ClusterSpec, Precision, TrainingSpec
     from tune_cp.oracle.catalog import load_gpu, load_model
-    from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
     from tune_cp.solver.check import check_configuration
 
     model = load_model("llama3-70b")

@@ -7,11 +7,7 @@ import numpy as np
 import pytest
 
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.collectives import DEEPEP_OVERLAP_EFFICIENCY, flex_exposed
-from tune_cp.oracle.host import backend_ops
-from tune_cp.oracle.projection import project
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     Dispatcher,
     FlexBackend,
@@ -19,6 +15,10 @@ from tune_cp.oracle.specs import (
     ParallelConfig,
     TrainingSpec,
 )
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.collectives import DEEPEP_OVERLAP_EFFICIENCY, flex_exposed
+from tune_cp.oracle.host import backend_ops
+from tune_cp.oracle.projection import project
 from tune_cp.solver.rules import backend_problems
 
 MIXTRAL = dict(pp=4, vpp=2, ep=8, recompute="full", recompute_layers=1)

@@ -8,6 +8,12 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import resolved, setting
+from tune_cp.config.specs import (
+    ConfigError,
+    ParallelConfig,
+    PipelineSplit,
+    parse_pipeline_layout,
+)
 from tune_cp.formats.export import to_megatron_args, to_primus_overrides
 from tune_cp.formats.parse import parse_megatron_args
 from tune_cp.oracle.catalog import load_model
@@ -15,12 +21,6 @@ from tune_cp.oracle.memory import (
     memory_report,
     pipeline_chunks,
     uneven_stage_layers,
-)
-from tune_cp.oracle.specs import (
-    ConfigError,
-    ParallelConfig,
-    PipelineSplit,
-    parse_pipeline_layout,
 )
 from tune_cp.solver.rules import split_problem
 

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import setting
 from tune_cp.agent.plan import plan_problem
+from tune_cp.config.specs import PipelineSplit
 from tune_cp.oracle.memory import chunk_spans, max_chunk_layers, pipeline_chunks
-from tune_cp.oracle.specs import PipelineSplit
 from tune_cp.solver.feasible import any_feasible, enumerate_problem
 from tune_cp.solver.settings import RunSettings
 
@@ -75,7 +75,7 @@ def test_plan_search_and_sweep_give_one_answer(tmp_path):
     from tune_cp.agent.plan import plan, training_for_precision
     from tune_cp.agent.search import SearchOptions, search
     from tune_cp.agent.sweep import WorkerCache, load_grid, run_scenario
-    from tune_cp.oracle.specs import Dispatcher, Precision
+    from tune_cp.config.specs import Dispatcher, Precision
 
     model, cluster, training = setting("nemotron-3-super", "b200", 4, 8192, 512)
     (p,) = plan(model, [(cluster.gpu, 8)], training_for_precision(8192, 512, Precision.BF16),

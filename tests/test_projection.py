@@ -10,11 +10,7 @@ import numpy as np
 import pytest
 
 from tune_cp.config.resolve import resolve_config
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.constants import load_calibration
-from tune_cp.oracle.projection import project, score_configs
-from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR, pipeline_time
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     ParallelConfig,
@@ -22,6 +18,10 @@ from tune_cp.oracle.specs import (
     Recompute,
     TrainingSpec,
 )
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.constants import load_calibration
+from tune_cp.oracle.projection import project, score_configs
+from tune_cp.oracle.schedule import ZERO_BUBBLE_FACTOR, pipeline_time
 from tune_cp.oracle.timing import BREAKDOWN, constants_arrays, timing
 from tune_cp.oracle.work import CAST_BYTES_PER_ELEMENT, ConfigBatch, RunTraits, S, build_work
 
@@ -446,17 +446,19 @@ def test_pipeline_p2p_hand_worked() -> None:
 
 
 def test_sustained_rate_hand_worked() -> None:
-    from tune_cp.oracle.compute import power_ratios, sustained_rate
+    from tune_cp.oracle.catalog import gpu_power_ratios, power_reference
+    from tune_cp.oracle.compute import sustained_rate
 
     gb300, b200 = load_gpu("gb300"), load_gpu("b200")
-    assert power_ratios(b200) == (1.0, 1.0, 1.0)  # the Blackwell reference part
-    pk, units, tdp = power_ratios(gb300)
+    assert power_reference(gb300) == b200 and power_reference(load_gpu("mi355x")).name == "mi355x"
+    assert gpu_power_ratios(b200) == (1.0, 1.0, 1.0)  # the Blackwell reference part
+    pk, units, tdp = gpu_power_ratios(gb300)
     assert (pk, units, tdp) == pytest.approx((2.25 / 2.5, 160 / 148, 1400 / 1000))
     # gamma 0.5: 0.9 x sqrt(160/148) x sqrt(1.4) = 0.9 x 1.039750 x 1.183216 = 1.107224
     assert sustained_rate(pk, units, tdp, 0.5) == pytest.approx(1.107224, abs=1e-6)
     # a GPU file without power data is not scaled
     bare = gb300.model_copy(update={"tdp_w": None, "name": "custom"})
-    assert power_ratios(bare) == (1.0, 1.0, 1.0)
+    assert gpu_power_ratios(bare) == (1.0, 1.0, 1.0)
 
 
 def test_gb300_sustains_its_power_advantage_on_gemms() -> None:
@@ -586,7 +588,7 @@ def test_deeper_interleaving_has_a_price_for_dropless_moe() -> None:
     # run of the same layout with the alltoall dispatcher (fixed shapes, no synchronisation)
     # does not pay it; with the flex dispatcher (DeepEP returns its receive counts to the host)
     # token-drop synchronises as well
-    from tune_cp.oracle.specs import Dispatcher
+    from tune_cp.config.specs import Dispatcher
 
     m, c, t = setup("qwen3-30b-a3b", "h100", 2, 4096, 512, "fp8")
     ko = {v: run(m, c, t, pp=2, vpp=v, ep=8, mbs=2).breakdown["kernel_overhead"]

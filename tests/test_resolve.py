@@ -30,8 +30,7 @@ from tune_cp.config.resolve import (
     resolved_update,
     view,
 )
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     Dispatcher,
     FlexBackend,
@@ -44,6 +43,7 @@ from tune_cp.oracle.specs import (
     Schedule,
     TrainingSpec,
 )
+from tune_cp.oracle.catalog import load_gpu, load_model
 from tune_cp.oracle.work import ConfigBatch
 
 
@@ -220,7 +220,7 @@ def test_the_cp_sat_tables_scalar_dp_and_ga_are_the_resolvers() -> None:
     (its tables hold Python ints); they are the columnar resolver's on every grid point."""
     from itertools import product
 
-    from tune_cp.oracle.specs import derived_dp, derived_ga
+    from tune_cp.config.specs import derived_dp, derived_ga
 
     m, c, t = setting("mixtral-8x22b", "mi355x", 3)  # world 24: inexact divisions too
     grid = np.array(list(product([1, 2, 4, 8], [1, 2, 3, 5], [1, 2, 4], [1, 2, 3, 16])))

@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tune_cp.calibration.calibrate import SHARED_STACK_KEY, make_layout, table_for_theta
 from tune_cp.config.resolve import resolve_config
-from tune_cp.formats.runs import read_runs, recipe_run_settings, stated_settings
-from tune_cp.oracle.calibrate import SHARED_STACK_KEY, make_layout, table_for_theta
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.host import a2a_sync_exponent, layer_host_time
-from tune_cp.oracle.projection import project
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ConfigError,
     ParallelConfig,
     Precision,
     TrainingSpec,
 )
+from tune_cp.formats.runs import read_runs, recipe_run_settings, stated_settings
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.host import a2a_sync_exponent, layer_host_time
+from tune_cp.oracle.projection import project
 from tune_cp.oracle.work import ConfigBatch, RunTraits
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from tests.conftest import setting
+from tune_cp.config.specs import ConfigError
 from tune_cp.formats.keys import MAX_PATTERN_LAYERS, layer_pattern
-from tune_cp.oracle.specs import ConfigError
 from tune_cp.solver.constraints import MAX_EXPR_CHARS, HardConstraint, SoftObjective
 from tune_cp.solver.explain import Budget, _OutOfTime, divisors_of, explain_infeasible
 from tune_cp.solver.problem import Problem
@@ -142,7 +142,7 @@ def test_layer_count_bounded(run_cli, tmp_path):
     """100,000 layers ran for minutes in the pipeline-stage tables: at most MAX_LAYERS (512)."""
     import json
 
-    from tune_cp.oracle.specs import MAX_LAYERS
+    from tune_cp.config.specs import MAX_LAYERS
 
     cfg = {"model_type": "mixtral", "hidden_size": 4096, "num_attention_heads": 32,
            "num_key_value_heads": 8, "num_hidden_layers": 100000, "vocab_size": 32000,

@@ -8,6 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from tune_cp.calibration.calibrate import calibrate
+from tune_cp.config.specs import (
+    ConfigError,
+    Dispatcher,
+    Fp8Recipe,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+)
 from tune_cp.formats.runs import (
     parse_row,
     read_runs,
@@ -16,17 +25,8 @@ from tune_cp.formats.runs import (
     row_recompute,
     row_traits,
 )
-from tune_cp.oracle.calibrate import calibrate
 from tune_cp.oracle.constants import load_calibration
 from tune_cp.oracle.projection import project
-from tune_cp.oracle.specs import (
-    ConfigError,
-    Dispatcher,
-    Fp8Recipe,
-    Precision,
-    Recompute,
-    RecomputeMethod,
-)
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tune_cp.config.specs import PipelineSplit, Recompute
 from tune_cp.formats.runs import read_runs
-from tune_cp.oracle.specs import PipelineSplit, Recompute
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_runs.csv"
 
@@ -50,9 +50,9 @@ def test_nemo1_rows_carry_the_launcher_recipe(rows):
     Nemotron launches do not; its Llama 2 70B SFT launch on 2 nodes also sets FP8 parameters and
     a virtual pipeline of 20. GPT-3 20B TP2 (row 290): 10,121,687,040 parameters per GPU, the
     gradient buffer 2 bytes each (as the bf16 weights), half the fp32 one."""
+    from tune_cp.config.specs import OptimizerState, Schedule, StateDtype
     from tune_cp.oracle import memory as M
     from tune_cp.oracle.memory import memory_report
-    from tune_cp.oracle.specs import OptimizerState, Schedule, StateDtype
 
     remainders = OptimizerState(precision_aware=True)  # Apex fp32 state over bf16 weights
     r = rows["290"]

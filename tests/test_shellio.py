@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tune_cp.config.specs import ConfigError
 from tune_cp.formats import parse_primus_config
 from tune_cp.formats.keys import MAX_PRESET_DEPTH, MAX_PRESET_READS
 from tune_cp.formats.shell import (
@@ -24,7 +25,6 @@ from tune_cp.formats.shell import (
     MAX_SHELL_DEPTH,
     expand_launch,
 )
-from tune_cp.oracle.specs import ConfigError
 
 # ------------------------------------------------------------------------ the shell reader
 

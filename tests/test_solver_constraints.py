@@ -9,7 +9,7 @@ import pytest
 from ortools.sat.python import cp_model
 
 from tests.test_solver_equivalence import CASES
-from tune_cp.oracle.specs import ConfigError
+from tune_cp.config.specs import ConfigError
 from tune_cp.solver.constraints import (
     NAMES,
     HardConstraint,

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.memory import memory_report
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ClusterSpec,
     ModelSpec,
     OptimizerState,
@@ -24,6 +22,8 @@ from tune_cp.oracle.specs import (
     StateDtype,
     TrainingSpec,
 )
+from tune_cp.oracle.catalog import load_gpu, load_model
+from tune_cp.oracle.memory import memory_report
 from tune_cp.solver.constraints import as_constraints
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.problem import Problem
@@ -222,7 +222,7 @@ def test_fp4_without_fp4_tensor_cores_is_a_precision_rule():
 def test_no_fp8_recipe_under_fp4_training_in_both():
     """The precision family's one-precision rule (an FP8 recipe under fp4 training is illegal)
     holds alike in CP-SAT and the Python loop: only the recipe-less candidates survive."""
-    from tune_cp.oracle.specs import Fp8Recipe
+    from tune_cp.config.specs import Fp8Recipe
 
     p = problem("llama3-8b", "b200", 1, 4096, 32, precision="fp4", fix={"mbs": 1, "cp": 1},
                 domains={"fp8_recipe": (None, Fp8Recipe.TENSORWISE)})

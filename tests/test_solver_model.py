@@ -9,9 +9,9 @@ import pytest
 from ortools.sat.python import cp_model
 
 from tests.test_solver_equivalence import CASES
+from tune_cp.config.specs import ParallelConfig, PipelineSplit, Recompute, RecomputeMethod
 from tune_cp.oracle import memory as M
 from tune_cp.oracle.catalog import load_model
-from tune_cp.oracle.specs import ParallelConfig, PipelineSplit, Recompute, RecomputeMethod
 from tune_cp.solver.feasible import enumerate_problem
 from tune_cp.solver.model import ENCODERS, LegalityModel, prune_stages
 from tune_cp.solver.rules import FAMILY_AXES, LEGALITY, RULES, SEARCH_ONLY, STRUCTURAL

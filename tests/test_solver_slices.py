@@ -11,8 +11,8 @@ import pytest
 from ortools.sat.python import cp_model
 
 from tests.test_solver_equivalence import CASES, problem
+from tune_cp.config.specs import ParallelConfig, PipelineSplit, Recompute
 from tune_cp.oracle import memory as M
-from tune_cp.oracle.specs import ParallelConfig, PipelineSplit, Recompute
 from tune_cp.solver.constraints import as_constraints
 from tune_cp.solver.feasible import (
     SLICE_AXES,
@@ -287,8 +287,8 @@ def test_activation_units_read_pp_only_as_a_pipeline(name):
     (``oracle.memory.activation_pp``): they must be those of each pp, for every kind of
     layer, parallelism, micro-batch, FP8 and selective recomputation."""
     from tests.conftest import resolved
+    from tune_cp.config.specs import ClusterSpec, Precision, TrainingSpec
     from tune_cp.oracle.catalog import load_gpu, load_model
-    from tune_cp.oracle.specs import ClusterSpec, Precision, TrainingSpec
 
     m = load_model(name)
     cl = ClusterSpec(gpu=load_gpu("h100"), num_nodes=64, gpus_per_node=8)

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.conftest import setting
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     ConfigError,
     Dispatcher,
     Fp8Recipe,
@@ -43,7 +43,7 @@ def test_mixtral_4_nodes_default_space():
     assert sp.full_layers == tuple(range(1, 57))
     assert sp.optimizer == (OptimizerChoice.DISTRIBUTED,)
     assert sp.dispatcher == (Dispatcher.ALLTOALL,) and sp.schedule == (None,)
-    # the automatic split and the searched light ones (oracle.specs.SEARCHED_LIGHT_SPLITS)
+    # the automatic split and the searched light ones (config.specs.SEARCHED_LIGHT_SPLITS)
     assert sp.fp8_recipe == (None,) and sp.pipeline_split == (
         None, PipelineSplit.LIGHT_LAST, PipelineSplit.LAST_TO_FIRST)
     assert sp.size() == sum(len(sp.etp_values(t)) for t in sp.tp) * 6 * 6 * 7 * 4 * 4 * 58 * 3

@@ -21,7 +21,7 @@ from tune_cp.agent.sweep import (
     run_sweep,
     write_rows,
 )
-from tune_cp.oracle.specs import ConfigError
+from tune_cp.config.specs import ConfigError
 from tune_cp.solver.defaults import DEFAULT_MEMORY_MARGIN
 
 #: four fast scenarios (dense 8B, one or two nodes, two GPUs)

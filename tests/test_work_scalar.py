@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from tune_cp.config.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
 from tune_cp.oracle.catalog import load_gpu, load_model
-from tune_cp.oracle.specs import ClusterSpec, ModelSpec, Precision, TrainingSpec
 from tune_cp.oracle.work import SLOTS, ConfigBatch, S, Work, build_work
 
 BF16 = 2  # bytes per element

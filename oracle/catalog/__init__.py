@@ -2,9 +2,9 @@
 
 ``--model`` takes a catalog name or alias, a Hugging Face ``config.json`` (Llama, Mistral,
 Mixtral, Qwen2/Qwen3, Qwen2-MoE/Qwen3-MoE, DeepSeek-V2/V3, GPT-OSS families) or a tune-cp model
-file (YAML or JSON with the fields of :class:`oracle.specs.ModelSpec`). ``--gpu`` takes a catalog
+file (YAML or JSON with the fields of :class:`config.specs.ModelSpec`). ``--gpu`` takes a catalog
 name or alias or a YAML/JSON file in the catalog's entry format (see ``gpus.json``). Every error
-is a :class:`oracle.specs.ConfigError` with a one-line message.
+is a :class:`config.specs.ConfigError` with a one-line message.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from tune_cp.oracle.inputs import exists, is_dir, read_mapping, show_name, validate
-from tune_cp.oracle.specs import (
+from tune_cp.config.specs import (
     GIB,
     ConfigError,
     GpuSpec,
@@ -28,6 +27,7 @@ from tune_cp.oracle.specs import (
     Vendor,
     validation_message,
 )
+from tune_cp.oracle.inputs import exists, is_dir, read_mapping, show_name, validate
 
 HERE = Path(__file__).parent
 
@@ -82,12 +82,28 @@ def _in_range(key: str, value: float | None) -> float | None:
 POWER_FACTOR_RANGE = (0.5, 2.0)
 
 
+def power_reference(gpu: GpuSpec) -> GpuSpec | None:
+    """The catalog part ``gpu``'s power model is relative to (its architecture's entry in
+    :data:`oracle.constants.POWER_REFERENCE_GPU`); None for an architecture without one."""
+    from tune_cp.oracle.constants import POWER_REFERENCE_GPU
+
+    name = POWER_REFERENCE_GPU.get(gpu.architecture or "")
+    return None if name is None else gpu_entries()[name].to_spec()
+
+
+def gpu_power_ratios(gpu: GpuSpec) -> tuple[float, float, float]:
+    """:func:`oracle.compute.power_ratios` of ``gpu`` against its :func:`power_reference`."""
+    from tune_cp.oracle.compute import power_ratios
+
+    return power_ratios(gpu, power_reference(gpu))
+
+
 def power_problem(gpu: GpuSpec) -> str | None:
     """Why ``gpu``'s ``compute_units`` / ``tdp_w`` put its power-limited rate outside
     :data:`POWER_FACTOR_RANGE` of its peak; None when they do not (or are not given)."""
-    from tune_cp.oracle.compute import power_ratios, sustained_rate
+    from tune_cp.oracle.compute import sustained_rate
 
-    ratios = power_ratios(gpu)
+    ratios = gpu_power_ratios(gpu)
     lo, hi = POWER_FACTOR_RANGE
     for gamma in (0.0, 1.0):
         f = float(sustained_rate(*ratios, gamma))

@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tune_cp.oracle._plugins import skip_plugin_scan
+from tune_cp.config._plugins import skip_plugin_scan
 
 skip_plugin_scan()  # before the first model is built: tune-cp uses no pydantic plugins
 

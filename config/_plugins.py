@@ -29,7 +29,7 @@ def skip_plugin_scan() -> None:
     """Register the plugin-free loader (see the module docstring)."""
     if LOADER in sys.modules:
         return
-    stub = types.ModuleType(LOADER, "tune-cp: no pydantic plugins (oracle/_plugins.py)")
+    stub = types.ModuleType(LOADER, "tune-cp: no pydantic plugins (config/_plugins.py)")
     stub.get_plugins = _no_plugins  # type: ignore[attr-defined]
     stub.PYDANTIC_ENTRY_POINT_GROUP = "pydantic"  # type: ignore[attr-defined]
     stub._plugins = {}  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.config.specs import ConfigError
 from tune_cp.formats.runs import NOT_FITTED, RunRow, read_runs_files, runs_label, scored_rows
 from tune_cp.oracle.constants import (
     ARCHITECTURES,
@@ -50,7 +51,6 @@ from tune_cp.oracle.constants import (
     table_from_json,
     utc_now,
 )
-from tune_cp.oracle.specs import ConfigError
 from tune_cp.oracle.timing import timing
 from tune_cp.oracle.work import ConfigBatch, Work, build_work, concat_work
 
@@ -525,7 +525,7 @@ def calibrate_rows(
         "tokens_per_s_median_ape": round(stats["median_ape"], 4),
         "tokens_per_s_mape_priors_only": round(prior_mape, 4),
         "method": "MAP fit: log residuals / 0.15, Cauchy-robust (0.25), Gaussian priors in "
-                  "logit/log space (oracle/calibrate.py)",
+                  "logit/log space (calibration/calibrate.py)",
     }
     header["mfu_ceilings"] = mfu_ceilings(prep)
     about = (

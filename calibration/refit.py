@@ -9,7 +9,7 @@ Megatron-LM / Primus log's configuration is checked as ``tune-cp check --log`` c
 (:func:`log_check`: the launch's run settings, the precision its FP8 recipe trains in), and the
 row carries that check's resolved configuration and traits.
 
-The fit is :func:`oracle.calibrate.fit` (the shipped MAP fit) on the published runs (the prior:
+The fit is :func:`calibration.calibrate.fit` (the shipped MAP fit) on the published runs (the prior:
 ``benchmarks/published_runs.csv`` and ``amd_published_runs.csv``) plus the user's rows, each user row weighted
 :data:`USER_ROW_WEIGHT` times a published row: the constants of the user's GPU architecture (and
 the shared ones) move as far as the user's measurements support against 180 published rows and
@@ -35,7 +35,18 @@ from typing import Any
 
 import numpy as np
 
+from tune_cp.calibration.calibrate import fit, fit_hybrid_terms, prepare, table_from_fit
 from tune_cp.config.resolve import resolve_config
+from tune_cp.config.specs import (
+    ClusterSpec,
+    ConfigError,
+    GpuSpec,
+    ModelSpec,
+    ParallelConfig,
+    Recompute,
+    TrainingSpec,
+    training_as_run,
+)
 from tune_cp.formats import ImportedRun
 from tune_cp.formats.logs import (
     LogMeasurement,
@@ -49,18 +60,7 @@ from tune_cp.formats.runs import (
     runs_label,
     scored_rows,
 )
-from tune_cp.oracle.calibrate import fit, fit_hybrid_terms, prepare, table_from_fit
 from tune_cp.oracle.constants import load_calibration, utc_now
-from tune_cp.oracle.specs import (
-    ClusterSpec,
-    ConfigError,
-    GpuSpec,
-    ModelSpec,
-    ParallelConfig,
-    Recompute,
-    TrainingSpec,
-    training_as_run,
-)
 from tune_cp.oracle.work import RunTraits
 
 PUBLISHED_RUNS: tuple[Path, ...] = PUBLISHED_RUNS_FILES
@@ -370,7 +370,7 @@ def calibrate_from_logs(runs: list[LogRun], out_path: str | Path | None = None,
         "runs_file": runs_label(published), "logs": [r.row_id for r in user],
         "user_row_weight": user_weight, "date": utc_now(),
         "rows": len(prep.rows), "tokens_per_s_mape": round(stats["mape"], 4),
-        "method": "oracle/refit.py: oracle.calibrate.fit on the published runs plus the logs' "
+        "method": "calibration/refit.py: calibration.calibrate.fit on the published runs plus the logs' "
                   "rows weighted up",
     }
     about = (f"tune-cp time-model constants refitted for a cluster on {n_user} training log(s) "
