@@ -478,9 +478,18 @@ def _layout_problem(model: ModelSpec, pp: int, vpp: int, layout: str | None) -> 
     if flat.count("L") != 1:
         return ("the layout's several loss slots (MTP loss split) are not modelled; give one L, "
                 "last")
-    if flat.count("t") != model.num_layers or flat.count("m") != mtp:
-        return (f"the layout has {flat.count('t')} decoder layers (t) and {flat.count('m')} MTP "
-                f"layers (m); {model.name} has {model.num_layers} and {mtp}")
+    # validate_layer_layout l.106-114 (d98e8a64): "Number of decoder layers ... must match
+    # num_layers", "Number of mtp layers in layout must match mtp_num_layers"
+    if flat.count("t") != model.num_layers:
+        return (f"the layout has {flat.count('t')} decoder layers (t); {model.name} has "
+                f"{model.num_layers} (Megatron-Core validate_layer_layout asserts they match)")
+    if flat.count("m") != mtp:
+        fix = (f"put its {mtp} MTP layer(s) as m in one rank's last virtual stage (e.g. the stage "
+               f"before the loss: '...,m|L'), or train without MTP (mtp_num_layers: null, "
+               f"Megatron-LM's default)" if mtp else "remove the m, or use a model with MTP layers")
+        return (f"the layout has {flat.count('m')} MTP layers (m) but {model.name} has {mtp} "
+                f"(Megatron-Core validate_layer_layout: 'Number of mtp layers in layout must "
+                f"match mtp_num_layers'); {fix}")
     if "m" in flat and "t" in flat[flat.index("m"):]:
         return "the layout must place every decoder layer (t) before the MTP layers (m)"
     for v, st in enumerate(stages):  # validate_layer_layout l.121-136

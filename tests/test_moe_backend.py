@@ -239,3 +239,52 @@ def test_sync_free_buffers_hand_worked() -> None:
     assert sync_free_buffer_bytes(m, 8192, cfg.model_copy(update={"sync_free_stage": 1})) == 0
     stage = memory_report(m, c, t, cfg).stages[0]
     assert stage.terms["dispatcher_buffers"] == 4 * GIB  # 1 GiB flex buffer + 3 GiB
+
+
+def test_primus_deepseek_v3_example_from_the_cli(tmp_path) -> None:
+    """The shipped example as a new user tries it (tuned for 32 nodes): its layout has no MTP
+    layer while its model YAML has one, which Megatron-Core's ``validate_layer_layout`` refuses;
+    tune-cp says so and names both fixes. Trained without MTP (``mtp_num_layers: null``) it is
+    legal, reads its Turbo settings, and each of the two moves the projection through named
+    breakdown terms."""
+    import contextlib
+    import io
+    import json
+    import shutil
+    from pathlib import Path
+
+    from tune_cp.cli import run
+
+    shutil.copytree(Path(__file__).parent / "data" / "primus_examples", tmp_path / "p")
+    src = (tmp_path / "p" / "examples" / "megatron" / "configs" / "MI355X"
+           / "deepseek_v3-BF16-pretrain.yaml")
+    text = src.read_text()
+
+    def check(body: str) -> dict:
+        path = src.with_name("t.yaml")
+        path.write_text(body)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = run(["check", "--primus-config", str(path), "--nodes", "32", "--json"])
+        assert code in (0, 1), buf.getvalue()[-300:]
+        return json.loads(buf.getvalue())
+
+    as_shipped = check(text)
+    assert not as_shipped["legal"]
+    why = " ".join(v["message"] for v in as_shipped["violations"])
+    assert "0 MTP layers (m) but deepseek_v3 has 1" in why
+    assert "validate_layer_layout" in why and "mtp_num_layers: null" in why and "m|L" in why
+
+    no_mtp = text.replace("      moe_use_legacy_grouped_gemm: true\n",
+                          "      moe_use_legacy_grouped_gemm: true\n      mtp_num_layers: null\n")
+    base = check(no_mtp)
+    assert base["legal"] and base["projection"]["tokens_per_s_per_gpu"] > 0
+    assert (base["config"]["sync_free_stage"], base["config"]["flex_backend"]) == (1, "turbo")
+    for old, new in (("use_turbo_deepep: true", "use_turbo_deepep: false"),
+                     ("turbo_sync_free_moe_stage: 1", "turbo_sync_free_moe_stage: 0")):
+        other = check(no_mtp.replace(old, new))
+        a, b = base["projection"]["breakdown"], other["projection"]["breakdown"]
+        moved = {k for k in a if abs(a[k] - b[k]) > 1e-9}
+        assert (other["projection"]["tokens_per_s_per_gpu"]
+                != base["projection"]["tokens_per_s_per_gpu"])
+        assert moved & {"ep_comm", "kernel_overhead", "step_overhead", "router"}, (old, moved)
