@@ -124,8 +124,11 @@ def test_layout_legality():
     m = load_model("llama3.1-405b")
     assert "has 3 virtual stages but pp x vpp = 16 x 1" in split_problem(
         m, 16, 1, P.LAYOUT, layout="Et*60|t*60|t*6L")
-    assert "126 and 0" in split_problem(m, 2, 1, P.LAYOUT, layout="Et*60|t*60L")
+    assert "120 decoder layers (t); llama3.1-405b has 126" in split_problem(
+        m, 2, 1, P.LAYOUT, layout="Et*60|t*60L")
     assert split_problem(m, 2, 1, P.LAYOUT, layout="Et*60|t*66L") is None
+    no_mtp = split_problem(m, 2, 1, P.LAYOUT, layout="Et*60|t*66,mL")
+    assert "1 MTP layers (m) but llama3.1-405b has 0" in no_mtp and "remove the m" in no_mtp
     with pytest.raises(ValueError, match="unknown character"):
         parse_pipeline_layout("Et*3|x|L")
 
