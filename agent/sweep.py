@@ -399,7 +399,7 @@ def _settings(data: Mapping[str, Any], base: Path = Path(".")) -> Settings:
     overheads = tuple(sorted((str(k), v) for k, v in ov.items()))
     _overheads(overheads)  # validates
     calib = data.get("calibration")
-    if calib is not None:  # a path relative to the grid file, as models and gpus (issue 29)
+    if calib is not None:  # a path relative to the grid file, as models and gpus
         from tune_cp.oracle.inputs import is_file
 
         if not isinstance(calib, str) or not calib.strip() or \

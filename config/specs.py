@@ -35,7 +35,7 @@ def nodes_text(n: int) -> str:
     return f"{n} node{'' if n == 1 else 's'}"
 #: Most decoder layers a model may have: four times the deepest published one (Llama 3.1 405B,
 #: 126). The pipeline-stage tables grow with the layer count; at 512 a search with its
-#: explanation ends in seconds, at 100,000 it ran for minutes (issue 16).
+#: explanation ends in seconds, at 100,000 it runs for minutes.
 MAX_LAYERS = 512
 
 

@@ -421,10 +421,10 @@ IGNORED_REASONS: dict[str, str] = {
 IGNORED = re.compile("(" + "|".join(IGNORED_REASONS) + ")")
 
 #: Keys of Primus and Megatron-LM that change time or memory and that tune-cp reads but does
-#: not model (issue 27's audit of IGNORED): Primus-Turbo's other kernels (attention, GEMM,
-#: norms, fused activations, their backends and CU counts), CUDA-graph keys beyond the run
-#: settings' (which are read: ``config/axes.py::RUN_KNOBS``), the layer implementation
-#: (``transformer_impl`` local vs transformer_engine), kernel fusions (``*_fusion``: bias-GeLU,
+#: not model (the audit of IGNORED, ``tests/test_moe_backend.py``): Primus-Turbo's other
+#: kernels (attention, GEMM, norms, fused activations, their backends and CU counts), CUDA-graph
+#: keys beyond the run settings' (which are read: ``config/axes.py::RUN_KNOBS``), the layer
+#: implementation (``transformer_impl`` local vs transformer_engine), kernel fusions (``*_fusion``: bias-GeLU,
 #: bias-dropout, masked softmax, rope, cross-entropy, gradient accumulation). Printed as
 #: "changes time or memory, not modelled".
 #: Also (moved out of IGNORED): the DDP overlap and bucket settings (``overlap_grad_reduce``,
@@ -982,7 +982,7 @@ def find_model_file(experiment: Path, name: str) -> tuple[Path, Path] | None:
     in a folder of :data:`MODEL_FOLDERS` in the experiment's folder or any folder above it
     (the tree: that folder). An absolute path, or one that leaves its tree (``../``, a symbolic
     link out of it), is refused with the path named: tune-cp reads no file outside the
-    experiment's layout (issue 29: ``model: /etc/shadow`` was read)."""
+    experiment's layout (``model: /etc/shadow`` is refused)."""
     candidate = Path(name)
     here = experiment.resolve().parent
     if candidate.is_absolute() or not _inside(here / candidate, here):

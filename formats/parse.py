@@ -219,7 +219,7 @@ def parse_primus_config(
     over Primus's module defaults (stated). ``${VAR:default}`` placeholders take ``env[VAR]`` when
     given, else their default; ``${VAR}`` without one stays unset (noted). Only ``env`` (the
     CLI's ``--env``) is read, never this process's environment, so that no secret of the shell
-    (``${OPENAI_API_KEY}``) reaches a message or an export (issue 29). Model files are read only
+    (``${OPENAI_API_KEY}``) reaches a message or an export. Model files are read only
     inside the experiment's Primus tree (:func:`formats.keys.find_model_file`)."""
     path = Path(path)
     env = env if env is not None else {}

@@ -1,4 +1,4 @@
-"""The one check of every path tune-cp writes (issue 29): ``--pareto``, ``--trials-out``,
+"""The one check of every path tune-cp writes: ``--pareto``, ``--trials-out``,
 ``plan --plot``, ``calibrate --out``, ``sweep --out`` (files) and ``sweep --plot``,
 ``--verify-dir`` (folders), each checked before any work starts, each failure one line naming
 the option, the path and what would be legal (never ``FileNotFoundError`` /

@@ -9,7 +9,7 @@ re-exports them."""
 #: published runs (``oracle/catalog/memory_spread.json``, 1.0027: 0.0027, rounded up to 0.003;
 #: ``oracle/memory_verdict.py``, ``docs/memory_verdict.md``; ``tests/test_memory_verdict.py``
 #: pins it to the file). A peak over this line is out of memory even at the favourable end of the
-#: measured overheads. (It was 0.05 on top of the fragmentation term until issue 28.)
+#: measured overheads.
 DEFAULT_MEMORY_MARGIN = 0.003
 
 #: Largest ``--memory-margin`` (grid key ``memory_margin``).

@@ -172,7 +172,7 @@ def solver_parameters(solver: cp_model.CpSolver, time_limit_s: float | None = No
     if its time had run out (read as "did not finish within 60 s" or as infeasible), or was
     lost when the solve finished anyway, and its handler left SIGINT's default behind (a second
     Ctrl-C killed the process silently). Python's handler raises KeyboardInterrupt in the next
-    solution callback or when the solve returns (issue 29)."""
+    solution callback or when the solve returns."""
     prm = solver.parameters
     prm.catch_sigint_signal = False
     prm.num_workers = 1
@@ -360,10 +360,9 @@ def recompute_parts(space: SearchSpace, families: Sequence[str]
     model's solutions, where it fits (:func:`none_from_solutions`). Only where experts multiply
     the layouts (more than one ep value, as :func:`default_slice_axes`): a dense space has few
     feasible configurations per slice, and each part searches the slice's layouts again (Llama
-    3.1 405B on 16 H100 nodes: 1.2 -> 1.6 s). Else the slice's space itself. (The other options
-    were solved in two pieces, full block recompute apart, in the fifth to seventh rounds: less
-    CP-SAT deterministic time, but more instructions, a model load each: docs/solver.md,
-    "Eighth round".)"""
+    3.1 405B on 16 H100 nodes: 1.2 -> 1.6 s). Else the slice's space itself. (Solving the other
+    options in two pieces, full block recompute apart, takes less CP-SAT deterministic time but
+    more instructions, a model load each: docs/solver.md.)"""
     rc = space.recompute
     none = tuple(o for o in rc if o.kind is Recompute.NONE)
     if ("recompute_dominance" not in families or not none or len(none) == len(rc)

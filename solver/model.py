@@ -317,7 +317,7 @@ class LegalityModel:
         enumeration), then the other axes in :data:`solver.space.AXES` order, the recompute
         option last (options are listed with K increasing), smallest value first. Splitting
         the recompute option's range in halves instead costs ~2% more instructions on the
-        MoE searches (docs/solver.md, "Eighth round"). The order of the solutions found does
+        MoE searches (measured in docs/solver.md). The order of the solutions found does
         not matter: enumeration sorts them."""
         order = [*GEOMETRY_FIRST, *(k for k in self.axis if k not in GEOMETRY_FIRST)]
         head = [self.ar.as_var(self.axis[k]) for k in order
