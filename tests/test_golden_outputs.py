@@ -11,13 +11,15 @@ output re-records them and shows the difference in its commit::
 
 The commands run in this process through ``cli.run`` (the ``tune-cp`` entry point's own error
 handling), from the repository root; ``{tmp}`` is a fresh folder per case and is written back
-as ``{tmp}`` so the outputs do not depend on where the test runs, and the clock a refit stamps
-its file with is fixed (:data:`FIXED_NOW`).
+as ``{tmp}`` so the outputs do not depend on where the test runs; the clock a refit stamps its
+file with is fixed (:data:`FIXED_NOW`) and a progress line's elapsed time and ETA are written
+as ``{t}`` (:data:`CLOCK`): how long a command took is ``benchmarks/``' business, not an output.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -28,6 +30,8 @@ GOLDEN = ROOT / "tests" / "golden"
 RECORD = os.environ.get("TUNE_CP_RECORD_GOLDEN") == "1"
 #: what ``oracle.constants.utc_now`` says during a case (``calibrate --log`` stamps its file)
 FIXED_NOW = "2026-01-01T00:00:00Z"
+#: the wall-clock fields of a progress line (``sweep``: ``elapsed 0:01, ETA 0:00``)
+CLOCK = re.compile(r"\b(elapsed|ETA) \d+(:\d\d)+")
 
 
 def cases() -> list[tuple[str, str]]:
@@ -56,7 +60,8 @@ def _transcript(name: str, args: str, tmp: Path, capsys: pytest.CaptureFixture[s
     for path in sorted(tmp.rglob("*")):
         if path.is_file():
             parts += [f"--- file {{tmp}}/{path.relative_to(tmp)}", path.read_text()]
-    return "\n".join(parts).replace(str(tmp), "{tmp}").replace(str(ROOT), "{repo}")
+    text = "\n".join(parts).replace(str(tmp), "{tmp}").replace(str(ROOT), "{repo}")
+    return CLOCK.sub(lambda m: f"{m.group(1)} {{t}}", text)
 
 
 @pytest.mark.parametrize(("name", "args"), cases(), ids=[n for n, _ in cases()])
