@@ -189,6 +189,15 @@ class RunTraits:
     --delay-wgrad-compute``; Megatron-Bridge ``moe_a2a_overlap``): the hidden fraction is
     ``ep_a2a_overlap`` instead of ``ep_comm_overlap``, and a dropless layer's host and GPU
     times add (:func:`oracle.host.a2a_sync_exponent`).
+    ``moe_routing_imbalance`` (``u``, ``--overhead moe_routing_imbalance=U``, the same setting
+    as the memory's): under dropless routing the busiest expert-parallel rank receives
+    ``(1 + u)`` times the balanced token copies, and every rank waits for it at the combine, so
+    the layer runs at that rank's pace: its expert GEMMs, their element-wise work and its
+    all-to-all bytes scale by ``1 + u``. Padded token-drop has fixed shapes (the capacity
+    already bounds every expert), so ``u`` does not apply there. 0: balanced routing, as the
+    published MoE benchmarks force it (Megatron-Bridge's footnote, Primus
+    ``moe_router_force_load_balancing``); max/mean expert loads of 1.5-1.7 are reported with
+    auxiliary-loss balancing (arXiv 2408.15664 Table 2).
     """
 
     tp_comm_overlap: bool = True
@@ -197,6 +206,7 @@ class RunTraits:
     cuda_graph_scope: tuple[str, ...] = ()
     moe_a2a_overlap: bool = False
     moe_capacity_factor: float | None = None
+    moe_routing_imbalance: float = 0.0
 
     def __post_init__(self) -> None:
         bad = sorted(set(self.cuda_graph_scope) - set(GRAPH_BITS))
@@ -219,8 +229,8 @@ class ConfigBatch(Columns):
     :class:`config.resolve.Columns` (codes: :mod:`config.codes`) with the :class:`RunTraits` of
     each configuration as arrays (None: the defaults): ``tp_overlap``, ``fp8_rowwise``,
     ``dropless`` (0/1), ``graph_mask`` (the :data:`oracle.host.GRAPH_BITS` mask of the CUDA
-    graph scope), ``a2a_overlap`` (0/1) and ``capacity`` (the MoE capacity factor, 1.0 when
-    dropless)."""
+    graph scope), ``a2a_overlap`` (0/1), ``capacity`` (the MoE capacity factor, 1.0 when
+    dropless) and ``imbalance`` (the routing imbalance ``u``)."""
 
     tp_overlap: np.ndarray | None = None
     fp8_rowwise: np.ndarray | None = None
@@ -228,6 +238,7 @@ class ConfigBatch(Columns):
     graph_mask: np.ndarray | None = None
     a2a_overlap: np.ndarray | None = None
     capacity: np.ndarray | None = None
+    imbalance: np.ndarray | None = None
 
     @classmethod
     def of(cls, cols: Columns,
@@ -253,6 +264,7 @@ class ConfigBatch(Columns):
             graph_mask=of_traits(lambda t: t.graph_mask, np.int64),
             a2a_overlap=of_traits(lambda t: t.moe_a2a_overlap, bool),
             capacity=of_traits(lambda t: t.moe_capacity_factor or 1.0, np.float64),
+            imbalance=of_traits(lambda t: t.moe_routing_imbalance, np.float64),
         )
 
     @classmethod
@@ -288,6 +300,7 @@ class ConfigBatch(Columns):
             moe_a2a_overlap=False if self.a2a_overlap is None else bool(self.a2a_overlap[i]),
             moe_capacity_factor=(None if self.capacity is None or self.capacity[i] == 1.0
                                  else float(self.capacity[i])),
+            moe_routing_imbalance=0.0 if self.imbalance is None else float(self.imbalance[i]),
         )
 
     def config(self, i: int) -> ParallelConfig:
@@ -769,8 +782,14 @@ def build_work(
     for ops in block_gemms(model, T, Tsp, tp, ep, etp).values():
         for op in ops:
             gemm(op.slot, op.m, op.n, op.k, op.count)
-    # token-drop padded to a capacity factor: the experts' GEMMs run on C x the token copies
+    # token-drop padded to a capacity factor: the experts' GEMMs run on C x the token copies;
+    # dropless with routing imbalance u: the busiest rank's on (1 + u) x (RunTraits)
     cap = np.ones(n) if b.capacity is None else b.capacity
+    skew = np.ones(n)
+    if b.imbalance is not None and b.imbalance.any():
+        dropless = np.ones(n, dtype=bool) if b.dropless is None else b.dropless
+        skew = np.where(dropless, 1.0 + b.imbalance, 1.0)
+        cap = cap * skew
     M[:, EXP_SLOTS] = M[:, EXP_SLOTS] * cap[:, None]
     if model.mla is not None:
         m = model.mla
@@ -940,12 +959,13 @@ def build_work(
         span = b.etp * b.ep
         per_node = np.maximum(1, np.minimum(b.ep, cluster.scale_up_gpus // np.maximum(1, b.etp)))
         ep_local = np.where(span <= cluster.scale_up_gpus, b.ep, per_node).astype(f64)
-        # bytes one rank dispatches (bf16 token copies; padded to the capacity under token-drop)
+        # bytes the busiest rank moves (bf16 token copies; padded to the capacity under
+        # token-drop, x (1 + u) under imbalanced dropless routing)
         disp = Tsp * k * width * BF16 * cap
         a2a_intra = disp * (ep_local - 1) / ep
         a2a_inter = disp * (ep - ep_local) / ep
         nodes = ep / ep_local
-        flex_inter = Tsp * width * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+        flex_inter = Tsp * width * BF16 * (nodes - 1) * (1 - (1 - 1 / nodes) ** k) * skew
         ag_n = tp * ep
         ag_span = b.tp * b.ep
         ag_bytes = Tsp * width * BF16 * ag_n  # gathered tensor over tp x ep

@@ -102,7 +102,8 @@ class RunSettings(Spec):
         o = self.options
         return RunTraits(moe_dropless=o.moe_capacity_factor is None,
                          cuda_graph_scope=o.cuda_graph_scope, moe_a2a_overlap=o.moe_a2a_overlap,
-                         moe_capacity_factor=o.moe_capacity_factor)
+                         moe_capacity_factor=o.moe_capacity_factor,
+                         moe_routing_imbalance=self.overheads.moe_routing_imbalance)
 
     @field_validator("constraints", mode="before")
     @classmethod

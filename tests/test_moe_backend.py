@@ -288,3 +288,42 @@ def test_primus_deepseek_v3_example_from_the_cli(tmp_path) -> None:
         assert (other["projection"]["tokens_per_s_per_gpu"]
                 != base["projection"]["tokens_per_s_per_gpu"])
         assert moved & {"ep_comm", "kernel_overhead", "step_overhead", "router"}, (old, moved)
+
+
+def test_routing_imbalance_runs_the_layer_at_the_busiest_rank() -> None:
+    """Dropless routing with imbalance u: the busiest rank's expert GEMMs (and their recompute)
+    run on (1 + u) x the token copies and its all-to-all moves (1 + u) x the bytes; a dense
+    model and padded token-drop do not change; 0 is the balanced default exactly."""
+    from tune_cp.oracle.work import RunTraits
+
+    m, c, t = _setup("mi355x")
+    cfg = resolve_config(ParallelConfig(**MIXTRAL), m, c, t)
+    base = project(m, c, t, cfg)
+    assert project(m, c, t, cfg, traits=RunTraits(moe_routing_imbalance=0.0)) == base
+    skew = project(m, c, t, cfg, traits=RunTraits(moe_routing_imbalance=0.5))
+    b, s = base.breakdown, skew.breakdown
+    # the GEMM time grows a little less than 1.5x: the larger M runs at a higher shape efficiency
+    assert 1.45 < s["expert_gemm"] / b["expert_gemm"] <= 1.5
+    assert s["ep_comm"] > b["ep_comm"] and s["recompute"] > b["recompute"]
+    assert s["attention_gemm"] == pytest.approx(b["attention_gemm"])
+    assert skew.tokens_per_s_per_gpu < 0.8 * base.tokens_per_s_per_gpu
+    # padded token-drop (capacity 1.0): fixed shapes, the imbalance does not apply
+    drop = RunTraits(moe_dropless=False, moe_capacity_factor=1.25)
+    drop_skew = RunTraits(moe_dropless=False, moe_capacity_factor=1.25, moe_routing_imbalance=0.5)
+    assert project(m, c, t, cfg, traits=drop) == project(m, c, t, cfg, traits=drop_skew)
+    # a dense model has no experts to skew
+    dense = load_model("llama3-8b")
+    dc = resolve_config(ParallelConfig(), dense, c, TrainingSpec(seq_len=8192,
+                                                                 global_batch_size=512))
+    dt = TrainingSpec(seq_len=8192, global_batch_size=512)
+    assert (project(dense, c, dt, dc).tokens_per_s_per_gpu == project(
+        dense, c, dt, dc, traits=RunTraits(moe_routing_imbalance=0.5)).tokens_per_s_per_gpu)
+
+
+def test_routing_imbalance_reaches_the_projection_from_the_settings() -> None:
+    """``--overhead moe_routing_imbalance=U`` is one setting for memory and time."""
+    from tune_cp.solver.settings import RunSettings
+
+    settings = RunSettings(overheads={"moe_routing_imbalance": 0.5})
+    assert settings.traits.moe_routing_imbalance == 0.5
+    assert RunSettings().traits.moe_routing_imbalance == 0.0
